@@ -1,0 +1,41 @@
+# pg_stride: one entry point for building, testing and running.
+#
+#   make test      install what is missing, then run every test suite
+#   make run       start a local PostgreSQL with pg_stride and run the demo
+#   make stop      stop that server
+#   make install   build and install the extension into the system PostgreSQL 15
+
+PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
+
+.PHONY: setup build install test unit pgtest regress run stop clean
+
+setup:
+	scripts/setup
+
+build: setup
+	cargo build --features pg15
+
+install: setup
+	scripts/install-extension
+
+unit: setup
+	cargo test -p pg_stride_sched
+
+pgtest: setup
+	scripts/pgrx-test
+
+regress: install
+	regress/run
+
+test: setup
+	scripts/test
+
+run: install
+	scripts/demo
+
+stop:
+	scripts/demo --stop
+
+clean:
+	cargo clean
+	rm -rf tmp

@@ -1,0 +1,38 @@
+-- CREATE EXTENSION builds schema pg_stride with its functions and views, and
+-- DROP EXTENSION removes all of it.
+CREATE EXTENSION pg_stride;
+-- The script turns allow_system_table_mods on only to create the pg_-prefixed schema.
+SHOW allow_system_table_mods;
+
+SELECT extversion = pg_stride.version() AS version_matches_library
+  FROM pg_extension WHERE extname = 'pg_stride';
+
+-- Every object the extension owns, by kind and name.
+SELECT pg_describe_object(classid, objid, objsubid) AS member
+  FROM pg_depend
+ WHERE refclassid = 'pg_extension'::regclass
+   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_stride')
+   AND deptype = 'e'
+ ORDER BY 1;
+
+-- The scheduler view's columns and types.
+SELECT attname, format_type(atttypid, atttypmod)
+  FROM pg_attribute
+ WHERE attrelid = 'pg_stride.scheduler'::regclass AND attnum > 0
+ ORDER BY attnum;
+
+-- Anyone may read the views.
+CREATE ROLE stride_reader LOGIN;
+SET ROLE stride_reader;
+SELECT cpu_slots > 0 AS has_slots FROM pg_stride.scheduler;
+RESET ROLE;
+DROP ROLE stride_reader;
+
+DROP EXTENSION pg_stride;
+SELECT count(*) AS leftover_schemas FROM pg_namespace WHERE nspname = 'pg_stride';
+SELECT count(*) AS leftover_functions
+  FROM pg_proc WHERE proname IN ('version', 'scheduler_state')
+   AND pronamespace NOT IN ('pg_catalog'::regnamespace);
+
+-- It can be created again, and the remaining tests use it.
+CREATE EXTENSION pg_stride;

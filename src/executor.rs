@@ -1,0 +1,136 @@
+//! Executor and planner hooks.
+//!
+//! Every hook chains to the one installed before it (pg_stat_statements, auto_explain …)
+//! and, when pg_stride is disabled or was not preloaded, does nothing else
+//! (DESIGN.md §4 rule 7). The executor hooks decide which statements are scheduled:
+//! top-level statements of client backends only (rule 4). Nested statements (functions,
+//! SPI) run while an outer statement is inside ExecutorRun or ExecutorFinish, which the
+//! nesting depth below tracks, as pg_stat_statements does.
+//!
+//! A previous hook is a C function pointer: it is called through
+//! `pg_guard_ffi_boundary`, so that an ERROR raised inside it unwinds through our frames
+//! as a Rust panic (running `finally` blocks and destructors) instead of longjmp-ing
+//! over them. pgrx does the same for every `pg_sys` function it binds.
+
+use crate::{gucs, shmem, statements};
+use pgrx::pg_sys;
+use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
+use pgrx::PgTryBuilder;
+use std::cell::Cell;
+
+static mut PREV_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
+static mut PREV_EXECUTOR_RUN: pg_sys::ExecutorRun_hook_type = None;
+static mut PREV_EXECUTOR_FINISH: pg_sys::ExecutorFinish_hook_type = None;
+static mut PREV_EXECUTOR_END: pg_sys::ExecutorEnd_hook_type = None;
+static mut PREV_PLANNER: pg_sys::planner_hook_type = None;
+
+thread_local! {
+    /// Depth of ExecutorRun/ExecutorFinish calls in progress in this backend.
+    static NESTING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Installs the hooks, remembering the previous ones. Called once from `_PG_init`.
+pub fn install() {
+    // SAFETY: _PG_init runs single-threaded in the postmaster, before any query.
+    unsafe {
+        PREV_EXECUTOR_START = pg_sys::ExecutorStart_hook;
+        pg_sys::ExecutorStart_hook = Some(executor_start);
+        PREV_EXECUTOR_RUN = pg_sys::ExecutorRun_hook;
+        pg_sys::ExecutorRun_hook = Some(executor_run);
+        PREV_EXECUTOR_FINISH = pg_sys::ExecutorFinish_hook;
+        pg_sys::ExecutorFinish_hook = Some(executor_finish);
+        PREV_EXECUTOR_END = pg_sys::ExecutorEnd_hook;
+        pg_sys::ExecutorEnd_hook = Some(executor_end);
+        PREV_PLANNER = pg_sys::planner_hook;
+        pg_sys::planner_hook = Some(planner);
+    }
+}
+
+/// Whether the statement the executor is starting is one pg_stride schedules.
+fn is_scheduled(eflags: i32) -> bool {
+    // SAFETY: plain read of a process-local global.
+    let client_backend = unsafe { pg_sys::MyBackendType } == pg_sys::BackendType::B_BACKEND;
+    shmem::shared().is_some()
+        && gucs::ENABLED.get()
+        && client_backend
+        && NESTING.get() == 0
+        && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
+}
+
+/// Runs `body` one executor level deeper, restoring the depth even when it errors.
+fn nested<R>(body: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
+    NESTING.set(NESTING.get() + 1);
+    PgTryBuilder::new(body).finally(|| NESTING.set(NESTING.get() - 1)).execute()
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags: i32) {
+    // SAFETY: forwarding the executor's own arguments to the previous hook or to the
+    // standard implementation, exactly as PostgreSQL would have called it.
+    unsafe {
+        match PREV_EXECUTOR_START {
+            Some(prev) => pg_guard_ffi_boundary(|| prev(desc, eflags)),
+            None => pg_sys::standard_ExecutorStart(desc, eflags),
+        }
+    }
+    if is_scheduled(eflags) {
+        statements::register(desc);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn executor_run(
+    desc: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+    execute_once: bool,
+) {
+    // SAFETY: as in executor_start.
+    nested(|| unsafe {
+        match PREV_EXECUTOR_RUN {
+            Some(prev) => pg_guard_ffi_boundary(|| prev(desc, direction, count, execute_once)),
+            None => pg_sys::standard_ExecutorRun(desc, direction, count, execute_once),
+        }
+    })
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
+    // SAFETY: as in executor_start.
+    nested(|| unsafe {
+        match PREV_EXECUTOR_FINISH {
+            Some(prev) => pg_guard_ffi_boundary(|| prev(desc)),
+            None => pg_sys::standard_ExecutorFinish(desc),
+        }
+    })
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
+    statements::unregister(desc);
+    // SAFETY: as in executor_start.
+    unsafe {
+        match PREV_EXECUTOR_END {
+            Some(prev) => pg_guard_ffi_boundary(|| prev(desc)),
+            None => pg_sys::standard_ExecutorEnd(desc),
+        }
+    }
+}
+
+/// Planner hook. It only chains for now; the concurrency hint will adjust parallel
+/// degrees here (DESIGN.md §1, psaroudakis2013 §6).
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn planner(
+    parse: *mut pg_sys::Query,
+    query_string: *const std::ffi::c_char,
+    cursor_options: i32,
+    bound_params: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: forwarding the planner's own arguments.
+    unsafe {
+        match PREV_PLANNER {
+            Some(prev) => pg_guard_ffi_boundary(|| prev(parse, query_string, cursor_options, bound_params)),
+            None => pg_sys::standard_planner(parse, query_string, cursor_options, bound_params),
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! pg_stride's shared-memory region (DESIGN.md §3).
+//!
+//! One fixed-size block, requested while `shared_preload_libraries` is processed and
+//! initialised in `shmem_startup_hook`. It holds a small header and one [`ProcEntry`]
+//! per PostgreSQL process that can run queries, indexed by the process's PGPROC number,
+//! so that every process writes only its own entry and nothing can leak past a process's
+//! lifetime: the next process to use the same PGPROC resets the entry, and the scheduler
+//! worker resets entries whose process is gone.
+//!
+//! Everything in the region is an atomic or an integer fixed at initialisation; there are
+//! no pointers, so the layout is valid in every process whatever address it is mapped at.
+
+use pgrx::pg_sys;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, Ordering};
+
+const REGION_NAME: &CStr = c"pg_stride";
+
+/// Per-process state. A process writes only its own entry; readers (views, the
+/// scheduler worker) read atomics and tolerate a value that is a moment old.
+#[repr(C)]
+pub struct ProcEntry {
+    /// pid of the process that last registered work here; 0 when unused.
+    pub pid: AtomicI32,
+    /// Top-level statements of this process that are admitted and executing.
+    pub running: AtomicU32,
+    /// Top-level statements of this process that wait for admission.
+    pub queued: AtomicU32,
+}
+
+impl ProcEntry {
+    /// Forgets everything the entry says; used when its process is gone.
+    pub fn reset(&self) {
+        self.running.store(0, Ordering::Relaxed);
+        self.queued.store(0, Ordering::Relaxed);
+        self.pid.store(0, Ordering::Release);
+    }
+}
+
+/// Header of the region, followed by `nprocs` [`ProcEntry`]s.
+#[repr(C)]
+pub struct Shared {
+    /// CPU slots in effect (`pg_stride.cpu_slots` resolved), published at startup and by
+    /// the scheduler worker after each configuration reload.
+    pub cpu_slots: AtomicU32,
+    /// pid of the `pg_stride scheduler` worker, 0 while it is not running.
+    pub scheduler_pid: AtomicI32,
+    nprocs: u32,
+}
+
+impl Shared {
+    fn size(nprocs: usize) -> usize {
+        size_of::<Shared>() + nprocs * size_of::<ProcEntry>()
+    }
+
+    /// Every per-process entry.
+    pub fn procs(&self) -> &[ProcEntry] {
+        // SAFETY: the region was sized by `Shared::size(self.nprocs)` and the entries
+        // were initialised right after the header (see `on_shmem_startup`); the header's
+        // size is a multiple of ProcEntry's alignment (both are 4-byte aligned).
+        unsafe {
+            let first = (self as *const Shared).add(1).cast::<ProcEntry>();
+            std::slice::from_raw_parts(first, self.nprocs as usize)
+        }
+    }
+
+    /// Whether entry `procno` belongs to a process that is still alive: its pid is the
+    /// pid of the PGPROC with the same number. A process that exited without clearing
+    /// its entry, or whose PGPROC was taken over by a new process, fails this.
+    pub fn is_live(&self, procno: usize) -> bool {
+        let Some(entry) = self.procs().get(procno) else {
+            return false;
+        };
+        let pid = entry.pid.load(Ordering::Acquire);
+        // SAFETY: ProcGlobal->allProcs has at least MaxBackends PGPROCs, one for every
+        // entry; reading a pid without a lock may see a value a moment old, which the
+        // caller tolerates (a later sweep or read sees the new one).
+        pid != 0 && unsafe { (*(*pg_sys::ProcGlobal).allProcs.add(procno)).pid } == pid
+    }
+
+    /// This process's entry, if it is a process that can run queries.
+    pub fn my_entry(&self) -> Option<&ProcEntry> {
+        self.procs().get(my_procno()?)
+    }
+}
+
+static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The region, or `None` when pg_stride was not loaded through
+/// `shared_preload_libraries` (then there is no region and every hook passes through).
+pub fn shared() -> Option<&'static Shared> {
+    // SAFETY: the pointer is either null or points at the region PostgreSQL keeps mapped
+    // for the life of every process.
+    unsafe { SHARED.load(Ordering::Acquire).as_ref() }
+}
+
+/// Number of per-process entries: one for every PGPROC that can run a query (client
+/// backends, autovacuum, background and parallel workers, WAL senders). Auxiliary
+/// processes and prepared transactions have higher PGPROC numbers and no entry.
+fn process_capacity() -> usize {
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
+    {
+        // SAFETY: plain read of a global computed before shmem_request_hook runs.
+        unsafe { pg_sys::MaxBackends as usize }
+    }
+    #[cfg(any(feature = "pg13", feature = "pg14"))]
+    {
+        // Before PG15 MaxBackends is not known yet while _PG_init runs, so add up its
+        // parts as InitializeMaxBackends does.
+        // SAFETY: GetConfigOption returns a pointer to the setting's current text (or
+        // aborts for an unknown name, which autovacuum_max_workers is not); the other
+        // values are plain reads of settings already loaded from postgresql.conf.
+        unsafe {
+            let autovacuum: usize =
+                CStr::from_ptr(pg_sys::GetConfigOption(c"autovacuum_max_workers".as_ptr(), false, false))
+                    .to_str()
+                    .ok()
+                    .and_then(|text| text.parse().ok())
+                    .unwrap_or(3);
+            pg_sys::MaxConnections as usize
+                + autovacuum
+                + 1
+                + pg_sys::max_worker_processes as usize
+                + pg_sys::max_wal_senders as usize
+        }
+    }
+}
+
+/// This process's PGPROC number, the index of its [`ProcEntry`].
+pub fn my_procno() -> Option<usize> {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    // SAFETY: plain read of a process-local global.
+    let procno = unsafe { pg_sys::MyProcNumber };
+    #[cfg(not(any(feature = "pg17", feature = "pg18")))]
+    // SAFETY: MyProc is this process's PGPROC once it is attached to shared memory;
+    // a null check covers the postmaster and processes without one.
+    let procno = unsafe { pg_sys::MyProc.as_ref()?.pgprocno };
+    usize::try_from(procno).ok()
+}
+
+static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
+static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
+
+/// Asks PostgreSQL for the region and arranges its initialisation. Only valid while
+/// `shared_preload_libraries` is processed.
+pub fn install() {
+    // SAFETY: _PG_init runs single-threaded in the postmaster; hooks are chained.
+    unsafe {
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
+        {
+            PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
+            pg_sys::shmem_request_hook = Some(on_shmem_request);
+        }
+        #[cfg(any(feature = "pg13", feature = "pg14"))]
+        request_space();
+        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(on_shmem_startup);
+    }
+}
+
+fn request_space() {
+    // SAFETY: called from _PG_init or shmem_request_hook, where this is allowed.
+    unsafe { pg_sys::RequestAddinShmemSpace(Shared::size(process_capacity())) };
+}
+
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_shmem_request() {
+    // SAFETY: chaining to the hook installed before ours.
+    if let Some(prev) = unsafe { PREV_SHMEM_REQUEST_HOOK } {
+        unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| prev()) };
+    }
+    request_space();
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_shmem_startup() {
+    // SAFETY: chaining to the hook installed before ours.
+    if let Some(prev) = unsafe { PREV_SHMEM_STARTUP_HOOK } {
+        unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| prev()) };
+    }
+    let nprocs = process_capacity();
+    let size = Shared::size(nprocs);
+    // SAFETY: AddinShmemInitLock (MainLWLockArray[21] in every supported major) guards
+    // ShmemInitStruct; the block is initialised before the lock is released, and only
+    // when this is the first process to see it (`found` false).
+    unsafe {
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let region = pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found).cast::<Shared>();
+        if !found {
+            region.write(Shared {
+                cpu_slots: AtomicU32::new(crate::gucs::effective_cpu_slots()),
+                scheduler_pid: AtomicI32::new(0),
+                nprocs: nprocs as u32,
+            });
+            let first = region.add(1).cast::<ProcEntry>();
+            for i in 0..nprocs {
+                first.add(i).write(ProcEntry {
+                    pid: AtomicI32::new(0),
+                    running: AtomicU32::new(0),
+                    queued: AtomicU32::new(0),
+                });
+            }
+        }
+        pg_sys::LWLockRelease(lock);
+        SHARED.store(region, Ordering::Release);
+    }
+}
