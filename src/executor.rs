@@ -60,7 +60,9 @@ fn is_scheduled(eflags: i32) -> bool {
 /// Runs `body` one executor level deeper, restoring the depth even when it errors.
 fn nested<R>(body: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
     NESTING.set(NESTING.get() + 1);
-    PgTryBuilder::new(body).finally(|| NESTING.set(NESTING.get() - 1)).execute()
+    PgTryBuilder::new(body)
+        .finally(|| NESTING.set(NESTING.get() - 1))
+        .execute()
 }
 
 #[pgrx::pg_guard]
@@ -129,7 +131,9 @@ unsafe extern "C-unwind" fn planner(
     // SAFETY: forwarding the planner's own arguments.
     unsafe {
         match PREV_PLANNER {
-            Some(prev) => pg_guard_ffi_boundary(|| prev(parse, query_string, cursor_options, bound_params)),
+            Some(prev) => {
+                pg_guard_ffi_boundary(|| prev(parse, query_string, cursor_options, bound_params))
+            }
             None => pg_sys::standard_planner(parse, query_string, cursor_options, bound_params),
         }
     }

@@ -15,7 +15,8 @@ pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static CPU_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static MAX_ACTIVE_QUERIES: GucSetting<i32> = GucSetting::<i32>::new(128);
 pub static SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(2.0);
-pub static GROUP: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"default"));
+pub static GROUP: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"default"));
 
 /// Registers every GUC. Called once, from `_PG_init` while
 /// `shared_preload_libraries` is being processed (some are `PGC_POSTMASTER`-like in

@@ -26,7 +26,9 @@ pub extern "C-unwind" fn _PG_init() {
             "pg_stride is not active: it must be loaded via \"shared_preload_libraries\"",
             "_PG_init",
         )
-        .set_hint("Add pg_stride to shared_preload_libraries in postgresql.conf and restart the server.")
+        .set_hint(
+            "Add pg_stride to shared_preload_libraries in postgresql.conf and restart the server.",
+        )
         .report(PgLogLevel::WARNING);
         return;
     }

@@ -9,7 +9,9 @@ mod tests {
 
     /// Statements this backend has registered, as its shared entry says.
     fn my_running() -> u32 {
-        let entry = shmem::shared().and_then(|s| s.my_entry()).expect("pg_stride is preloaded in tests");
+        let entry = shmem::shared()
+            .and_then(|s| s.my_entry())
+            .expect("pg_stride is preloaded in tests");
         entry.running.load(Ordering::Acquire)
     }
 
@@ -65,7 +67,8 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         let pid = found.expect("the pg_stride scheduler worker is running");
-        let published = Spi::get_one::<i32>("SELECT scheduler_pid FROM pg_stride.scheduler").unwrap();
+        let published =
+            Spi::get_one::<i32>("SELECT scheduler_pid FROM pg_stride.scheduler").unwrap();
         assert_eq!(published, Some(pid));
     }
 }

@@ -111,12 +111,15 @@ fn process_capacity() -> usize {
         // aborts for an unknown name, which autovacuum_max_workers is not); the other
         // values are plain reads of settings already loaded from postgresql.conf.
         unsafe {
-            let autovacuum: usize =
-                CStr::from_ptr(pg_sys::GetConfigOption(c"autovacuum_max_workers".as_ptr(), false, false))
-                    .to_str()
-                    .ok()
-                    .and_then(|text| text.parse().ok())
-                    .unwrap_or(3);
+            let autovacuum: usize = CStr::from_ptr(pg_sys::GetConfigOption(
+                c"autovacuum_max_workers".as_ptr(),
+                false,
+                false,
+            ))
+            .to_str()
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(3);
             pg_sys::MaxConnections as usize
                 + autovacuum
                 + 1
@@ -189,7 +192,8 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
         let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
         pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         let mut found = false;
-        let region = pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found).cast::<Shared>();
+        let region =
+            pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found).cast::<Shared>();
         if !found {
             region.write(Shared {
                 cpu_slots: AtomicU32::new(crate::gucs::effective_cpu_slots()),

@@ -29,7 +29,9 @@ thread_local! {
 /// list lives in process memory and is inherited by every backend the postmaster forks.
 pub fn install() {
     // SAFETY: called single-threaded from _PG_init; the callback is guarded.
-    unsafe { pg_sys::RegisterResourceReleaseCallback(Some(on_resource_release), std::ptr::null_mut()) };
+    unsafe {
+        pg_sys::RegisterResourceReleaseCallback(Some(on_resource_release), std::ptr::null_mut())
+    };
 }
 
 /// Records that `desc` is a running top-level statement of this backend.

@@ -11,7 +11,11 @@ extension_sql!(
     name = "allow_pg_schema_name",
     bootstrap
 );
-extension_sql!("RESET allow_system_table_mods;", name = "reset_system_table_mods", finalize);
+extension_sql!(
+    "RESET allow_system_table_mods;",
+    name = "reset_system_table_mods",
+    finalize
+);
 
 #[pg_schema]
 mod pg_stride {

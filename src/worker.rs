@@ -5,7 +5,9 @@
 //! rule 8). Later parts add the watchdog, the concurrency hint and the tuner here.
 
 use crate::{gucs, shmem};
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+};
 use pgrx::pg_sys;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -41,12 +43,16 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         return;
     };
     // SAFETY: plain read of a process-local global.
-    shared.scheduler_pid.store(unsafe { pg_sys::MyProcPid }, Ordering::Release);
+    shared
+        .scheduler_pid
+        .store(unsafe { pg_sys::MyProcPid }, Ordering::Release);
     while BackgroundWorker::wait_latch(Some(SWEEP_INTERVAL)) {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload its config.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            shared.cpu_slots.store(gucs::effective_cpu_slots(), Ordering::Release);
+            shared
+                .cpu_slots
+                .store(gucs::effective_cpu_slots(), Ordering::Release);
         }
         reclaim_entries(shared);
     }
@@ -60,7 +66,9 @@ fn reclaim_entries(shared: &shmem::Shared) {
     for (procno, entry) in shared.procs().iter().enumerate() {
         let pid = entry.pid.load(Ordering::Acquire);
         if pid != 0 && !shared.is_live(procno) {
-            let _ = entry.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+            let _ = entry
+                .pid
+                .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 }
