@@ -34,11 +34,13 @@ SET pg_stride.enabled = off;
 SET pg_stride.slice = '10ms';
 SHOW pg_stride."group";
 RESET ROLE;
+-- A role can only be assigned a group that exists (see groups.sql for creating one).
 ALTER ROLE stride_user SET pg_stride."group" = 'reporting';
+ALTER ROLE stride_user SET pg_stride."group" = 'default';
 SELECT unnest(setconfig) AS role_setting
   FROM pg_db_role_setting WHERE setrole = 'stride_user'::regrole;
 -- A superuser may set it in a session.
-SET pg_stride."group" = 'reporting';
+SET pg_stride."group" = 'default';
 SELECT current_setting('pg_stride.group');
 RESET pg_stride."group";
 DROP ROLE stride_user;

@@ -17,6 +17,8 @@ pub static MAX_ACTIVE_QUERIES: GucSetting<i32> = GucSetting::<i32>::new(128);
 pub static SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(2.0);
 pub static GROUP: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"default"));
+pub static DATABASE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
 /// Registers every GUC. Called once, from `_PG_init` while
 /// `shared_preload_libraries` is being processed (some are `PGC_POSTMASTER`-like in
@@ -60,14 +62,88 @@ pub fn register() {
         GucContext::Suset,
         GucFlags::UNIT_MS,
     );
+    // SAFETY: the check hook is guarded and only reads shared memory.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"pg_stride.group",
+            c"Resource group whose share and limits this session's statements get.",
+            c"Settable by superusers and through ALTER ROLE/DATABASE ... SET.",
+            &GROUP,
+            GucContext::Suset,
+            GucFlags::IS_NAME,
+            Some(check_group),
+            None,
+            None,
+        )
+    };
     GucRegistry::define_string_guc(
-        c"pg_stride.group",
-        c"Resource group whose share and limits this session's statements get.",
-        c"Settable by superusers and through ALTER ROLE/DATABASE ... SET.",
-        &GROUP,
-        GucContext::Suset,
-        GucFlags::IS_NAME,
+        c"pg_stride.database",
+        c"Database whose pg_stride.resource_groups table defines the resource groups.",
+        c"The pg_stride scheduler worker connects to it.",
+        &DATABASE,
+        GucContext::Postmaster,
+        GucFlags::default(),
     );
+}
+
+/// The session's `pg_stride.group`.
+pub fn group_name() -> String {
+    GROUP
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The database named by `pg_stride.database`.
+pub fn database_name() -> String {
+    DATABASE
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Rejects a group name that is not in the group directory. Where the directory cannot
+/// tell yet (the postmaster before shared memory exists, a library that was not
+/// preloaded, a server whose groups table has not been read since it started), the
+/// name is accepted and checked again when a statement runs.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_group(
+    newval: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pgrx::pg_sys::GucSource::Type,
+) -> bool {
+    let Some(directory) = crate::shmem::shared()
+        .map(|s| &s.groups)
+        .filter(|d| d.is_loaded())
+    else {
+        return true;
+    };
+    // SAFETY: PostgreSQL passes a valid pointer to the proposed value (NULL for none).
+    let name = unsafe {
+        newval
+            .as_ref()
+            .filter(|p| !p.is_null())
+            .map(|&p| std::ffi::CStr::from_ptr(p))
+    };
+    let name = name
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if directory.find(&name).is_some() {
+        return true;
+    }
+    let message = std::ffi::CString::new(format!("resource group \"{name}\" does not exist"))
+        .unwrap_or_default();
+    // SAFETY: the documented way for a check hook to give its error's message, code and
+    // hint: palloc'd strings in the GUC_check_* globals.
+    unsafe {
+        pgrx::pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT as i32);
+        pgrx::pg_sys::GUC_check_errmsg_string = pgrx::pg_sys::pstrdup(message.as_ptr());
+        pgrx::pg_sys::GUC_check_errhint_string = pgrx::pg_sys::pstrdup(
+            c"Create it with pg_stride.create_group(), or list groups in pg_stride.groups."
+                .as_ptr(),
+        );
+    }
+    false
 }
 
 /// CPU slots in effect: `pg_stride.cpu_slots`, or the CPUs available to this server

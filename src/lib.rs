@@ -9,6 +9,8 @@
 use pgrx::prelude::*;
 
 mod executor;
+mod group_admin;
+mod groups;
 mod gucs;
 mod shmem;
 mod statements;
@@ -35,6 +37,7 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::register();
     shmem::install();
     statements::install();
+    groups::install();
     worker::register();
     executor::install();
 }

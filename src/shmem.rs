@@ -10,6 +10,7 @@
 //! Everything in the region is an atomic or an integer fixed at initialisation; there are
 //! no pointers, so the layout is valid in every process whatever address it is mapped at.
 
+use crate::groups::GroupDirectory;
 use pgrx::pg_sys;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, Ordering};
@@ -26,6 +27,8 @@ pub struct ProcEntry {
     pub running: AtomicU32,
     /// Top-level statements of this process that wait for admission.
     pub queued: AtomicU32,
+    /// Group slot of this process's latest registered statement.
+    pub group: AtomicU32,
 }
 
 impl ProcEntry {
@@ -33,6 +36,7 @@ impl ProcEntry {
     pub fn reset(&self) {
         self.running.store(0, Ordering::Relaxed);
         self.queued.store(0, Ordering::Relaxed);
+        self.group.store(0, Ordering::Relaxed);
         self.pid.store(0, Ordering::Release);
     }
 }
@@ -46,6 +50,8 @@ pub struct Shared {
     /// pid of the `pg_stride scheduler` worker, 0 while it is not running.
     pub scheduler_pid: AtomicI32,
     nprocs: u32,
+    /// Resource groups, mirrored from `pg_stride.resource_groups`.
+    pub groups: GroupDirectory,
 }
 
 impl Shared {
@@ -78,6 +84,15 @@ impl Shared {
         pid != 0 && unsafe { (*(*pg_sys::ProcGlobal).allProcs.add(procno)).pid } == pid
     }
 
+    /// Whether a live process runs a statement in group slot `slot`.
+    pub fn slot_has_statements(&self, slot: usize) -> bool {
+        self.procs().iter().enumerate().any(|(procno, e)| {
+            e.group.load(Ordering::Acquire) as usize == slot
+                && e.running.load(Ordering::Acquire) > 0
+                && self.is_live(procno)
+        })
+    }
+
     /// This process's entry, if it is a process that can run queries.
     pub fn my_entry(&self) -> Option<&ProcEntry> {
         self.procs().get(my_procno()?)
@@ -85,6 +100,40 @@ impl Shared {
 }
 
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+static DIRECTORY_LOCK: AtomicPtr<pg_sys::LWLock> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The group directory's LWLock, held for as long as the guard lives. It is only taken
+/// on the registration path and by group changes, never per slice (DESIGN.md §3), and
+/// never around anything that can raise an error (an error would release it anyway).
+pub struct DirectoryLock(*mut pg_sys::LWLock);
+
+impl DirectoryLock {
+    pub fn shared() -> DirectoryLock {
+        DirectoryLock::acquire(pg_sys::LWLockMode::LW_SHARED)
+    }
+
+    pub fn exclusive() -> DirectoryLock {
+        DirectoryLock::acquire(pg_sys::LWLockMode::LW_EXCLUSIVE)
+    }
+
+    fn acquire(mode: pg_sys::LWLockMode::Type) -> DirectoryLock {
+        let lock = DIRECTORY_LOCK.load(Ordering::Acquire);
+        assert!(
+            !lock.is_null(),
+            "pg_stride's shared memory is not initialised"
+        );
+        // SAFETY: the lock lives in shared memory for the life of the server.
+        unsafe { pg_sys::LWLockAcquire(lock, mode) };
+        DirectoryLock(lock)
+    }
+}
+
+impl Drop for DirectoryLock {
+    fn drop(&mut self) {
+        // SAFETY: acquired in `acquire` by this process and not yet released.
+        unsafe { pg_sys::LWLockRelease(self.0) };
+    }
+}
 
 /// The region, or `None` when pg_stride was not loaded through
 /// `shared_preload_libraries` (then there is no region and every hook passes through).
@@ -164,7 +213,10 @@ pub fn install() {
 
 fn request_space() {
     // SAFETY: called from _PG_init or shmem_request_hook, where this is allowed.
-    unsafe { pg_sys::RequestAddinShmemSpace(Shared::size(process_capacity())) };
+    unsafe {
+        pg_sys::RequestAddinShmemSpace(Shared::size(process_capacity()));
+        pg_sys::RequestNamedLWLockTranche(REGION_NAME.as_ptr(), 1);
+    }
 }
 
 #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
@@ -195,21 +247,26 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
         let region =
             pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found).cast::<Shared>();
         if !found {
-            region.write(Shared {
-                cpu_slots: AtomicU32::new(crate::gucs::effective_cpu_slots()),
-                scheduler_pid: AtomicI32::new(0),
-                nprocs: nprocs as u32,
-            });
+            (&raw mut (*region).cpu_slots)
+                .write(AtomicU32::new(crate::gucs::effective_cpu_slots()));
+            (&raw mut (*region).scheduler_pid).write(AtomicI32::new(0));
+            (&raw mut (*region).nprocs).write(nprocs as u32);
+            GroupDirectory::init(&raw mut (*region).groups);
             let first = region.add(1).cast::<ProcEntry>();
             for i in 0..nprocs {
                 first.add(i).write(ProcEntry {
                     pid: AtomicI32::new(0),
                     running: AtomicU32::new(0),
                     queued: AtomicU32::new(0),
+                    group: AtomicU32::new(0),
                 });
             }
         }
         pg_sys::LWLockRelease(lock);
+        DIRECTORY_LOCK.store(
+            &raw mut (*pg_sys::GetNamedLWLockTranche(REGION_NAME.as_ptr())).lock,
+            Ordering::Release,
+        );
         SHARED.store(region, Ordering::Release);
     }
 }

@@ -8,6 +8,7 @@
 //! a process that dies without running it (SIGKILL) makes the postmaster reinitialise
 //! shared memory, and the scheduler worker clears entries of processes that are gone.
 
+use crate::groups;
 use crate::shmem::{self, ProcEntry};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
@@ -34,12 +35,23 @@ pub fn install() {
     };
 }
 
-/// Records that `desc` is a running top-level statement of this backend.
+/// Records that `desc` is a running top-level statement of this backend, in the
+/// session's resource group.
 pub fn register(desc: *const pg_sys::QueryDesc) {
-    let Some(entry) = shmem::shared().and_then(|s| s.my_entry()) else {
+    let Some(shared) = shmem::shared() else {
+        return;
+    };
+    let Some(entry) = shared.my_entry() else {
         return;
     };
     claim(entry);
+    let group = groups::resolve_session_group(&shared.groups);
+    entry.group.store(group as u32, Ordering::Release);
+    shared
+        .groups
+        .counters(group)
+        .admitted
+        .fetch_add(1, Ordering::Relaxed);
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| list.push(Registration { desc, owner }));

@@ -63,6 +63,66 @@ mod pg_stride {
         ))
     }
 
+    /// One row per resource group; the `pg_stride.groups` view.
+    #[pg_extern(parallel_restricted)]
+    #[allow(clippy::type_complexity)]
+    fn groups_state() -> TableIterator<
+        'static,
+        (
+            name!(name, String),
+            name!(weight, i32),
+            name!(max_concurrency, i32),
+            name!(max_parallel_workers, Option<i32>),
+            name!(priority_initial, Option<i32>),
+            name!(priority_min, Option<i32>),
+            name!(decay_lambda, Option<f64>),
+            name!(decay_start, Option<i32>),
+            name!(pinned, bool),
+            name!(active, i64),
+            name!(queued, i64),
+            name!(admitted_total, i64),
+        ),
+    > {
+        let shared = require_shared();
+        let mut active = [0i64; crate::groups::MAX_GROUPS];
+        let mut queued = [0i64; crate::groups::MAX_GROUPS];
+        for (procno, entry) in shared.procs().iter().enumerate() {
+            if shared.is_live(procno) {
+                let slot = (entry.group.load(Ordering::Acquire) as usize)
+                    .min(crate::groups::MAX_GROUPS - 1);
+                active[slot] += i64::from(entry.running.load(Ordering::Acquire));
+                queued[slot] += i64::from(entry.queued.load(Ordering::Acquire));
+            }
+        }
+        let rows: Vec<_> = shared
+            .groups
+            .groups()
+            .into_iter()
+            .map(|(slot, g)| {
+                let s = g.settings;
+                (
+                    g.name,
+                    s.weight,
+                    s.max_concurrency,
+                    s.max_parallel_workers,
+                    s.priority_initial,
+                    s.priority_min,
+                    s.decay_lambda,
+                    s.decay_start,
+                    s.pinned,
+                    active[slot],
+                    queued[slot],
+                    shared
+                        .groups
+                        .counters(slot)
+                        .admitted
+                        .load(Ordering::Relaxed) as i64,
+                )
+            })
+            .collect();
+        TableIterator::new(rows)
+    }
+
     /// The shared region, or an error telling the DBA how to load pg_stride properly.
     fn require_shared() -> &'static shmem::Shared {
         match shmem::shared() {
@@ -92,4 +152,16 @@ GRANT SELECT ON pg_stride.scheduler TO PUBLIC;
 "#,
     name = "scheduler_view",
     requires = [pg_stride::scheduler_state],
+);
+
+extension_sql!(
+    r#"
+CREATE VIEW pg_stride.groups AS
+    SELECT * FROM pg_stride.groups_state() ORDER BY name;
+COMMENT ON VIEW pg_stride.groups IS
+    'pg_stride resource groups: settings (NULL = the server-wide setting) and statement counts';
+GRANT SELECT ON pg_stride.groups TO PUBLIC;
+"#,
+    name = "groups_view",
+    requires = [pg_stride::groups_state],
 );

@@ -1,10 +1,11 @@
 //! The `pg_stride scheduler` background worker (DESIGN.md §2).
 //!
-//! One static worker per server. It publishes the CPU-slot count after configuration
-//! reloads and reclaims the shared entries of processes that are gone (DESIGN.md §4
-//! rule 8). Later parts add the watchdog, the concurrency hint and the tuner here.
+//! One static worker per server. It loads the resource groups from
+//! `pg_stride.database` at start and whenever they change, publishes the CPU-slot count
+//! after configuration reloads, and reclaims the shared entries of processes that are
+//! gone (DESIGN.md §4 rule 8). Later parts add the watchdog, the concurrency hint and the tuner here.
 
-use crate::{gucs, shmem};
+use crate::{groups, gucs, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -36,9 +37,9 @@ pub fn register() {
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    // Connecting to no database gives the worker a pg_stat_activity row (with its
-    // backend_type) without tying it to one database.
-    BackgroundWorker::connect_worker_to_spi(None, None);
+    // The worker reads the resource groups from pg_stride.database (as pg_cron reads its
+    // jobs from cron.database_name); connecting also gives it a pg_stat_activity row.
+    BackgroundWorker::connect_worker_to_spi(Some(&gucs::database_name()), None);
     let Some(shared) = shmem::shared() else {
         return;
     };
@@ -46,6 +47,8 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     shared
         .scheduler_pid
         .store(unsafe { pg_sys::MyProcPid }, Ordering::Release);
+    shared.groups.set_worker(shmem::my_procno());
+    reload_groups(shared);
     while BackgroundWorker::wait_latch(Some(SWEEP_INTERVAL)) {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload its config.
@@ -54,9 +57,27 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
                 .cpu_slots
                 .store(gucs::effective_cpu_slots(), Ordering::Release);
         }
+        if shared.groups.pending_reload().is_some() {
+            reload_groups(shared);
+        }
         reclaim_entries(shared);
     }
+    shared.groups.set_worker(None);
     shared.scheduler_pid.store(0, Ordering::Release);
+}
+
+/// Reads the groups table into the directory, answering every request made before the
+/// read started.
+fn reload_groups(shared: &shmem::Shared) {
+    let request = shared.groups.pending_reload();
+    // The directory is only written under its lock; an error while reading the table
+    // leaves it as it was.
+    BackgroundWorker::transaction(std::panic::AssertUnwindSafe(|| {
+        groups::reload(&shared.groups, shared)
+    }));
+    if let Some(request) = request {
+        shared.groups.reload_done(request);
+    }
 }
 
 /// Frees entries whose process is gone. Only the pid is cleared (with a compare-and-swap,

@@ -1,0 +1,95 @@
+-- Resource groups: the functions that manage them, their errors, the pg_stride.groups
+-- view, assignment through pg_stride.group, and the shared directory following the
+-- table (commit, rollback, direct changes).
+
+-- Groups live in the database named by pg_stride.database; elsewhere the functions
+-- refuse.
+SHOW pg_stride.database;
+SELECT pg_stride.create_group('reporting');
+
+\c postgres
+CREATE EXTENSION pg_stride;
+-- The table is extension configuration: pg_dump keeps its rows.
+SELECT extconfig::regclass[] FROM pg_extension WHERE extname = 'pg_stride';
+
+-- Only "default" exists at first, with the server-wide settings.
+SELECT name, weight, max_concurrency, max_parallel_workers, priority_initial,
+       priority_min, decay_lambda, decay_start, pinned
+  FROM pg_stride.groups;
+
+SELECT pg_stride.create_group('reporting', weight => 300, max_concurrency => 4);
+SELECT pg_stride.create_group('batch', weight => 50, max_parallel_workers => 2,
+       priority_initial => 5000, priority_min => 50, decay_lambda => 0.8,
+       decay_start => 4, pinned => true);
+SELECT name, weight, max_concurrency, max_parallel_workers, priority_initial,
+       priority_min, decay_lambda, decay_start, pinned
+  FROM pg_stride.groups;
+
+-- Errors: duplicates, bad names, values out of range, unknown groups, "default".
+SELECT pg_stride.create_group('reporting');
+SELECT pg_stride.create_group('');
+SELECT pg_stride.create_group(repeat('x', 64));
+SELECT pg_stride.create_group('x', weight => 0);
+SELECT pg_stride.create_group('x', weight => 10001);
+SELECT pg_stride.create_group('x', max_concurrency => -1);
+SELECT pg_stride.create_group('x', max_parallel_workers => -1);
+SELECT pg_stride.create_group('x', priority_initial => 100, priority_min => 200);
+SELECT pg_stride.create_group('x', decay_lambda => 1.5);
+SELECT pg_stride.create_group('x', decay_lambda => 'NaN');
+SELECT pg_stride.create_group('x', decay_start => -1);
+SELECT pg_stride.alter_group('nosuch', weight => 10);
+SELECT pg_stride.alter_group('batch', priority_min => 6000);
+SELECT pg_stride.drop_group('nosuch');
+SELECT pg_stride.drop_group('default');
+-- None of the failed calls left anything behind.
+SELECT name FROM pg_stride.groups;
+
+-- Altering changes only the settings given; "default" gets a row once altered.
+SELECT pg_stride.alter_group('reporting', weight => 200);
+SELECT pg_stride.alter_group('default', max_concurrency => 64);
+SELECT name, weight, max_concurrency FROM pg_stride.groups;
+SELECT name, weight, max_concurrency FROM pg_stride.resource_groups ORDER BY name;
+
+-- Assignment: unknown groups are rejected; a statement runs in its session's group.
+SET pg_stride."group" = 'nosuch';
+SET pg_stride."group" = 'reporting';
+SELECT name, active, admitted_total FROM pg_stride.groups WHERE name = 'reporting';
+-- A group is in use while a statement runs in it, so this statement cannot drop it.
+SELECT pg_stride.drop_group('reporting');
+RESET pg_stride."group";
+SELECT name, active, admitted_total FROM pg_stride.groups WHERE name = 'reporting';
+
+-- A group created in a transaction that rolls back disappears again (the scheduler
+-- worker reloads the committed table).
+BEGIN;
+SELECT pg_stride.create_group('temporary');
+SELECT name FROM pg_stride.groups WHERE name = 'temporary';
+ROLLBACK;
+DO $$
+BEGIN
+  FOR i IN 1..100 LOOP
+    EXIT WHEN NOT EXISTS (SELECT FROM pg_stride.groups WHERE name = 'temporary');
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+END
+$$;
+SELECT count(*) AS temporary_groups FROM pg_stride.groups WHERE name = 'temporary';
+
+-- A session whose group disappears runs in "default", with a WARNING.
+SET pg_stride."group" = 'batch';
+DELETE FROM pg_stride.resource_groups WHERE name = 'batch';
+SELECT name FROM pg_stride.groups WHERE name = 'batch';
+RESET pg_stride."group";
+
+-- Only superusers manage groups; everybody may read them.
+CREATE ROLE stride_user;
+SET ROLE stride_user;
+SELECT pg_stride.create_group('mine');
+SELECT pg_stride.drop_group('reporting');
+SELECT count(*) > 0 AS sees_groups FROM pg_stride.groups;
+RESET ROLE;
+DROP ROLE stride_user;
+
+SELECT pg_stride.drop_group('reporting');
+SELECT name FROM pg_stride.groups;
+DROP EXTENSION pg_stride;

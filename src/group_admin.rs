@@ -1,0 +1,321 @@
+//! The SQL functions that manage resource groups: `pg_stride.create_group`,
+//! `alter_group` and `drop_group`, the table behind them, and the trigger that keeps the
+//! shared group directory in step with the table (see `groups`).
+
+use crate::groups::{GroupSettings, DEFAULT_GROUP, MAX_NAME_LEN};
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+
+extension_sql!(
+    r#"
+CREATE TABLE pg_stride.resource_groups (
+    name                 text PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 63),
+    weight               integer NOT NULL DEFAULT 100 CHECK (weight BETWEEN 1 AND 10000),
+    max_concurrency      integer NOT NULL DEFAULT 0 CHECK (max_concurrency >= 0),
+    max_parallel_workers integer CHECK (max_parallel_workers >= 0),
+    priority_initial     integer CHECK (priority_initial BETWEEN 1 AND 1000000),
+    priority_min         integer CHECK (priority_min BETWEEN 1 AND 1000000),
+    decay_lambda         double precision CHECK (decay_lambda BETWEEN 0 AND 1),
+    decay_start          integer CHECK (decay_start BETWEEN 0 AND 1000000),
+    pinned               boolean NOT NULL DEFAULT false,
+    CHECK (priority_min <= priority_initial)
+);
+COMMENT ON TABLE pg_stride.resource_groups IS
+    'pg_stride resource groups; change them with pg_stride.create_group/alter_group/drop_group';
+-- Groups are configuration: pg_dump keeps them. "default" has a row only once altered.
+SELECT pg_catalog.pg_extension_config_dump('pg_stride.resource_groups', '');
+
+CREATE FUNCTION pg_stride.resource_groups_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_stride.publish_groups();
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER resource_groups_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pg_stride.resource_groups
+    FOR EACH STATEMENT EXECUTE FUNCTION pg_stride.resource_groups_changed();
+
+REVOKE ALL ON FUNCTION pg_stride.create_group, pg_stride.alter_group, pg_stride.drop_group,
+    pg_stride.publish_groups FROM PUBLIC;
+"#,
+    name = "resource_groups_table",
+    requires = [
+        functions::create_group,
+        functions::alter_group,
+        functions::drop_group,
+        functions::publish_groups
+    ],
+);
+
+/// Raises an ERROR with a SQLSTATE and an optional HINT.
+fn fail(code: PgSqlErrorCode, message: String, hint: Option<&str>) -> ! {
+    let mut report = ErrorReport::new(code, message, "pg_stride resource groups");
+    if let Some(hint) = hint {
+        report = report.set_hint(hint);
+    }
+    report.report(PgLogLevel::ERROR);
+    unreachable!("an ERROR report does not return")
+}
+
+/// Checks every setting against its range, naming the first one out of range.
+pub fn validate(settings: &GroupSettings) -> Result<(), String> {
+    fn range<T: PartialOrd + std::fmt::Display>(
+        name: &str,
+        v: Option<T>,
+        lo: T,
+        hi: T,
+    ) -> Result<(), String> {
+        match v {
+            Some(v) if !(lo <= v && v <= hi) => Err(format!(
+                "{name} = {v} is outside the valid range {lo} .. {hi}"
+            )),
+            _ => Ok(()),
+        }
+    }
+    range("weight", Some(settings.weight), 1, 10_000)?;
+    range(
+        "max_concurrency",
+        Some(settings.max_concurrency),
+        0,
+        pg_sys::MAX_BACKENDS as i32,
+    )?;
+    range(
+        "max_parallel_workers",
+        settings.max_parallel_workers,
+        0,
+        1024,
+    )?;
+    range("priority_initial", settings.priority_initial, 1, 1_000_000)?;
+    range("priority_min", settings.priority_min, 1, 1_000_000)?;
+    range(
+        "decay_lambda",
+        settings.decay_lambda.filter(|l| !l.is_nan()),
+        0.0,
+        1.0,
+    )?;
+    if settings.decay_lambda.is_some_and(f64::is_nan) {
+        return Err("decay_lambda = NaN is outside the valid range 0 .. 1".into());
+    }
+    range("decay_start", settings.decay_start, 0, 1_000_000)?;
+    if let (Some(p0), Some(pmin)) = (settings.priority_initial, settings.priority_min) {
+        if pmin > p0 {
+            return Err(format!(
+                "priority_min = {pmin} is greater than priority_initial = {p0}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+mod functions {
+    use super::*;
+    use crate::{gucs, shmem};
+    use pgrx::datum::DatumWithOid;
+
+    /// The checks every group function makes before touching the table.
+    fn check_caller(name: &str) {
+        // SAFETY: plain call into PostgreSQL's role check.
+        if !unsafe { pg_sys::superuser() } {
+            fail(
+                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+                "only superusers can manage pg_stride resource groups".into(),
+                None,
+            );
+        }
+        let database = gucs::database_name();
+        let current = Spi::get_one::<String>("SELECT current_database()::text")
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        if current != database {
+            fail(
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("pg_stride resource groups are managed in database \"{database}\", not \"{current}\""),
+                Some("Connect to the database named by pg_stride.database, or change that setting."),
+            );
+        }
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            fail(
+                PgSqlErrorCode::ERRCODE_INVALID_NAME,
+                format!("invalid resource group name \"{name}\""),
+                Some("A group name has 1 to 63 bytes."),
+            );
+        }
+    }
+
+    fn check_settings(name: &str, settings: &GroupSettings) {
+        if let Err(detail) = validate(settings) {
+            fail(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("invalid setting for resource group \"{name}\": {detail}"),
+                None,
+            );
+        }
+    }
+
+    /// The stored settings of `name`; `default` without a row has the default settings.
+    fn stored(name: &str) -> Option<GroupSettings> {
+        let found = crate::groups::read_table()
+            .into_iter()
+            .find(|g| g.name == name);
+        match found {
+            Some(g) => Some(g.settings),
+            None if name == DEFAULT_GROUP => Some(GroupSettings::default()),
+            None => None,
+        }
+    }
+
+    fn upsert(name: &str, s: &GroupSettings) {
+        let args: [DatumWithOid; 9] = [
+            name.into(),
+            s.weight.into(),
+            s.max_concurrency.into(),
+            s.max_parallel_workers.into(),
+            s.priority_initial.into(),
+            s.priority_min.into(),
+            s.decay_lambda.into(),
+            s.decay_start.into(),
+            s.pinned.into(),
+        ];
+        Spi::run_with_args(
+            "INSERT INTO pg_stride.resource_groups AS g \
+                 (name, weight, max_concurrency, max_parallel_workers, priority_initial, \
+                  priority_min, decay_lambda, decay_start, pinned) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (name) DO UPDATE SET weight = $2, max_concurrency = $3, \
+                 max_parallel_workers = $4, priority_initial = $5, priority_min = $6, \
+                 decay_lambda = $7, decay_start = $8, pinned = $9",
+            &args,
+        )
+        .unwrap_or_else(|e| pgrx::error!("pg_stride: cannot store resource group \"{name}\": {e}"));
+    }
+
+    /// Creates a resource group. Settings left NULL follow the server-wide GUCs.
+    #[allow(clippy::too_many_arguments)]
+    #[pg_extern(volatile, parallel_unsafe, schema = "pg_stride")]
+    fn create_group(
+        name: &str,
+        weight: default!(i32, 100),
+        max_concurrency: default!(i32, 0),
+        max_parallel_workers: default!(Option<i32>, "NULL"),
+        priority_initial: default!(Option<i32>, "NULL"),
+        priority_min: default!(Option<i32>, "NULL"),
+        decay_lambda: default!(Option<f64>, "NULL"),
+        decay_start: default!(Option<i32>, "NULL"),
+        pinned: default!(bool, false),
+    ) {
+        check_caller(name);
+        let settings = GroupSettings {
+            weight,
+            max_concurrency,
+            max_parallel_workers,
+            priority_initial,
+            priority_min,
+            decay_lambda,
+            decay_start,
+            pinned,
+        };
+        check_settings(name, &settings);
+        if stored(name).is_some() {
+            fail(
+                PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
+                format!("resource group \"{name}\" already exists"),
+                Some("Use pg_stride.alter_group() to change it."),
+            );
+        }
+        upsert(name, &settings);
+    }
+
+    /// Changes the settings given (non-NULL) of a resource group; the others stay.
+    #[allow(clippy::too_many_arguments)]
+    #[pg_extern(volatile, parallel_unsafe, schema = "pg_stride")]
+    fn alter_group(
+        name: &str,
+        weight: default!(Option<i32>, "NULL"),
+        max_concurrency: default!(Option<i32>, "NULL"),
+        max_parallel_workers: default!(Option<i32>, "NULL"),
+        priority_initial: default!(Option<i32>, "NULL"),
+        priority_min: default!(Option<i32>, "NULL"),
+        decay_lambda: default!(Option<f64>, "NULL"),
+        decay_start: default!(Option<i32>, "NULL"),
+        pinned: default!(Option<bool>, "NULL"),
+    ) {
+        check_caller(name);
+        let Some(old) = stored(name) else {
+            fail(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                format!("resource group \"{name}\" does not exist"),
+                Some("List the groups in pg_stride.groups."),
+            );
+        };
+        let settings = GroupSettings {
+            weight: weight.unwrap_or(old.weight),
+            max_concurrency: max_concurrency.unwrap_or(old.max_concurrency),
+            max_parallel_workers: max_parallel_workers.or(old.max_parallel_workers),
+            priority_initial: priority_initial.or(old.priority_initial),
+            priority_min: priority_min.or(old.priority_min),
+            decay_lambda: decay_lambda.or(old.decay_lambda),
+            decay_start: decay_start.or(old.decay_start),
+            pinned: pinned.unwrap_or(old.pinned),
+        };
+        check_settings(name, &settings);
+        upsert(name, &settings);
+    }
+
+    /// Drops a resource group that no statement runs in. Sessions still set to it fall
+    /// back to `default`, with a WARNING at their next statement.
+    #[pg_extern(volatile, parallel_unsafe, schema = "pg_stride")]
+    fn drop_group(name: &str) {
+        check_caller(name);
+        if name == DEFAULT_GROUP {
+            fail(
+                PgSqlErrorCode::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+                format!("cannot drop resource group \"{DEFAULT_GROUP}\""),
+                Some("Every session not assigned to another group runs in it; use pg_stride.alter_group() to change it."),
+            );
+        }
+        if stored(name).is_none() {
+            fail(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                format!("resource group \"{name}\" does not exist"),
+                Some("List the groups in pg_stride.groups."),
+            );
+        }
+        if let Some(shared) = shmem::shared() {
+            if let Some(slot) = shared.groups.find(name) {
+                if shared.slot_has_statements(slot) {
+                    fail(
+                        PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+                        format!("resource group \"{name}\" is in use"),
+                        Some("Wait until its statements finish (see pg_stride.groups), then drop it."),
+                    );
+                }
+            }
+        }
+        let args: [DatumWithOid; 1] = [name.into()];
+        Spi::run_with_args(
+            "DELETE FROM pg_stride.resource_groups WHERE name = $1",
+            &args,
+        )
+        .unwrap_or_else(|e| pgrx::error!("pg_stride: cannot drop resource group \"{name}\": {e}"));
+    }
+
+    /// Trigger helper: publishes the groups table as this transaction sees it, so that
+    /// the change is in effect at once for this session, and has the scheduler worker
+    /// reload the committed table when the transaction ends.
+    #[pg_extern(volatile, parallel_unsafe, schema = "pg_stride")]
+    fn publish_groups() {
+        // The table of any other database is not the one that defines the groups.
+        let current = Spi::get_one::<String>("SELECT current_database()::text")
+            .ok()
+            .flatten();
+        if current.as_deref() != Some(gucs::database_name().as_str()) {
+            return;
+        }
+        crate::groups::mark_changed();
+        if let Some(shared) = shmem::shared() {
+            crate::groups::reload(&shared.groups, shared);
+        }
+    }
+}
