@@ -51,13 +51,45 @@ SELECT name, weight, max_concurrency FROM pg_stride.groups;
 SELECT name, weight, max_concurrency FROM pg_stride.resource_groups ORDER BY name;
 
 -- Assignment: unknown groups are rejected; a statement runs in its session's group.
+-- Superusers' statements skip admission (pg_stride.exempt_superuser), so the counting
+-- is done as an ordinary role.
+CREATE ROLE stride_member;
+GRANT USAGE ON SCHEMA pg_stride TO stride_member;
 SET pg_stride."group" = 'nosuch';
 SET pg_stride."group" = 'reporting';
-SELECT name, active, admitted_total FROM pg_stride.groups WHERE name = 'reporting';
+SET ROLE stride_member;
+SELECT name, active, admitted_total, timed_out_total FROM pg_stride.groups WHERE name = 'reporting';
+SELECT "group", state, statements, queued_since IS NULL AS not_queued, admitted_at BETWEEN now() AND clock_timestamp() AS admitted_now
+  FROM pg_stride.activity WHERE pid = pg_backend_pid();
+RESET ROLE;
 -- A group is in use while a statement runs in it, so this statement cannot drop it.
 SELECT pg_stride.drop_group('reporting');
 RESET pg_stride."group";
-SELECT name, active, admitted_total FROM pg_stride.groups WHERE name = 'reporting';
+SELECT name, active, admitted_total, queue_time_p50_ms, queue_time_p99_ms
+  FROM pg_stride.groups WHERE name = 'reporting';
+
+-- queue_timeout: with max_concurrency 1, an open cursor holds the group's only
+-- admission, so the next statement of the same session waits, and gives up.
+SELECT pg_stride.create_group('single', max_concurrency => 1);
+SET pg_stride."group" = 'single';
+SET ROLE stride_member;
+SET pg_stride.queue_timeout = '200ms';
+BEGIN;
+DECLARE c CURSOR FOR SELECT 1;
+SELECT 'not admitted';
+ROLLBACK;
+-- The cursor's admission went with the transaction; statements are admitted again.
+SELECT 'admitted' AS after_rollback;
+RESET pg_stride.queue_timeout;
+RESET ROLE;
+RESET pg_stride."group";
+SELECT name, active, queued, admitted_total, timed_out_total FROM pg_stride.groups WHERE name = 'single';
+SELECT pg_stride.reset_stats();
+SELECT name, admitted_total, timed_out_total, queue_time_total_ms, queue_time_p50_ms
+  FROM pg_stride.groups WHERE name = 'single';
+SELECT pg_stride.drop_group('single');
+REVOKE USAGE ON SCHEMA pg_stride FROM stride_member;
+DROP ROLE stride_member;
 
 -- A group created in a transaction that rolls back disappears again (the scheduler
 -- worker reloads the committed table).

@@ -67,6 +67,12 @@ fn nested<R>(body: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags: i32) {
+    // Admission comes first, so that a queued statement holds no executor resources
+    // (and launches no parallel workers) while it waits. If starting the executor then
+    // fails, the statement's resource owner gives the admission back.
+    if is_scheduled(eflags) {
+        statements::start(desc);
+    }
     // SAFETY: forwarding the executor's own arguments to the previous hook or to the
     // standard implementation, exactly as PostgreSQL would have called it.
     unsafe {
@@ -74,9 +80,6 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
             Some(prev) => pg_guard_ffi_boundary(|| prev(desc, eflags)),
             None => pg_sys::standard_ExecutorStart(desc, eflags),
         }
-    }
-    if is_scheduled(eflags) {
-        statements::register(desc);
     }
 }
 

@@ -106,11 +106,66 @@ impl GroupSlot {
     }
 }
 
-/// Cumulative counters of one group slot, updated without the lock.
+/// Buckets of the queue-time histogram: bucket `i > 0` counts waits of
+/// `[2^(i-1), 2^i)` µs, bucket 0 waits under 1 µs (statements admitted at once).
+pub const HISTOGRAM_BUCKETS: usize = 40;
+
+/// Bucket of a wait of `us` microseconds.
+pub fn histogram_bucket(us: u64) -> usize {
+    ((u64::BITS - us.leading_zeros()) as usize).min(HISTOGRAM_BUCKETS - 1)
+}
+
+/// Cumulative counters of one group slot, updated without the lock. They count from
+/// the group's creation or the last `pg_stride.reset_stats()`.
 #[repr(C)]
 pub struct GroupCounters {
-    /// Statements admitted since the group was created or the stats were reset.
+    /// Statements admitted.
     pub admitted: AtomicU64,
+    /// Statements that gave up waiting at `pg_stride.queue_timeout`.
+    pub timed_out: AtomicU64,
+    /// Sum of the admitted statements' waits, µs.
+    pub queue_time_us: AtomicU64,
+    /// Admitted statements by wait, see [`histogram_bucket`].
+    pub queue_histogram: [AtomicU64; HISTOGRAM_BUCKETS],
+}
+
+impl GroupCounters {
+    fn new() -> GroupCounters {
+        GroupCounters {
+            admitted: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
+            queue_time_us: AtomicU64::new(0),
+            queue_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    pub fn reset(&self) {
+        self.admitted.store(0, Ordering::Relaxed);
+        self.timed_out.store(0, Ordering::Relaxed);
+        self.queue_time_us.store(0, Ordering::Relaxed);
+        for bucket in &self.queue_histogram {
+            bucket.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The `q`-quantile of the admitted statements' waits, in µs: the upper bound of
+    /// the histogram bucket it falls in (so within a factor of 2), `None` without data.
+    pub fn queue_time_quantile_us(&self, q: f64) -> Option<u64> {
+        let counts: Vec<u64> = self.queue_histogram.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, count) in counts.iter().enumerate() {
+            seen += count;
+            if seen >= rank {
+                return Some(if i == 0 { 0 } else { 1u64 << i });
+            }
+        }
+        None
+    }
 }
 
 /// The shared mirror of `pg_stride.resource_groups`. Slot 0 is always `default`.
@@ -149,9 +204,7 @@ impl GroupDirectory {
         unsafe {
             at.write(GroupDirectory {
                 slots: UnsafeCell::new(slots),
-                counters: std::array::from_fn(|_| GroupCounters {
-                    admitted: AtomicU64::new(0),
-                }),
+                counters: std::array::from_fn(|_| GroupCounters::new()),
                 loaded: AtomicBool::new(false),
                 reloads_requested: AtomicU64::new(0),
                 reloads_done: AtomicU64::new(0),
@@ -161,13 +214,13 @@ impl GroupDirectory {
     }
 
     fn read<R>(&self, f: impl FnOnce(&[GroupSlot; MAX_GROUPS]) -> R) -> R {
-        let _guard = shmem::DirectoryLock::shared();
+        let _guard = shmem::ShmemLock::shared(shmem::LockId::Directory);
         // SAFETY: the shared lock keeps writers out while we read.
         f(unsafe { &*self.slots.get() })
     }
 
     fn write<R>(&self, f: impl FnOnce(&mut [GroupSlot; MAX_GROUPS]) -> R) -> R {
-        let _guard = shmem::DirectoryLock::exclusive();
+        let _guard = shmem::ShmemLock::exclusive(shmem::LockId::Directory);
         // SAFETY: the exclusive lock makes us the only reader or writer.
         f(unsafe { &mut *self.slots.get() })
     }
@@ -232,7 +285,7 @@ impl GroupDirectory {
                 match free {
                     Some(i) => {
                         next[i] = GroupSlot::new(&g.name, g.settings);
-                        self.counters[i].admitted.store(0, Ordering::Relaxed);
+                        self.counters[i].reset();
                     }
                     None => dropped.push(g.name.clone()),
                 }
@@ -374,4 +427,5 @@ pub fn read_table() -> Vec<Group> {
 pub fn reload(directory: &GroupDirectory, shared: &shmem::Shared) {
     let groups = read_table();
     directory.publish(&groups, |slot| shared.slot_has_statements(slot));
+    crate::admission::apply_limits(shared);
 }

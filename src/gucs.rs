@@ -17,6 +17,8 @@ pub static MAX_ACTIVE_QUERIES: GucSetting<i32> = GucSetting::<i32>::new(128);
 pub static SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(2.0);
 pub static GROUP: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"default"));
+pub static QUEUE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+pub static EXEMPT_SUPERUSER: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
@@ -49,6 +51,24 @@ pub fn register() {
         &MAX_ACTIVE_QUERIES,
         1,
         pgrx::pg_sys::MAX_BACKENDS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.queue_timeout",
+        c"Longest time a statement waits for admission; 0 waits as long as it takes.",
+        c"A statement still queued then fails with SQLSTATE 53000.",
+        &QUEUE_TIMEOUT_MS,
+        0,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.exempt_superuser",
+        c"Superusers' statements are admitted at once, without counting against the limits.",
+        c"",
+        &EXEMPT_SUPERUSER,
         GucContext::Sighup,
         GucFlags::default(),
     );

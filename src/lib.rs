@@ -8,6 +8,7 @@
 
 use pgrx::prelude::*;
 
+mod admission;
 mod executor;
 mod group_admin;
 mod groups;

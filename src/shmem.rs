@@ -11,9 +11,11 @@
 //! no pointers, so the layout is valid in every process whatever address it is mapped at.
 
 use crate::groups::GroupDirectory;
+use pg_stride_sched::admission::{Admission, Waiter};
 use pgrx::pg_sys;
+use std::cell::UnsafeCell;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicPtr, AtomicU32, Ordering};
 
 const REGION_NAME: &CStr = c"pg_stride";
 
@@ -29,6 +31,10 @@ pub struct ProcEntry {
     pub queued: AtomicU32,
     /// Group slot of this process's latest registered statement.
     pub group: AtomicU32,
+    /// When the statement now waiting for admission arrived (TimestampTz, µs).
+    pub queued_since: AtomicI64,
+    /// When this process's latest statement was admitted (TimestampTz, µs).
+    pub admitted_at: AtomicI64,
 }
 
 impl ProcEntry {
@@ -37,11 +43,14 @@ impl ProcEntry {
         self.running.store(0, Ordering::Relaxed);
         self.queued.store(0, Ordering::Relaxed);
         self.group.store(0, Ordering::Relaxed);
+        self.queued_since.store(0, Ordering::Relaxed);
+        self.admitted_at.store(0, Ordering::Relaxed);
         self.pid.store(0, Ordering::Release);
     }
 }
 
-/// Header of the region, followed by `nprocs` [`ProcEntry`]s.
+/// Header of the region, followed by `nprocs` [`ProcEntry`]s and `nprocs` admission
+/// [`Waiter`]s.
 #[repr(C)]
 pub struct Shared {
     /// CPU slots in effect (`pg_stride.cpu_slots` resolved), published at startup and by
@@ -52,11 +61,39 @@ pub struct Shared {
     nprocs: u32,
     /// Resource groups, mirrored from `pg_stride.resource_groups`.
     pub groups: GroupDirectory,
+    /// Admission state; read and written under the admission lock only.
+    admission: UnsafeCell<Admission>,
 }
+
+// The region's interior mutability is either atomics or data changed only under an
+// LWLock by code that raises no errors, so an error unwinding past a reference to it
+// cannot leave it half-changed.
+impl std::panic::RefUnwindSafe for Shared {}
 
 impl Shared {
     fn size(nprocs: usize) -> usize {
-        size_of::<Shared>() + nprocs * size_of::<ProcEntry>()
+        size_of::<Shared>() + nprocs * (size_of::<ProcEntry>() + size_of::<Waiter>())
+    }
+
+    /// Runs `f` on the admission state and the per-process waiters, holding the
+    /// admission lock exclusively. `f` must not raise errors (it runs pure logic).
+    pub fn with_admission<R>(&self, f: impl FnOnce(&mut Admission, &mut [Waiter]) -> R) -> R {
+        let _guard = ShmemLock::exclusive(LockId::Admission);
+        // SAFETY: the waiters follow the process entries (`size`); their alignment (8)
+        // divides the sizes before them. The exclusive lock makes this process the only
+        // one touching the admission state and the waiters.
+        unsafe {
+            let waiters = (self as *const Shared)
+                .add(1)
+                .cast::<ProcEntry>()
+                .add(self.nprocs as usize)
+                .cast::<Waiter>()
+                .cast_mut();
+            f(
+                &mut *self.admission.get(),
+                std::slice::from_raw_parts_mut(waiters, self.nprocs as usize),
+            )
+        }
     }
 
     /// Every per-process entry.
@@ -100,35 +137,47 @@ impl Shared {
 }
 
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
-static DIRECTORY_LOCK: AtomicPtr<pg_sys::LWLock> = AtomicPtr::new(std::ptr::null_mut());
+static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(std::ptr::null_mut());
 
-/// The group directory's LWLock, held for as long as the guard lives. It is only taken
-/// on the registration path and by group changes, never per slice (DESIGN.md §3), and
-/// never around anything that can raise an error (an error would release it anyway).
-pub struct DirectoryLock(*mut pg_sys::LWLock);
+/// pg_stride's LWLocks, one tranche named "pg_stride".
+#[derive(Clone, Copy)]
+pub enum LockId {
+    /// Names and settings of the group directory.
+    Directory = 0,
+    /// The admission state and waiters.
+    Admission = 1,
+}
+const LOCK_COUNT: i32 = 2;
 
-impl DirectoryLock {
-    pub fn shared() -> DirectoryLock {
-        DirectoryLock::acquire(pg_sys::LWLockMode::LW_SHARED)
+/// One of pg_stride's LWLocks, held for as long as the guard lives. They are taken on
+/// the registration and admission paths and by group changes, never per slice
+/// (DESIGN.md §3), and never around anything that can raise an error (an error would
+/// release them anyway, through LWLockReleaseAll).
+pub struct ShmemLock(*mut pg_sys::LWLock);
+
+impl ShmemLock {
+    pub fn shared(id: LockId) -> ShmemLock {
+        ShmemLock::acquire(id, pg_sys::LWLockMode::LW_SHARED)
     }
 
-    pub fn exclusive() -> DirectoryLock {
-        DirectoryLock::acquire(pg_sys::LWLockMode::LW_EXCLUSIVE)
+    pub fn exclusive(id: LockId) -> ShmemLock {
+        ShmemLock::acquire(id, pg_sys::LWLockMode::LW_EXCLUSIVE)
     }
 
-    fn acquire(mode: pg_sys::LWLockMode::Type) -> DirectoryLock {
-        let lock = DIRECTORY_LOCK.load(Ordering::Acquire);
-        assert!(
-            !lock.is_null(),
-            "pg_stride's shared memory is not initialised"
-        );
-        // SAFETY: the lock lives in shared memory for the life of the server.
-        unsafe { pg_sys::LWLockAcquire(lock, mode) };
-        DirectoryLock(lock)
+    fn acquire(id: LockId, mode: pg_sys::LWLockMode::Type) -> ShmemLock {
+        let locks = LOCKS.load(Ordering::Acquire);
+        assert!(!locks.is_null(), "pg_stride's shared memory is not initialised");
+        // SAFETY: the tranche has LOCK_COUNT locks in shared memory for the life of the
+        // server.
+        unsafe {
+            let lock = &raw mut (*locks.add(id as usize)).lock;
+            pg_sys::LWLockAcquire(lock, mode);
+            ShmemLock(lock)
+        }
     }
 }
 
-impl Drop for DirectoryLock {
+impl Drop for ShmemLock {
     fn drop(&mut self) {
         // SAFETY: acquired in `acquire` by this process and not yet released.
         unsafe { pg_sys::LWLockRelease(self.0) };
@@ -215,7 +264,7 @@ fn request_space() {
     // SAFETY: called from _PG_init or shmem_request_hook, where this is allowed.
     unsafe {
         pg_sys::RequestAddinShmemSpace(Shared::size(process_capacity()));
-        pg_sys::RequestNamedLWLockTranche(REGION_NAME.as_ptr(), 1);
+        pg_sys::RequestNamedLWLockTranche(REGION_NAME.as_ptr(), LOCK_COUNT);
     }
 }
 
@@ -252,6 +301,9 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).scheduler_pid).write(AtomicI32::new(0));
             (&raw mut (*region).nprocs).write(nprocs as u32);
             GroupDirectory::init(&raw mut (*region).groups);
+            (&raw mut (*region).admission).write(UnsafeCell::new(Admission::new(
+                crate::gucs::MAX_ACTIVE_QUERIES.get() as u32,
+            )));
             let first = region.add(1).cast::<ProcEntry>();
             for i in 0..nprocs {
                 first.add(i).write(ProcEntry {
@@ -259,14 +311,17 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
                     running: AtomicU32::new(0),
                     queued: AtomicU32::new(0),
                     group: AtomicU32::new(0),
+                    queued_since: AtomicI64::new(0),
+                    admitted_at: AtomicI64::new(0),
                 });
+            }
+            let waiters = first.add(nprocs).cast::<Waiter>();
+            for i in 0..nprocs {
+                waiters.add(i).write(Waiter::default());
             }
         }
         pg_sys::LWLockRelease(lock);
-        DIRECTORY_LOCK.store(
-            &raw mut (*pg_sys::GetNamedLWLockTranche(REGION_NAME.as_ptr())).lock,
-            Ordering::Release,
-        );
+        LOCKS.store(pg_sys::GetNamedLWLockTranche(REGION_NAME.as_ptr()), Ordering::Release);
         SHARED.store(region, Ordering::Release);
     }
 }

@@ -8,8 +8,8 @@
 //! a process that dies without running it (SIGKILL) makes the postmaster reinitialise
 //! shared memory, and the scheduler worker clears entries of processes that are gone.
 
-use crate::groups;
 use crate::shmem::{self, ProcEntry};
+use crate::{admission, groups, gucs};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
@@ -19,6 +19,10 @@ use std::sync::atomic::Ordering;
 struct Registration {
     desc: *const pg_sys::QueryDesc,
     owner: pg_sys::ResourceOwner,
+    /// Group slot the statement runs in.
+    group: usize,
+    /// Whether it holds an admission to give back when it ends.
+    admitted: bool,
 }
 
 thread_local! {
@@ -35,9 +39,10 @@ pub fn install() {
     };
 }
 
-/// Records that `desc` is a running top-level statement of this backend, in the
-/// session's resource group.
-pub fn register(desc: *const pg_sys::QueryDesc) {
+/// Starts scheduling `desc`, a top-level statement of this backend, in the session's
+/// resource group: admits it (waiting for its turn if the limits are reached) and
+/// records it. Superusers skip admission when `pg_stride.exempt_superuser` is on.
+pub fn start(desc: *const pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
     };
@@ -47,14 +52,16 @@ pub fn register(desc: *const pg_sys::QueryDesc) {
     claim(entry);
     let group = groups::resolve_session_group(&shared.groups);
     entry.group.store(group as u32, Ordering::Release);
-    shared
-        .groups
-        .counters(group)
-        .admitted
-        .fetch_add(1, Ordering::Relaxed);
+    // SAFETY: plain call into PostgreSQL's role check.
+    let exempt = gucs::EXEMPT_SUPERUSER.get() && unsafe { pg_sys::superuser() };
+    if !exempt {
+        admission::admit(shared, group, &gucs::group_name());
+    }
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
-    REGISTERED.with_borrow_mut(|list| list.push(Registration { desc, owner }));
+    REGISTERED.with_borrow_mut(|list| {
+        list.push(Registration { desc, owner, group, admitted: !exempt })
+    });
     entry.running.fetch_add(1, Ordering::AcqRel);
 }
 
@@ -66,17 +73,20 @@ pub fn unregister(desc: *const pg_sys::QueryDesc) -> bool {
 /// Forgets every registration that matches, keeps the shared count in step, and
 /// returns how many there were.
 fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
-    let removed = REGISTERED.with_borrow_mut(|list| {
-        let before = list.len();
-        list.retain(|r| !matches(r));
-        before - list.len()
+    let removed: Vec<Registration> = REGISTERED.with_borrow_mut(|list| {
+        let (gone, kept) = std::mem::take(list).into_iter().partition(|r| matches(r));
+        *list = kept;
+        gone
     });
-    if removed > 0 {
-        if let Some(entry) = shmem::shared().and_then(|s| s.my_entry()) {
-            entry.running.fetch_sub(removed as u32, Ordering::AcqRel);
+    if let Some(shared) = shmem::shared().filter(|_| !removed.is_empty()) {
+        for r in removed.iter().filter(|r| r.admitted) {
+            admission::release(shared, r.group);
+        }
+        if let Some(entry) = shared.my_entry() {
+            entry.running.fetch_sub(removed.len() as u32, Ordering::AcqRel);
         }
     }
-    removed
+    removed.len()
 }
 
 /// Makes this process the owner of its shared entry. An entry still naming another pid
@@ -114,8 +124,14 @@ unsafe extern "C-unwind" fn on_resource_release(
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
-    REGISTERED.with_borrow_mut(|list| list.clear());
-    if let Some(entry) = shmem::shared().and_then(|s| s.my_entry()) {
-        entry.reset();
+    // Gives back the admissions still held (a terminated backend's cursors), leaves the
+    // admission queue (a FATAL error ends a wait without unwinding), then clears the
+    // entry.
+    unregister_where(|_| true);
+    if let (Some(shared), Some(procno)) = (shmem::shared(), shmem::my_procno()) {
+        admission::leave_queue(shared, procno);
+        if let Some(entry) = shared.my_entry() {
+            entry.reset();
+        }
     }
 }

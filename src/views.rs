@@ -81,6 +81,10 @@ mod pg_stride {
             name!(active, i64),
             name!(queued, i64),
             name!(admitted_total, i64),
+            name!(timed_out_total, i64),
+            name!(queue_time_total_ms, f64),
+            name!(queue_time_p50_ms, Option<f64>),
+            name!(queue_time_p99_ms, Option<f64>),
         ),
     > {
         let shared = require_shared();
@@ -100,6 +104,8 @@ mod pg_stride {
             .into_iter()
             .map(|(slot, g)| {
                 let s = g.settings;
+                let c = shared.groups.counters(slot);
+                let ms = |us: u64| us as f64 / 1000.0;
                 (
                     g.name,
                     s.weight,
@@ -112,15 +118,62 @@ mod pg_stride {
                     s.pinned,
                     active[slot],
                     queued[slot],
-                    shared
-                        .groups
-                        .counters(slot)
-                        .admitted
-                        .load(Ordering::Relaxed) as i64,
+                    c.admitted.load(Ordering::Relaxed) as i64,
+                    c.timed_out.load(Ordering::Relaxed) as i64,
+                    ms(c.queue_time_us.load(Ordering::Relaxed)),
+                    c.queue_time_quantile_us(0.5).map(ms),
+                    c.queue_time_quantile_us(0.99).map(ms),
                 )
             })
             .collect();
         TableIterator::new(rows)
+    }
+
+    /// One row per process that runs or waits to run a scheduled statement; the
+    /// `pg_stride.activity` view adds what pg_stat_activity shows of it.
+    #[pg_extern(parallel_restricted)]
+    fn activity_state() -> TableIterator<
+        'static,
+        (
+            name!(pid, i32),
+            name!(group_name, String),
+            name!(state, &'static str),
+            name!(statements, i32),
+            name!(queued_since_us, Option<i64>),
+            name!(admitted_at_us, Option<i64>),
+        ),
+    > {
+        let shared = require_shared();
+        let names: std::collections::HashMap<usize, String> =
+            shared.groups.groups().into_iter().map(|(slot, g)| (slot, g.name)).collect();
+        let mut rows = Vec::new();
+        for (procno, entry) in shared.procs().iter().enumerate() {
+            let running = entry.running.load(Ordering::Acquire);
+            let queued = entry.queued.load(Ordering::Acquire);
+            if (running == 0 && queued == 0) || !shared.is_live(procno) {
+                continue;
+            }
+            let slot = entry.group.load(Ordering::Acquire) as usize;
+            let nonzero = |v: i64| (v != 0).then_some(v);
+            rows.push((
+                entry.pid.load(Ordering::Acquire),
+                names.get(&slot).cloned().unwrap_or_default(),
+                if queued > 0 { "queued" } else { "running" },
+                running as i32,
+                if queued > 0 { nonzero(entry.queued_since.load(Ordering::Relaxed)) } else { None },
+                nonzero(entry.admitted_at.load(Ordering::Relaxed)),
+            ));
+        }
+        TableIterator::new(rows)
+    }
+
+    /// Zeroes the cumulative counters of every group.
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn reset_stats() {
+        let shared = require_shared();
+        for (slot, _) in shared.groups.groups() {
+            shared.groups.counters(slot).reset();
+        }
     }
 
     /// The shared region, or an error telling the DBA how to load pg_stride properly.
@@ -164,4 +217,28 @@ GRANT SELECT ON pg_stride.groups TO PUBLIC;
 "#,
     name = "groups_view",
     requires = [pg_stride::groups_state],
+);
+
+// TimestampTz counts microseconds from 2000-01-01 00:00 UTC.
+extension_sql!(
+    r#"
+CREATE VIEW pg_stride.activity AS
+    SELECT s.pid,
+           s.group_name AS "group",
+           s.state,
+           s.statements,
+           timestamptz '2000-01-01 00:00:00+00' + s.queued_since_us * interval '1 microsecond' AS queued_since,
+           timestamptz '2000-01-01 00:00:00+00' + s.admitted_at_us * interval '1 microsecond' AS admitted_at,
+           a.usename,
+           a.datname,
+           a.query
+      FROM pg_stride.activity_state() s
+      LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = s.pid;
+COMMENT ON VIEW pg_stride.activity IS
+    'pg_stride: one row per backend running or waiting to run a scheduled statement; query text as pg_stat_activity shows it';
+GRANT SELECT ON pg_stride.activity TO PUBLIC;
+REVOKE ALL ON FUNCTION pg_stride.reset_stats() FROM PUBLIC;
+"#,
+    name = "activity_view",
+    requires = [pg_stride::activity_state, pg_stride::reset_stats],
 );

@@ -5,19 +5,21 @@
 //! after configuration reloads, and reclaims the shared entries of processes that are
 //! gone (DESIGN.md §4 rule 8). Later parts add the watchdog, the concurrency hint and the tuner here.
 
-use crate::{groups, gucs, shmem};
+use crate::{admission, groups, gucs, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::pg_sys;
+use pgrx::spi::Spi;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Name and `backend_type` of the worker, as `pg_stat_activity` shows it.
 pub const WORKER_NAME: &str = "pg_stride scheduler";
 
-/// How often the worker sweeps the shared entries.
-const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the worker sweeps the shared entries and looks for queued backends that
+/// block admitted ones.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Registers the static worker. Called from `_PG_init` while preloading.
 pub fn register() {
@@ -61,6 +63,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
             reload_groups(shared);
         }
         reclaim_entries(shared);
+        admit_lock_holders(shared);
     }
     shared.groups.set_worker(None);
     shared.scheduler_pid.store(0, Ordering::Release);
@@ -90,6 +93,66 @@ fn reclaim_entries(shared: &shmem::Shared) {
             let _ = entry
                 .pid
                 .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+}
+
+/// DESIGN.md §4 rule 5: a queued backend may hold locks (taken by its transaction's
+/// earlier statements, or by its own statement while it was planned) that an admitted
+/// backend waits for; if the admitted ones cannot finish, the queued one would never be
+/// admitted. Each such queued backend is admitted ahead of its turn.
+fn admit_lock_holders(shared: &shmem::Shared) {
+    let (_, waiting) = admission::totals(shared);
+    if waiting == 0 {
+        return;
+    }
+    let mut running = Vec::new();
+    let mut queued = Vec::new();
+    for (procno, entry) in shared.procs().iter().enumerate() {
+        if !shared.is_live(procno) {
+            continue;
+        }
+        let pid = entry.pid.load(Ordering::Acquire);
+        if entry.queued.load(Ordering::Acquire) > 0 {
+            queued.push((pid, procno));
+        } else if entry.running.load(Ordering::Acquire) > 0 {
+            running.push(pid);
+        }
+    }
+    if queued.is_empty() || running.is_empty() {
+        return;
+    }
+    let queued_pids: Vec<i32> = queued.iter().map(|&(pid, _)| pid).collect();
+    let blockers: Vec<(i32, i32)> = BackgroundWorker::transaction(|| {
+        Spi::connect(|client| {
+            let args = [running.clone().into(), queued_pids.clone().into()];
+            let rows = client.select(
+                "SELECT DISTINCT b, r FROM unnest($1::int4[]) AS r, \
+                        unnest(pg_catalog.pg_blocking_pids(r)) AS b \
+                  WHERE b = ANY ($2::int4[])",
+                None,
+                &args,
+            )?;
+            let mut found = Vec::new();
+            for row in rows {
+                if let (Some(b), Some(r)) = (row.get::<i32>(1)?, row.get::<i32>(2)?) {
+                    found.push((b, r));
+                }
+            }
+            Ok::<_, pgrx::spi::SpiError>(found)
+        })
+        .unwrap_or_else(|e| {
+            pgrx::warning!("pg_stride: cannot look for queued backends that block others: {e}");
+            Vec::new()
+        })
+    });
+    for (blocker, waiter) in blockers {
+        if let Some(&(_, procno)) = queued.iter().find(|&&(pid, _)| pid == blocker) {
+            if admission::force_admit(shared, procno) {
+                pgrx::log!(
+                    "pg_stride: admitted process {blocker} ahead of its turn: it holds a lock that admitted process {waiter} waits for"
+                );
+            }
         }
     }
 }
