@@ -312,11 +312,16 @@ mod tests {
 
     /// Runs `rounds` admissions with one slot while every process always has a statement
     /// waiting; returns the admissions per group.
-    fn closed_loop(a: &mut Admission, w: &mut [Waiter], group_of: &[usize], rounds: usize) -> Vec<u32> {
+    fn closed_loop(
+        a: &mut Admission,
+        w: &mut [Waiter],
+        group_of: &[usize],
+        rounds: usize,
+    ) -> Vec<u32> {
         let mut per_group = vec![0u32; MAX_GROUPS as usize];
         a.arrive(w, 0, group_of[0]);
-        for p in 1..group_of.len() {
-            assert_eq!(a.arrive(w, p, group_of[p]), Arrival::Queued);
+        for (p, &g) in group_of.iter().enumerate().skip(1) {
+            assert_eq!(a.arrive(w, p, g), Arrival::Queued);
         }
         let mut current = 0;
         for _ in 0..rounds {

@@ -1,0 +1,77 @@
+//! Concurrency hint (psaroudakis2013 §6).
+//!
+//! Every 50 ms the scheduler worker samples the number of free CPU slots and folds it
+//! into an exponential moving average with weight `a = 0.5`:
+//!
+//! ```text
+//! free = max(0, cpu_slots − active)
+//! hint = a · free + (1 − a) · hint
+//! ```
+//!
+//! Because the average remembers all past samples, it is reset to the slot count when it
+//! climbs above 90 % of it (the paper's threshold). A partitionable operation — for
+//! pg_stride, a Gather deciding how many parallel workers to launch — creates at most
+//! `hint` tasks: under high concurrency the system is already busy and extra workers only
+//! add overhead, while at low concurrency the full degree is granted.
+
+/// Weight of the newest sample, `a` (§6).
+pub const HINT_ALPHA: f64 = 0.5;
+/// Sampling interval of the paper, in ms (§6).
+pub const HINT_INTERVAL_MS: u64 = 50;
+/// Above this fraction of the slot count the average is reset to the slot count (§6).
+pub const HINT_RESET_FRACTION: f64 = 0.9;
+
+/// The next hint after sampling `free` free slots out of `slots`.
+pub fn next_hint(previous: f64, free: u32, slots: u32, alpha: f64) -> f64 {
+    let hint = alpha * free as f64 + (1.0 - alpha) * previous;
+    if hint > HINT_RESET_FRACTION * slots as f64 {
+        slots as f64
+    } else {
+        hint
+    }
+}
+
+/// The grant rule for one Gather: the workers it planned, limited by the hint (whole free
+/// slots only) and by what is left of its group's parallel-worker cap.
+pub fn grant_workers(requested: u32, hint: f64, group_room: u32) -> u32 {
+    let by_hint = if hint.is_finite() && hint > 0.0 {
+        hint.floor().min(u32::MAX as f64) as u32
+    } else {
+        0
+    };
+    requested.min(by_hint).min(group_room)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ema_with_equal_weight() {
+        // 16 slots, hint 8, 4 free: 0.5·4 + 0.5·8 = 6.
+        assert_eq!(next_hint(8.0, 4, 16, HINT_ALPHA), 6.0);
+        // Converges towards a steady sample.
+        let mut h = 16.0;
+        for _ in 0..30 {
+            h = next_hint(h, 2, 16, HINT_ALPHA);
+        }
+        assert!((h - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn resets_to_slot_count_above_90_percent() {
+        // 0.5·16 + 0.5·14 = 15 > 14.4: reset to 16.
+        assert_eq!(next_hint(14.0, 16, 16, HINT_ALPHA), 16.0);
+        // 0.5·14 + 0.5·14 = 14 <= 14.4: kept.
+        assert_eq!(next_hint(14.0, 14, 16, HINT_ALPHA), 14.0);
+    }
+
+    #[test]
+    fn grant_is_the_minimum_of_plan_hint_and_cap() {
+        assert_eq!(grant_workers(4, 6.7, 10), 4);
+        assert_eq!(grant_workers(8, 6.7, 10), 6);
+        assert_eq!(grant_workers(8, 6.7, 2), 2);
+        assert_eq!(grant_workers(8, 0.9, 10), 0);
+        assert_eq!(grant_workers(8, f64::NAN, 10), 0);
+    }
+}

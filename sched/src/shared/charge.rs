@@ -1,0 +1,76 @@
+//! Charging a slice: the stride accounting of wagner2021 §2.1 over two levels (groups,
+//! then the queries of a group) and the priority decay of §3.2.
+//!
+//! Per slice of `used_ns`:
+//!
+//! * query pass += used · K / priority, group pass += used · K / weight;
+//! * the group's global pass (where new queries of the group start) += used · K / Σ
+//!   priorities of its queries, and the global pass over groups (where a group that gets
+//!   work starts) += used · K / Σ weights of groups with queries — the `P_G += f·S_G` of
+//!   §2.1 at each level;
+//! * the query's CPU time grows; when it crosses a quantum boundary, the decayed priority
+//!   replaces the current one (`fetch_min`, so concurrent charges by several processes of
+//!   one query agree) and the group's priority sum follows.
+//!
+//! Every update is a single atomic add, min or max on a record of the query or its
+//! group: processes of different queries do not write the same cache line, except for
+//! the global pass over groups.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::*;
+
+use super::entries::QueryEntry;
+use super::{Policy, SchedShared};
+use crate::decay::PriorityRange;
+use crate::ids::ProcId;
+use crate::stride::{charge, stride};
+
+impl SchedShared {
+    pub(super) fn charge(&self, p: ProcId, used_ns: u64) {
+        let pe = self.proc(p);
+        pe.slices.store(pe.slices.load(Relaxed) + 1, Relaxed);
+        let qe = &self.queries()[pe.query.load(Relaxed) as usize];
+        let before = qe.cpu_ns.fetch_add(used_ns, Relaxed);
+        let policy = self.policy();
+        if policy == Policy::Fifo {
+            return;
+        }
+        let ge = &self.groups()[qe.group.load(Relaxed) as usize];
+        qe.pass
+            .fetch_add(charge(used_ns, qe.stride.load(Relaxed)), Relaxed);
+        ge.pass
+            .fetch_add(charge(used_ns, ge.stride.load(Relaxed)), Relaxed);
+        ge.vtime
+            .fetch_add(charge(used_ns, stride(ge.prio_sum.load(Relaxed))), Relaxed);
+        self.group_vtime.0.fetch_add(
+            charge(used_ns, stride(self.weight_sum.load(Relaxed))),
+            Relaxed,
+        );
+        if policy == Policy::DecayingStride && qe.pinned.load(Relaxed) == 0 {
+            self.apply_decay(qe, &ge.prio_sum, before, used_ns);
+        }
+    }
+
+    /// Lowers the query's priority if its CPU time crossed a quantum boundary.
+    fn apply_decay(&self, qe: &QueryEntry, prio_sum: &AtomicU64, before: u64, used_ns: u64) {
+        let quantum = self.quantum_ns.load(Relaxed);
+        if before % quantum + used_ns < quantum {
+            return; // still inside the same quantum
+        }
+        let range = PriorityRange {
+            p0: qe.p0.load(Relaxed),
+            p_min: qe.p_min.load(Relaxed),
+        };
+        if qe.priority.load(Relaxed) <= range.p_min {
+            return; // already at the floor
+        }
+        let new = self
+            .decay()
+            .priority_after(range, (before + used_ns) / quantum);
+        let old = qe.priority.fetch_min(new, Relaxed);
+        if old > new {
+            qe.stride.fetch_max(stride(new as u64), Relaxed);
+            prio_sum.fetch_sub((old - new) as u64, Relaxed);
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The rare path: configuring groups, registering queries, processes joining and leaving.
+//!
+//! These run at ExecutorStart / ExecutorEnd and on group changes, not per slice. They
+//! are safe to run concurrently with the hot path. `configure_group`, `register_query`
+//! and `unregister_query` keep the sum of active group weights, so calls that touch the
+//! same group must not overlap: **the caller holds the registration lock** (the
+//! extension's admission LWLock). `join` and `leave` need no lock.
+
+use std::sync::atomic::Ordering::*;
+
+use super::entries::*;
+use super::{SchedError, SchedShared};
+use crate::decay::PriorityRange;
+use crate::ids::{GroupId, ProcId, QueryId, NONE};
+use crate::stride::stride;
+
+/// A group's settings (DESIGN.md §1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// CPU weight against other groups; 0 counts as 1.
+    pub weight: u32,
+    /// Scale of the queries' `p0` and `p_min`, in percent (wagner2021 §3.2 "per-user
+    /// priority").
+    pub priority_scale_pct: u32,
+    /// Cap on the parallel workers granted to the group's queries at once.
+    pub max_workers: u32,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig {
+            weight: 100,
+            priority_scale_pct: 100,
+            max_workers: u32::MAX,
+        }
+    }
+}
+
+/// Options of one query.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueryOptions {
+    /// A static priority instead of the decaying one (wagner2021 §3.2 custom priorities
+    /// (1)); not scaled by the group.
+    pub pinned_priority: Option<u32>,
+}
+
+/// A read-only view of a query entry, for the extension's views.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuerySnapshot {
+    /// Group of the query.
+    pub group: GroupId,
+    /// Current priority.
+    pub priority: u32,
+    /// Current pass.
+    pub pass: u64,
+    /// CPU charged, ns.
+    pub cpu_ns: u64,
+    /// Processes joined.
+    pub members: u32,
+    /// Processes waiting for a slot.
+    pub waiting: u32,
+}
+
+/// A read-only view of a process entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcSnapshot {
+    /// Query joined.
+    pub query: Option<QueryId>,
+    /// Holds a slot.
+    pub running: bool,
+    /// Waits for a slot.
+    pub waiting: bool,
+    /// Slices charged.
+    pub slices: u64,
+    /// Slices after which it handed its slot to another process.
+    pub switches: u64,
+}
+
+impl SchedShared {
+    /// Sets a group's weight, priority scale and worker cap. Queries already registered
+    /// keep their priority range. Caller holds the registration lock.
+    pub fn configure_group(&self, g: GroupId, config: GroupConfig) {
+        let ge = self.group(g);
+        let weight = config.weight.max(1);
+        let old = ge.weight.swap(weight, Relaxed);
+        ge.stride.store(stride(weight as u64), Relaxed);
+        if ge.active_queries.load(Relaxed) > 0 {
+            self.weight_sum.fetch_add(weight as u64, Relaxed);
+            self.weight_sum.fetch_sub(old as u64, Relaxed);
+        }
+        ge.scale_pct.store(config.priority_scale_pct, Relaxed);
+        ge.max_workers.store(config.max_workers, Relaxed);
+    }
+
+    /// A group's settings.
+    pub fn group_config(&self, g: GroupId) -> GroupConfig {
+        let ge = self.group(g);
+        GroupConfig {
+            weight: ge.weight.load(Relaxed),
+            priority_scale_pct: ge.scale_pct.load(Relaxed),
+            max_workers: ge.max_workers.load(Relaxed),
+        }
+    }
+
+    /// Registers a query in group `g` and returns its entry. The query starts at the
+    /// group's global pass (wagner2021 §2.1: not at 0, which would let it run ahead of
+    /// everyone); a group that had no queries starts at the global pass over groups.
+    /// Under FIFO the pass is the arrival ticket. Caller holds the registration lock.
+    pub fn register_query(&self, g: GroupId, options: QueryOptions) -> Result<QueryId, SchedError> {
+        let ge = self.group(g);
+        let q = self
+            .queries()
+            .iter()
+            .position(|qe| {
+                qe.state.load(Relaxed) == QUERY_FREE
+                    && qe
+                        .state
+                        .compare_exchange(QUERY_FREE, QUERY_ACTIVE, AcqRel, Relaxed)
+                        .is_ok()
+            })
+            .ok_or(SchedError::NoFreeQueryEntry)?;
+        let qe = &self.queries()[q];
+        let range = PriorityRange::scaled(ge.scale_pct.load(Relaxed));
+        let priority = options.pinned_priority.map_or(range.p0, |p| p.max(1));
+        qe.group.store(g.0, Relaxed);
+        qe.p0.store(range.p0, Relaxed);
+        qe.p_min.store(range.p_min, Relaxed);
+        qe.pinned
+            .store(options.pinned_priority.is_some() as u32, Relaxed);
+        qe.priority.store(priority, Relaxed);
+        qe.stride.store(stride(priority as u64), Relaxed);
+        qe.cpu_ns.store(0, Relaxed);
+        qe.cursor.store(0, Relaxed);
+        qe.members.store(0, Relaxed);
+        qe.members_used.store(0, Relaxed);
+        qe.waiting.store(0, SeqCst);
+
+        if ge.active_queries.fetch_add(1, AcqRel) == 0 {
+            ge.pass.store(self.group_vtime.0.load(Relaxed), Relaxed);
+            self.weight_sum
+                .fetch_add(ge.weight.load(Relaxed) as u64, Relaxed);
+        }
+        ge.prio_sum.fetch_add(priority as u64, Relaxed);
+        let pass = match self.policy() {
+            super::Policy::Fifo => self.fifo_ticket.fetch_add(1, Relaxed),
+            _ => ge.vtime.load(Relaxed),
+        };
+        qe.pass.store(pass, Release);
+        Ok(QueryId(q as u32))
+    }
+
+    /// Frees a query entry. Every process must have left it. Caller holds the
+    /// registration lock.
+    pub fn unregister_query(&self, q: QueryId) -> Result<(), SchedError> {
+        let qe = self.query(q);
+        if qe.members.load(Acquire) != 0 {
+            return Err(SchedError::QueryInUse);
+        }
+        let g = GroupId(qe.group.load(Relaxed));
+        let ge = self.group(g);
+        ge.prio_sum
+            .fetch_sub(qe.priority.load(Relaxed) as u64, Relaxed);
+        if ge.active_queries.fetch_sub(1, AcqRel) == 1 {
+            self.weight_sum
+                .fetch_sub(ge.weight.load(Relaxed) as u64, Relaxed);
+        }
+        // Drop a stale "has waiters" hint so that a reuse of the entry in another group
+        // is not found under this one.
+        self.clear_query_hint(g.index(), q.index());
+        qe.state.store(QUERY_FREE, Release);
+        Ok(())
+    }
+
+    /// Process `p` starts working for query `q` (the leader after `register_query`, a
+    /// parallel worker on start). The process holds no slot afterwards: it calls
+    /// [`SchedShared::acquire`] before running.
+    pub fn join(&self, p: ProcId, q: QueryId) -> Result<(), SchedError> {
+        let qe = self.query(q);
+        let mut used = qe.members_used.load(Relaxed);
+        let member = loop {
+            if used == u64::MAX {
+                return Err(SchedError::QueryFull);
+            }
+            let m = (!used).trailing_zeros();
+            match qe
+                .members_used
+                .compare_exchange_weak(used, used | 1 << m, AcqRel, Relaxed)
+            {
+                Ok(_) => break m,
+                Err(now) => used = now,
+            }
+        };
+        qe.member_proc[member as usize].store(p.0, Relaxed);
+        qe.members.fetch_add(1, AcqRel);
+        let pe = self.proc(p);
+        pe.member.store(member, Relaxed);
+        pe.query.store(q.0, Relaxed);
+        pe.state.store(PROC_IDLE, SeqCst);
+        Ok(())
+    }
+
+    /// Process `p` stops working for its query: at the end of the statement, on error,
+    /// or — called by the scheduler worker — after the process died (DESIGN.md §4 rule
+    /// 8). A held slot is passed on and a pending wait is withdrawn; the result is the
+    /// process to wake, if the slot went to one.
+    pub fn leave(&self, p: ProcId) -> Option<ProcId> {
+        let pe = self.proc(p);
+        let q = pe.query.load(Relaxed);
+        if q == NONE {
+            return None;
+        }
+        let wake = match pe.state.load(SeqCst) {
+            PROC_RUNNING => self.release(p, 0),
+            PROC_WAITING => self.withdraw(p),
+            _ => None,
+        };
+        let qe = self.query(QueryId(q));
+        let member = pe.member.load(Relaxed);
+        pe.query.store(NONE, Relaxed);
+        qe.members_used.fetch_and(!(1u64 << member), AcqRel);
+        qe.members.fetch_sub(1, AcqRel);
+        wake
+    }
+
+    /// The query that process `p` works for.
+    pub fn query_of(&self, p: ProcId) -> Option<QueryId> {
+        match self.proc(p).query.load(Relaxed) {
+            NONE => None,
+            q => Some(QueryId(q)),
+        }
+    }
+
+    /// A view of query `q`, or `None` when the entry is free.
+    pub fn query_snapshot(&self, q: QueryId) -> Option<QuerySnapshot> {
+        let qe = self.query(q);
+        if qe.state.load(Acquire) != QUERY_ACTIVE {
+            return None;
+        }
+        Some(QuerySnapshot {
+            group: GroupId(qe.group.load(Relaxed)),
+            priority: qe.priority.load(Relaxed),
+            pass: qe.pass.load(Relaxed),
+            cpu_ns: qe.cpu_ns.load(Relaxed),
+            members: qe.members.load(Relaxed),
+            waiting: qe.waiting.load(Relaxed).count_ones(),
+        })
+    }
+
+    /// A view of process `p`.
+    pub fn proc_snapshot(&self, p: ProcId) -> ProcSnapshot {
+        let pe = self.proc(p);
+        let state = pe.state.load(SeqCst);
+        ProcSnapshot {
+            query: self.query_of(p),
+            running: state == PROC_RUNNING,
+            waiting: state == PROC_WAITING,
+            slices: pe.slices.load(Relaxed),
+            switches: pe.switches.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! Single-threaded tests of the shared form's protocol and accounting.
+
+use super::*;
+use crate::decay::{P0, P_MIN};
+
+fn region(slots: u32, policy: Policy) -> OwnedRegion {
+    let cap = Capacity {
+        max_procs: 32,
+        max_queries: 16,
+        max_groups: 4,
+    };
+    OwnedRegion::new(
+        cap,
+        &SchedConfig {
+            cpu_slots: slots,
+            policy,
+            decay: DecayParams::default(),
+        },
+    )
+    .unwrap()
+}
+
+/// Registers a query in group `g` with one process `p` joined.
+fn query_with(s: &SchedShared, g: u32, p: u32) -> QueryId {
+    let q = s
+        .register_query(GroupId(g), QueryOptions::default())
+        .unwrap();
+    s.join(ProcId(p), q).unwrap();
+    q
+}
+
+const RUN: Outcome = Outcome {
+    turn: Turn::Run,
+    wake: None,
+};
+const WAIT: Outcome = Outcome {
+    turn: Turn::Wait,
+    wake: None,
+};
+const SLICE: u64 = 2_000_000;
+
+#[test]
+fn free_slots_are_taken_then_processes_queue() {
+    let s = region(2, Policy::FairStride);
+    for p in 0..3 {
+        query_with(&s, 0, p);
+    }
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), RUN);
+    assert_eq!(s.acquire(ProcId(2)), WAIT);
+    assert_eq!(s.running(), 2);
+    assert!(!s.nobody_waits());
+    // Releasing hands the slot straight to the waiter.
+    assert_eq!(s.release(ProcId(0), SLICE), Some(ProcId(2)));
+    assert!(s.is_running(ProcId(2)));
+    assert_eq!(s.running(), 2);
+    assert!(s.nobody_waits());
+    assert_eq!(s.release(ProcId(1), 0), None);
+    assert_eq!(s.release(ProcId(2), 0), None);
+    assert_eq!(s.running(), 0);
+}
+
+#[test]
+fn slice_end_without_waiters_keeps_the_slot() {
+    let s = region(1, Policy::DecayingStride);
+    let q = query_with(&s, 0, 0);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    for _ in 0..5 {
+        assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
+    }
+    let snap = s.query_snapshot(q).unwrap();
+    assert_eq!(snap.cpu_ns, 5 * SLICE);
+    assert_eq!(s.proc_snapshot(ProcId(0)).slices, 5);
+    assert_eq!(s.proc_snapshot(ProcId(0)).switches, 0);
+}
+
+#[test]
+fn lowest_pass_runs_next_and_the_runner_yields() {
+    let s = region(1, Policy::FairStride);
+    let a = query_with(&s, 0, 0);
+    let b = query_with(&s, 0, 1);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    // A ran a slice: its pass is now ahead of B's, so B gets the slot.
+    assert_eq!(
+        s.end_slice(ProcId(0), SLICE),
+        Outcome {
+            turn: Turn::Wait,
+            wake: Some(ProcId(1))
+        }
+    );
+    assert!(s.is_running(ProcId(1)));
+    assert!(!s.is_running(ProcId(0)));
+    assert_eq!(s.proc_snapshot(ProcId(0)).switches, 1);
+    // B runs a shorter slice: still behind A, so it keeps the slot.
+    assert_eq!(s.end_slice(ProcId(1), SLICE / 2), RUN);
+    assert_eq!(
+        s.end_slice(ProcId(1), SLICE),
+        Outcome {
+            turn: Turn::Wait,
+            wake: Some(ProcId(0))
+        }
+    );
+    let (pa, pb) = (
+        s.query_snapshot(a).unwrap().pass,
+        s.query_snapshot(b).unwrap().pass,
+    );
+    assert!(crate::stride::pass_before(pa, pb));
+}
+
+#[test]
+fn new_query_starts_at_the_global_pass() {
+    let s = region(1, Policy::FairStride);
+    let a = query_with(&s, 0, 0);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    for _ in 0..100 {
+        assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
+    }
+    let b = query_with(&s, 0, 1);
+    let (pa, pb) = (
+        s.query_snapshot(a).unwrap().pass,
+        s.query_snapshot(b).unwrap().pass,
+    );
+    // The global pass advanced with A's slices (A was alone: at A's own rate).
+    assert!(pb > 0);
+    assert_eq!(pa, pb);
+    // So B does not get 100 slices in a row: the two alternate.
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    assert_eq!(s.end_slice(ProcId(0), SLICE).wake, Some(ProcId(1)));
+    assert_eq!(s.end_slice(ProcId(1), SLICE).wake, Some(ProcId(0)));
+}
+
+#[test]
+fn groups_are_chosen_before_queries() {
+    let s = region(1, Policy::FairStride);
+    s.configure_group(
+        GroupId(1),
+        GroupConfig {
+            weight: 300,
+            ..GroupConfig::default()
+        },
+    );
+    let _a = query_with(&s, 0, 0);
+    let _b = query_with(&s, 1, 1);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    let mut cpu = [0u64; 2];
+    let mut runner = 0u32;
+    for _ in 0..4_000 {
+        cpu[runner as usize] += SLICE;
+        if let Some(w) = s.end_slice(ProcId(runner), SLICE).wake {
+            runner = w.0;
+        }
+    }
+    // Weight 300 against 100: three quarters of the CPU.
+    let share = cpu[1] as f64 / (cpu[0] + cpu[1]) as f64;
+    assert!((share - 0.75).abs() < 0.005, "share {share}");
+}
+
+#[test]
+fn decay_lowers_priority_per_quantum_and_keeps_the_sum() {
+    let s = region(1, Policy::DecayingStride);
+    s.set_decay(DecayParams {
+        lambda: 0.5,
+        d_start: 2,
+        quantum_ns: SLICE,
+    });
+    let q = query_with(&s, 0, 0);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    let prio = |s: &SchedShared| s.query_snapshot(q).unwrap().priority;
+    assert_eq!(prio(&s), P0);
+    assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
+    assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
+    assert_eq!(prio(&s), P0);
+    assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
+    assert_eq!(prio(&s), P0 / 2);
+    // Half a quantum: no boundary crossed.
+    assert_eq!(s.end_slice(ProcId(0), SLICE / 2), RUN);
+    assert_eq!(prio(&s), P0 / 2);
+    for _ in 0..20 {
+        assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
+    }
+    assert_eq!(prio(&s), P_MIN);
+    assert_eq!(s.groups()[0].prio_sum.load(Relaxed), P_MIN as u64);
+    assert_eq!(s.release(ProcId(0), 0), None);
+    assert_eq!(s.leave(ProcId(0)), None);
+    s.unregister_query(q).unwrap();
+    assert_eq!(s.groups()[0].prio_sum.load(Relaxed), 0);
+    assert_eq!(s.weight_sum.load(Relaxed), 0);
+}
+
+#[test]
+fn pinned_and_scaled_priorities() {
+    let s = region(1, Policy::DecayingStride);
+    s.configure_group(
+        GroupId(2),
+        GroupConfig {
+            priority_scale_pct: 50,
+            ..GroupConfig::default()
+        },
+    );
+    let pinned = s
+        .register_query(
+            GroupId(0),
+            QueryOptions {
+                pinned_priority: Some(777),
+            },
+        )
+        .unwrap();
+    s.join(ProcId(0), pinned).unwrap();
+    let scaled = query_with(&s, 2, 1);
+    assert_eq!(s.query_snapshot(scaled).unwrap().priority, P0 / 2);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    for _ in 0..100 {
+        assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
+    }
+    assert_eq!(s.query_snapshot(pinned).unwrap().priority, 777);
+}
+
+#[test]
+fn fifo_never_preempts_for_a_later_arrival() {
+    let s = region(1, Policy::Fifo);
+    query_with(&s, 0, 0);
+    query_with(&s, 1, 1);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    for _ in 0..50 {
+        assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
+    }
+    assert_eq!(s.release(ProcId(0), SLICE), Some(ProcId(1)));
+}
+
+#[test]
+fn lowering_slots_pauses_holders_raising_dispatches() {
+    let s = region(3, Policy::FairStride);
+    for p in 0..4 {
+        query_with(&s, 0, p);
+    }
+    for p in 0..3 {
+        assert_eq!(s.acquire(ProcId(p)), RUN);
+    }
+    assert_eq!(s.acquire(ProcId(3)), WAIT);
+    s.set_cpu_slots(1);
+    // Over capacity: holders give up their slot at the slice end, without a hand-off.
+    assert_eq!(s.end_slice(ProcId(0), SLICE), WAIT);
+    assert_eq!(s.end_slice(ProcId(1), SLICE), WAIT);
+    assert_eq!(s.running(), 1);
+    // At capacity again: the last holder competes normally.
+    let out = s.end_slice(ProcId(2), SLICE);
+    assert_eq!(out.turn, Turn::Wait);
+    assert_eq!(out.wake, Some(ProcId(3)));
+    assert_eq!(s.running(), 1);
+    s.set_cpu_slots(4);
+    let mut woken = Vec::new();
+    while let Some(w) = s.dispatch() {
+        woken.push(w.0);
+    }
+    woken.sort();
+    assert_eq!(woken, vec![0, 1, 2]);
+    assert_eq!(s.running(), 4);
+    assert!(s.nobody_waits());
+}
+
+#[test]
+fn leaving_while_waiting_or_running() {
+    let s = region(1, Policy::FairStride);
+    let a = query_with(&s, 0, 0);
+    let b = query_with(&s, 0, 1);
+    let c = query_with(&s, 1, 2);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    assert_eq!(s.acquire(ProcId(2)), WAIT);
+    // A waiter withdraws: nothing to wake, and it is no longer chosen.
+    assert_eq!(s.leave(ProcId(1)), None);
+    s.unregister_query(b).unwrap();
+    // The holder dies: the reclaimer's leave passes its slot on.
+    assert_eq!(s.leave(ProcId(0)), Some(ProcId(2)));
+    assert_eq!(s.unregister_query(a), Ok(()));
+    assert_eq!(s.unregister_query(c), Err(SchedError::QueryInUse));
+    assert_eq!(s.leave(ProcId(2)), None);
+    assert_eq!(s.running(), 0);
+    assert!(s.nobody_waits());
+}
+
+#[test]
+fn members_of_one_query_take_turns() {
+    let s = region(1, Policy::FairStride);
+    let q = s
+        .register_query(GroupId(0), QueryOptions::default())
+        .unwrap();
+    for p in 0..3 {
+        s.join(ProcId(p), q).unwrap();
+    }
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    assert_eq!(s.acquire(ProcId(2)), WAIT);
+    let mut order = vec![0];
+    let mut runner = ProcId(0);
+    for _ in 0..6 {
+        runner = s.end_slice(runner, SLICE).wake.unwrap();
+        order.push(runner.0);
+    }
+    assert_eq!(order, vec![0, 1, 2, 0, 1, 2, 0]);
+}
+
+#[test]
+fn tables_fill_up() {
+    let s = region(1, Policy::FairStride);
+    let q = s
+        .register_query(GroupId(0), QueryOptions::default())
+        .unwrap();
+    let big = OwnedRegion::new(
+        Capacity {
+            max_procs: 100,
+            max_queries: 1,
+            max_groups: 1,
+        },
+        &SchedConfig::default(),
+    )
+    .unwrap();
+    let bq = big
+        .register_query(GroupId(0), QueryOptions::default())
+        .unwrap();
+    for p in 0..MAX_QUERY_MEMBERS as u32 {
+        big.join(ProcId(p), bq).unwrap();
+    }
+    assert_eq!(big.join(ProcId(99), bq), Err(SchedError::QueryFull));
+    assert_eq!(
+        big.register_query(GroupId(0), QueryOptions::default()),
+        Err(SchedError::NoFreeQueryEntry)
+    );
+    assert_eq!(s.query_of(ProcId(0)), None);
+    s.join(ProcId(0), q).unwrap();
+    assert_eq!(s.query_of(ProcId(0)), Some(q));
+}
+
+#[test]
+fn worker_grants_follow_hint_and_cap() {
+    let s = region(8, Policy::DecayingStride);
+    s.configure_group(
+        GroupId(1),
+        GroupConfig {
+            max_workers: 5,
+            ..GroupConfig::default()
+        },
+    );
+    assert_eq!(s.hint(), 8.0);
+    for p in 0..6 {
+        query_with(&s, 0, p);
+        assert_eq!(s.acquire(ProcId(p)), RUN);
+    }
+    // 2 free slots: 0.5·2 + 0.5·8 = 5, then 3.5, 2.75.
+    assert_eq!(s.sample_hint(), 5.0);
+    assert_eq!(s.sample_hint(), 3.5);
+    assert_eq!(s.sample_hint(), 2.75);
+    assert_eq!(s.reserve_workers(GroupId(1), 4), 2);
+    assert_eq!(s.reserve_workers(GroupId(1), 4), 2);
+    assert_eq!(s.reserve_workers(GroupId(1), 4), 1); // the cap: 5
+    assert_eq!(s.reserve_workers(GroupId(1), 4), 0);
+    s.return_workers(GroupId(1), 3);
+    assert_eq!(s.workers_in_use(GroupId(1)), 2);
+    assert_eq!(s.reserve_workers(GroupId(0), 100), 2); // no cap on group 0
+}

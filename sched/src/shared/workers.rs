@@ -1,0 +1,62 @@
+//! The concurrency hint and parallel-worker grants (psaroudakis2013 §6) on the shared
+//! region: the scheduler worker samples, every backend starting a Gather asks.
+
+use std::sync::atomic::Ordering::*;
+
+use super::SchedShared;
+use crate::hint::{grant_workers, next_hint, HINT_ALPHA};
+use crate::ids::GroupId;
+
+impl SchedShared {
+    /// Folds the current number of free slots into the hint. The scheduler worker calls
+    /// this every `pg_stride.hint_interval` (50 ms); only it writes the hint.
+    pub fn sample_hint(&self) -> f64 {
+        let slots = self.cpu_slots();
+        let free = slots.saturating_sub(self.running());
+        let hint = next_hint(self.hint(), free, slots, HINT_ALPHA);
+        self.hint_bits.store(hint.to_bits(), Relaxed);
+        hint
+    }
+
+    /// The current hint: recent average of free CPU slots.
+    pub fn hint(&self) -> f64 {
+        f64::from_bits(self.hint_bits.load(Relaxed))
+    }
+
+    /// Number of parallel workers a Gather of group `g` that planned `requested` may
+    /// launch: limited by the hint and by the group's `max_workers`, and reserved against
+    /// the group's cap until [`SchedShared::return_workers`].
+    pub fn reserve_workers(&self, g: GroupId, requested: u32) -> u32 {
+        let ge = self.group(g);
+        let cap = ge.max_workers.load(Relaxed);
+        let hint = self.hint();
+        let mut in_use = ge.workers_in_use.load(Relaxed);
+        loop {
+            let grant = grant_workers(requested, hint, cap.saturating_sub(in_use));
+            if grant == 0 {
+                return 0;
+            }
+            match ge
+                .workers_in_use
+                .compare_exchange_weak(in_use, in_use + grant, AcqRel, Relaxed)
+            {
+                Ok(_) => return grant,
+                Err(now) => in_use = now,
+            }
+        }
+    }
+
+    /// Returns workers reserved by [`SchedShared::reserve_workers`] (the Gather ended,
+    /// or launched fewer than granted).
+    pub fn return_workers(&self, g: GroupId, n: u32) {
+        let ge = self.group(g);
+        let _ = ge
+            .workers_in_use
+            .fetch_update(AcqRel, Relaxed, |v| Some(v.saturating_sub(n)));
+    }
+
+    /// Workers currently reserved by group `g`.
+    pub fn workers_in_use(&self, g: GroupId) -> u32 {
+        self.group(g).workers_in_use.load(Relaxed)
+    }
+}
