@@ -159,7 +159,11 @@ pub fn apply_limits(shared: &shmem::Shared) {
     shared.with_admission(|adm, waiters| {
         adm.max_active = max_active;
         for (slot, group) in &groups {
-            adm.configure_group(*slot, group.settings.weight as u32, group.settings.max_concurrency as u32);
+            adm.configure_group(
+                *slot,
+                group.settings.weight as u32,
+                group.settings.max_concurrency as u32,
+            );
         }
         adm.dispatch(waiters, wake);
     });

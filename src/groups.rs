@@ -151,7 +151,11 @@ impl GroupCounters {
     /// The `q`-quantile of the admitted statements' waits, in µs: the upper bound of
     /// the histogram bucket it falls in (so within a factor of 2), `None` without data.
     pub fn queue_time_quantile_us(&self, q: f64) -> Option<u64> {
-        let counts: Vec<u64> = self.queue_histogram.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+        let counts: Vec<u64> = self
+            .queue_histogram
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {
             return None;

@@ -166,7 +166,10 @@ impl ShmemLock {
 
     fn acquire(id: LockId, mode: pg_sys::LWLockMode::Type) -> ShmemLock {
         let locks = LOCKS.load(Ordering::Acquire);
-        assert!(!locks.is_null(), "pg_stride's shared memory is not initialised");
+        assert!(
+            !locks.is_null(),
+            "pg_stride's shared memory is not initialised"
+        );
         // SAFETY: the tranche has LOCK_COUNT locks in shared memory for the life of the
         // server.
         unsafe {
@@ -321,7 +324,10 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             }
         }
         pg_sys::LWLockRelease(lock);
-        LOCKS.store(pg_sys::GetNamedLWLockTranche(REGION_NAME.as_ptr()), Ordering::Release);
+        LOCKS.store(
+            pg_sys::GetNamedLWLockTranche(REGION_NAME.as_ptr()),
+            Ordering::Release,
+        );
         SHARED.store(region, Ordering::Release);
     }
 }

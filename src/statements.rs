@@ -60,7 +60,12 @@ pub fn start(desc: *const pg_sys::QueryDesc) {
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| {
-        list.push(Registration { desc, owner, group, admitted: !exempt })
+        list.push(Registration {
+            desc,
+            owner,
+            group,
+            admitted: !exempt,
+        })
     });
     entry.running.fetch_add(1, Ordering::AcqRel);
 }
@@ -83,7 +88,9 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
             admission::release(shared, r.group);
         }
         if let Some(entry) = shared.my_entry() {
-            entry.running.fetch_sub(removed.len() as u32, Ordering::AcqRel);
+            entry
+                .running
+                .fetch_sub(removed.len() as u32, Ordering::AcqRel);
         }
     }
     removed.len()

@@ -144,8 +144,12 @@ mod pg_stride {
         ),
     > {
         let shared = require_shared();
-        let names: std::collections::HashMap<usize, String> =
-            shared.groups.groups().into_iter().map(|(slot, g)| (slot, g.name)).collect();
+        let names: std::collections::HashMap<usize, String> = shared
+            .groups
+            .groups()
+            .into_iter()
+            .map(|(slot, g)| (slot, g.name))
+            .collect();
         let mut rows = Vec::new();
         for (procno, entry) in shared.procs().iter().enumerate() {
             let running = entry.running.load(Ordering::Acquire);
@@ -160,7 +164,11 @@ mod pg_stride {
                 names.get(&slot).cloned().unwrap_or_default(),
                 if queued > 0 { "queued" } else { "running" },
                 running as i32,
-                if queued > 0 { nonzero(entry.queued_since.load(Ordering::Relaxed)) } else { None },
+                if queued > 0 {
+                    nonzero(entry.queued_since.load(Ordering::Relaxed))
+                } else {
+                    None
+                },
                 nonzero(entry.admitted_at.load(Ordering::Relaxed)),
             ));
         }

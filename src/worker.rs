@@ -58,6 +58,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
             shared
                 .cpu_slots
                 .store(gucs::effective_cpu_slots(), Ordering::Release);
+            admission::apply_limits(shared);
         }
         if shared.groups.pending_reload().is_some() {
             reload_groups(shared);

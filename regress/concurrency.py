@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Admission control under real concurrent clients (psql and pgbench processes).
+
+isolationtester cannot see a backend that waits on its latch (it only notices
+heavyweight-lock waits), so the waits that another session has to end are tested
+here: a statement over its group's limit runs when the slot frees; a heavier group's
+waiter goes before a lighter one that came first; cancelling or terminating a queued
+statement, and terminating an admitted one, leave the counters right; and 64 pgbench
+clients against a group limit of 4 never have more than 4 statements running.
+
+Starts its own temporary server (pg_stride preloaded) and prints one line per check,
+then "concurrency: N passed, N failed". Run as root, the server runs as postgres.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
+PORT = int(os.environ.get("CONCURRENCY_PORT", "5497"))
+AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+ROLE = "regress_stride_user"
+
+# Keep backtraces out of the server's error messages.
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
+
+
+class Server:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="pg_stride_concurrency_")
+        if AS_POSTGRES:
+            shutil.chown(self.dir, "postgres")
+        self.data = os.path.join(self.dir, "data")
+
+    def run(self, *args, **kw):
+        return subprocess.run(AS_POSTGRES + list(args), env=ENV, **kw)
+
+    def start(self):
+        self.run(f"{PGBIN}/initdb", "-D", self.data, "-U", "postgres", "--auth=trust",
+                 check=True, stdout=subprocess.DEVNULL)
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as conf:
+            conf.write(f"""
+listen_addresses = ''
+unix_socket_directories = '{self.dir}'
+port = {PORT}
+max_connections = 100
+shared_preload_libraries = 'pg_stride'
+pg_stride.max_active_queries = 100
+""")
+        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"),
+                 "-w", "start", check=True, stdout=subprocess.DEVNULL)
+
+    def stop(self):
+        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "immediate", "stop",
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def psql_args(self, sql, user="postgres"):
+        return AS_POSTGRES + [f"{PGBIN}/psql", "-X", "-q", "-A", "-t", "-h", self.dir,
+                              "-p", str(PORT), "-U", user, "-d", "postgres",
+                              "-v", "ON_ERROR_STOP=1", "-c", sql]
+
+    def sql(self, sql):
+        """Runs SQL as the superuser (exempt from admission) and returns its output."""
+        out = subprocess.run(self.psql_args(sql), env=ENV, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"{sql!r} failed: {out.stderr.strip()}")
+        return out.stdout.strip()
+
+    def client(self, group, sql):
+        """Starts, in the background, a session of an ordinary role in `group`."""
+        script = f"SET pg_stride.\"group\" = '{group}'; SET ROLE {ROLE}; {sql}"
+        return subprocess.Popen(self.psql_args(script), env=ENV, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def wait_until(self, sql, expected, timeout=10.0):
+        """Polls `sql` until it returns `expected`; fails the check if it never does."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.sql(sql)
+            if value == expected:
+                return value
+            assert time.monotonic() < deadline, f"{sql!r} gave {value!r}, not {expected!r}, for {timeout} s"
+            time.sleep(0.02)
+
+    def group_state(self, group):
+        return self.sql(f"SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = '{group}'")
+
+
+def finish(proc, timeout=30):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out.strip(), err.strip()
+
+
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+@check
+def waits_then_runs_when_the_slot_frees(s):
+    holder = s.client("pair", "SELECT pg_sleep(1.5)")
+    s.wait_until("SELECT active FROM pg_stride.groups WHERE name = 'pair'", "1")
+    waiter = s.client("pair", "SELECT 'admitted'")
+    s.wait_until("SELECT state FROM pg_stride.activity WHERE \"group\" = 'pair' AND state = 'queued'", "queued")
+    assert s.group_state("pair") == "1 1", s.group_state("pair")
+    assert waiter.poll() is None, "the waiter finished while the slot was held"
+    assert finish(holder)[0] == 0
+    rc, out, err = finish(waiter)
+    assert (rc, out) == (0, "admitted"), (rc, out, err)
+    assert s.group_state("pair") == "0 0", s.group_state("pair")
+
+
+@check
+def heavier_group_goes_before_a_lighter_one_that_came_first(s):
+    s.sql("ALTER SYSTEM SET pg_stride.max_active_queries = 2")
+    s.sql("SELECT pg_reload_conf()")
+    time.sleep(0.5)  # the scheduler worker applies the new limit on its next wake-up
+    try:
+        first = s.client("holder", "SELECT pg_sleep(1)")
+        second = s.client("holder", "SELECT pg_sleep(2)")
+        s.wait_until("SELECT active FROM pg_stride.groups WHERE name = 'holder'", "2")
+        light = s.client("light", "SELECT clock_timestamp()")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'light'", "1")
+        heavy = s.client("heavy", "SELECT clock_timestamp()")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'heavy'", "1")
+        results = {name: finish(p) for name, p in
+                   [("first", first), ("second", second), ("light", light), ("heavy", heavy)]}
+        assert all(r[0] == 0 for r in results.values()), results
+        assert results["heavy"][1] < results["light"][1], \
+            f"heavy admitted at {results['heavy'][1]}, light at {results['light'][1]}"
+    finally:
+        s.sql("ALTER SYSTEM RESET pg_stride.max_active_queries")
+        s.sql("SELECT pg_reload_conf()")
+        time.sleep(0.5)
+
+
+def queued_waiter(s):
+    holder = s.client("pair", "SET application_name = 'holder'; SELECT pg_sleep(2)")
+    s.wait_until("SELECT active FROM pg_stride.groups WHERE name = 'pair'", "1")
+    waiter = s.client("pair", "SET application_name = 'waiter'; SELECT 'admitted'")
+    s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+    return holder, waiter
+
+
+@check
+def cancelling_a_queued_statement_frees_nothing_it_did_not_hold(s):
+    holder, waiter = queued_waiter(s)
+    s.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'waiter'")
+    rc, out, err = finish(waiter)
+    assert rc != 0 and "canceling statement due to user request" in err, (rc, out, err)
+    assert s.group_state("pair") == "1 0", s.group_state("pair")
+    assert finish(holder)[0] == 0
+    assert s.group_state("pair") == "0 0", s.group_state("pair")
+
+
+@check
+def terminating_a_queued_backend_leaves_the_counters_right(s):
+    holder, waiter = queued_waiter(s)
+    s.sql("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = 'waiter'")
+    rc, out, err = finish(waiter)
+    assert rc != 0 and "terminating connection" in err, (rc, out, err)
+    assert s.group_state("pair") == "1 0", s.group_state("pair")
+    assert finish(holder)[0] == 0
+    assert s.group_state("pair") == "0 0", s.group_state("pair")
+
+
+@check
+def terminating_an_admitted_backend_frees_its_admission(s):
+    holder = s.client("pair", "SET application_name = 'holder'; SELECT pg_sleep(60)")
+    s.wait_until("SELECT active FROM pg_stride.groups WHERE name = 'pair'", "1")
+    s.sql("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = 'holder'")
+    assert finish(holder)[0] != 0
+    assert s.group_state("pair") == "0 0", s.group_state("pair")
+    started = time.monotonic()
+    rc, out, err = finish(s.client("pair", "SELECT 'admitted'"))
+    assert (rc, out) == (0, "admitted") and time.monotonic() - started < 5, (rc, out, err)
+
+
+@check
+def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
+    script = os.path.join(s.dir, "four.sql")
+    with open(script, "w") as f:
+        f.write("SELECT count(*) FROM generate_series(1, 20000);\n")
+    if AS_POSTGRES:
+        shutil.chown(script, "postgres")
+    bench = subprocess.Popen(
+        AS_POSTGRES + [f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(PORT), "-U", "regress_four",
+                       "-c", "64", "-j", "4", "-T", "6", "-f", script, "postgres"],
+        env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    samples = []
+    time.sleep(1)
+    while bench.poll() is None:
+        row = s.sql("SELECT count(*) FILTER (WHERE state = 'running') || ' ' || count(*) FILTER (WHERE state = 'queued') "
+                    "FROM pg_stride.activity WHERE \"group\" = 'four'")
+        samples.append(tuple(int(v) for v in row.split()))
+        time.sleep(0.2)
+    out, err = bench.communicate()
+    running = [r for r, _ in samples]
+    print(f"    {len(samples)} samples of (running, queued) in group four: max running {max(running)}, "
+          f"max queued {max(q for _, q in samples)}")
+    summary = [l for l in out.splitlines() if l.startswith(("number of transactions actually", "number of failed", "tps"))]
+    print("    pgbench: " + "; ".join(summary))
+    assert bench.returncode == 0, err
+    assert max(running) <= 4, samples
+    assert max(q for _, q in samples) > 0, "the limit never made anyone wait"
+    assert "number of failed transactions: 0" in out or "failed" not in out, out
+
+
+def setup(s):
+    s.sql(f"CREATE ROLE {ROLE}; CREATE ROLE regress_four LOGIN")
+    s.sql("CREATE EXTENSION pg_stride")
+    s.sql(f"GRANT USAGE ON SCHEMA pg_stride TO {ROLE}")
+    for name, weight, limit in [("pair", 100, 1), ("holder", 100, 0), ("light", 100, 0),
+                                ("heavy", 300, 0), ("four", 100, 4)]:
+        s.sql(f"SELECT pg_stride.create_group('{name}', weight => {weight}, max_concurrency => {limit})")
+    s.sql("ALTER ROLE regress_four SET pg_stride.\"group\" = 'four'")
+
+
+def main():
+    server = Server()
+    passed = failed = 0
+    try:
+        server.start()
+        setup(server)
+        for fn in CHECKS:
+            try:
+                fn(server)
+                passed += 1
+                print(f"ok     {fn.__name__}")
+            except Exception as e:  # noqa: BLE001 - report every failing check
+                failed += 1
+                print(f"FAILED {fn.__name__}: {e}")
+    finally:
+        server.stop()
+    print(f"concurrency: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
