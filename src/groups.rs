@@ -42,18 +42,23 @@ pub struct GroupSettings {
     pub pinned: bool,
 }
 
+impl GroupSettings {
+    /// A new group's settings, and `default`'s until altered.
+    pub const DEFAULT: GroupSettings = GroupSettings {
+        weight: 100,
+        max_concurrency: 0,
+        max_parallel_workers: None,
+        priority_initial: None,
+        priority_min: None,
+        decay_lambda: None,
+        decay_start: None,
+        pinned: false,
+    };
+}
+
 impl Default for GroupSettings {
     fn default() -> Self {
-        GroupSettings {
-            weight: 100,
-            max_concurrency: 0,
-            max_parallel_workers: None,
-            priority_initial: None,
-            priority_min: None,
-            decay_lambda: None,
-            decay_start: None,
-            pinned: false,
-        }
+        GroupSettings::DEFAULT
     }
 }
 
@@ -70,16 +75,7 @@ impl GroupSlot {
     const FREE: GroupSlot = GroupSlot {
         name: [0; MAX_NAME_LEN],
         name_len: 0,
-        settings: GroupSettings {
-            weight: 0,
-            max_concurrency: 0,
-            max_parallel_workers: None,
-            priority_initial: None,
-            priority_min: None,
-            decay_lambda: None,
-            decay_start: None,
-            pinned: false,
-        },
+        settings: GroupSettings::DEFAULT,
     };
 
     fn name(&self) -> &str {
