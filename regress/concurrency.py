@@ -63,9 +63,9 @@ pg_stride.max_active_queries = 100
                               "-p", str(PORT), "-U", user, "-d", "postgres",
                               "-v", "ON_ERROR_STOP=1", "-c", sql]
 
-    def sql(self, sql):
-        """Runs SQL as the superuser (exempt from admission) and returns its output."""
-        out = subprocess.run(self.psql_args(sql), env=ENV, capture_output=True, text=True)
+    def sql(self, sql, user="postgres"):
+        """Runs SQL (as the superuser, exempt from admission) and returns its output."""
+        out = subprocess.run(self.psql_args(sql, user), env=ENV, capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"{sql!r} failed: {out.stderr.strip()}")
         return out.stdout.strip()
@@ -110,6 +110,10 @@ def waits_then_runs_when_the_slot_frees(s):
     waiter = s.client("pair", "SELECT 'admitted'")
     s.wait_until("SELECT state FROM pg_stride.activity WHERE \"group\" = 'pair' AND state = 'queued'", "queued")
     assert s.group_state("pair") == "1 1", s.group_state("pair")
+    # Query text follows pg_stat_activity's rules: hidden from an unrelated role.
+    texts = s.sql("SELECT DISTINCT query FROM pg_stride.activity WHERE \"group\" = 'pair'", user="regress_viewer")
+    assert texts == "<insufficient privilege>", texts
+    assert "pg_sleep" in s.sql("SELECT string_agg(query, ' ') FROM pg_stride.activity WHERE \"group\" = 'pair'")
     assert waiter.poll() is None, "the waiter finished while the slot was held"
     assert finish(holder)[0] == 0
     rc, out, err = finish(waiter)
@@ -214,7 +218,7 @@ def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
 
 
 def setup(s):
-    s.sql(f"CREATE ROLE {ROLE}; CREATE ROLE regress_four LOGIN")
+    s.sql(f"CREATE ROLE {ROLE}; CREATE ROLE regress_four LOGIN; CREATE ROLE regress_viewer LOGIN")
     s.sql("CREATE EXTENSION pg_stride")
     s.sql(f"GRANT USAGE ON SCHEMA pg_stride TO {ROLE}")
     for name, weight, limit in [("pair", 100, 1), ("holder", 100, 0), ("light", 100, 0),

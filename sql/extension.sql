@@ -15,11 +15,13 @@ SELECT pg_describe_object(classid, objid, objsubid) AS member
    AND deptype = 'e'
  ORDER BY 1;
 
--- The scheduler view's columns and types.
-SELECT attname, format_type(atttypid, atttypmod)
+-- The views' columns and types.
+SELECT attrelid::regclass AS view, attname, format_type(atttypid, atttypmod)
   FROM pg_attribute
- WHERE attrelid = 'pg_stride.scheduler'::regclass AND attnum > 0
- ORDER BY attnum;
+ WHERE attrelid IN ('pg_stride.scheduler'::regclass, 'pg_stride.groups'::regclass,
+                    'pg_stride.activity'::regclass)
+   AND attnum > 0
+ ORDER BY attrelid::regclass::text, attnum;
 
 -- Anyone may read the views.
 CREATE ROLE stride_reader LOGIN;

@@ -12,7 +12,7 @@
 //! the wait ends, the backend leaves the queue, and an admission that raced with the end
 //! of the wait is given back, so nothing is held that the statement does not run with.
 
-use crate::groups::{GroupCounters, DEFAULT_GROUP};
+use crate::groups::GroupCounters;
 use crate::{gucs, shmem};
 use pg_stride_sched::admission::Arrival;
 use pgrx::pg_sys;
@@ -40,7 +40,7 @@ fn now_timestamp() -> i64 {
 /// Admits a statement of this backend in group slot `group`, waiting for its turn when
 /// the limits are reached. Returns normally once admitted; raises an ERROR when the wait
 /// is cancelled, times out or the backend is terminated.
-pub fn admit(shared: &shmem::Shared, group: usize, group_name: &str) {
+pub fn admit(shared: &shmem::Shared, group: usize) {
     let Some(procno) = shmem::my_procno() else {
         return;
     };
@@ -74,6 +74,7 @@ pub fn admit(shared: &shmem::Shared, group: usize, group_name: &str) {
         }
         Err(()) => {
             counters.timed_out.fetch_add(1, Ordering::Relaxed);
+            let group_name = shared.groups.name_of(group);
             ErrorReport::new(
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
                 format!(
@@ -85,7 +86,7 @@ pub fn admit(shared: &shmem::Shared, group: usize, group_name: &str) {
             .set_detail("The wait reached pg_stride.queue_timeout.")
             .set_hint(format!(
                 "Retry later, or raise pg_stride.queue_timeout, pg_stride.max_active_queries or the max_concurrency of group \"{}\".",
-                if group_name.is_empty() { DEFAULT_GROUP } else { group_name }
+                group_name
             ))
             .report(PgLogLevel::ERROR);
         }

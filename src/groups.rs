@@ -178,6 +178,8 @@ pub struct GroupDirectory {
     /// Set once the table has been read since the server started; until then group
     /// names cannot be checked.
     loaded: AtomicBool,
+    /// Bumped by every publish, so that backends know when a cached lookup is stale.
+    generation: AtomicU64,
     /// Reloads requested and reloads done; the worker reloads while they differ.
     reloads_requested: AtomicU64,
     reloads_done: AtomicU64,
@@ -206,6 +208,7 @@ impl GroupDirectory {
                 slots: UnsafeCell::new(slots),
                 counters: std::array::from_fn(|_| GroupCounters::new()),
                 loaded: AtomicBool::new(false),
+                generation: AtomicU64::new(0),
                 reloads_requested: AtomicU64::new(0),
                 reloads_done: AtomicU64::new(0),
                 worker_procno: AtomicU32::new(u32::MAX),
@@ -228,6 +231,11 @@ impl GroupDirectory {
     /// Index of the group called `name`.
     pub fn find(&self, name: &str) -> Option<usize> {
         self.read(|slots| slots.iter().position(|s| !s.is_free() && s.name() == name))
+    }
+
+    /// Name of the group in slot `slot` (empty for a free slot).
+    pub fn name_of(&self, slot: usize) -> String {
+        self.read(|slots| slots[slot].name().to_string())
     }
 
     /// Whether the table has been loaded since start, so that unknown names are known
@@ -291,6 +299,7 @@ impl GroupDirectory {
                 }
             }
             *slots = next;
+            self.generation.fetch_add(1, Ordering::AcqRel);
             dropped
         });
         self.loaded.store(true, Ordering::Release);
@@ -364,12 +373,33 @@ unsafe extern "C-unwind" fn on_xact_end(
     }
 }
 
+thread_local! {
+    /// The last group this backend resolved: its name, the directory generation it was
+    /// looked up in, and its slot. Statements mostly run in the same group as the one
+    /// before, so the common case costs a generation load and a name comparison instead
+    /// of the directory lock.
+    static LAST_GROUP: std::cell::RefCell<(String, u64, usize)> =
+        const { std::cell::RefCell::new((String::new(), u64::MAX, 0)) };
+}
+
 /// The group whose slot the current statement runs in: the session's
 /// `pg_stride.group`, or `default` with a WARNING when that group no longer exists.
 pub fn resolve_session_group(directory: &GroupDirectory) -> usize {
+    let generation = directory.generation.load(Ordering::Acquire);
+    let cached = crate::gucs::with_group_name(|name| {
+        LAST_GROUP.with_borrow(|(last, last_generation, slot)| {
+            (*last_generation == generation && last.as_bytes() == name).then_some(*slot)
+        })
+    });
+    if let Some(slot) = cached {
+        return slot;
+    }
     let name = crate::gucs::group_name();
     match directory.find(&name) {
-        Some(slot) => slot,
+        Some(slot) => {
+            LAST_GROUP.set((name, generation, slot));
+            slot
+        }
         None => {
             pgrx::warning!(
                 "resource group \"{name}\" does not exist; using group \"{DEFAULT_GROUP}\""

@@ -106,6 +106,18 @@ pub fn register() {
     );
 }
 
+/// Calls `f` with the bytes of the session's `pg_stride.group`, without copying them.
+pub fn with_group_name<R>(f: impl FnOnce(&[u8]) -> R) -> R {
+    // SAFETY: the setting's storage holds NULL or a NUL-terminated string that
+    // PostgreSQL keeps alive until the setting changes, which cannot happen during `f`.
+    let value = unsafe { *GROUP.as_ptr() };
+    if value.is_null() {
+        f(b"")
+    } else {
+        f(unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes())
+    }
+}
+
 /// The session's `pg_stride.group`.
 pub fn group_name() -> String {
     GROUP

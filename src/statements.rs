@@ -55,7 +55,7 @@ pub fn start(desc: *const pg_sys::QueryDesc) {
     // SAFETY: plain call into PostgreSQL's role check.
     let exempt = gucs::EXEMPT_SUPERUSER.get() && unsafe { pg_sys::superuser() };
     if !exempt {
-        admission::admit(shared, group, &gucs::group_name());
+        admission::admit(shared, group);
     }
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
@@ -78,11 +78,8 @@ pub fn unregister(desc: *const pg_sys::QueryDesc) -> bool {
 /// Forgets every registration that matches, keeps the shared count in step, and
 /// returns how many there were.
 fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
-    let removed: Vec<Registration> = REGISTERED.with_borrow_mut(|list| {
-        let (gone, kept) = std::mem::take(list).into_iter().partition(|r| matches(r));
-        *list = kept;
-        gone
-    });
+    let removed: Vec<Registration> =
+        REGISTERED.with_borrow_mut(|list| list.extract_if(.., |r| matches(r)).collect());
     if let Some(shared) = shmem::shared().filter(|_| !removed.is_empty()) {
         for r in removed.iter().filter(|r| r.admitted) {
             admission::release(shared, r.group);
