@@ -70,9 +70,10 @@ pg_stride.max_active_queries = 100
             raise RuntimeError(f"{sql!r} failed: {out.stderr.strip()}")
         return out.stdout.strip()
 
-    def client(self, group, sql):
-        """Starts, in the background, a session of an ordinary role in `group`."""
-        script = f"SET pg_stride.\"group\" = '{group}'; SET ROLE {ROLE}; {sql}"
+    def client(self, group, sql, settings=""):
+        """Starts, in the background, a session of an ordinary role in `group`, after
+        the superuser-only `settings` (SQL) are made."""
+        script = f"SET pg_stride.\"group\" = '{group}'; {settings} SET ROLE {ROLE}; {sql}"
         return subprocess.Popen(self.psql_args(script), env=ENV, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -201,7 +202,7 @@ def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
     samples = []
     time.sleep(1)
     while bench.poll() is None:
-        row = s.sql("SELECT count(*) FILTER (WHERE state = 'running') || ' ' || count(*) FILTER (WHERE state = 'queued') "
+        row = s.sql("SELECT count(*) FILTER (WHERE state IN ('running', 'paused')) || ' ' || count(*) FILTER (WHERE state = 'queued') "
                     "FROM pg_stride.activity WHERE \"group\" = 'four'")
         samples.append(tuple(int(v) for v in row.split()))
         time.sleep(0.2)
@@ -217,6 +218,128 @@ def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
     assert "number of failed transactions: 0" in out or "failed" not in out, out
 
 
+def set_server(s, setting, value):
+    """Changes a reload-level setting and waits until the scheduler worker applied it."""
+    s.sql(f"ALTER SYSTEM SET {setting} = {value}")
+    s.sql("SELECT pg_reload_conf()")
+    time.sleep(0.5)
+
+
+LONG = "SELECT count(*) FROM big a JOIN big b USING (id) WHERE a.v >= 0"
+
+
+def sample_states(s, procs, interval=0.05):
+    """(running, paused) counts of pg_stride.activity, sampled until `procs` finish."""
+    samples = []
+    while any(p.poll() is None for p in procs):
+        row = s.sql("SELECT count(*) FILTER (WHERE state = 'running' AND query LIKE '%big a JOIN%') || ' ' || "
+                    "count(*) FILTER (WHERE state = 'paused') || ' ' || "
+                    "(SELECT slots_in_use FROM pg_stride.scheduler) FROM pg_stride.activity")
+        samples.append(tuple(int(v) for v in row.split()))
+        time.sleep(interval)
+    return samples
+
+
+@check
+def one_cpu_slot_is_shared_by_pausing_at_yield_points(s):
+    set_server(s, "pg_stride.cpu_slots", 1)
+    try:
+        alone = time.monotonic()
+        rc, expected, err = finish(s.client("holder", LONG), timeout=120)
+        alone = time.monotonic() - alone
+        assert rc == 0, err
+        procs = [s.client("holder", LONG) for _ in range(2)]
+        samples = sample_states(s, procs)
+        results = [finish(p, timeout=120) for p in procs]
+        assert all(r == (0, expected, "") for r in results), results
+        paused = max(p for _, p, _ in samples)
+        print(f"    alone {alone:.2f} s; {len(samples)} samples of (running, paused, slots in use); "
+              f"max paused {paused}")
+        assert paused >= 1, f"nobody was ever paused with one slot: {samples}"
+        # The query reading the view holds the one slot itself.
+        assert s.sql("SELECT slots_in_use || ' ' || paused FROM pg_stride.scheduler") == "1 0"
+    finally:
+        set_server(s, "pg_stride.cpu_slots", 0)
+
+
+def paused_victim(s):
+    procs = [s.client("holder", f"SET application_name = 'cpu{i}'; {LONG}") for i in range(2)]
+    s.wait_until("SELECT count(*) > 0 FROM pg_stride.activity WHERE state = 'paused'", "t", timeout=60)
+    pid = s.sql("SELECT pid FROM pg_stride.activity WHERE state = 'paused' LIMIT 1")
+    victim = int(s.sql(f"SELECT substr(application_name, 4) FROM pg_stat_activity WHERE pid = {pid}"))
+    return procs, pid, victim
+
+
+@check
+def cancelling_a_paused_query_gives_its_slot_back(s):
+    set_server(s, "pg_stride.cpu_slots", 1)
+    try:
+        procs, pid, victim = paused_victim(s)
+        s.sql(f"SELECT pg_cancel_backend({pid})")
+        rc, out, err = finish(procs[victim], timeout=120)
+        assert rc != 0 and "canceling statement due to user request" in err, (rc, out, err)
+        assert finish(procs[1 - victim], timeout=120)[0] == 0
+        # The query reading the view holds the one slot itself.
+        assert s.sql("SELECT slots_in_use || ' ' || paused FROM pg_stride.scheduler") == "1 0"
+    finally:
+        set_server(s, "pg_stride.cpu_slots", 0)
+
+
+@check
+def a_terminated_paused_backend_leaves_no_slot_behind(s):
+    set_server(s, "pg_stride.cpu_slots", 1)
+    try:
+        procs, pid, victim = paused_victim(s)
+        s.sql(f"SELECT pg_terminate_backend({pid}, 10000)")
+        assert finish(procs[victim], timeout=120)[0] != 0
+        assert finish(procs[1 - victim], timeout=120)[0] == 0
+        # The query reading the view holds the one slot itself.
+        assert s.sql("SELECT slots_in_use || ' ' || paused FROM pg_stride.scheduler") == "1 0"
+        started = time.monotonic()
+        assert finish(s.client("holder", "SELECT count(*) FROM big"))[0] == 0
+        assert time.monotonic() - started < 5
+    finally:
+        set_server(s, "pg_stride.cpu_slots", 0)
+
+
+@check
+def writes_are_never_paused(s):
+    set_server(s, "pg_stride.cpu_slots", 1)
+    try:
+        readers = [s.client("holder", LONG) for _ in range(2)]
+        s.wait_until("SELECT count(*) > 0 FROM pg_stride.activity WHERE state = 'paused'", "t", timeout=60)
+        writer = s.client("holder", "SET application_name = 'writer'; "
+                                     "INSERT INTO scratch SELECT g FROM generate_series(1, 300000) g")
+        seen = set()
+        while writer.poll() is None:
+            seen.add(s.sql("SELECT coalesce(string_agg(a.state, ','), 'gone') FROM pg_stride.activity a "
+                           "JOIN pg_stat_activity p USING (pid) WHERE p.application_name = 'writer'"))
+            time.sleep(0.02)
+        assert finish(writer)[0] == 0
+        assert all(finish(p, timeout=120)[0] == 0 for p in readers)
+        assert not any("paused" in v for v in seen), seen
+    finally:
+        set_server(s, "pg_stride.cpu_slots", 0)
+
+
+@check
+def forced_pausing_inside_index_scans_and_hash_joins_is_safe(s):
+    """One slot and 0.1 ms slices: processes pause at nearly every yield point, inside
+    index scans, bitmap scans and hash joins; a pause in an LWLock would trip the
+    debug assertion (test builds are debug builds) and fail the statement."""
+    set_server(s, "pg_stride.cpu_slots", 1)
+    try:
+        query = ("SET enable_seqscan = off; "
+                 "SELECT sum(a.v) FROM big a JOIN big b ON b.id = a.id + 1 WHERE a.id < 200000 AND b.id % 3 = 0")
+        rc, expected, err = finish(s.client("holder", query), timeout=120)
+        assert rc == 0, err
+        procs = [s.client("holder", query, settings="SET pg_stride.slice = '0.1ms';") for _ in range(3)]
+        results = [finish(p, timeout=300) for p in procs]
+        assert all(r == (0, expected, "") for r in results), results
+    finally:
+        set_server(s, "pg_stride.cpu_slots", 0)
+
+
 def setup(s):
     s.sql(f"CREATE ROLE {ROLE}; CREATE ROLE regress_four LOGIN; CREATE ROLE regress_viewer LOGIN")
     s.sql("CREATE EXTENSION pg_stride")
@@ -225,6 +348,10 @@ def setup(s):
                                 ("heavy", 300, 0), ("four", 100, 4)]:
         s.sql(f"SELECT pg_stride.create_group('{name}', weight => {weight}, max_concurrency => {limit})")
     s.sql("ALTER ROLE regress_four SET pg_stride.\"group\" = 'four'")
+    s.sql("CREATE TABLE big (id int PRIMARY KEY, v int); "
+          "INSERT INTO big SELECT g, g % 1000 FROM generate_series(1, 1000000) g; "
+          "CREATE TABLE scratch (v int); ANALYZE big")
+    s.sql(f"GRANT SELECT ON big TO {ROLE}; GRANT INSERT ON scratch TO {ROLE}")
 
 
 def main():

@@ -152,11 +152,13 @@ pub fn force_admit(shared: &shmem::Shared, procno: usize) -> bool {
     admitted
 }
 
-/// Brings the admission limits in line with the settings (after a reload or a group
-/// change) and admits whoever the new limits let in.
+/// Brings the admission limits and the groups' CPU weights in line with the settings
+/// (after a reload or a group change) and admits whoever the new limits let in.
 pub fn apply_limits(shared: &shmem::Shared) {
     let groups = shared.groups.groups();
     let max_active = gucs::MAX_ACTIVE_QUERIES.get() as u32;
+    let sched = shared.sched();
+    // The admission lock is also the CPU scheduler's registration lock.
     shared.with_admission(|adm, waiters| {
         adm.max_active = max_active;
         for (slot, group) in &groups {
@@ -165,6 +167,9 @@ pub fn apply_limits(shared: &shmem::Shared) {
                 group.settings.weight as u32,
                 group.settings.max_concurrency as u32,
             );
+            if let Some(sched) = sched {
+                crate::cpu::configure_group(sched, *slot, &group.settings);
+            }
         }
         adm.dispatch(waiters, wake);
     });

@@ -12,7 +12,7 @@
 //! as a Rust panic (running `finally` blocks and destructors) instead of longjmp-ing
 //! over them. pgrx does the same for every `pg_sys` function it binds.
 
-use crate::{gucs, shmem, statements};
+use crate::{cpu, gucs, shmem, statements};
 use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::PgTryBuilder;
@@ -70,7 +70,8 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     // Admission comes first, so that a queued statement holds no executor resources
     // (and launches no parallel workers) while it waits. If starting the executor then
     // fails, the statement's resource owner gives the admission back.
-    if is_scheduled(eflags) {
+    let scheduled = is_scheduled(eflags);
+    if scheduled {
         statements::start(desc);
     }
     // SAFETY: forwarding the executor's own arguments to the previous hook or to the
@@ -81,6 +82,25 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
             None => pg_sys::standard_ExecutorStart(desc, eflags),
         }
     }
+    // With the plan tree built, yield points can be placed in it.
+    if scheduled {
+        statements::started(desc);
+    } else if is_parallel_worker_of_scheduled_leader(eflags) {
+        if let Some(shared) = shmem::shared() {
+            cpu::start_worker(shared, desc);
+        }
+    }
+}
+
+/// A parallel worker (PostgreSQL's own) running part of a statement: it joins its
+/// leader's query, if there is one (DESIGN.md §2).
+fn is_parallel_worker_of_scheduled_leader(eflags: i32) -> bool {
+    // SAFETY: plain read of a process-local global (IsParallelWorker()).
+    let parallel_worker = unsafe { pg_sys::ParallelWorkerNumber } >= 0;
+    parallel_worker
+        && gucs::ENABLED.get()
+        && NESTING.get() == 0
+        && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
 }
 
 #[pgrx::pg_guard]
@@ -90,13 +110,23 @@ unsafe extern "C-unwind" fn executor_run(
     count: u64,
     execute_once: bool,
 ) {
+    // A top-level scheduled statement holds a CPU slot while it runs, and only then:
+    // between the FETCHes of a cursor it holds none.
+    let shared = shmem::shared().filter(|_| NESTING.get() == 0 && cpu::is_member());
+    if let Some(shared) = shared {
+        cpu::begin_run(shared);
+    }
     // SAFETY: as in executor_start.
     nested(|| unsafe {
         match PREV_EXECUTOR_RUN {
             Some(prev) => pg_guard_ffi_boundary(|| prev(desc, direction, count, execute_once)),
             None => pg_sys::standard_ExecutorRun(desc, direction, count, execute_once),
         }
-    })
+    });
+    // After an error the statement's cleanup gives the slot back.
+    if let Some(shared) = shared {
+        cpu::end_run(shared);
+    }
 }
 
 #[pgrx::pg_guard]
@@ -112,7 +142,14 @@ unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
-    statements::unregister(desc);
+    // SAFETY: plain read of a process-local global (IsParallelWorker()).
+    let parallel_worker = unsafe { pg_sys::ParallelWorkerNumber } >= 0;
+    if !statements::unregister(desc) && parallel_worker && cpu::is_member() {
+        // A parallel worker's part of a statement ends.
+        if let Some(shared) = shmem::shared() {
+            cpu::end_statement(shared, Some(desc));
+        }
+    }
     // SAFETY: as in executor_start.
     unsafe {
         match PREV_EXECUTOR_END {

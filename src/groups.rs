@@ -117,6 +117,8 @@ pub fn histogram_bucket(us: u64) -> usize {
 pub struct GroupCounters {
     /// Statements admitted.
     pub admitted: AtomicU64,
+    /// CPU time charged to the group's finished queries, ns.
+    pub cpu_ns: AtomicU64,
     /// Statements that gave up waiting at `pg_stride.queue_timeout`.
     pub timed_out: AtomicU64,
     /// Sum of the admitted statements' waits, µs.
@@ -129,6 +131,7 @@ impl GroupCounters {
     fn new() -> GroupCounters {
         GroupCounters {
             admitted: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             queue_time_us: AtomicU64::new(0),
             queue_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -137,6 +140,7 @@ impl GroupCounters {
 
     pub fn reset(&self) {
         self.admitted.store(0, Ordering::Relaxed);
+        self.cpu_ns.store(0, Ordering::Relaxed);
         self.timed_out.store(0, Ordering::Relaxed);
         self.queue_time_us.store(0, Ordering::Relaxed);
         for bucket in &self.queue_histogram {
@@ -231,6 +235,18 @@ impl GroupDirectory {
     /// Index of the group called `name`.
     pub fn find(&self, name: &str) -> Option<usize> {
         self.read(|slots| slots.iter().position(|s| !s.is_free() && s.name() == name))
+    }
+
+    /// Settings of the group in slot `slot`, if the slot is in use.
+    pub fn settings_of(&self, slot: usize) -> Option<GroupSettings> {
+        self.read(|slots| slots.get(slot).filter(|s| !s.is_free()).map(|s| s.settings))
+    }
+
+    /// Adds the CPU time of a finished query to group slot `slot`.
+    pub fn add_cpu(&self, slot: usize, ns: u64) {
+        if let Some(c) = self.counters.get(slot) {
+            c.cpu_ns.fetch_add(ns, Ordering::Relaxed);
+        }
     }
 
     /// Name of the group in slot `slot` (empty for a free slot).

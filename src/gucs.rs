@@ -19,6 +19,8 @@ pub static GROUP: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"default"));
 pub static QUEUE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static EXEMPT_SUPERUSER: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static DECAY_LAMBDA: GucSetting<f64> = GucSetting::<f64>::new(0.9);
+pub static DECAY_START: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
@@ -69,6 +71,26 @@ pub fn register() {
         c"Superusers' statements are admitted at once, without counting against the limits.",
         c"",
         &EXEMPT_SUPERUSER,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_float_guc(
+        c"pg_stride.decay_lambda",
+        c"Factor by which a query's priority decays per slice of CPU once decay started.",
+        c"1 keeps priorities fixed (fair sharing); lower values favour short queries more.",
+        &DECAY_LAMBDA,
+        0.0,
+        1.0,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.decay_start",
+        c"Slices of CPU a query receives before its priority starts to decay.",
+        c"",
+        &DECAY_START,
+        0,
+        1_000_000,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -184,5 +206,20 @@ pub fn effective_cpu_slots() -> u32 {
     match CPU_SLOTS.get() {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
         n => n as u32,
+    }
+}
+
+/// `pg_stride.slice` in ns.
+pub fn slice_ns() -> u64 {
+    (SLICE_MS.get() * 1_000_000.0) as u64
+}
+
+/// The decay settings as the scheduling core takes them; one quantum is one slice
+/// (wagner2021 §3.2: the update quantum equals t_max).
+pub fn decay_params() -> pg_stride_sched::DecayParams {
+    pg_stride_sched::DecayParams {
+        lambda: DECAY_LAMBDA.get(),
+        d_start: DECAY_START.get() as u32,
+        quantum_ns: slice_ns(),
     }
 }

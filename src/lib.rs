@@ -9,6 +9,7 @@
 use pgrx::prelude::*;
 
 mod admission;
+mod cpu;
 mod executor;
 mod group_admin;
 mod groups;

@@ -34,7 +34,7 @@ mod tests {
     #[pg_test]
     fn the_scheduler_view_reads_shared_memory() {
         let slots = Spi::get_one::<i32>("SELECT cpu_slots FROM pg_stride.scheduler").unwrap();
-        let expected = shmem::shared().unwrap().cpu_slots.load(Ordering::Acquire) as i32;
+        let expected = shmem::shared().unwrap().sched().unwrap().cpu_slots() as i32;
         assert_eq!(slots, Some(expected));
         assert!(expected >= 1);
     }

@@ -12,6 +12,7 @@
 
 use crate::groups::GroupDirectory;
 use pg_stride_sched::admission::{Admission, Waiter};
+use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
 use std::cell::UnsafeCell;
 use std::ffi::CStr;
@@ -35,6 +36,14 @@ pub struct ProcEntry {
     pub queued_since: AtomicI64,
     /// When this process's latest statement was admitted (TimestampTz, µs).
     pub admitted_at: AtomicI64,
+    /// Query entry (+1; 0 = none) this process registered in the CPU scheduler; its
+    /// parallel workers join it.
+    pub cpu_query: AtomicU32,
+    /// Query entry (+1) this process could not free because parallel workers had not
+    /// left it yet; the scheduler worker frees it later.
+    pub orphan_query: AtomicU32,
+    /// 1 while the process is paused at a yield point, waiting for a CPU slot.
+    pub paused: AtomicU32,
 }
 
 impl ProcEntry {
@@ -45,6 +54,8 @@ impl ProcEntry {
         self.group.store(0, Ordering::Relaxed);
         self.queued_since.store(0, Ordering::Relaxed);
         self.admitted_at.store(0, Ordering::Relaxed);
+        self.cpu_query.store(0, Ordering::Relaxed);
+        self.paused.store(0, Ordering::Relaxed);
         self.pid.store(0, Ordering::Release);
     }
 }
@@ -53,9 +64,6 @@ impl ProcEntry {
 /// [`Waiter`]s.
 #[repr(C)]
 pub struct Shared {
-    /// CPU slots in effect (`pg_stride.cpu_slots` resolved), published at startup and by
-    /// the scheduler worker after each configuration reload.
-    pub cpu_slots: AtomicU32,
     /// pid of the `pg_stride scheduler` worker, 0 while it is not running.
     pub scheduler_pid: AtomicI32,
     nprocs: u32,
@@ -134,9 +142,37 @@ impl Shared {
     pub fn my_entry(&self) -> Option<&ProcEntry> {
         self.procs().get(my_procno()?)
     }
+
+    /// The CPU scheduler (`pg_stride_sched`), in its own block of shared memory.
+    pub fn sched(&self) -> Option<&'static SchedShared> {
+        // SAFETY: null, or the scheduler initialised at startup, which stays mapped.
+        unsafe { SCHED.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// Leaves query entry `q` of this process for the scheduler worker to free.
+    pub fn orphan_query(&self, q: QueryId) {
+        if let Some(entry) = self.my_entry() {
+            entry.orphan_query.store(q.0 + 1, Ordering::Release);
+        }
+    }
+
+    /// Calls `free` for each orphaned query entry; forgets those it freed.
+    pub fn free_orphans(&self, mut free: impl FnMut(QueryId) -> bool) {
+        for entry in self.procs() {
+            let q = entry.orphan_query.load(Ordering::Acquire);
+            if q != 0 && free(QueryId(q - 1)) {
+                let _ =
+                    entry
+                        .orphan_query
+                        .compare_exchange(q, 0, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+static SCHED: AtomicPtr<SchedShared> = AtomicPtr::new(std::ptr::null_mut());
+const SCHED_REGION_NAME: &CStr = c"pg_stride scheduler";
 static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(std::ptr::null_mut());
 
 /// pg_stride's LWLocks, one tranche named "pg_stride".
@@ -263,10 +299,22 @@ pub fn install() {
     }
 }
 
+/// Room of the CPU scheduler: every process may join a query, and every client
+/// backend may register one (its open cursors share it).
+fn sched_capacity() -> Capacity {
+    let procs = process_capacity() as u32;
+    Capacity {
+        max_procs: procs,
+        max_queries: procs,
+        max_groups: crate::groups::MAX_GROUPS as u32,
+    }
+}
+
 fn request_space() {
     // SAFETY: called from _PG_init or shmem_request_hook, where this is allowed.
     unsafe {
         pg_sys::RequestAddinShmemSpace(Shared::size(process_capacity()));
+        pg_sys::RequestAddinShmemSpace(SchedShared::region_size(&sched_capacity()));
         pg_sys::RequestNamedLWLockTranche(REGION_NAME.as_ptr(), LOCK_COUNT);
     }
 }
@@ -299,8 +347,6 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
         let region =
             pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found).cast::<Shared>();
         if !found {
-            (&raw mut (*region).cpu_slots)
-                .write(AtomicU32::new(crate::gucs::effective_cpu_slots()));
             (&raw mut (*region).scheduler_pid).write(AtomicI32::new(0));
             (&raw mut (*region).nprocs).write(nprocs as u32);
             GroupDirectory::init(&raw mut (*region).groups);
@@ -316,6 +362,9 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
                     group: AtomicU32::new(0),
                     queued_since: AtomicI64::new(0),
                     admitted_at: AtomicI64::new(0),
+                    cpu_query: AtomicU32::new(0),
+                    orphan_query: AtomicU32::new(0),
+                    paused: AtomicU32::new(0),
                 });
             }
             let waiters = first.add(nprocs).cast::<Waiter>();
@@ -323,11 +372,40 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
                 waiters.add(i).write(Waiter::default());
             }
         }
+        init_sched();
         pg_sys::LWLockRelease(lock);
         LOCKS.store(
             pg_sys::GetNamedLWLockTranche(REGION_NAME.as_ptr()),
             Ordering::Release,
         );
         SHARED.store(region, Ordering::Release);
+    }
+}
+
+/// Creates the CPU scheduler's block, or attaches to it when another process did.
+/// Caller holds AddinShmemInitLock.
+unsafe fn init_sched() {
+    let cap = sched_capacity();
+    let size = SchedShared::region_size(&cap);
+    let mut found = false;
+    // SAFETY: ShmemInitStruct returns `size` bytes of shared memory that stay mapped,
+    // initialised by whoever finds them new.
+    let sched = unsafe {
+        let ptr =
+            pg_sys::ShmemInitStruct(SCHED_REGION_NAME.as_ptr(), size, &mut found).cast::<u8>();
+        if found {
+            SchedShared::attach(ptr)
+        } else {
+            let config = SchedConfig {
+                cpu_slots: crate::gucs::effective_cpu_slots(),
+                policy: Policy::DecayingStride,
+                decay: crate::gucs::decay_params(),
+            };
+            SchedShared::init_in(ptr, cap, &config)
+        }
+    };
+    match sched {
+        Ok(sched) => SCHED.store((sched as *const SchedShared).cast_mut(), Ordering::Release),
+        Err(e) => pgrx::warning!("pg_stride: CPU scheduling is off: {e}"),
     }
 }

@@ -9,7 +9,7 @@
 //! shared memory, and the scheduler worker clears entries of processes that are gone.
 
 use crate::shmem::{self, ProcEntry};
-use crate::{admission, groups, gucs};
+use crate::{admission, cpu, groups, gucs};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
@@ -23,6 +23,8 @@ struct Registration {
     group: usize,
     /// Whether it holds an admission to give back when it ends.
     admitted: bool,
+    /// Whether it takes part in CPU scheduling.
+    cpu: bool,
 }
 
 thread_local! {
@@ -65,9 +67,26 @@ pub fn start(desc: *const pg_sys::QueryDesc) {
             owner,
             group,
             admitted: !exempt,
+            cpu: false,
         })
     });
     entry.running.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The executor has started `desc`, a registered statement: a read-only one joins CPU
+/// scheduling (DESIGN.md §4 rule 2: statements that write are never paused).
+pub fn started(desc: *const pg_sys::QueryDesc) {
+    let Some(shared) = shmem::shared() else {
+        return;
+    };
+    let group = REGISTERED.with_borrow_mut(|list| {
+        let r = list.iter_mut().find(|r| r.desc == desc)?;
+        r.cpu = cpu::is_read_only(desc);
+        r.cpu.then_some(r.group)
+    });
+    if let Some(group) = group {
+        cpu::start_statement(shared, desc, group);
+    }
 }
 
 /// Forgets `desc` if it was registered; returns whether it was.
@@ -81,13 +100,18 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
     let removed: Vec<Registration> =
         REGISTERED.with_borrow_mut(|list| list.extract_if(.., |r| matches(r)).collect());
     if let Some(shared) = shmem::shared().filter(|_| !removed.is_empty()) {
-        for r in removed.iter().filter(|r| r.admitted) {
-            admission::release(shared, r.group);
-        }
+        // The entry stops counting the statements before their admissions go to the
+        // next waiters, so that the views never count one statement twice.
         if let Some(entry) = shared.my_entry() {
             entry
                 .running
                 .fetch_sub(removed.len() as u32, Ordering::AcqRel);
+        }
+        for r in removed.iter().filter(|r| r.cpu) {
+            cpu::end_statement(shared, Some(r.desc));
+        }
+        for r in removed.iter().filter(|r| r.admitted) {
+            admission::release(shared, r.group);
         }
     }
     removed.len()
@@ -95,7 +119,7 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
 
 /// Makes this process the owner of its shared entry. An entry still naming another pid
 /// belonged to an earlier process with the same PGPROC; whatever it says is stale.
-fn claim(entry: &ProcEntry) {
+pub fn claim(entry: &ProcEntry) {
     // SAFETY: plain read of a process-local global.
     let me = unsafe { pg_sys::MyProcPid };
     if entry.pid.load(Ordering::Acquire) != me {

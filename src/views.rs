@@ -32,32 +32,41 @@ mod pg_stride {
 
     /// One row describing the scheduler; the `pg_stride.scheduler` view.
     #[pg_extern(parallel_restricted)]
+    #[allow(clippy::type_complexity)]
     fn scheduler_state() -> TableIterator<
         'static,
         (
             name!(cpu_slots, i32),
+            name!(slots_in_use, i32),
             name!(running, i64),
             name!(queued, i64),
+            name!(paused, i64),
             name!(enabled, bool),
             name!(scheduler_pid, Option<i32>),
         ),
     > {
         let shared = require_shared();
-        let (mut running, mut queued) = (0i64, 0i64);
+        let (mut running, mut queued, mut paused) = (0i64, 0i64, 0i64);
         for (procno, entry) in shared.procs().iter().enumerate() {
             if shared.is_live(procno) {
                 running += i64::from(entry.running.load(Ordering::Acquire));
                 queued += i64::from(entry.queued.load(Ordering::Acquire));
+                paused += i64::from(entry.paused.load(Ordering::Acquire));
             }
         }
+        let (cpu_slots, slots_in_use) = shared
+            .sched()
+            .map_or((0, 0), |s| (s.cpu_slots(), s.running()));
         let scheduler_pid = match shared.scheduler_pid.load(Ordering::Acquire) {
             0 => None,
             pid => Some(pid),
         };
         TableIterator::once((
-            shared.cpu_slots.load(Ordering::Acquire) as i32,
+            cpu_slots as i32,
+            slots_in_use as i32,
             running,
             queued,
+            paused,
             gucs::ENABLED.get(),
             scheduler_pid,
         ))
@@ -85,9 +94,23 @@ mod pg_stride {
             name!(queue_time_total_ms, f64),
             name!(queue_time_p50_ms, Option<f64>),
             name!(queue_time_p99_ms, Option<f64>),
+            name!(cpu_time_ms, f64),
         ),
     > {
         let shared = require_shared();
+        let mut live_cpu_ns = [0u64; crate::groups::MAX_GROUPS];
+        if let Some(sched) = shared.sched() {
+            for entry in shared.procs() {
+                let q = entry.cpu_query.load(Ordering::Acquire);
+                if let Some(s) = (q != 0)
+                    .then(|| sched.query_snapshot(pg_stride_sched::QueryId(q - 1)))
+                    .flatten()
+                {
+                    live_cpu_ns[(s.group.0 as usize).min(crate::groups::MAX_GROUPS - 1)] +=
+                        s.cpu_ns;
+                }
+            }
+        }
         let mut active = [0i64; crate::groups::MAX_GROUPS];
         let mut queued = [0i64; crate::groups::MAX_GROUPS];
         for (procno, entry) in shared.procs().iter().enumerate() {
@@ -123,6 +146,7 @@ mod pg_stride {
                     ms(c.queue_time_us.load(Ordering::Relaxed)),
                     c.queue_time_quantile_us(0.5).map(ms),
                     c.queue_time_quantile_us(0.99).map(ms),
+                    (c.cpu_ns.load(Ordering::Relaxed) + live_cpu_ns[slot]) as f64 / 1e6,
                 )
             })
             .collect();
@@ -132,6 +156,7 @@ mod pg_stride {
     /// One row per process that runs or waits to run a scheduled statement; the
     /// `pg_stride.activity` view adds what pg_stat_activity shows of it.
     #[pg_extern(parallel_restricted)]
+    #[allow(clippy::type_complexity)]
     fn activity_state() -> TableIterator<
         'static,
         (
@@ -141,6 +166,10 @@ mod pg_stride {
             name!(statements, i32),
             name!(queued_since_us, Option<i64>),
             name!(admitted_at_us, Option<i64>),
+            name!(priority, Option<i32>),
+            name!(pass, Option<i64>),
+            name!(cpu_time_ms, Option<f64>),
+            name!(processes, Option<i32>),
         ),
     > {
         let shared = require_shared();
@@ -159,10 +188,23 @@ mod pg_stride {
             }
             let slot = entry.group.load(Ordering::Acquire) as usize;
             let nonzero = |v: i64| (v != 0).then_some(v);
+            let query = match entry.cpu_query.load(Ordering::Acquire) {
+                0 => None,
+                q => shared
+                    .sched()
+                    .and_then(|s| s.query_snapshot(pg_stride_sched::QueryId(q - 1))),
+            };
+            let state = if queued > 0 {
+                "queued"
+            } else if entry.paused.load(Ordering::Acquire) != 0 {
+                "paused"
+            } else {
+                "running"
+            };
             rows.push((
                 entry.pid.load(Ordering::Acquire),
                 names.get(&slot).cloned().unwrap_or_default(),
-                if queued > 0 { "queued" } else { "running" },
+                state,
                 running as i32,
                 if queued > 0 {
                     nonzero(entry.queued_since.load(Ordering::Relaxed))
@@ -170,6 +212,10 @@ mod pg_stride {
                     None
                 },
                 nonzero(entry.admitted_at.load(Ordering::Relaxed)),
+                query.map(|q| q.priority as i32),
+                query.map(|q| q.pass as i64),
+                query.map(|q| q.cpu_ns as f64 / 1e6),
+                query.map(|q| q.members as i32),
             ));
         }
         TableIterator::new(rows)
@@ -237,6 +283,10 @@ CREATE VIEW pg_stride.activity AS
            s.statements,
            timestamptz '2000-01-01 00:00:00+00' + s.queued_since_us * interval '1 microsecond' AS queued_since,
            timestamptz '2000-01-01 00:00:00+00' + s.admitted_at_us * interval '1 microsecond' AS admitted_at,
+           s.priority,
+           s.pass,
+           s.cpu_time_ms,
+           s.processes,
            a.usename,
            a.datname,
            a.query

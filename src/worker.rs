@@ -5,7 +5,7 @@
 //! after configuration reloads, and reclaims the shared entries of processes that are
 //! gone (DESIGN.md §4 rule 8). Later parts add the watchdog, the concurrency hint and the tuner here.
 
-use crate::{admission, groups, gucs, shmem};
+use crate::{admission, cpu, groups, gucs, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -17,9 +17,11 @@ use std::time::Duration;
 /// Name and `backend_type` of the worker, as `pg_stat_activity` shows it.
 pub const WORKER_NAME: &str = "pg_stride scheduler";
 
-/// How often the worker sweeps the shared entries and looks for queued backends that
-/// block admitted ones.
-const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the worker runs the CPU watchdog (psaroudakis2013 §5 uses 20 ms).
+const WATCHDOG_INTERVAL: Duration = Duration::from_millis(20);
+/// Every how many watchdog rounds it sweeps the shared entries and looks for queued
+/// backends that block admitted ones (every 100 ms).
+const SWEEP_EVERY: u32 = 5;
 
 /// Registers the static worker. Called from `_PG_init` while preloading.
 pub fn register() {
@@ -51,19 +53,27 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         .store(unsafe { pg_sys::MyProcPid }, Ordering::Release);
     shared.groups.set_worker(shmem::my_procno());
     reload_groups(shared);
-    while BackgroundWorker::wait_latch(Some(SWEEP_INTERVAL)) {
+    let mut blocked_before = Vec::new();
+    let mut round = 0u32;
+    while BackgroundWorker::wait_latch(Some(WATCHDOG_INTERVAL)) {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload its config.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            shared
-                .cpu_slots
-                .store(gucs::effective_cpu_slots(), Ordering::Release);
             admission::apply_limits(shared);
+            if let Some(sched) = shared.sched() {
+                cpu::apply_settings(sched);
+            }
         }
         if shared.groups.pending_reload().is_some() {
             reload_groups(shared);
         }
+        cpu::watchdog(shared, &mut blocked_before);
+        round = round.wrapping_add(1);
+        if !round.is_multiple_of(SWEEP_EVERY) {
+            continue;
+        }
         reclaim_entries(shared);
+        cpu::reclaim(shared);
         admit_lock_holders(shared);
     }
     shared.groups.set_worker(None);

@@ -1,0 +1,533 @@
+//! CPU scheduling inside the executor (DESIGN.md §1–§4, wagner2021 §2–§3).
+//!
+//! At most `pg_stride.cpu_slots` processes run scheduled query work at once. The
+//! decisions are `pg_stride_sched::SchedShared`, kept in its own shared-memory block;
+//! this module connects it to PostgreSQL:
+//!
+//! * a top-level read-only statement registers a query entry in its resource group and
+//!   joins it; PostgreSQL's parallel workers for that statement join the same entry
+//!   (found through `MyProc->lockGroupLeader`);
+//! * a process takes a slot when ExecutorRun starts and gives it back when it ends, so
+//!   a cursor between FETCHes, or a session idle in a transaction, holds none;
+//! * the leaf scan nodes are wrapped with a *yield point*: every N tuples (N from the
+//!   adaptive `SliceClock`) the process reads its thread CPU clock, charges the slice to
+//!   its query, and, when a waiting query has a lower pass, hands its slot over and
+//!   sleeps on its latch until it is given one again.
+//!
+//! Safety rules (DESIGN.md §4): a process pauses only where interrupts can be processed,
+//! that is with no LWLock held and outside critical sections (rule 1); statements that
+//! write (anything but a plain SELECT without row locks or data-modifying CTEs) take no
+//! part and are never paused (rule 2); a pause is a latch wait that serves cancel,
+//! timeouts, termination and postmaster death (rule 3); only top-level statements and
+//! their parallel workers take part (rule 4); and a process that ends its statement, or
+//! fails, or exits, leaves its entry, passing on any slot it held (rule 8).
+
+use crate::shmem;
+use pg_stride_sched::slice::{Checkpoint, SliceClock};
+use pg_stride_sched::{GroupConfig, GroupId, ProcId, QueryId, QueryOptions, SchedShared, Turn};
+use pgrx::pg_sys;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::Ordering;
+
+/// Chunk used when a slice ends where the process may not pause: check again soon.
+const RETRY_CHUNK: u32 = 16;
+
+/// This process's part in CPU scheduling.
+struct Member {
+    proc: ProcId,
+    query: QueryId,
+    /// Whether this process registered the query (a leader) rather than joined it.
+    owner: bool,
+    clock: SliceClock,
+    /// Thread CPU time when the current chunk started, ns.
+    chunk_start_ns: u64,
+    /// Thread CPU time since which nothing was charged, ns.
+    slice_start_ns: u64,
+    /// Top-level statements sharing the query (cursors open at once).
+    statements: u32,
+}
+
+thread_local! {
+    static MEMBER: RefCell<Option<Member>> = const { RefCell::new(None) };
+    /// Tuples left before the next check-in; counting down is all a yield point does
+    /// on most tuples.
+    static COUNTDOWN: Cell<u32> = const { Cell::new(u32::MAX) };
+    /// Wrapped scan nodes and the function each one ran before.
+    static WRAPPED: RefCell<Vec<Wrapped>> = const { RefCell::new(Vec::new()) };
+    static EXIT_CALLBACK_SET: Cell<bool> = const { Cell::new(false) };
+}
+
+struct Wrapped {
+    desc: *const pg_sys::QueryDesc,
+    node: *mut pg_sys::PlanState,
+    original: pg_sys::ExecProcNodeMtd,
+}
+
+/// The thread CPU clock, ns. A system call on Linux: read once per chunk, never per
+/// tuple (DESIGN.md §8).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Whether a process may pause here: the condition of INTERRUPTS_CAN_BE_PROCESSED().
+/// LWLockAcquire holds interrupts until release, so this excludes every LWLock.
+fn interrupts_can_be_processed() -> bool {
+    // SAFETY: plain reads of process-local counters.
+    unsafe {
+        pg_sys::InterruptHoldoffCount == 0
+            && pg_sys::CritSectionCount == 0
+            && pg_sys::QueryCancelHoldoffCount == 0
+    }
+}
+
+fn wake(proc: Option<ProcId>) {
+    if let Some(p) = proc {
+        // SAFETY: ProcIds are PGPROC numbers of ProcGlobal->allProcs.
+        unsafe {
+            pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(p.0 as usize)).procLatch)
+        };
+    }
+}
+
+/// Whether a statement only reads: such statements are the ones that may be paused.
+pub fn is_read_only(desc: *const pg_sys::QueryDesc) -> bool {
+    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
+    unsafe {
+        let stmt = (*desc).plannedstmt;
+        !stmt.is_null()
+            && (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
+            && !(*stmt).hasModifyingCTE
+            && (*stmt).rowMarks.is_null()
+    }
+}
+
+/// Group settings as the scheduling core sees them.
+pub fn configure_group(sched: &SchedShared, slot: usize, settings: &crate::groups::GroupSettings) {
+    let p0 = settings
+        .priority_initial
+        .unwrap_or(pg_stride_sched::decay::P0 as i32);
+    sched.configure_group(
+        GroupId(slot as u32),
+        GroupConfig {
+            weight: settings.weight.max(1) as u32,
+            priority_scale_pct: (p0 as u64 * 100 / pg_stride_sched::decay::P0 as u64).max(1) as u32,
+            max_workers: settings.max_parallel_workers.map_or(u32::MAX, |n| n as u32),
+        },
+    );
+}
+
+/// A top-level read-only statement of this backend starts running in group slot
+/// `group`: registers the backend's query (or shares the one its open cursors use) and
+/// wraps the statement's scans with yield points. Call after ExecutorStart.
+pub fn start_statement(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc, group: usize) {
+    let Some(sched) = shared.sched() else { return };
+    let Some(procno) = shmem::my_procno() else {
+        return;
+    };
+    let proc = ProcId(procno as u32);
+    let joined = MEMBER.with_borrow_mut(|member| {
+        if let Some(m) = member.as_mut() {
+            m.statements += 1;
+            return true;
+        }
+        let pinned = shared.groups.settings_of(group).filter(|s| s.pinned);
+        let options = QueryOptions {
+            pinned_priority: pinned.map(|s| {
+                s.priority_initial
+                    .unwrap_or(pg_stride_sched::decay::P0 as i32) as u32
+            }),
+        };
+        let registered =
+            shared.with_admission(|_, _| sched.register_query(GroupId(group as u32), options));
+        let Ok(query) = registered else {
+            // No free query entry (more statements than processes): run unscheduled.
+            return false;
+        };
+        if sched.join(proc, query).is_err() {
+            let _ = shared.with_admission(|_, _| sched.unregister_query(query));
+            return false;
+        }
+        if let Some(entry) = shared.my_entry() {
+            entry.cpu_query.store(query.0 + 1, Ordering::Release);
+        }
+        *member = Some(Member {
+            proc,
+            query,
+            owner: true,
+            clock: SliceClock::new(crate::gucs::slice_ns()),
+            chunk_start_ns: 0,
+            slice_start_ns: 0,
+            statements: 1,
+        });
+        true
+    });
+    if joined {
+        ensure_exit_callback();
+        wrap_scans(desc);
+    }
+}
+
+/// A parallel worker starts its part of a statement: joins the leader's query, if the
+/// leader's statement is scheduled, and wraps the scans. Call after ExecutorStart.
+pub fn start_worker(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) {
+    let Some(sched) = shared.sched() else { return };
+    let Some(procno) = shmem::my_procno() else {
+        return;
+    };
+    // SAFETY: in a parallel worker MyProc->lockGroupLeader is the leader's PGPROC, an
+    // element of ProcGlobal->allProcs (DESIGN.md §8).
+    let leader = unsafe {
+        let leader = (*pg_sys::MyProc).lockGroupLeader;
+        if leader.is_null() || leader == pg_sys::MyProc {
+            return;
+        }
+        leader.offset_from((*pg_sys::ProcGlobal).allProcs) as usize
+    };
+    let Some(query) = shared
+        .procs()
+        .get(leader)
+        .map(|e| e.cpu_query.load(Ordering::Acquire))
+        .filter(|&q| q != 0)
+        .map(|q| QueryId(q - 1))
+    else {
+        return;
+    };
+    let proc = ProcId(procno as u32);
+    if sched.join(proc, query).is_err() {
+        return;
+    }
+    if let Some(entry) = shared.my_entry() {
+        crate::statements::claim(entry);
+    }
+    MEMBER.set(Some(Member {
+        proc,
+        query,
+        owner: false,
+        clock: SliceClock::new(crate::gucs::slice_ns()),
+        chunk_start_ns: 0,
+        slice_start_ns: 0,
+        statements: 1,
+    }));
+    ensure_exit_callback();
+    wrap_scans(desc);
+}
+
+/// Whether this process takes part in CPU scheduling with a statement.
+pub fn is_member() -> bool {
+    MEMBER.with_borrow(|m| m.is_some())
+}
+
+/// ExecutorRun of a scheduled statement begins: take a slot, waiting for one if needed.
+pub fn begin_run(shared: &shmem::Shared) {
+    let Some(sched) = shared.sched() else { return };
+    let Some(proc) = MEMBER.with_borrow_mut(|m| {
+        m.as_mut().map(|m| {
+            let now = thread_cpu_ns();
+            (m.chunk_start_ns, m.slice_start_ns) = (now, now);
+            m.clock.set_target_ns(crate::gucs::slice_ns());
+            m.clock.restart();
+            COUNTDOWN.set(m.clock.chunk());
+            m.proc
+        })
+    }) else {
+        return;
+    };
+    let outcome = sched.acquire(proc);
+    wake(outcome.wake);
+    if outcome.turn == Turn::Wait {
+        pause(shared, sched, proc);
+    }
+}
+
+/// ExecutorRun ends: give the slot back, charging the CPU used since the last check-in.
+pub fn end_run(shared: &shmem::Shared) {
+    let Some(sched) = shared.sched() else { return };
+    let Some((proc, used)) = MEMBER.with_borrow(|m| {
+        m.as_ref()
+            .map(|m| (m.proc, thread_cpu_ns().saturating_sub(m.slice_start_ns)))
+    }) else {
+        return;
+    };
+    COUNTDOWN.set(u32::MAX);
+    if sched.is_running(proc) {
+        wake(sched.release(proc, used));
+    }
+}
+
+/// A scheduled statement ends (or fails, or its process exits): forgets its wrapped
+/// scans and, with the last statement of the process, leaves the query, passing on any
+/// slot, and frees the entry when this process registered it.
+pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDesc>) {
+    WRAPPED.with_borrow_mut(|w| w.retain(|x| desc.is_some_and(|d| x.desc != d)));
+    let Some(sched) = shared.sched() else { return };
+    let last = MEMBER.with_borrow_mut(|member| {
+        let m = member.as_mut()?;
+        m.statements = m.statements.saturating_sub(1);
+        if desc.is_some() && m.statements > 0 {
+            return None;
+        }
+        member.take()
+    });
+    let Some(m) = last else { return };
+    COUNTDOWN.set(u32::MAX);
+    let snapshot = sched.query_snapshot(m.query);
+    wake(sched.leave(m.proc));
+    if m.owner {
+        if let Some(entry) = shared.my_entry() {
+            entry.cpu_query.store(0, Ordering::Release);
+        }
+        // Parallel workers leave before the leader's ExecutorEnd; after an error they
+        // may not have yet, and the scheduler worker frees the entry once they have.
+        let freed = shared.with_admission(|_, _| sched.unregister_query(m.query));
+        match (freed, snapshot) {
+            (Ok(()), Some(s)) => shared.groups.add_cpu(s.group.0 as usize, s.cpu_ns),
+            (Ok(()), None) => {}
+            (Err(_), _) => shared.orphan_query(m.query),
+        }
+    }
+}
+
+/// The scheduler worker's part: frees query entries orphaned by failed statements once
+/// their parallel workers have left. (A process that exits leaves its query in its exit
+/// callback; one that dies without running it makes the postmaster reinitialise shared
+/// memory.)
+pub fn reclaim(shared: &shmem::Shared) {
+    let Some(sched) = shared.sched() else { return };
+    shared.free_orphans(|query| {
+        let snapshot = sched.query_snapshot(query);
+        let freed = shared
+            .with_admission(|_, _| sched.unregister_query(query))
+            .is_ok();
+        if let (true, Some(s)) = (freed, snapshot) {
+            shared.groups.add_cpu(s.group.0 as usize, s.cpu_ns);
+        }
+        freed
+    });
+}
+
+/// Applies the decay settings after a reload; the slot count follows at the
+/// watchdog's next round.
+pub fn apply_settings(sched: &SchedShared) {
+    sched.set_decay(crate::gucs::decay_params());
+}
+
+/// The watchdog (psaroudakis2013 §5): a slot holder that waits — on a lock, I/O, the
+/// client, a sleep — uses no CPU, so it must not keep others from running. Holders seen
+/// waiting at two consecutive rounds (`blocked_before` carries the previous round) are
+/// counted as inactive: the slot count is raised by their number and the extra slots are
+/// handed out at once. When they run again, the count drops back and takes effect as
+/// holders end their slices.
+pub fn watchdog(shared: &shmem::Shared, blocked_before: &mut Vec<bool>) {
+    let Some(sched) = shared.sched() else { return };
+    let procs = sched.capacity().max_procs as usize;
+    blocked_before.resize(procs, false);
+    let mut blocked = 0;
+    for (procno, before) in blocked_before.iter_mut().enumerate() {
+        let holder = sched.is_running(ProcId(procno as u32));
+        // SAFETY: every ProcId below max_procs names a PGPROC of ProcGlobal->allProcs;
+        // its wait_event_info is a word that its process updates; a stale read only
+        // delays the decision by a round.
+        let waiting = holder
+            && unsafe {
+                std::ptr::read_volatile(
+                    &raw const (*(*pg_sys::ProcGlobal).allProcs.add(procno)).wait_event_info,
+                )
+            } != 0;
+        if waiting && *before {
+            blocked += 1;
+        }
+        *before = waiting;
+    }
+    let slots = crate::gucs::effective_cpu_slots() + blocked;
+    if sched.cpu_slots() != slots {
+        sched.set_cpu_slots(slots);
+    }
+    while let Some(p) = sched.dispatch() {
+        wake(Some(p));
+    }
+}
+
+fn ensure_exit_callback() {
+    if !EXIT_CALLBACK_SET.replace(true) {
+        // SAFETY: registers a guarded callback in this process's own exit list.
+        unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
+    if let Some(shared) = shmem::shared() {
+        end_statement(shared, None);
+    }
+}
+
+/// Sleeps on the latch until the scheduler gives this process a slot again. Serves
+/// cancel, timeouts and termination (CHECK_FOR_INTERRUPTS raises their errors; the
+/// statement's cleanup then leaves the query) and postmaster death.
+fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
+    debug_assert!(
+        interrupts_can_be_processed(),
+        "pg_stride pauses only where interrupts can be processed"
+    );
+    if let Some(entry) = shared.my_entry() {
+        entry.paused.store(1, Ordering::Release);
+    }
+    while !sched.is_running(proc) {
+        // SAFETY: the standard latch wait of a backend.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                100,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        if let Some(entry) = shared.my_entry() {
+            entry
+                .paused
+                .store(u32::from(!sched.is_running(proc)), Ordering::Release);
+        }
+        pgrx::check_for_interrupts!();
+    }
+    if let Some(entry) = shared.my_entry() {
+        entry.paused.store(0, Ordering::Release);
+    }
+    // CPU spent paused (latch waits) is not the query's.
+    MEMBER.with_borrow_mut(|m| {
+        if let Some(m) = m.as_mut() {
+            let now = thread_cpu_ns();
+            (m.chunk_start_ns, m.slice_start_ns) = (now, now);
+        }
+    });
+}
+
+/// Wraps the leaf scans of `desc`'s plan with yield points. The scans produce the tuples
+/// everything above them consumes, so wrapping them is enough to check in regularly
+/// (DESIGN.md §8); ExecSetExecProcNode keeps PostgreSQL's first-call shim working.
+fn wrap_scans(desc: *const pg_sys::QueryDesc) {
+    // SAFETY: after ExecutorStart the QueryDesc has its PlanState tree.
+    let root = unsafe { (*desc).planstate };
+    let mut stack = vec![root];
+    while let Some(node) = stack.pop() {
+        if node.is_null() {
+            continue;
+        }
+        // SAFETY: `node` is a PlanState of the tree ExecInitNode built.
+        unsafe {
+            use pg_sys::NodeTag::*;
+            match (*node).type_ {
+                T_SeqScanState
+                | T_IndexScanState
+                | T_IndexOnlyScanState
+                | T_BitmapHeapScanState => {
+                    let original = (*node).ExecProcNodeReal;
+                    WRAPPED.with_borrow_mut(|w| {
+                        w.retain(|x| x.node != node);
+                        w.push(Wrapped {
+                            desc,
+                            node,
+                            original,
+                        });
+                    });
+                    pg_sys::ExecSetExecProcNode(node, Some(yield_point));
+                }
+                T_AppendState => {
+                    let a = node.cast::<pg_sys::AppendState>();
+                    for i in 0..(*a).as_nplans as usize {
+                        stack.push(*(*a).appendplans.add(i));
+                    }
+                }
+                T_MergeAppendState => {
+                    let a = node.cast::<pg_sys::MergeAppendState>();
+                    for i in 0..(*a).ms_nplans as usize {
+                        stack.push(*(*a).mergeplans.add(i));
+                    }
+                }
+                T_SubqueryScanState => {
+                    stack.push((*node.cast::<pg_sys::SubqueryScanState>()).subplan)
+                }
+                _ => {}
+            }
+            stack.push((*node).lefttree);
+            stack.push((*node).righttree);
+        }
+    }
+}
+
+/// The yield point: counts tuples down and, when a chunk is done, checks in. It holds
+/// nothing with a destructor across the call of the scan's own function, so an ERROR
+/// there may unwind through it as through C code.
+unsafe extern "C-unwind" fn yield_point(
+    node: *mut pg_sys::PlanState,
+) -> *mut pg_sys::TupleTableSlot {
+    let left = COUNTDOWN.get();
+    if left <= 1 {
+        // SAFETY: a guarded function; it raises errors as PostgreSQL errors.
+        unsafe { check_in() };
+    } else {
+        COUNTDOWN.set(left - 1);
+    }
+    let original =
+        WRAPPED.with_borrow(|w| w.iter().find(|x| x.node == node).and_then(|x| x.original));
+    match original {
+        // SAFETY: the function ExecInitNode installed for this node.
+        Some(f) => unsafe { f(node) },
+        // SAFETY: a guarded function that raises an ERROR.
+        None => unsafe { lost_scan_function() },
+    }
+}
+
+/// A wrapped node whose own function is not known any more: an internal error, never
+/// a silently shortened scan.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn lost_scan_function() -> *mut pg_sys::TupleTableSlot {
+    pgrx::error!("pg_stride: a yield point lost the scan function it wraps");
+}
+
+/// A chunk of tuples is done: measure it and, at the end of a slice, ask the scheduler
+/// whether to go on.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_in() {
+    let Some(shared) = shmem::shared() else {
+        return;
+    };
+    let Some(sched) = shared.sched() else { return };
+    let now = thread_cpu_ns();
+    let decision = MEMBER.with_borrow_mut(|m| {
+        let m = m.as_mut()?;
+        let elapsed = now.saturating_sub(m.chunk_start_ns);
+        m.chunk_start_ns = now;
+        let checkpoint = m.clock.chunk_done(elapsed);
+        COUNTDOWN.set(m.clock.chunk());
+        match checkpoint {
+            Checkpoint::Continue => None,
+            Checkpoint::SliceEnd { used_ns } => {
+                m.slice_start_ns = now;
+                Some((m.proc, used_ns))
+            }
+        }
+    });
+    let Some((proc, used_ns)) = decision else {
+        return;
+    };
+    if !sched.is_running(proc) {
+        return;
+    }
+    if !interrupts_can_be_processed() {
+        // Rule 1: no pause inside an LWLock or critical section; look again soon.
+        COUNTDOWN.set(RETRY_CHUNK);
+        return;
+    }
+    let outcome = sched.end_slice(proc, used_ns);
+    wake(outcome.wake);
+    if outcome.turn == Turn::Wait {
+        pause(shared, sched, proc);
+    }
+}
