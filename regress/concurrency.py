@@ -308,14 +308,19 @@ def writes_are_never_paused(s):
     try:
         readers = [s.client("holder", LONG) for _ in range(2)]
         s.wait_until("SELECT count(*) > 0 FROM pg_stride.activity WHERE state = 'paused'", "t", timeout=60)
-        writer = s.client("holder", "SET application_name = 'writer'; "
-                                     "INSERT INTO scratch SELECT g FROM generate_series(1, 300000) g")
+        writers = [
+            s.client("holder", "SET application_name = 'writer'; "
+                               "INSERT INTO scratch SELECT g FROM generate_series(1, 300000) g"),
+            # A read-only statement of a transaction that already wrote holds row locks.
+            s.client("holder", "SET application_name = 'writer'; BEGIN; INSERT INTO scratch VALUES (0); "
+                               f"{LONG}; COMMIT"),
+        ]
         seen = set()
-        while writer.poll() is None:
+        while any(w.poll() is None for w in writers):
             seen.add(s.sql("SELECT coalesce(string_agg(a.state, ','), 'gone') FROM pg_stride.activity a "
                            "JOIN pg_stat_activity p USING (pid) WHERE p.application_name = 'writer'"))
             time.sleep(0.02)
-        assert finish(writer)[0] == 0
+        assert all(finish(w, timeout=120)[0] == 0 for w in writers)
         assert all(finish(p, timeout=120)[0] == 0 for p in readers)
         assert not any("paused" in v for v in seen), seen
     finally:

@@ -16,8 +16,9 @@
 //!
 //! Safety rules (DESIGN.md §4): a process pauses only where interrupts can be processed,
 //! that is with no LWLock held and outside critical sections (rule 1); statements that
-//! write (anything but a plain SELECT without row locks or data-modifying CTEs) take no
-//! part and are never paused (rule 2); a pause is a latch wait that serves cancel,
+//! write (anything but a plain SELECT without row locks or data-modifying CTEs), and
+//! any statement of a transaction that already wrote, take no part and are never paused
+//! (rule 2); a pause is a latch wait that serves cancel,
 //! timeouts, termination and postmaster death (rule 3); only top-level statements and
 //! their parallel workers take part (rule 4); and a process that ends its statement, or
 //! fails, or exits, leaves its entry, passing on any slot it held (rule 8).
@@ -95,15 +96,20 @@ fn wake(proc: Option<ProcId>) {
     }
 }
 
-/// Whether a statement only reads: such statements are the ones that may be paused.
-pub fn is_read_only(desc: *const pg_sys::QueryDesc) -> bool {
-    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
+/// Whether a statement may be paused (DESIGN.md §4 rule 2): it only reads, and its
+/// transaction has not written or locked rows before it. A transaction that has, has a
+/// transaction ID; pausing any of its statements could keep others waiting for its row
+/// locks (a convoy behind a paused process).
+pub fn is_pausable(desc: *const pg_sys::QueryDesc) -> bool {
+    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt; the
+    // transaction ID lookup is a plain read of this backend's transaction state.
     unsafe {
         let stmt = (*desc).plannedstmt;
         !stmt.is_null()
             && (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
             && !(*stmt).hasModifyingCTE
             && (*stmt).rowMarks.is_null()
+            && pg_sys::GetTopTransactionIdIfAny() == pg_sys::InvalidTransactionId
     }
 }
 

@@ -73,15 +73,15 @@ pub fn start(desc: *const pg_sys::QueryDesc) {
     entry.running.fetch_add(1, Ordering::AcqRel);
 }
 
-/// The executor has started `desc`, a registered statement: a read-only one joins CPU
-/// scheduling (DESIGN.md §4 rule 2: statements that write are never paused).
+/// The executor has started `desc`, a registered statement: one that may be paused
+/// joins CPU scheduling (DESIGN.md §4 rule 2: writes are never paused).
 pub fn started(desc: *const pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
     };
     let group = REGISTERED.with_borrow_mut(|list| {
         let r = list.iter_mut().find(|r| r.desc == desc)?;
-        r.cpu = cpu::is_read_only(desc);
+        r.cpu = cpu::is_pausable(desc);
         r.cpu.then_some(r.group)
     });
     if let Some(group) = group {

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Side-by-side measurements of pg_stride's admission control and CPU scheduling
+against stock PostgreSQL, on one data directory, in one run:
+
+1. short queries beside long scans: the median and p99 latency of a short query
+   (about 20 ms alone) issued again and again while 4 long scans (seconds each) run,
+   stock PostgreSQL against pg_stride with 2 CPU slots;
+2. CPU shares of two groups with weights 3:1 running identical CPU-bound queries,
+   read from pg_stride.groups after a fixed time;
+3. overhead: pgbench select-only (as an ordinary role, so every statement goes through
+   admission) and TPC-B, library not loaded against loaded, interleaved rounds.
+
+Writes bench/results/SCHEDULING.md. Usage: bench/scheduling.py [--quick]
+"""
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PGBIN = "/usr/lib/postgresql/15/bin"
+PORT = 5496
+AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
+QUICK = "--quick" in sys.argv
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+LONG = "SELECT count(*) FROM big WHERE md5(v::text) LIKE 'a%';\n"
+SHORT = ("\\set lo random(1, 4900000)\n"
+         "SELECT count(*) FROM big WHERE id BETWEEN :lo AND :lo + 20000 AND md5(v::text) LIKE 'a%';\n")
+
+
+class Server:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="pg_stride_sched_bench_")
+        if AS_POSTGRES:
+            shutil.chown(self.dir, "postgres")
+        self.data = os.path.join(self.dir, "data")
+        self.run(f"{PGBIN}/initdb", "-D", self.data, "-U", "postgres", "--auth=trust")
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write(f"listen_addresses = ''\nunix_socket_directories = '{self.dir}'\nport = {PORT}\n"
+                    "shared_buffers = '1GB'\nmax_connections = 100\njit = off\n"
+                    "synchronous_commit = off\nautovacuum = off\ninclude_if_exists = 'variant.conf'\n")
+
+    def run(self, *args, capture=False):
+        out = subprocess.run(AS_POSTGRES + list(args), env=ENV, check=True, text=True,
+                             stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+                             stderr=subprocess.PIPE if capture else subprocess.DEVNULL)
+        return out.stdout if capture else None
+
+    def restart(self, settings):
+        if os.path.exists(os.path.join(self.data, "postmaster.pid")):
+            self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+        path = os.path.join(self.data, "variant.conf")
+        with open(path, "w") as f:
+            f.write("\n".join(settings) + "\n")
+        if AS_POSTGRES:
+            shutil.chown(path, "postgres")
+        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start")
+
+    def stop(self):
+        subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
+                       env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def sql(self, sql):
+        return self.run(f"{PGBIN}/psql", "-X", "-A", "-t", "-q", "-h", self.dir, "-p", str(PORT),
+                        "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", sql,
+                        capture=True).strip()
+
+    def script(self, name, text):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        if AS_POSTGRES:
+            shutil.chown(path, "postgres")
+        return path
+
+    def pgbench(self, *args, user="postgres", log_prefix=None):
+        cmd = [f"{PGBIN}/pgbench", "-n", "-h", self.dir, "-p", str(PORT), "-U", user]
+        if log_prefix:
+            cmd += ["-l", f"--log-prefix={log_prefix}"]
+        return subprocess.Popen(AS_POSTGRES + cmd + list(args) + ["postgres"], env=ENV, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def tps(output):
+    for line in output.splitlines():
+        if line.startswith("tps ="):
+            return float(line.split()[2])
+    raise RuntimeError(output)
+
+
+def latencies_ms(s, prefix):
+    values = []
+    for name in os.listdir(s.dir):
+        if name.startswith(os.path.basename(prefix)):
+            with open(os.path.join(s.dir, name)) as f:
+                values += [int(line.split()[2]) / 1000 for line in f if line.strip()]
+    return values
+
+
+def p99(values):
+    return sorted(values)[max(0, int(len(values) * 0.99) - 1)]
+
+
+def short_beside_long(s, variant, settings, seconds):
+    s.restart(settings)
+    short = s.script("short.sql", SHORT)
+    long = s.script("long.sql", LONG)
+    alone = s.pgbench("-c", "1", "-T", str(seconds // 2), "-f", short, log_prefix=f"{s.dir}/alone_{variant}")
+    alone.communicate()
+    longs = s.pgbench("-c", "4", "-T", str(seconds + 4), "-f", long)
+    time.sleep(2)
+    mixed = s.pgbench("-c", "1", "-T", str(seconds), "-f", short, log_prefix=f"{s.dir}/mixed_{variant}")
+    mixed.communicate()
+    out, _ = longs.communicate()
+    a = latencies_ms(s, f"{s.dir}/alone_{variant}")
+    m = latencies_ms(s, f"{s.dir}/mixed_{variant}")
+    return {"alone_median": statistics.median(a), "alone_p99": p99(a), "median": statistics.median(m),
+            "p99": p99(m), "n": len(m), "long_tps": tps(out)}
+
+
+def group_shares(s, settings, seconds):
+    s.restart(settings)
+    s.sql("CREATE EXTENSION IF NOT EXISTS pg_stride")
+    for name, weight in (("gold", 300), ("bronze", 100)):
+        s.sql(f"SELECT pg_stride.create_group('{name}', weight => {weight}) "
+              f"WHERE NOT EXISTS (SELECT FROM pg_stride.groups WHERE name = '{name}')")
+        s.sql(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'r_{name}') THEN "
+              f"CREATE ROLE r_{name} LOGIN; END IF; END $$; GRANT SELECT ON big TO r_{name}; "
+              f"ALTER ROLE r_{name} SET pg_stride.\"group\" = '{name}'")
+    long = s.script("long.sql", LONG)
+    s.sql("SELECT pg_stride.reset_stats()")
+    # Serial plans: the shares are the scheduler's, not those of parallel workers
+    # waiting on each other.
+    s.sql("ALTER ROLE r_gold SET max_parallel_workers_per_gather = 0; "
+          "ALTER ROLE r_bronze SET max_parallel_workers_per_gather = 0")
+    runs = [s.pgbench("-c", "2", "-T", str(seconds), "-f", long, user=f"r_{g}") for g in ("gold", "bronze")]
+    for r in runs:
+        r.communicate()
+    row = s.sql("SELECT string_agg(name || '=' || round(cpu_time_ms), ' ' ORDER BY name) "
+                "FROM pg_stride.groups WHERE name IN ('gold', 'bronze')")
+    cpu = dict(kv.split("=") for kv in row.split())
+    return float(cpu["gold"]), float(cpu["bronze"])
+
+
+def overhead(s, variants, rounds, seconds):
+    results = {name: {"select": [], "tpcb": []} for name, _ in variants}
+    for _ in range(rounds):
+        for name, settings in variants:
+            s.restart(settings)
+            sel = s.pgbench("-S", "-c", "4", "-j", "2", "-T", str(seconds), "-M", "prepared", user="r_plain")
+            results[name]["select"].append(tps(sel.communicate()[0]))
+            tb = s.pgbench("-c", "8", "-j", "2", "-T", str(seconds), "-M", "prepared", user="r_plain")
+            results[name]["tpcb"].append(tps(tb.communicate()[0]))
+    return results
+
+
+def main():
+    s = Server()
+    stock = []
+    stride = ["shared_preload_libraries = 'pg_stride'", "pg_stride.cpu_slots = 2",
+              "pg_stride.exempt_superuser = off"]
+    seconds = 10 if QUICK else 30
+    lines = []
+    try:
+        s.restart(stock)
+        s.sql("CREATE TABLE big (id int PRIMARY KEY, v int); "
+              "INSERT INTO big SELECT g, g FROM generate_series(1, 5000000) g")
+        s.sql("VACUUM ANALYZE big")
+        s.run(f"{PGBIN}/pgbench", "-i", "-s", "10", "-q", "-h", s.dir, "-p", str(PORT), "-U", "postgres", "postgres")
+        s.sql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain")
+
+        lines += ["## Short queries beside 4 long scans (2 cores)", "",
+                  "| configuration | short alone median / p99 (ms) | beside long scans median / p99 (ms) | ratio median / p99 | long scans tps |",
+                  "|---|---|---|---|---|"]
+        for variant, settings in (("stock", stock), ("pg_stride, 2 CPU slots", stride)):
+            r = short_beside_long(s, variant.split(",")[0], settings, seconds)
+            lines.append(f"| {variant} | {r['alone_median']:.1f} / {r['alone_p99']:.1f} | {r['median']:.1f} / {r['p99']:.1f} "
+                         f"(n={r['n']}) | {r['median'] / r['alone_median']:.2f} / {r['p99'] / r['alone_p99']:.2f} | {r['long_tps']:.2f} |")
+            print(lines[-1], flush=True)
+
+        share_seconds = 20 if QUICK else 60
+        gold, bronze = group_shares(s, stride, share_seconds)
+        lines += ["", f"## CPU shares, groups with weights 3:1, {share_seconds} s, 2 clients each, serial plans", "",
+                  f"gold (weight 300): {gold / 1000:.1f} s CPU; bronze (weight 100): {bronze / 1000:.1f} s CPU; "
+                  f"ratio {gold / bronze:.2f}"]
+        print(lines[-1], flush=True)
+
+        variants = [("not loaded", stock),
+                    ("loaded, enabled", ["shared_preload_libraries = 'pg_stride'", "pg_stride.exempt_superuser = off"])]
+        rounds, oh_seconds = (1, 10) if QUICK else (3, 20)
+        res = overhead(s, variants, rounds, oh_seconds)
+        lines += ["", f"## Overhead: {rounds} interleaved rounds of {oh_seconds} s, as an ordinary role", "",
+                  "| workload | not loaded tps (median) | loaded tps (median) | loaded / not loaded |", "|---|---|---|---|"]
+        for w, label in (("select", "pgbench -S, 4 clients"), ("tpcb", "pgbench TPC-B, 8 clients")):
+            a = statistics.median(res["not loaded"][w])
+            b = statistics.median(res["loaded, enabled"][w])
+            lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.3f} |")
+            print(lines[-1], flush=True)
+    finally:
+        s.stop()
+    machine = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout.strip()
+    cpus = os.cpu_count()
+    text = "\n".join([f"# pg_stride scheduling measurements{' (quick)' if QUICK else ''}", "",
+                      f"Machine: {machine}, {cpus} CPUs. Written by bench/scheduling.py on "
+                      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""] + lines) + "\n"
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "SCHEDULING.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
