@@ -3,7 +3,7 @@
 #   make test      install what is missing, then run every test suite
 #   make run       start a local PostgreSQL with pg_stride and run the demo
 #   make stop      stop that server
-#   make install   build and install the extension into the system PostgreSQL 15
+#   make install   build (release) and install the extension into the system PostgreSQL 15
 
 PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 
@@ -16,7 +16,7 @@ build: setup
 	cargo build --features pg15
 
 install: setup
-	scripts/install-extension
+	PGRX_INSTALL_FLAGS=--release scripts/install-extension
 
 unit: setup
 	cargo test -p pg_stride_sched
@@ -24,7 +24,9 @@ unit: setup
 pgtest: setup
 	scripts/pgrx-test
 
-regress: install
+# Tests run a debug build: its assertions are part of the tests.
+regress: setup
+	scripts/install-extension
 	regress/run
 
 test: setup

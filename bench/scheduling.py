@@ -10,7 +10,8 @@ against stock PostgreSQL, on one data directory, in one run:
 3. overhead: pgbench select-only (as an ordinary role, so every statement goes through
    admission) and TPC-B, library not loaded against loaded, interleaved rounds.
 
-Writes bench/results/SCHEDULING.md. Usage: bench/scheduling.py [--quick]
+Writes bench/results/SCHEDULING.md (a --quick run: bench/out/scheduling-quick.md).
+Usage: bench/scheduling.py [--quick]
 """
 
 import os
@@ -209,8 +210,10 @@ def main():
     text = "\n".join([f"# pg_stride scheduling measurements{' (quick)' if QUICK else ''}", "",
                       f"Machine: {machine}, {cpus} CPUs. Written by bench/scheduling.py on "
                       f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""] + lines) + "\n"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "SCHEDULING.md"), "w") as f:
+    # The full run's report is kept with the project; a quick run's is not.
+    path = os.path.join(HERE, "out", "scheduling-quick.md") if QUICK else os.path.join(HERE, "results", "SCHEDULING.md")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
         f.write(text)
     print(text)
 
