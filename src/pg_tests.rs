@@ -16,6 +16,20 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_read_only_statement_holds_a_cpu_slot_while_it_runs() {
+        // The test itself runs inside a top-level SELECT that has written nothing.
+        let shared = shmem::shared().expect("pg_stride is preloaded in tests");
+        let sched = shared.sched().expect("the CPU scheduler is initialised");
+        let me = pg_stride_sched::ProcId(shmem::my_procno().unwrap() as u32);
+        assert!(sched.is_running(me));
+        let query = shared.my_entry().unwrap().cpu_query.load(Ordering::Acquire);
+        assert_ne!(query, 0);
+        let snapshot = sched.query_snapshot(pg_stride_sched::QueryId(query - 1)).unwrap();
+        assert_eq!(snapshot.members, 1);
+        assert_eq!(snapshot.priority, pg_stride_sched::decay::P0);
+    }
+
+    #[pg_test]
     fn version_is_the_crate_version() {
         let version = Spi::get_one::<&str>("SELECT pg_stride.version()").unwrap();
         assert_eq!(version, Some(env!("CARGO_PKG_VERSION")));
