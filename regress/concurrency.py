@@ -154,26 +154,26 @@ def queued_waiter(s):
     return holder, waiter
 
 
-@check
-def cancelling_a_queued_statement_frees_nothing_it_did_not_hold(s):
+def end_a_queued_wait(s, how, message):
+    """Ends a queued statement's wait with `how` (a function of its pid); it must fail
+    with `message`, and the holder keep its admission."""
     holder, waiter = queued_waiter(s)
-    s.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'waiter'")
+    s.sql(f"SELECT {how} FROM pg_stat_activity WHERE application_name = 'waiter'")
     rc, out, err = finish(waiter)
-    assert rc != 0 and "canceling statement due to user request" in err, (rc, out, err)
+    assert rc != 0 and message in err, (rc, out, err)
     assert s.group_state("pair") == "1 0", s.group_state("pair")
     assert finish(holder)[0] == 0
     assert s.group_state("pair") == "0 0", s.group_state("pair")
+
+
+@check
+def cancelling_a_queued_statement_frees_nothing_it_did_not_hold(s):
+    end_a_queued_wait(s, "pg_cancel_backend(pid)", "canceling statement due to user request")
 
 
 @check
 def terminating_a_queued_backend_leaves_the_counters_right(s):
-    holder, waiter = queued_waiter(s)
-    s.sql("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = 'waiter'")
-    rc, out, err = finish(waiter)
-    assert rc != 0 and "terminating connection" in err, (rc, out, err)
-    assert s.group_state("pair") == "1 0", s.group_state("pair")
-    assert finish(holder)[0] == 0
-    assert s.group_state("pair") == "0 0", s.group_state("pair")
+    end_a_queued_wait(s, "pg_terminate_backend(pid, 10000)", "terminating connection")
 
 
 @check
@@ -314,6 +314,9 @@ def writes_are_never_paused(s):
             # A read-only statement of a transaction that already wrote holds row locks.
             s.client("holder", "SET application_name = 'writer'; BEGIN; INSERT INTO scratch VALUES (0); "
                                f"{LONG}; COMMIT"),
+            # So does a cursor opened before the transaction wrote, fetched after.
+            s.client("holder", f"SET application_name = 'writer'; BEGIN; DECLARE c CURSOR FOR {LONG}; "
+                               "INSERT INTO scratch VALUES (0); FETCH ALL FROM c; COMMIT"),
         ]
         seen = set()
         while any(w.poll() is None for w in writers):

@@ -97,20 +97,26 @@ fn wake(proc: Option<ProcId>) {
 }
 
 /// Whether a statement may be paused (DESIGN.md §4 rule 2): it only reads, and its
-/// transaction has not written or locked rows before it. A transaction that has, has a
-/// transaction ID; pausing any of its statements could keep others waiting for its row
-/// locks (a convoy behind a paused process).
+/// transaction has not written or locked rows (see [`transaction_wrote`]).
 pub fn is_pausable(desc: *const pg_sys::QueryDesc) -> bool {
-    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt; the
-    // transaction ID lookup is a plain read of this backend's transaction state.
-    unsafe {
+    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
+    let reads_only = unsafe {
         let stmt = (*desc).plannedstmt;
         !stmt.is_null()
             && (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
             && !(*stmt).hasModifyingCTE
             && (*stmt).rowMarks.is_null()
-            && pg_sys::GetTopTransactionIdIfAny() == pg_sys::InvalidTransactionId
-    }
+    };
+    reads_only && !transaction_wrote()
+}
+
+/// Whether this backend's transaction has written or locked rows: then it has a
+/// transaction ID, and pausing it could keep others waiting for its row locks (a convoy
+/// behind a paused process). Checked again at every run and check-in, since a
+/// transaction that opened a cursor may write before the next FETCH.
+fn transaction_wrote() -> bool {
+    // SAFETY: a plain read of this backend's transaction state.
+    unsafe { pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId }
 }
 
 /// Group settings as the scheduling core sees them.
@@ -230,8 +236,12 @@ pub fn is_member() -> bool {
 }
 
 /// ExecutorRun of a scheduled statement begins: take a slot, waiting for one if needed.
+/// A statement of a transaction that wrote since the statement started runs without one.
 pub fn begin_run(shared: &shmem::Shared) {
     let Some(sched) = shared.sched() else { return };
+    if transaction_wrote() {
+        return;
+    }
     let Some(proc) = MEMBER.with_borrow_mut(|m| {
         m.as_mut().map(|m| {
             let now = thread_cpu_ns();
@@ -529,6 +539,10 @@ unsafe extern "C-unwind" fn check_in() {
     if !interrupts_can_be_processed() {
         // Rule 1: no pause inside an LWLock or critical section; look again soon.
         COUNTDOWN.set(RETRY_CHUNK);
+        return;
+    }
+    if transaction_wrote() {
+        // Rule 2: keep the slot rather than pause while holding row locks.
         return;
     }
     let outcome = sched.end_slice(proc, used_ns);

@@ -92,6 +92,14 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     }
 }
 
+/// Whether `desc` takes part in CPU scheduling: a pausable top-level statement of this
+/// backend, or the part of one that this parallel worker runs.
+fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
+    // SAFETY: plain read of a process-local global (IsParallelWorker()).
+    let parallel_worker = unsafe { pg_sys::ParallelWorkerNumber } >= 0;
+    cpu::is_member() && (parallel_worker || statements::on_cpu(desc))
+}
+
 /// A parallel worker (PostgreSQL's own) running part of a statement: it joins its
 /// leader's query, if there is one (DESIGN.md §2).
 fn is_parallel_worker_of_scheduled_leader(eflags: i32) -> bool {
@@ -112,7 +120,7 @@ unsafe extern "C-unwind" fn executor_run(
 ) {
     // A top-level scheduled statement holds a CPU slot while it runs, and only then:
     // between the FETCHes of a cursor it holds none.
-    let shared = shmem::shared().filter(|_| NESTING.get() == 0 && cpu::is_member());
+    let shared = shmem::shared().filter(|_| NESTING.get() == 0 && runs_on_cpu_slots(desc));
     if let Some(shared) = shared {
         cpu::begin_run(shared);
     }

@@ -24,7 +24,9 @@ mod tests {
         assert!(sched.is_running(me));
         let query = shared.my_entry().unwrap().cpu_query.load(Ordering::Acquire);
         assert_ne!(query, 0);
-        let snapshot = sched.query_snapshot(pg_stride_sched::QueryId(query - 1)).unwrap();
+        let snapshot = sched
+            .query_snapshot(pg_stride_sched::QueryId(query - 1))
+            .unwrap();
         assert_eq!(snapshot.members, 1);
         assert_eq!(snapshot.priority, pg_stride_sched::decay::P0);
     }

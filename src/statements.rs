@@ -89,6 +89,11 @@ pub fn started(desc: *const pg_sys::QueryDesc) {
     }
 }
 
+/// Whether `desc` is a registered statement that takes part in CPU scheduling.
+pub fn on_cpu(desc: *const pg_sys::QueryDesc) -> bool {
+    REGISTERED.with_borrow(|list| list.iter().any(|r| r.desc == desc && r.cpu))
+}
+
 /// Forgets `desc` if it was registered; returns whether it was.
 pub fn unregister(desc: *const pg_sys::QueryDesc) -> bool {
     unregister_where(|r| r.desc == desc) > 0
