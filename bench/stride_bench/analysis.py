@@ -1,0 +1,202 @@
+"""Statistics over pgbench per-transaction logs.  Pure Python (no third-party imports)
+so that the self-test runs anywhere in seconds.
+
+pgbench's per-transaction log line (`-l`, PostgreSQL 15) is
+
+    client_id transaction_no time script_no time_epoch time_us [schedule_lag]
+
+where `time` is the latency in microseconds ("failed" or "skipped" instead of a number
+for transactions that did not complete), time_epoch/time_us the completion time, and
+schedule_lag (only with --rate) the time the transaction waited for a free client.  With
+--rate, pgbench measures `time` from the transaction's *scheduled* start, so it is the
+response time of an open-loop arrival: completion minus arrival.
+"""
+
+import glob
+import math
+import re
+import zlib
+from dataclasses import dataclass
+
+
+@dataclass
+class Txn:
+    client: int
+    script: int
+    latency_s: float      # completion - scheduled arrival (nan when failed)
+    end_s: float          # completion, Unix epoch seconds
+    lag_s: float          # schedule lag (0 without --rate)
+    failed: bool = False
+
+    @property
+    def arrival_s(self) -> float:
+        return self.end_s - (0.0 if math.isnan(self.latency_s) else self.latency_s)
+
+
+def parse_log_lines(lines) -> list:
+    out = []
+    for line in lines:
+        f = line.split()
+        if len(f) < 6:
+            continue
+        end = int(f[4]) + int(f[5]) / 1e6
+        lag = int(f[6]) / 1e6 if len(f) > 6 else 0.0
+        if f[2] in ("failed", "skipped", "serialization", "deadlock"):
+            out.append(Txn(int(f[0]), int(f[3]), float("nan"), end, lag, failed=True))
+        else:
+            out.append(Txn(int(f[0]), int(f[3]), float(f[2]) / 1e6, end, lag))
+    return out
+
+
+def parse_logs(prefix: str) -> list:
+    """All per-thread log files pgbench wrote for --log-prefix=prefix."""
+    txns = []
+    pat = re.compile(re.escape(prefix) + r"\.\d+(\.\d+)?$")
+    for path in sorted(p for p in glob.glob(prefix + ".*") if pat.match(p)):
+        with open(path) as fh:
+            txns.extend(parse_log_lines(fh))
+    txns.sort(key=lambda t: t.end_s)
+    return txns
+
+
+def percentile(values, p: float) -> float:
+    """p-th percentile (0..100), linear interpolation between closest ranks (the
+    default of numpy.percentile)."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * p / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values) -> float:
+    return percentile(values, 50)
+
+
+def summarize(values) -> dict:
+    xs = list(values)
+    if not xs:
+        return {"n": 0, "mean": float("nan"), "p50": float("nan"), "p95": float("nan"),
+                "p99": float("nan"), "max": float("nan")}
+    return {"n": len(xs), "mean": sum(xs) / len(xs), "p50": percentile(xs, 50),
+            "p95": percentile(xs, 95), "p99": percentile(xs, 99), "max": max(xs)}
+
+
+def geomean(values) -> float:
+    xs = [v for v in values if v > 0]
+    if not xs:
+        return float("nan")
+    return math.exp(sum(math.log(v) for v in xs) / len(xs))
+
+
+def isolated_latency(txns, skip_first: int = 1) -> dict:
+    """Isolated latency from a single-client run: median of the runs after the first
+    `skip_first` (warm-up) ones."""
+    ok = [t.latency_s for t in sorted(txns, key=lambda t: t.end_s) if not t.failed]
+    runs = ok[skip_first:] if len(ok) > skip_first else ok
+    return {"median_s": median(runs), "runs": len(runs), "min_s": min(runs) if runs else
+            float("nan"), "max_s": max(runs) if runs else float("nan")}
+
+
+def max_in_system(txns) -> int:
+    """Largest number of arrivals that had arrived and not yet completed at once."""
+    events = []
+    for t in txns:
+        if t.failed:
+            continue
+        events.append((t.arrival_s, 1))
+        events.append((t.end_s, -1))
+    events.sort(key=lambda e: (e[0], e[1]))   # completions before arrivals at a tie
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def open_loop_stats(txns, script_info, isolated, warmup_s: float = 0.0,
+                    end_s: float | None = None) -> dict:
+    """Slowdown statistics of one open-loop run, per class.
+
+    script_info: script_no -> (query, class); isolated: (query, class) -> seconds.
+    Only arrivals scheduled in [t0 + warmup_s, t0 + end_s) count, t0 being the first
+    arrival: the system starts empty, and pgbench -T ends each run at a slightly
+    different point after t0 (its clock starts before the clients have connected), so
+    the measured window ends early enough to hold the same arrivals in every run.
+    Slowdown = response time / isolated latency of the same query and scale.
+    Throughput of a class = its completions / (last completion - first arrival of the
+    measured window), in queries per second.
+    """
+    if not txns:
+        return {"classes": {}, "failed": 0, "n": 0}
+    t0 = min(t.arrival_s for t in txns)
+    hi = float("inf") if end_s is None else t0 + end_s
+    measured = [t for t in txns if t0 + warmup_s <= t.arrival_s < hi]
+    failed = sum(1 for t in measured if t.failed)
+    ok = [t for t in measured if not t.failed]
+    classes = {}
+    by_class = {}
+    for t in ok:
+        q, cls = script_info[t.script]
+        by_class.setdefault(cls, []).append((t, q))
+    for cls, items in sorted(by_class.items()):
+        slow = [t.latency_s / isolated[(q, cls)] for t, q in items]
+        lat = [t.latency_s for t, _ in items]
+        first = min(t.arrival_s for t, _ in items)
+        last = max(t.end_s for t, _ in items)
+        span = last - first
+        per_query = {}
+        for (t, q), s in zip(items, slow):
+            per_query.setdefault(q, []).append(s)
+        classes[cls] = {
+            "slowdown": summarize(slow),
+            "slowdown_geomean": geomean(slow),
+            "latency": summarize(lat),
+            "throughput_qps": len(items) / span if span > 0 else float("nan"),
+            "work_s": sum(isolated[(q, cls)] for _, q in items),
+            "per_query_mean_slowdown": {q: sum(v) / len(v) for q, v in sorted(per_query.items())},
+            "slowdowns": sorted(slow),
+        }
+    # Fingerprint of the arrival sequence (script per arrival, in arrival order): equal
+    # fingerprints show that two runs saw the same arrivals.
+    seq = ",".join(str(t.script) for t in sorted(measured, key=lambda t: t.arrival_s))
+    return {
+        "classes": classes,
+        "arrival_fingerprint": f"{len(measured)}:{zlib.crc32(seq.encode()):08x}",
+        "window_s": [warmup_s, end_s],
+        "failed": failed,
+        "n": len(ok),
+        "max_in_system": max_in_system(ok),
+        "max_lag_s": max((t.lag_s for t in ok), default=0.0),
+        "first_arrival": t0,
+        "last_completion": max(t.end_s for t in txns),
+    }
+
+
+def closed_loop_stats(txns, duration_s: float, script_info=None, isolated=None) -> dict:
+    """Throughput and latency of a closed-loop run (mixed workload, overhead runs)."""
+    ok = [t for t in txns if not t.failed]
+    lat = [t.latency_s for t in ok]
+    res = {"n": len(ok), "failed": sum(1 for t in txns if t.failed),
+           "tps": len(ok) / duration_s if duration_s > 0 else float("nan"),
+           "latency": summarize(lat)}
+    if script_info is not None and isolated is not None:
+        per = {}
+        for t in ok:
+            q, cls = script_info[t.script]
+            per.setdefault(cls, []).append((q, t.latency_s))
+        res["classes"] = {
+            cls: {"qps": len(v) / duration_s,
+                  "work_per_s": sum(isolated[(q, cls)] for q, _ in v) / duration_s,
+                  "slowdown": summarize([l / isolated[(q, cls)] for q, l in v])}
+            for cls, v in sorted(per.items())}
+        res["work_per_s"] = sum(c["work_per_s"] for c in res["classes"].values())
+    return res
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")

@@ -1,0 +1,448 @@
+"""bench/run's Python half: plans a run, drives the server and the experiments, and hands
+the results to the report."""
+
+import argparse
+import datetime as dt
+import json
+import platform
+import signal
+import sys
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import analysis, data, queries, workload
+from .common import BENCH, OUT, PG_BIN, PGBOUNCER, log, ncpus, run
+from .pgserver import Server, pkglibdir, stride_library_present
+
+SEED = 20210
+
+
+@dataclass
+class Plan:
+    mode: str
+    small_sf: float = 0.05
+    large_sf: float = 0.5
+    iso_runs: int = 5
+    alphas: list = field(default_factory=lambda: [0.95])
+    ol_duration: int = 30
+    warmup_frac: float = 0.1
+    clients: int = 64
+    mixed_duration: int = 15
+    mixed_tpch_clients: int = 2
+    mixed_oltp_clients: int = 4
+    overhead_rounds: int = 1
+    overhead_duration: int = 6
+    overhead_clients: int = 4
+    oltp_scale: int = 10
+    parts: list = field(default_factory=lambda: ["open", "mixed", "overhead"])
+
+
+def make_plan(mode: str) -> Plan:
+    if mode == "quick":
+        return Plan(mode="quick")
+    return Plan(mode="full", iso_runs=7, alphas=[0.5, 0.7, 0.8, 0.9, 0.95], ol_duration=90,
+                mixed_duration=60, overhead_rounds=5, overhead_duration=15)
+
+
+def load_configs() -> dict:
+    with open(BENCH / "configs.toml", "rb") as fh:
+        return tomllib.load(fh)
+
+
+def expand(settings: list) -> list:
+    n = ncpus()
+    return [s.replace("@2xCPUS@", str(2 * n)).replace("@CPUS@", str(n)) for s in settings]
+
+
+def machine_info() -> dict:
+    info = {"hostname": platform.node(), "kernel": platform.release(), "ncpus": ncpus(),
+            "python": platform.python_version()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
+        info["mem_gib"] = round(int(mem) / 1024 / 1024, 1)
+        info["loadavg_start"] = Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        pass
+    try:
+        info["os"] = [l.split("=", 1)[1].strip('"') for l in
+                      Path("/etc/os-release").read_text().splitlines()
+                      if l.startswith("PRETTY_NAME=")][0]
+    except (OSError, IndexError):
+        pass
+    info["postgres"] = run([PG_BIN / "postgres", "--version"], capture=True, quiet=True).stdout.strip()
+    res = run([PGBOUNCER, "--version"], capture=True, quiet=True, check=False)
+    info["pgbouncer"] = (res.stdout or "").splitlines()[0] if res.stdout else "absent"
+    so = pkglibdir() / "pg_stride.so"
+    info["pg_stride_so"] = str(so) if so.exists() else "absent"
+    if so.exists():
+        info["pg_stride_so_mtime"] = dt.datetime.fromtimestamp(so.stat().st_mtime).isoformat(
+            timespec="seconds")
+    return info
+
+
+def measured_window(plan: dict) -> tuple:
+    """[start, end) of the measured arrivals, in seconds after the first arrival."""
+    d = plan["ol_duration"]
+    return d * plan["warmup_frac"], d - max(3.0, 0.05 * d)
+
+
+def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float) -> dict:
+    """Statistics of one open-loop point, from its pgbench logs."""
+    script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
+    iso = {tuple(k.split("|")): v["median_s"] for k, v in meta["isolated"].items()}
+    txns = analysis.parse_logs(str(run_dir / "open_loop" / f"ol_{config}_a{alpha}"))
+    start, end = measured_window(meta["plan"])
+    st = analysis.open_loop_stats(txns, script_info, iso, warmup_s=start, end_s=end)
+    st["arrivals"] = len(txns)
+    st["ran_out_of_clients"] = st.get("max_in_system", 0) >= meta["plan"]["clients"]
+    return st
+
+
+def crashes_in_server_log(config: str, t0: float, t1: float) -> list:
+    """Crash reports in the configuration's server log between epoch times t0 and t1."""
+    path = Server.log_dir() / f"server-{config}.log"
+    found = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        if not any(k in line for k in ("terminated by signal", "PANIC")):
+            continue
+        try:
+            ts = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f").replace(
+                tzinfo=dt.timezone.utc).timestamp()
+        except ValueError:
+            continue
+        if t0 <= ts <= t1:
+            found.append(line.strip())
+    return found[:5]
+
+
+def reanalyse(meta: dict, run_dir: Path):
+    """Recompute the open-loop statistics of a run from its logs (after a change to the
+    analysis, or to check a run)."""
+    for config, points in meta.get("open_loop", {}).items():
+        for alpha, st in points.items():
+            st.update(analyse_open_loop(meta, run_dir, config, float(alpha)))
+            if st.get("rc", 0) != 0 and not st.get("server_crash"):
+                st["server_crash"] = crashes_in_server_log(
+                    config, st["first_arrival"] - 5, st["last_completion"] + 5)
+
+
+class Runner:
+    def __init__(self, plan: Plan, only: list | None, run_dir: Path):
+        self.plan = plan
+        self.cfgfile = load_configs()
+        self.base = self.cfgfile["base"]["settings"]
+        self.configs = [c for c in self.cfgfile["config"] if not only or c["name"] in only]
+        self.run_dir = run_dir
+        self.server = Server()
+        self.current = None          # name of the configuration the server runs now
+        self.meta = {"plan": asdict(plan), "started": dt.datetime.now().isoformat(
+            timespec="seconds"), "machine": machine_info(), "configs": {}, "open_loop": {},
+            "mixed": {}, "overhead": {}, "seed": SEED}
+
+    # ---- bookkeeping ------------------------------------------------------------
+    def save(self):
+        (self.run_dir / "results.json").write_text(json.dumps(self.meta, indent=1))
+
+    # ---- configurations ---------------------------------------------------------
+    def use(self, cfg: dict) -> bool:
+        """Start the server (and pgbouncer) for `cfg`; False when it cannot run here."""
+        name = cfg["name"]
+        state = self.meta["configs"].setdefault(name, {"label": cfg.get("label", ""),
+                                                       "status": "pending"})
+        if state["status"] == "skipped":
+            return False
+        if cfg.get("library") and not stride_library_present():
+            state.update(status="skipped",
+                         reason=f"{pkglibdir() / 'pg_stride.so'} is not installed")
+            log(f"SKIP {name}: {state['reason']}")
+            return False
+        if self.current != name or not self.server.running():
+            self.server.stop_bouncer()
+            try:
+                self.server.start(expand(cfg.get("settings", [])), name)
+            except RuntimeError as e:
+                if not cfg.get("library"):
+                    raise
+                # a pg_stride build that does not start must not end the whole sweep
+                self.current = None
+                state.update(status="skipped", reason="the server did not start with it: "
+                             + str(e).strip().splitlines()[-1][:300])
+                log(f"SKIP {name}: {state['reason']}")
+                return False
+            self.current = name
+            missing = [g for g in cfg.get("requires", []) if not self.server.guc_exists(g)]
+            if missing:
+                state.update(status="skipped", reason="the installed pg_stride does not define "
+                             + ", ".join(missing) + " yet")
+                log(f"SKIP {name}: {state['reason']}")
+                return False
+            if cfg.get("pgbouncer"):
+                ps = cfg.get("pool_size", "cpus")
+                pool = ncpus() if ps == "cpus" else int(ps)
+                state["pool_size"] = pool
+                self.server.start_bouncer(pool, [workload.TPCH_DB, workload.OLTP_DB])
+            self.server.prewarm(workload.TPCH_DB, self.schemas)
+            self.server.prewarm(workload.OLTP_DB, ["public"])
+        state["status"] = "ran"
+        return True
+
+    def conn(self, cfg: dict, db: str) -> list:
+        return self.server.conn_args(db, through_bouncer=bool(cfg.get("pgbouncer")))
+
+    # ---- the run ------------------------------------------------------------------
+    def setup(self):
+        p = self.plan
+        self.server.ensure_initdb(self.base)
+        self.server.start([], "setup")
+        self.current = "setup"
+        data.load(self.server, workload.TPCH_DB, p.small_sf)
+        data.load(self.server, workload.TPCH_DB, p.large_sf)
+        data.load_pgbench(self.server, workload.OLTP_DB, p.oltp_scale)
+        self.schemas = [data.schema_name(p.small_sf), data.schema_name(p.large_sf)]
+        scripts = {}
+        sdir = self.run_dir / "scripts"
+        for cls, sf in (("short", p.small_sf), ("long", p.large_sf)):
+            for q, path in queries.write_scripts(sdir, queries.INCLUDED,
+                                                 data.schema_name(sf), sf).items():
+                scripts[(q, cls)] = path
+        self.wl = workload.Workload(scripts, queries.INCLUDED)
+        self.meta["queries"] = {"included": queries.INCLUDED, "excluded": queries.EXCLUDED}
+        self.meta["scales"] = {"short": p.small_sf, "long": p.large_sf}
+        self.meta["script_info"] = {str(k): list(v) for k, v in self.wl.script_info.items()}
+
+    def isolated(self):
+        stock = next(c for c in self.cfgfile["config"] if c["name"] == "stock")
+        self.use(stock)
+        log(f"isolated latencies: {len(self.wl.order)} query/scale pairs x "
+            f"{self.plan.iso_runs} runs")
+        iso = workload.measure_isolated(self.server, self.wl, self.plan.iso_runs,
+                                        self.run_dir / "isolated", SEED)
+        self.iso = {k: v["median_s"] for k, v in iso.items()}
+        self.meta["isolated"] = {f"{q}|{cls}": v for (q, cls), v in iso.items()}
+        d = self.wl.mean_isolated(self.iso)
+        self.meta["mean_isolated_s"] = d
+        self.meta["rates"] = {str(a): a / d for a in self.plan.alphas}
+        log(f"mean isolated latency of an arrival d = {d * 1000:.1f} ms; rates: " +
+            ", ".join(f"alpha {a}: {a / d:.2f}/s" for a in self.plan.alphas))
+        self.save()
+
+    def open_loop(self):
+        p = self.plan
+        order = list(self.configs)
+        for i, alpha in enumerate(p.alphas):
+            rate = alpha / self.meta["mean_isolated_s"]
+            # alternate the order between load points so no configuration always runs first
+            for cfg in (order if i % 2 == 0 else list(reversed(order))):
+                if not self.use(cfg):
+                    continue
+                name = f"ol_{cfg['name']}_a{alpha}"
+                if cfg.get("prime_s"):
+                    # a configuration that learns from the workload (the tuner) first sees
+                    # `prime_s` seconds of the same arrivals, not measured
+                    log(f"open loop: {cfg['name']}, alpha {alpha}: {cfg['prime_s']} s to prime")
+                    workload.open_loop(self.server, self.wl, self.conn(cfg, workload.TPCH_DB),
+                                       rate, int(cfg["prime_s"]), p.clients, SEED + 1,
+                                       self.run_dir / "open_loop", name + "_prime")
+                log(f"open loop: {cfg['name']}, alpha {alpha}, {rate:.2f} arrivals/s, "
+                    f"{p.ol_duration} s")
+                r = workload.open_loop(self.server, self.wl, self.conn(cfg, workload.TPCH_DB),
+                                       rate, p.ol_duration, p.clients, SEED,
+                                       self.run_dir / "open_loop", name)
+                retried = None
+                if r["rc"] != 0 or r["server_crash"]:
+                    # e.g. pg_stride.so replaced under a running server: run the point once
+                    # more on a freshly started server, and say so in the report
+                    retried = "; ".join(r["server_crash"]) or f"pgbench exited with {r['rc']}"
+                    log(f"  the run failed ({retried}); running the point again")
+                    self.current = None
+                    if not self.use(cfg):
+                        continue
+                    r = workload.open_loop(self.server, self.wl, self.conn(cfg, workload.TPCH_DB),
+                                           rate, p.ol_duration, p.clients, SEED,
+                                           self.run_dir / "open_loop", name)
+                st = {"rate": rate, "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
+                      "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
+                      "retried_after": retried}
+                st.update(analyse_open_loop(self.meta, self.run_dir, cfg["name"], alpha))
+                self.meta["open_loop"].setdefault(cfg["name"], {})[str(alpha)] = st
+                c = st["classes"]
+                log("  " + "  ".join(
+                    f"{cls}: mean {c[cls]['slowdown']['mean']:.2f} p99 {c[cls]['slowdown']['p99']:.2f}"
+                    for cls in ("short", "long") if cls in c) +
+                    f"  max in system {st.get('max_in_system')}  server CPU "
+                    f"{r['cpu']['server_cpu_util'] * 100:.0f}%")
+                self.save()
+
+    def mixed(self):
+        p = self.plan
+        for cfg in self.configs:
+            if not self.use(cfg):
+                continue
+            log(f"mixed OLTP + analytics: {cfg['name']}, {p.mixed_duration} s")
+            r = workload.mixed(self.server, self.wl, self.conn(cfg, workload.TPCH_DB),
+                               self.conn(cfg, workload.OLTP_DB), p.mixed_duration,
+                               p.mixed_tpch_clients, p.mixed_oltp_clients, SEED,
+                               self.run_dir / "mixed", f"mx_{cfg['name']}")
+            tpch = analysis.closed_loop_stats(analysis.parse_logs(r["tpch_prefix"]),
+                                              p.mixed_duration, self.wl.script_info, self.iso)
+            tpcb = analysis.closed_loop_stats(analysis.parse_logs(r["tpcb_prefix"]),
+                                              p.mixed_duration)
+            self.meta["mixed"][cfg["name"]] = {"tpch": tpch, "tpcb": tpcb, "cpu": r["cpu"],
+                                               "rc": r["rc"]}
+            log(f"  TPC-B {tpcb['tps']:.0f} tps, p99 {tpcb['latency']['p99'] * 1000:.1f} ms; "
+                f"TPC-H {tpch['tps']:.2f} q/s ({tpch.get('work_per_s', 0):.2f} isolated-s/s)")
+            self.save()
+
+    def overhead(self):
+        p = self.plan
+        oh = self.cfgfile.get("overhead", {})
+        variants = [("not loaded", [])]
+        note = None
+        if stride_library_present():
+            self.current = "overhead-loaded"
+            try:
+                self.server.start(expand(oh.get("loaded", [])), "overhead-loaded")
+                missing = [g for g in oh.get("requires", []) if not self.server.guc_exists(g)]
+            except RuntimeError as e:
+                missing = ["(server did not start: " + str(e).strip().splitlines()[-1][:200] + ")"]
+            if missing:
+                note = "the installed pg_stride does not define " + ", ".join(missing)
+            else:
+                variants.append(("loaded, enabled", expand(oh.get("loaded", []))))
+        else:
+            note = f"{pkglibdir() / 'pg_stride.so'} is not installed"
+        if len(variants) == 1:
+            # Without the library, an A/A comparison: the noise floor of the measurement.
+            variants.append(("not loaded (A/A)", []))
+            log(f"overhead: {note}; measuring stock against stock (noise floor)")
+        self.meta["overhead"] = {"variants": [v[0] for v in variants], "note": note, "rounds": []}
+        for rnd in range(p.overhead_rounds):
+            order = variants if rnd % 2 == 0 else list(reversed(variants))
+            row = {}
+            for label, settings in order:
+                self.server.stop_bouncer()
+                self.current = "overhead"
+                try:
+                    self.server.start(settings, "overhead")
+                except RuntimeError as e:
+                    if not settings:
+                        raise
+                    log(f"overhead round {rnd + 1}: {label} did not start, left out: {e}")
+                    continue
+                self.server.prewarm(workload.OLTP_DB, ["public"])
+                log(f"overhead round {rnd + 1}/{p.overhead_rounds}: {label}")
+                vno = [v[0] for v in variants].index(label)
+                row[label] = workload.overhead_pair(
+                    self.server, p.overhead_duration, p.overhead_clients, SEED + rnd,
+                    self.run_dir / "overhead", f"oh_r{rnd}_v{vno}")
+                log("  " + ", ".join(f"{k}: {v['tps']:.0f} tps p99 {v['p99_ms']:.2f} ms"
+                                     for k, v in row[label].items()))
+            self.meta["overhead"]["rounds"].append(row)
+            self.save()
+
+    def execute(self):
+        t0 = time.monotonic()
+        self.setup()
+        self.isolated()
+        if "open" in self.plan.parts:
+            self.open_loop()
+        if "mixed" in self.plan.parts:
+            self.mixed()
+        if "overhead" in self.plan.parts:
+            self.overhead()
+        self.meta["elapsed_s"] = time.monotonic() - t0
+        self.meta["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+        self.meta["machine"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+        so = pkglibdir() / "pg_stride.so"
+        if so.exists():
+            end = dt.datetime.fromtimestamp(so.stat().st_mtime).isoformat(timespec="seconds")
+            if end != self.meta["machine"].get("pg_stride_so_mtime"):
+                self.meta["machine"]["pg_stride_so_changed"] = end
+        self.save()
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="bench/run", description="pg_stride benchmark (wagner2021 §5 on PostgreSQL). "
+        "bench/run --selftest runs the analysis self-test. See bench/README.md.")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--quick", action="store_true", help="one load point, short runs (minutes)")
+    g.add_argument("--full", action="store_true", help="the full sweep (about an hour)")
+    g.add_argument("--report", metavar="RUN_DIR", help="rebuild the report of a finished run")
+    ap.add_argument("--configs", help="comma-separated configuration names (default: all)")
+    ap.add_argument("--parts", help="comma-separated subset of open,mixed,overhead")
+    ap.add_argument("--small-sf", type=float)
+    ap.add_argument("--large-sf", type=float)
+    ap.add_argument("--duration", type=int, help="seconds per open-loop point")
+    ap.add_argument("--alphas", help="comma-separated load factors")
+    ap.add_argument("--out", help="write RESULTS.md and plots here instead of the default")
+    args = ap.parse_args(argv)
+
+    from . import report
+    if args.report:
+        rd = Path(args.report)
+        meta = json.loads((rd / "results.json").read_text())
+        reanalyse(meta, rd)
+        (rd / "results.json").write_text(json.dumps(meta, indent=1))
+        report.write(meta, rd, publish=(meta["plan"]["mode"] == "full" and not args.out),
+                     outdir=Path(args.out) if args.out else None)
+        return 0
+
+    plan = make_plan("quick" if args.quick else "full")
+    if args.small_sf:
+        plan.small_sf = args.small_sf
+    if args.large_sf:
+        plan.large_sf = args.large_sf
+    if args.duration:
+        plan.ol_duration = args.duration
+    if args.alphas:
+        plan.alphas = [float(a) for a in args.alphas.split(",")]
+    if args.parts:
+        plan.parts = args.parts.split(",")
+    only = args.configs.split(",") if args.configs else None
+
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = OUT / "runs" / f"{stamp}-{plan.mode}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    latest = OUT / "runs" / f"latest-{plan.mode}"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    latest.symlink_to(run_dir.name)
+    log(f"{plan.mode} run into {run_dir}")
+
+    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGHUP, _sigterm)
+    runner = Runner(plan, only, run_dir)
+    ok = False
+    try:
+        runner.execute()
+        ok = True
+    except KeyboardInterrupt:
+        log("interrupted; stopping the servers")
+        return 130
+    finally:
+        runner.server.shutdown()
+        runner.save()
+    if ok:
+        publish = plan.mode == "full" and not args.out and not only and not args.parts
+        report.write(runner.meta, run_dir, publish=publish,
+                     outdir=Path(args.out) if args.out else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

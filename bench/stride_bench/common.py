@@ -1,0 +1,77 @@
+"""Paths, logging and process helpers shared by the benchmark modules."""
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent          # .../bench
+DATA = BENCH / "data"                                   # generated data, server dir (git-ignored)
+OUT = BENCH / "out"                                     # runs, logs, venv (git-ignored)
+QUERIES = BENCH / "queries"
+SQL = BENCH / "sql"
+RESULTS_MD = BENCH / "RESULTS.md"
+RESULTS_DIR = BENCH / "results"
+
+PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
+PGBOUNCER = Path(os.environ.get("PGBOUNCER", "/usr/sbin/pgbouncer"))
+
+PG_PORT = int(os.environ.get("BENCH_PG_PORT", "5497"))
+BOUNCER_PORT = int(os.environ.get("BENCH_BOUNCER_PORT", "6497"))
+
+IS_ROOT = os.geteuid() == 0
+# initdb, postgres and pgbouncer refuse to run as root: as root they run as this user.
+SERVER_USER = os.environ.get("BENCH_SERVER_USER", "postgres")
+
+_t0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    el = time.monotonic() - _t0
+    print(f"[bench {int(el) // 60:3d}:{int(el) % 60:02d}] {msg}", flush=True)
+
+
+def ncpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        return os.cpu_count() or 1
+
+
+def as_server_user(cmd: list) -> list:
+    """Prefix a command so that it runs as the server user when we are root."""
+    if IS_ROOT:
+        return ["runuser", "-u", SERVER_USER, "--"] + [str(c) for c in cmd]
+    return [str(c) for c in cmd]
+
+
+def chown_server(path: Path) -> None:
+    """Give a directory we created to the server user (no-op when not root)."""
+    if IS_ROOT:
+        pw = pwd.getpwnam(SERVER_USER)
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def run(cmd, check=True, capture=False, env=None, cwd=None, timeout=None, quiet=False):
+    cmd = [str(c) for c in cmd]
+    if not quiet:
+        log("$ " + " ".join(cmd))
+    res = subprocess.run(cmd, check=False, env=env, cwd=cwd, timeout=timeout,
+                         stdout=subprocess.PIPE if capture else None,
+                         stderr=subprocess.PIPE if capture else None, text=True)
+    if check and res.returncode != 0:
+        err = (res.stderr or "").strip() if capture else ""
+        raise RuntimeError(f"command failed ({res.returncode}): {' '.join(cmd)}\n{err}")
+    return res
+
+
+def which(name: str) -> str | None:
+    return shutil.which(name)
+
+
+def die(msg: str) -> None:
+    print(f"bench: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)

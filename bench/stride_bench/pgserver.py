@@ -1,0 +1,346 @@
+"""The benchmark's PostgreSQL server and pgbouncer: one data directory, restarted with
+each configuration's settings, plus CPU accounting of the server processes."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from .common import (BOUNCER_PORT, DATA, IS_ROOT, OUT, PG_BIN, PG_PORT, PGBOUNCER,
+                     SERVER_USER, as_server_user, chown_server, log, ncpus, run)
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _server_can_reach(path: Path) -> bool:
+    """Can the server user get to `path` (every parent directory searchable)?"""
+    if not IS_ROOT:
+        return True
+    res = subprocess.run(["runuser", "-u", SERVER_USER, "--", "test", "-x", str(path)],
+                         capture_output=True)
+    return res.returncode == 0
+
+
+def _server_base() -> tuple:
+    """Where the server's files go: bench/data and bench/out normally; a directory under
+    /var/tmp when the server user cannot reach the checkout (e.g. a clone under /root)."""
+    DATA.mkdir(parents=True, exist_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    if _server_can_reach(DATA) and _server_can_reach(OUT):
+        return DATA, OUT
+    import hashlib
+    tag = hashlib.sha1(str(DATA).encode()).hexdigest()[:8]
+    base = Path(f"/var/tmp/pg_stride_bench-{tag}")
+    base.mkdir(parents=True, exist_ok=True)
+    chown_server(base)
+    log(f"the server user cannot reach {DATA}; its files go to {base}")
+    return base, base
+
+
+def socket_dir(server_out: Path) -> Path:
+    """Unix-socket directory; short enough for the 107-byte socket path limit."""
+    d = server_out / "sock"
+    if len(str(d)) > 80:
+        d = Path(f"/tmp/pg_stride_bench_{os.getuid()}")
+    d.mkdir(parents=True, exist_ok=True)
+    chown_server(d)
+    os.chmod(d, 0o777)
+    return d
+
+
+def pkglibdir() -> Path:
+    res = run([PG_BIN / "pg_config", "--pkglibdir"], capture=True, quiet=True, check=False)
+    if res.returncode == 0 and res.stdout.strip():
+        return Path(res.stdout.strip())
+    return Path("/usr/lib/postgresql/15/lib")
+
+
+def stride_library_present() -> bool:
+    return (pkglibdir() / "pg_stride.so").exists()
+
+
+class Server:
+    """The PostgreSQL server under test (and pgbouncer in front of it, when asked)."""
+
+    def __init__(self):
+        server_data, server_out = _server_base()
+        self.pgdata = server_data / "pgdata"
+        # bench/run's clean-up trap reads this to stop a server the runner could not stop
+        (OUT / "pgdata.path").write_text(str(self.pgdata) + "\n")
+        self.sock = socket_dir(server_out)
+        self.logdir = server_out / "pglog"
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        chown_server(self.logdir)
+        self.bouncer_dir = server_out / "pgbouncer"
+        (OUT / "pgbouncer.pid.path").write_text(str(self.bouncer_dir / "pgbouncer.pid") + "\n")
+        self.bouncer_proc = None
+        self.settings_name = None
+
+    # ---- connection parameters -------------------------------------------------
+    def conn_args(self, db: str, through_bouncer: bool = False) -> list:
+        port = BOUNCER_PORT if through_bouncer else PG_PORT
+        return ["-h", str(self.sock), "-p", str(port), "-U", SERVER_USER, db]
+
+    def psql(self, sql: str, db: str = "postgres", capture=True, check=True, quiet=True):
+        cmd = [PG_BIN / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At",
+               *self.conn_args(db), "-c", sql]
+        res = run(cmd, capture=capture, check=check, quiet=quiet)
+        return res.stdout.strip() if capture and res.stdout else ""
+
+    def psql_file(self, path: Path, db: str):
+        run([PG_BIN / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", *self.conn_args(db),
+             "-f", path], quiet=True)
+
+    # ---- data directory ----------------------------------------------------------
+    def ensure_initdb(self, base_settings: list):
+        if not (self.pgdata / "PG_VERSION").exists():
+            self.pgdata.mkdir(parents=True, exist_ok=True)
+            chown_server(self.pgdata)
+            os.chmod(self.pgdata, 0o700)
+            log(f"initdb {self.pgdata}")
+            run(as_server_user([PG_BIN / "initdb", "-D", self.pgdata, "-A", "trust", "-U",
+                                SERVER_USER, "-E", "UTF8", "--locale=C", "--no-sync"]),
+                capture=True)
+        conf = self.pgdata / "postgresql.conf"
+        text = conf.read_text()
+        marker = "# pg_stride bench includes"
+        if marker not in text:
+            text += (f"\n{marker}\ninclude_if_exists = 'bench_base.conf'\n"
+                     f"include_if_exists = 'bench_config.conf'\n")
+            self._write(conf, text)
+        self._write(self.pgdata / "bench_base.conf", "\n".join(base_settings) + "\n")
+
+    def _write(self, path: Path, text: str):
+        path.write_text(text)
+        if IS_ROOT:
+            import pwd
+            pw = pwd.getpwnam(SERVER_USER)
+            os.chown(path, pw.pw_uid, pw.pw_gid)
+
+    # ---- start / stop --------------------------------------------------------------
+    def running(self) -> bool:
+        res = run(as_server_user([PG_BIN / "pg_ctl", "-D", self.pgdata, "status"]),
+                  check=False, capture=True, quiet=True)
+        return res.returncode == 0
+
+    def start(self, settings: list, name: str):
+        """(Re)start the server with `settings` as bench_config.conf."""
+        if self.running():
+            self.stop()
+        self._write(self.pgdata / "bench_config.conf",
+                    f"# configuration {name}, written by bench/run\n" + "\n".join(settings) + "\n")
+        logfile = self.logdir / f"server-{name}.log"
+        log(f"starting PostgreSQL ({name})")
+        res = run(as_server_user([PG_BIN / "pg_ctl", "-D", self.pgdata, "-l", logfile, "-w", "-t", "120",
+                                  "-o", f"-p {PG_PORT} -k {self.sock} -c listen_addresses=''",
+                                  "start"]), check=False, capture=True, quiet=True)
+        if res.returncode != 0:
+            tail = logfile.read_text()[-2000:] if logfile.exists() else ""
+            raise RuntimeError(f"PostgreSQL did not start with configuration {name}:\n{tail}")
+        self.settings_name = name
+
+    def stop(self):
+        if self.running():
+            log("stopping PostgreSQL")
+            run(as_server_user([PG_BIN / "pg_ctl", "-D", self.pgdata, "-w", "-t", "60", "-m", "fast",
+                                "stop"]), check=False, capture=True, quiet=True)
+            if self.running():
+                run(as_server_user([PG_BIN / "pg_ctl", "-D", self.pgdata, "-m", "immediate", "stop"]),
+                    check=False, capture=True, quiet=True)
+
+    @staticmethod
+    def log_dir() -> Path:
+        return _server_base()[1] / "pglog"
+
+    def log_path(self) -> Path:
+        return self.logdir / f"server-{self.settings_name}.log"
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path().stat().st_size
+        except OSError:
+            return 0
+
+    def crashes_since(self, offset: int) -> list:
+        """Server-log lines since `offset` that report a crashed server process."""
+        try:
+            with open(self.log_path(), errors="replace") as fh:
+                fh.seek(offset)
+                text = fh.read()
+        except OSError:
+            return []
+        keys = ("terminated by signal", "PANIC", "exited with exit code", "was terminated")
+        return [l.strip() for l in text.splitlines() if any(k in l for k in keys)][:5]
+
+    def postmaster_pid(self) -> int | None:
+        try:
+            return int((self.pgdata / "postmaster.pid").read_text().split("\n")[0])
+        except (OSError, ValueError):
+            return None
+
+    # ---- pgbouncer -------------------------------------------------------------------
+    def start_bouncer(self, pool_size: int, databases: list):
+        self.stop_bouncer()
+        d = self.bouncer_dir
+        d.mkdir(parents=True, exist_ok=True)
+        chown_server(d)
+        auth = d / "userlist.txt"
+        self._write(auth, f'"{SERVER_USER}" ""\n')
+        dbs = "\n".join(f"{db} = host={self.sock} port={PG_PORT} dbname={db}" for db in databases)
+        ini = d / "pgbouncer.ini"
+        self._write(ini, f"""[databases]
+{dbs}
+
+[pgbouncer]
+listen_addr =
+listen_port = {BOUNCER_PORT}
+unix_socket_dir = {self.sock}
+auth_type = trust
+auth_file = {auth}
+pool_mode = transaction
+default_pool_size = {pool_size}
+min_pool_size = 0
+reserve_pool_size = 0
+max_client_conn = 1000
+max_db_connections = 0
+server_reset_query =
+server_check_delay = 30
+ignore_startup_parameters = extra_float_digits
+logfile = {d / 'pgbouncer.log'}
+pidfile = {d / 'pgbouncer.pid'}
+log_connections = 0
+log_disconnections = 0
+""")
+        log(f"starting pgbouncer (pool_size={pool_size})")
+        self.bouncer_proc = subprocess.Popen(as_server_user([PGBOUNCER, "-q", ini]),
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(100):
+            if (self.sock / f".s.PGSQL.{BOUNCER_PORT}").exists():
+                return
+            if self.bouncer_proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"pgbouncer did not start; see {d / 'pgbouncer.log'}")
+
+    def bouncer_pid(self) -> int | None:
+        try:
+            return int((self.bouncer_dir / "pgbouncer.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def stop_bouncer(self):
+        pid = self.bouncer_pid()
+        if pid:
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        if self.bouncer_proc is not None:
+            try:
+                self.bouncer_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.bouncer_proc.kill()
+            self.bouncer_proc = None
+        elif pid:
+            for _ in range(50):
+                if not Path(f"/proc/{pid}").exists():
+                    break
+                time.sleep(0.1)
+
+    def shutdown(self):
+        """Stop everything this runner started; safe to call more than once."""
+        try:
+            self.stop_bouncer()
+        finally:
+            self.stop()
+
+    # ---- helpers used between runs ------------------------------------------------
+    def prewarm(self, db: str, schemas: list):
+        """Load every table and index of `schemas` into shared_buffers."""
+        self.psql("create extension if not exists pg_prewarm", db=db)
+        names = ",".join(f"'{s}'" for s in schemas)
+        self.psql("select sum(pg_prewarm(c.oid)) from pg_class c join pg_namespace n "
+                  f"on n.oid = c.relnamespace where n.nspname in ({names}) "
+                  "and c.relkind in ('r', 'i')", db=db)
+
+    def guc_exists(self, name: str) -> bool:
+        out = self.psql(f"select count(*) from pg_settings where name = '{name}'")
+        return out == "1"
+
+    def cancel_all(self):
+        self.psql("select count(pg_cancel_backend(pid)) from pg_stat_activity "
+                  "where backend_type = 'client backend' and pid <> pg_backend_pid()", check=False)
+
+
+# ---- CPU accounting -----------------------------------------------------------------
+
+def _proc_stat(pid: int):
+    """(ppid, utime+stime, cutime+cstime) in seconds, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = raw[raw.rindex(")") + 2:].split()
+    # rest[0] is field 3 (state); fields 4, 14..17 are ppid, utime, stime, cutime, cstime
+    ppid = int(rest[1])
+    own = (int(rest[11]) + int(rest[12])) / CLK_TCK
+    children = (int(rest[13]) + int(rest[14])) / CLK_TCK
+    return ppid, own, children
+
+
+def process_tree_cpu(root_pids: list) -> float:
+    """CPU seconds used so far by each root process, its exited (reaped) children and its
+    live children.  The postmaster reaps backends and parallel workers, so their time ends
+    up in its cutime/cstime once they exit."""
+    roots = {p for p in root_pids if p}
+    total = 0.0
+    for pid in roots:
+        st = _proc_stat(pid)
+        if st:
+            total += st[1] + st[2]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        st = _proc_stat(int(entry))
+        if st and st[0] in roots:
+            total += st[1]
+    return total
+
+
+def machine_cpu() -> tuple:
+    """(busy, total) jiffies of the whole machine from /proc/stat."""
+    parts = Path("/proc/stat").read_text().split("\n")[0].split()[1:]
+    vals = [int(x) for x in parts]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    total = sum(vals[:8])
+    return total - idle, total
+
+
+class CpuMeter:
+    """Measures server CPU (cores busy) and whole-machine CPU over an interval."""
+
+    def __init__(self, server: Server):
+        self.server = server
+
+    def __enter__(self):
+        self.pids = [self.server.postmaster_pid(), self.server.bouncer_pid()]
+        self.t0 = time.monotonic()
+        self.cpu0 = process_tree_cpu(self.pids)
+        self.m0 = machine_cpu()
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(0.3)  # let the postmaster reap the backends that just exited
+        self.wall = time.monotonic() - self.t0
+        self.server_cpu_s = process_tree_cpu(self.pids) - self.cpu0
+        m1 = machine_cpu()
+        busy, total = m1[0] - self.m0[0], m1[1] - self.m0[1]
+        self.machine_busy = busy / total if total else 0.0
+        return False
+
+    def result(self) -> dict:
+        n = ncpus()
+        return {"wall_s": self.wall, "server_cpu_s": self.server_cpu_s,
+                "server_cpu_util": self.server_cpu_s / self.wall / n if self.wall else 0.0,
+                "machine_busy": self.machine_busy, "ncpus": n}

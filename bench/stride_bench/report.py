@@ -1,0 +1,489 @@
+"""RESULTS.md, the plots and the compact table printed at the end of a run."""
+
+import math
+from pathlib import Path
+
+from .common import RESULTS_DIR, RESULTS_MD, log
+
+CLASSES = ("short", "long")
+
+
+def f(x, nd=2):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{nd}f}"
+
+
+def ms(x):
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1000:.1f}"
+
+
+def top_alpha(meta):
+    alphas = meta["plan"]["alphas"]
+    return str(max(alphas)) if alphas else None
+
+
+def ran_configs(meta):
+    return [n for n, c in meta["configs"].items() if c.get("status") == "ran"
+            and n in meta.get("open_loop", {})]
+
+
+# ---- tables ----------------------------------------------------------------------------
+
+def cpu_share(st) -> float:
+    """Server CPU share of a point; not defined when the server restarted during it."""
+    v = st["cpu"]["server_cpu_util"]
+    return v if v >= 0 else float("nan")
+
+
+def point_problem(st) -> str | None:
+    """Why an open-loop point is not a clean measurement, or None."""
+    if st.get("server_crash") and st.get("rc", 0) != 0:
+        return "server crashed: " + st["server_crash"][0]
+    if st.get("rc", 0) != 0:
+        return (f"pgbench exited with status {st['rc']} (clients aborted, e.g. a server crash; "
+                "see the point's .out file and the server log)")
+    if st.get("timed_out"):
+        return "pgbench did not finish in time and was stopped"
+    return None
+
+
+def headline_rows(meta):
+    """Per configuration at the highest load: the figures the issue's targets name."""
+    a = top_alpha(meta)
+    ol = meta.get("open_loop", {})
+    stock = ol.get("stock", {}).get(a, {}).get("classes", {})
+    rows = []
+    for name in ran_configs(meta):
+        st = ol[name].get(a)
+        if not st:
+            continue
+        c = st["classes"]
+        s, l = c.get("short", {}), c.get("long", {})
+        p99_stock = stock.get("short", {}).get("slowdown", {}).get("p99", float("nan"))
+        p99 = s.get("slowdown", {}).get("p99", float("nan"))
+        lt = l.get("throughput_qps", float("nan"))
+        lt_stock = stock.get("long", {}).get("throughput_qps", float("nan"))
+        mx = meta.get("mixed", {}).get(name, {}).get("tpch", {}).get("classes", {})
+        mx_stock = meta.get("mixed", {}).get("stock", {}).get("tpch", {}).get("classes", {})
+        mlt = mx.get("long", {}).get("work_per_s", float("nan"))
+        mlt_stock = mx_stock.get("long", {}).get("work_per_s", float("nan"))
+        bad = point_problem(st)
+        rows.append({
+            "config": name + (" (run failed)" if bad else ""),
+            "problem": bad,
+            "short_mean": s.get("slowdown", {}).get("mean"),
+            "short_p99": p99,
+            "p99_gain": p99_stock / p99 if p99 else float("nan"),
+            "long_mean": l.get("slowdown", {}).get("mean"),
+            "long_p99": l.get("slowdown", {}).get("p99"),
+            "long_tput": lt,
+            "long_tput_rel": lt / lt_stock if lt_stock else float("nan"),
+            "mixed_long_rel": mlt / mlt_stock if mlt_stock else float("nan"),
+            "cpu": cpu_share(st),
+            "machine": st["cpu"]["machine_busy"],
+            "max_in_system": st.get("max_in_system"),
+            "clients": st.get("clients"),
+        })
+    return rows
+
+
+def overhead_summary(meta):
+    oh = meta.get("overhead") or {}
+    rounds = oh.get("rounds") or []
+    variants = oh.get("variants") or []
+    if len(variants) < 2 or not rounds:
+        return None
+    base, other = variants[0], variants[1]
+    out = {"base": base, "other": other, "note": oh.get("note"), "kinds": {}}
+    from .analysis import median
+    for kind in ("tpcb", "select"):
+        b_tps = [r[base][kind]["tps"] for r in rounds if base in r]
+        o_tps = [r[other][kind]["tps"] for r in rounds if other in r]
+        b_p99 = [r[base][kind]["p99_ms"] for r in rounds if base in r]
+        o_p99 = [r[other][kind]["p99_ms"] for r in rounds if other in r]
+        b_cpu = [r[base][kind].get("cpu_us_per_txn", float("nan")) for r in rounds if base in r]
+        o_cpu = [r[other][kind].get("cpu_us_per_txn", float("nan")) for r in rounds if other in r]
+        out["kinds"][kind] = {
+            "base_cpu": median(b_cpu), "other_cpu": median(o_cpu),
+            "cpu_ratio": median(o_cpu) / median(b_cpu) if b_cpu and median(b_cpu) else float("nan"),
+            "base_tps": median(b_tps), "other_tps": median(o_tps),
+            "tps_ratio": median(o_tps) / median(b_tps) if b_tps and median(b_tps) else float("nan"),
+            "base_p99": median(b_p99), "other_p99": median(o_p99),
+            "p99_ratio": median(o_p99) / median(b_p99) if b_p99 and median(b_p99) else float("nan"),
+            "rounds": len(rounds),
+        }
+    return out
+
+
+def compact_table(meta) -> str:
+    a = top_alpha(meta)
+    rows = headline_rows(meta)
+    width = max([18] + [len(r["config"]) for r in rows])
+    lines = [f"pg_stride bench ({meta['plan']['mode']}): slowdown = latency / isolated latency, "
+             f"load alpha = {a}, SF {meta['scales']['short']:g} (short) + "
+             f"SF {meta['scales']['long']:g} (long), 3:1 arrivals",
+             f"{'configuration':{width}s} {'short mean':>10s} {'short p99':>10s} {'long mean':>10s} "
+             f"{'long p99':>9s} {'long q/s':>9s} {'vs stock':>8s} {'CPU':>5s}"]
+    for r in rows:
+        lines.append(f"{r['config']:{width}s} {f(r['short_mean']):>10s} {f(r['short_p99']):>10s} "
+                     f"{f(r['long_mean']):>10s} {f(r['long_p99']):>9s} {f(r['long_tput'], 3):>9s} "
+                     f"{f(r['long_tput_rel'] * 100, 0) + '%':>8s} {f(r['cpu'] * 100, 0) + '%':>5s}")
+    for name, c in meta["configs"].items():
+        if c.get("status") == "skipped":
+            lines.append(f"{name:{width}s} skipped: {c.get('reason')}")
+    mx = meta.get("mixed") or {}
+    if mx:
+        lines.append("mixed OLTP + analytics: " + "; ".join(
+            f"{n}: TPC-B {m['tpcb']['tps']:.0f} tps p99 {m['tpcb']['latency']['p99'] * 1000:.1f} ms, "
+            f"TPC-H {m['tpch']['tps']:.2f} q/s" for n, m in mx.items()))
+    oh = overhead_summary(meta)
+    if oh:
+        lines.append(f"overhead ({oh['other']} / {oh['base']}): " + ", ".join(
+            f"{k} TPS x{v['tps_ratio']:.3f} p99 x{v['p99_ratio']:.3f} CPU/txn x{v['cpu_ratio']:.3f}"
+            for k, v in oh["kinds"].items()))
+    return "\n".join(lines)
+
+
+# ---- plots -----------------------------------------------------------------------------
+
+def plots(meta, img_dir: Path) -> dict:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    def logaxis(axis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+    img_dir.mkdir(parents=True, exist_ok=True)
+    names = ran_configs(meta)
+    ol = meta.get("open_loop", {})
+    sf = meta["scales"]
+    made = {}
+    markers = "osD^vP*X"
+    style = {n: markers[i % len(markers)] for i, n in enumerate(names)}
+
+    # Slowdown against load per class (wagner2021 Fig. 7 / 9)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+    for col, cls in enumerate(CLASSES):
+        for row, stat in enumerate(("mean", "p99")):
+            ax = axes[row][col]
+            for n in names:
+                # a failed point (see the tables) is left out of the lines
+                pts = sorted((float(a), st["classes"][cls]["slowdown"][stat])
+                             for a, st in ol[n].items()
+                             if cls in st["classes"] and not point_problem(st))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=style[n], label=n)
+            ax.set_yscale("log")
+            logaxis(ax.yaxis)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_title(f"{cls} queries (SF {sf[cls]:g}): {stat} slowdown")
+            if row == 1:
+                ax.set_xlabel("load α = λ·d")
+            ax.set_ylabel(f"{stat} slowdown (log)")
+    axes[0][0].legend()
+    fig.suptitle("Slowdown against load, per class (same arrivals for every configuration; "
+                 "failed points left out)")
+    fig.tight_layout()
+    p = img_dir / "slowdown_vs_load.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    made["slowdown_vs_load"] = p.name
+
+    # Slowdown CDFs at the highest load
+    a = top_alpha(meta)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for col, cls in enumerate(CLASSES):
+        ax = axes[col]
+        for n in names:
+            st = ol[n].get(a)
+            if not st or cls not in st["classes"] or point_problem(st):
+                continue
+            xs = st["classes"][cls]["slowdowns"]
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.step(xs, ys, where="post", label=f"{n} (n={len(xs)})")
+        ax.set_xscale("log")
+        logaxis(ax.xaxis)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_xlabel("slowdown (log)")
+        ax.set_ylabel("fraction of queries")
+        ax.set_title(f"{cls} queries (SF {sf[cls]:g}) at α = {a}")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    p = img_dir / "slowdown_cdf.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    made["slowdown_cdf"] = p.name
+
+    # Mixed OLTP + analytics
+    mx = meta.get("mixed") or {}
+    if mx:
+        mnames = list(mx)
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+        vals = [
+            ("TPC-B transactions/s", [mx[n]["tpcb"]["tps"] for n in mnames]),
+            ("TPC-B p99 latency (ms)", [mx[n]["tpcb"]["latency"]["p99"] * 1000 for n in mnames]),
+            ("TPC-H work done (isolated-s per s)", [mx[n]["tpch"].get("work_per_s", 0) for n in mnames]),
+        ]
+        for ax, (title, v) in zip(axes, vals):
+            ax.bar(mnames, v, color=[f"C{i}" for i in range(len(mnames))])
+            ax.set_title(title, fontsize=10)
+            ax.tick_params(axis="x", rotation=20, labelsize=8)
+            ax.grid(True, axis="y", alpha=0.3)
+        fig.suptitle("Mixed workload: TPC-B clients beside TPC-H clients")
+        fig.tight_layout()
+        p = img_dir / "mixed.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made["mixed"] = p.name
+    return made
+
+
+# ---- RESULTS.md --------------------------------------------------------------------------
+
+def markdown(meta, imgs: dict, img_prefix: str) -> str:
+    m = meta["machine"]
+    plan = meta["plan"]
+    a = top_alpha(meta)
+    sf = meta["scales"]
+    out = []
+    w = out.append
+    w("# pg_stride benchmark results\n")
+    w(f"Written by `bench/run --{plan['mode']}` (started {meta['started']}, finished "
+      f"{meta.get('finished', '–')}, {meta.get('elapsed_s', 0) / 60:.0f} min). Method, "
+      "commands and how to read this file: [bench/README.md](README.md).\n")
+    w("## Machine\n")
+    w(f"- CPU: {m.get('cpu', '?')}, {m['ncpus']} CPUs online; memory {m.get('mem_gib', '?')} GiB; "
+      f"{m.get('os', '?')}, kernel {m['kernel']}")
+    w(f"- {m['postgres']}; {m['pgbouncer']}; pg_stride library: {m['pg_stride_so']}"
+      + (f" (built {m['pg_stride_so_mtime']})" if m.get("pg_stride_so_mtime") else ""))
+    w(f"- load average at start {' '.join(m.get('loadavg_start', []))}, at end "
+      f"{' '.join(m.get('loadavg_end', []))}. The machine is shared (other builds run beside the "
+      "benchmark), so timings are noisy: compare configurations only within this run. "
+      "\"machine busy\" below is whole-machine CPU use during a run, \"server CPU\" the "
+      "PostgreSQL (and pgbouncer) processes' share of all CPUs.\n")
+
+    w("## Set-up\n")
+    inc = meta["queries"]["included"]
+    exc = meta["queries"]["excluded"]
+    w(f"- TPC-H generated by tpchgen-cli 4.0.0 at SF {sf['short']:g} (\"short\" class) and SF "
+      f"{sf['long']:g} (\"long\" class), keys and indexes, ANALYZEd, prewarmed into shared_buffers.")
+    w(f"- Queries ({len(inc)}): {', '.join(q.upper() for q in inc)}; parameters drawn per "
+      "execution." + (" Left out: " + "; ".join(f"{q.upper()} ({r})" for q, r in exc.items())
+                     if exc else ""))
+    w(f"- Arrivals: Poisson (pgbench --rate), 3 of 4 at SF {sf['short']:g}, uniform over the "
+      f"queries within a class; rate λ = α / d with d = {meta['mean_isolated_s'] * 1000:.1f} ms, "
+      "the mean isolated latency of an arrival. Same seed, so the same arrival times and query "
+      "sequence, for every configuration.")
+    w(f"- {plan['ol_duration']} s of arrivals per point; the first {plan['warmup_frac'] * 100:.0f} % "
+      f"are warm-up and not counted; {plan['clients']} pgbench clients (one thread); load points "
+      f"α = {', '.join(str(x) for x in plan['alphas'])}; rates " +
+      ", ".join(f"{float(r):.2f}/s" for r in meta["rates"].values()) + ".")
+    fps, failed_pts = {}, []
+    for n in ran_configs(meta):
+        for al, st in meta["open_loop"][n].items():
+            if point_problem(st):
+                failed_pts.append(f"{n} at α = {al}")
+            else:
+                fps.setdefault(al, set()).add(st.get("arrival_fingerprint"))
+    same = all(len(v) == 1 for v in fps.values())
+    w("- Arrival sequences (query per arrival, in order) of the configurations at each load: "
+      + ("identical (checked)" if same else "**differ** between configurations: " +
+         "; ".join(f"α {al}: {sorted(v)}" for al, v in fps.items() if len(v) > 1))
+      + (f", failed runs left out of the check: {', '.join(failed_pts)}." if failed_pts else "."))
+    if m.get("pg_stride_so_changed"):
+        import datetime as dt
+        changed = dt.datetime.fromisoformat(m["pg_stride_so_changed"]).timestamp()
+        last_ol = max((st.get("last_completion", 0) for pts in meta["open_loop"].values()
+                       for st in pts.values()), default=0)
+        detail = ("every open-loop point had finished before then; the mixed and overhead "
+                  "measurements that came later may have run the new build" if last_ol < changed
+                  else "pg_stride configurations may mix builds")
+        w(f"- **Warning**: pg_stride.so was replaced during the run (now dated "
+          f"{m['pg_stride_so_changed']}, the run started with the build of "
+          f"{m.get('pg_stride_so_mtime', '?')}): {detail}.")
+    w("- Slowdown of a query = its response time (completion − scheduled arrival) / the median "
+      "isolated latency of the same query at the same scale.\n")
+
+    w("## Configurations\n")
+    w("| configuration | what | status |")
+    w("|---|---|---|")
+    for n, c in meta["configs"].items():
+        status = c.get("status")
+        if status == "skipped":
+            status = f"skipped: {c.get('reason')}"
+        extra = f" (server pool {c['pool_size']})" if c.get("pool_size") else ""
+        w(f"| {n} | {c.get('label', '')}{extra} | {status} |")
+    w("")
+
+    rows = headline_rows(meta)
+    w(f"## Headline (α = {a})\n")
+    w("| configuration | short mean slowdown | short p99 slowdown | stock p99 / this p99 | "
+      "long mean slowdown | long p99 slowdown | long throughput (q/s) | long throughput vs stock "
+      "| mixed: long work vs stock | server CPU | machine busy |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        w(f"| {r['config']} | {f(r['short_mean'])} | {f(r['short_p99'])} | {f(r['p99_gain'])}× | "
+          f"{f(r['long_mean'])} | {f(r['long_p99'])} | {f(r['long_tput'], 3)} | "
+          f"{f(r['long_tput_rel'] * 100, 1)} % | {f(r['mixed_long_rel'] * 100, 1)} % | "
+          f"{f(r['cpu'] * 100, 0)} % | {f(r['machine'] * 100, 0)} % |")
+    for r in rows:
+        if r["problem"]:
+            w(f"\n{r['config']}: {r['problem']}.")
+    oh = overhead_summary(meta)
+    if oh:
+        w("")
+        w(f"Overhead ({oh['other']} ÷ {oh['base']}, median of {oh['kinds']['tpcb']['rounds']} "
+          "interleaved rounds): " + "; ".join(
+              f"{'TPC-B' if k == 'tpcb' else 'select-only'} TPS ×{v['tps_ratio']:.3f}, "
+              f"p99 ×{v['p99_ratio']:.3f}, server CPU per transaction ×{v['cpu_ratio']:.3f}"
+              for k, v in oh["kinds"].items()) +
+          (f". Note: {oh['note']}; this is an A/A comparison of stock with itself, "
+           "i.e. the noise floor of the measurement." if oh.get("note") else "."))
+    w("\nTargets of the scheduling issues (measured here, met there): at α = 0.95 pg_stride's "
+      "short-query mean slowdown ≤ 1.5 and p99 slowdown ≥ 10× lower than stock; long-query "
+      "throughput ≥ 95 % of stock; OLTP overhead < 2 %.\n")
+    stride_rows = [r for r in rows if r["config"].startswith("stride")]
+    if stride_rows:
+        def mark(ok):
+            return "–" if ok is None else ("met" if ok else "not met")
+
+        def ge(x, lim):
+            return None if x is None or (isinstance(x, float) and math.isnan(x)) else x >= lim
+
+        w("| configuration | short mean ≤ 1.5 | p99 ≥ 10× lower than stock | long throughput ≥ 95 % "
+          "(open loop / mixed) | OLTP overhead < 2 % (TPC-B TPS) |")
+        w("|---|---|---|---|---|")
+        tpcb = oh["kinds"]["tpcb"]["tps_ratio"] if oh and not oh.get("note") else None
+        for r in stride_rows:
+            sm = r["short_mean"]
+            w(f"| {r['config']} | {mark(None if sm is None else sm <= 1.5)} | "
+              f"{mark(ge(r['p99_gain'], 10))} | {mark(ge(r['long_tput_rel'], 0.95))} / "
+              f"{mark(ge(r['mixed_long_rel'], 0.95))} | {mark(ge(tpcb, 0.98))} |")
+        w("")
+
+    w("## Plots\n")
+    if "slowdown_vs_load" in imgs:
+        w(f"![slowdown against load]({img_prefix}{imgs['slowdown_vs_load']})\n")
+    if "slowdown_cdf" in imgs:
+        w(f"![slowdown CDFs at the highest load]({img_prefix}{imgs['slowdown_cdf']})\n")
+    if "mixed" in imgs:
+        w(f"![mixed workload]({img_prefix}{imgs['mixed']})\n")
+
+    w("## Isolated latencies (ms, median; the denominators)\n")
+    w(f"| query | SF {sf['short']:g} | runs | min–max | SF {sf['long']:g} | runs | min–max |")
+    w("|---|---:|---:|---|---:|---:|---|")
+    iso = meta["isolated"]
+    for q in inc:
+        s, l = iso.get(f"{q}|short"), iso.get(f"{q}|long")
+        if not s or not l:
+            continue
+        w(f"| {q.upper()} | {ms(s['median_s'])} | {s['runs']} | {ms(s['min_s'])}–{ms(s['max_s'])} "
+          f"| {ms(l['median_s'])} | {l['runs']} | {ms(l['min_s'])}–{ms(l['max_s'])} |")
+    w("")
+
+    w("## Open-loop sweep: all points\n")
+    w("| configuration | α | rate/s | class | n | mean | p50 | p95 | p99 | max | geomean | "
+      "throughput q/s | server CPU | machine busy | max in system | failed |")
+    w("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ol = meta.get("open_loop", {})
+    for n in ran_configs(meta):
+        for al in sorted(ol[n], key=float):
+            st = ol[n][al]
+            for cls in CLASSES:
+                c = st["classes"].get(cls)
+                if not c:
+                    continue
+                s = c["slowdown"]
+                flag = " (all clients busy)" if st.get("ran_out_of_clients") else ""
+                prob = point_problem(st)
+                fail = f"{st['failed']}" + (f"; **{prob}**" if prob else "") + (
+                    f"; ran again after: {st['retried_after']}" if st.get("retried_after") else "")
+                w(f"| {n} | {al} | {st['rate']:.2f} | {cls} | {s['n']} | {f(s['mean'])} | "
+                  f"{f(s['p50'])} | {f(s['p95'])} | {f(s['p99'])} | {f(s['max'])} | "
+                  f"{f(c['slowdown_geomean'])} | {f(c['throughput_qps'], 3)} | "
+                  f"{f(cpu_share(st) * 100, 0)} % | "
+                  f"{f(st['cpu']['machine_busy'] * 100, 0)} % | {st.get('max_in_system')}{flag} | "
+                  f"{fail} |")
+    w("")
+    w(f"Mean slowdown per query at α = {a}:\n")
+    hdr = [n for n in ran_configs(meta) if a in ol[n]]
+    w("| query | class | " + " | ".join(hdr) + " |")
+    w("|---|---|" + "---:|" * len(hdr))
+    for cls in CLASSES:
+        for q in inc:
+            vals = [ol[n][a]["classes"].get(cls, {}).get("per_query_mean_slowdown", {}).get(q)
+                    for n in hdr]
+            w(f"| {q.upper()} | {cls} | " + " | ".join(f(v) for v in vals) + " |")
+    w("")
+
+    mx = meta.get("mixed") or {}
+    if mx:
+        w("## Mixed OLTP + analytics (psaroudakis2013 §7.2)\n")
+        w(f"{plan['mixed_oltp_clients']} pgbench TPC-B-like clients (database `oltp`, scale "
+          f"{plan['oltp_scale']}) beside {plan['mixed_tpch_clients']} closed-loop TPC-H clients "
+          f"(the same 3:1 mix), {plan['mixed_duration']} s, disjoint data sets. \"work\" = the "
+          "isolated latencies of the completed queries per second of run: analytical throughput "
+          "independent of which queries happened to be drawn.\n")
+        w("| configuration | TPC-B TPS | TPC-B mean ms | TPC-B p99 ms | TPC-H q/s | short q/s | "
+          "long q/s | TPC-H work/s | long work/s | short mean slowdown | server CPU |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for n, r in mx.items():
+            b, h = r["tpcb"], r["tpch"]
+            hc = h.get("classes", {})
+            w(f"| {n} | {b['tps']:.0f} | {ms(b['latency']['mean'])} | {ms(b['latency']['p99'])} | "
+              f"{h['tps']:.2f} | {f(hc.get('short', {}).get('qps'))} | "
+              f"{f(hc.get('long', {}).get('qps'), 3)} | {f(h.get('work_per_s'))} | "
+              f"{f(hc.get('long', {}).get('work_per_s'))} | "
+              f"{f(hc.get('short', {}).get('slowdown', {}).get('mean'))} | "
+              f"{f(r['cpu']['server_cpu_util'] * 100, 0)} % |")
+        w("")
+
+    if oh:
+        w("## Overhead: pgbench TPC-B-like and select-only\n")
+        w(f"{plan['overhead_clients']} clients, -M prepared, {plan['overhead_duration']} s per run, "
+          f"{oh['kinds']['tpcb']['rounds']} rounds, variants interleaved (order alternating per round), "
+          "server restarted before each run.\n")
+        w(f"| workload | TPS {oh['base']} | TPS {oh['other']} | ratio | p99 ms {oh['base']} | "
+          f"p99 ms {oh['other']} | ratio | server CPU µs/txn {oh['base']} | "
+          f"CPU µs/txn {oh['other']} | ratio |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for k, v in oh["kinds"].items():
+            w(f"| {'TPC-B-like' if k == 'tpcb' else 'select-only'} | {v['base_tps']:.0f} | "
+              f"{v['other_tps']:.0f} | {v['tps_ratio']:.3f} | {v['base_p99']:.2f} | "
+              f"{v['other_p99']:.2f} | {v['p99_ratio']:.3f} | {f(v['base_cpu'], 1)} | "
+              f"{f(v['other_cpu'], 1)} | {f(v['cpu_ratio'], 3)} |")
+        w("")
+        w("Server CPU per transaction (CPU seconds of the PostgreSQL processes ÷ transactions) is "
+          "the steadier overhead figure on a shared machine: it does not move when another "
+          "process takes CPU away from the benchmark, as TPS does.")
+        w("")
+        w("Per round (TPS):\n")
+        for i, r in enumerate(meta["overhead"]["rounds"]):
+            w(f"- round {i + 1}: " + "; ".join(
+                f"{lab}: TPC-B {v['tpcb']['tps']:.0f}, select-only {v['select']['tps']:.0f} "
+                f"(machine busy {v['tpcb'].get('machine_busy', 0) * 100:.0f} / "
+                f"{v['select'].get('machine_busy', 0) * 100:.0f} %)"
+                for lab, v in r.items()))
+        w("")
+    return "\n".join(out) + "\n"
+
+
+def write(meta, run_dir: Path, publish: bool, outdir: Path | None = None):
+    if publish:
+        md_path, img_dir, prefix = RESULTS_MD, RESULTS_DIR, "results/"
+    else:
+        target = outdir or run_dir
+        md_path, img_dir, prefix = target / "RESULTS.md", target, ""
+    if not meta.get("open_loop"):
+        log("no open-loop results: nothing to report")
+        return
+    imgs = plots(meta, img_dir)
+    md_path.write_text(markdown(meta, imgs, prefix))
+    log(f"wrote {md_path}")
+    print()
+    print(compact_table(meta), flush=True)

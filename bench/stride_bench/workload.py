@@ -1,0 +1,181 @@
+"""The experiments: isolated latencies, the open-loop sweep, the mixed OLTP + analytics
+workload and the overhead runs.  Each one drives pgbench and keeps its per-transaction
+logs under the run directory."""
+
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from . import analysis
+from .common import PG_BIN, log
+from .pgserver import CpuMeter, Server
+
+TPCH_DB = "tpch"
+OLTP_DB = "oltp"
+
+# Share of arrivals per class (wagner2021 §5.1: SF3 picked three times as often as SF30).
+CLASS_WEIGHT = {"short": 3, "long": 1}
+
+
+def pgbench(args: list, conn: list, logfile: Path, timeout: float, cwd: Path):
+    """Run pgbench; on timeout interrupt it and report `timed_out`."""
+    cmd = [str(PG_BIN / "pgbench"), *[str(a) for a in args], *conn]
+    with open(logfile, "w") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+        try:
+            rc = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                rc = proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+            timed_out = True
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    text = logfile.read_text()
+    m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", text)
+    return {"rc": rc, "timed_out": timed_out, "tps": float(m.group(1)) if m else float("nan")}
+
+
+class Workload:
+    """Scripts of the TPC-H mix for one run."""
+
+    def __init__(self, scripts: dict, queries: list):
+        # scripts: (query, class) -> path
+        self.scripts = scripts
+        self.queries = queries
+        self.order = [(q, cls) for cls in ("short", "long") for q in queries]
+        # pgbench numbers the -f scripts from 0 in the order given
+        self.script_info = {i: key for i, key in enumerate(self.order)}
+
+    def pgbench_files(self) -> list:
+        args = []
+        for q, cls in self.order:
+            args += ["-f", f"{self.scripts[(q, cls)]}@{CLASS_WEIGHT[cls]}"]
+        return args
+
+    def mean_isolated(self, iso: dict) -> float:
+        """d of wagner2021 §5.1: mean isolated latency of an arrival of the mix."""
+        total_w = sum(CLASS_WEIGHT[cls] for _, cls in self.order)
+        return sum(CLASS_WEIGHT[cls] * iso[(q, cls)] for q, cls in self.order) / total_w
+
+
+def measure_isolated(server: Server, wl: Workload, runs: int, outdir: Path, seed: int) -> dict:
+    """Each query alone, one client, default parallelism: median of `runs` executions
+    (parameters drawn per execution), after one warm-up execution."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    iso = {}
+    for q, cls in wl.order:
+        prefix = outdir / f"iso_{cls}_{q}"
+        r = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", runs + 1,
+                     f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
+                     "-f", wl.scripts[(q, cls)]],
+                    server.conn_args(TPCH_DB), outdir / f"iso_{cls}_{q}.out",
+                    timeout=600, cwd=outdir)
+        txns = analysis.parse_logs(str(prefix))
+        if r["rc"] != 0 or len(txns) < runs + 1 or any(t.failed for t in txns):
+            raise RuntimeError(f"isolated run of {q} ({cls}) failed; see "
+                               f"{outdir / f'iso_{cls}_{q}.out'}")
+        res = analysis.isolated_latency(txns, skip_first=1)
+        iso[(q, cls)] = res
+        log(f"  isolated {q} {cls:5s}: median {res['median_s'] * 1000:8.1f} ms "
+            f"(min {res['min_s'] * 1000:.1f}, max {res['max_s'] * 1000:.1f})")
+    return iso
+
+
+def open_loop(server: Server, wl: Workload, conn: list, rate: float, duration: int,
+              clients: int, seed: int, outdir: Path, name: str) -> dict:
+    """One open-loop point: Poisson arrivals at `rate` per second for `duration` s."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    prefix = outdir / name
+    for old in outdir.glob(name + ".*"):          # logs of an earlier try of this point
+        if old.suffix.lstrip(".").isdigit():
+            old.unlink()
+    args = ["-n", "-M", "simple", "-c", clients, "-j", 1, "-T", duration,
+            "-R", f"{rate:.4f}", f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
+            *wl.pgbench_files()]
+    logpos = server.log_size()
+    with CpuMeter(server) as cpu:
+        r = pgbench(args, conn, outdir / f"{name}.out", timeout=duration * 4 + 120, cwd=outdir)
+    if r["timed_out"]:
+        server.cancel_all()
+    res = {"rc": r["rc"], "timed_out": r["timed_out"], "cpu": cpu.result(),
+           "log_prefix": str(prefix), "server_crash": server.crashes_since(logpos)}
+    return res
+
+
+def mixed(server: Server, wl: Workload, tpch_conn: list, oltp_conn: list, duration: int,
+          tpch_clients: int, oltp_clients: int, seed: int, outdir: Path, name: str) -> dict:
+    """TPC-B clients beside TPC-H clients, both closed-loop, for `duration` s
+    (psaroudakis2013 §7.2, with pgbench's TPC-B-like transaction in place of TPC-C)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    cmd_h = [str(PG_BIN / "pgbench"), "-n", "-M", "simple", "-c", str(tpch_clients), "-j", "1",
+             "-T", str(duration), f"--random-seed={seed}", "-l",
+             f"--log-prefix={outdir / (name + '_tpch')}", *wl.pgbench_files(), *tpch_conn]
+    cmd_b = [str(PG_BIN / "pgbench"), "-M", "simple", "-b", "tpcb-like", "-c", str(oltp_clients),
+             "-j", "1", "-T", str(duration), f"--random-seed={seed}", "-l",
+             f"--log-prefix={outdir / (name + '_tpcb')}", *oltp_conn]
+    procs = []
+    with CpuMeter(server) as cpu:
+        try:
+            for cmd, tag in ((cmd_b, "tpcb"), (cmd_h, "tpch")):
+                fh = open(outdir / f"{name}_{tag}.out", "w")
+                fh.write("$ " + " ".join(cmd) + "\n")
+                fh.flush()
+                procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                               cwd=outdir), fh, tag))
+            rcs = {}
+            for p, fh, tag in procs:
+                try:
+                    rcs[tag] = p.wait(timeout=duration * 4 + 120)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    rcs[tag] = p.wait()
+                fh.close()
+        except BaseException:
+            for p, fh, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            raise
+    return {"rc": rcs, "cpu": cpu.result(), "duration": duration,
+            "tpch_prefix": str(outdir / (name + "_tpch")),
+            "tpcb_prefix": str(outdir / (name + "_tpcb"))}
+
+
+def overhead_pair(server: Server, duration: int, clients: int, seed: int, outdir: Path,
+                  name: str) -> dict:
+    """pgbench TPC-B-like and select-only runs against the current server."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    res = {}
+    threads = min(clients, 2)
+    for kind, extra, sampling in (("tpcb", ["-b", "tpcb-like"], "0.5"),
+                                  ("select", ["-b", "select-only"], "0.1")):
+        prefix = outdir / f"{name}_{kind}"
+        cpu = CpuMeter(server)
+        with cpu:
+            r = pgbench(["-M", "prepared", *extra, "-c", clients, "-j", threads, "-T", duration,
+                         f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
+                         f"--sampling-rate={sampling}"],
+                        server.conn_args(OLTP_DB), outdir / f"{name}_{kind}.out",
+                        timeout=duration * 3 + 60, cwd=outdir)
+        txns = analysis.parse_logs(str(prefix))
+        lat = [t.latency_s for t in txns if not t.failed]
+        res[kind] = {"tps": r["tps"], "rc": r["rc"],
+                     "p99_ms": analysis.percentile(lat, 99) * 1000 if lat else float("nan"),
+                     "mean_ms": sum(lat) / len(lat) * 1000 if lat else float("nan"),
+                     # server CPU per transaction: robust to CPU taken by other processes
+                     "cpu_us_per_txn": cpu.server_cpu_s / (r["tps"] * duration) * 1e6
+                     if r["tps"] > 0 else float("nan"),
+                     "machine_busy": cpu.machine_busy}
+        time.sleep(1)
+    return res
