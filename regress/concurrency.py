@@ -270,36 +270,38 @@ def paused_victim(s):
     return procs, pid, victim
 
 
-@check
-def cancelling_a_paused_query_gives_its_slot_back(s):
+def end_a_paused_query(s, how, message, then=lambda: None):
+    """With one slot, ends a paused query with `how` (a function of its pid): it must
+    fail with `message`, the other query finish, and no slot stay taken; `then` runs
+    while there is still one slot."""
     set_server(s, "pg_stride.cpu_slots", 1)
     try:
         procs, pid, victim = paused_victim(s)
-        s.sql(f"SELECT pg_cancel_backend({pid})")
+        s.sql(f"SELECT {how.format(pid=pid)}")
         rc, out, err = finish(procs[victim], timeout=120)
-        assert rc != 0 and "canceling statement due to user request" in err, (rc, out, err)
+        assert rc != 0 and message in err, (rc, out, err)
         assert finish(procs[1 - victim], timeout=120)[0] == 0
         # The query reading the view holds the one slot itself.
         assert s.sql("SELECT slots_in_use || ' ' || paused FROM pg_stride.scheduler") == "1 0"
+        then()
     finally:
         set_server(s, "pg_stride.cpu_slots", 0)
+
+
+@check
+def cancelling_a_paused_query_gives_its_slot_back(s):
+    end_a_paused_query(s, "pg_cancel_backend({pid})", "canceling statement due to user request")
 
 
 @check
 def a_terminated_paused_backend_leaves_no_slot_behind(s):
-    set_server(s, "pg_stride.cpu_slots", 1)
-    try:
-        procs, pid, victim = paused_victim(s)
-        s.sql(f"SELECT pg_terminate_backend({pid}, 10000)")
-        assert finish(procs[victim], timeout=120)[0] != 0
-        assert finish(procs[1 - victim], timeout=120)[0] == 0
-        # The query reading the view holds the one slot itself.
-        assert s.sql("SELECT slots_in_use || ' ' || paused FROM pg_stride.scheduler") == "1 0"
+    def a_new_query_runs_at_once():
         started = time.monotonic()
         assert finish(s.client("holder", "SELECT count(*) FROM big"))[0] == 0
         assert time.monotonic() - started < 5
-    finally:
-        set_server(s, "pg_stride.cpu_slots", 0)
+
+    end_a_paused_query(s, "pg_terminate_backend({pid}, 10000)", "terminating connection",
+                       then=a_new_query_runs_at_once)
 
 
 @check

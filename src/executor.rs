@@ -92,20 +92,22 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     }
 }
 
+/// IsParallelWorker(): this process is one of PostgreSQL's parallel workers.
+fn is_parallel_worker() -> bool {
+    // SAFETY: plain read of a process-local global.
+    unsafe { pg_sys::ParallelWorkerNumber >= 0 }
+}
+
 /// Whether `desc` takes part in CPU scheduling: a pausable top-level statement of this
 /// backend, or the part of one that this parallel worker runs.
 fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
-    // SAFETY: plain read of a process-local global (IsParallelWorker()).
-    let parallel_worker = unsafe { pg_sys::ParallelWorkerNumber } >= 0;
-    cpu::is_member() && (parallel_worker || statements::on_cpu(desc))
+    cpu::is_member() && (is_parallel_worker() || statements::on_cpu(desc))
 }
 
 /// A parallel worker (PostgreSQL's own) running part of a statement: it joins its
 /// leader's query, if there is one (DESIGN.md §2).
 fn is_parallel_worker_of_scheduled_leader(eflags: i32) -> bool {
-    // SAFETY: plain read of a process-local global (IsParallelWorker()).
-    let parallel_worker = unsafe { pg_sys::ParallelWorkerNumber } >= 0;
-    parallel_worker
+    is_parallel_worker()
         && gucs::ENABLED.get()
         && NESTING.get() == 0
         && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
@@ -150,9 +152,7 @@ unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
-    // SAFETY: plain read of a process-local global (IsParallelWorker()).
-    let parallel_worker = unsafe { pg_sys::ParallelWorkerNumber } >= 0;
-    if !statements::unregister(desc) && parallel_worker && cpu::is_member() {
+    if !statements::unregister(desc) && is_parallel_worker() && cpu::is_member() {
         // A parallel worker's part of a statement ends.
         if let Some(shared) = shmem::shared() {
             cpu::end_statement(shared, Some(desc));
