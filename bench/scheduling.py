@@ -7,11 +7,15 @@ against stock PostgreSQL, on one data directory, in one run:
    stock PostgreSQL against pg_stride with 2 CPU slots;
 2. CPU shares of two groups with weights 3:1 running identical CPU-bound queries,
    read from pg_stride.groups after a fixed time;
-3. overhead: pgbench select-only (as an ordinary role, so every statement goes through
-   admission) and TPC-B, library not loaded against loaded, interleaved rounds.
+3. overhead: pgbench select-only with 1 client (an uncontended statement) and with 4,
+   and TPC-B with 8 clients, all as an ordinary role so that every statement goes
+   through admission; library not loaded against loaded, in pairs of rounds whose order
+   alternates. Besides tps it reports the server's CPU time per transaction (the
+   postmaster's reaped children), which the machine's noise disturbs less.
 
-Writes bench/results/SCHEDULING.md (a --quick run: bench/out/scheduling-quick.md).
-Usage: bench/scheduling.py [--quick]
+Writes bench/results/SCHEDULING.md (a --quick run: bench/out/scheduling-quick.md; a
+run of some sections only: bench/out/scheduling-partial.md).
+Usage: bench/scheduling.py [--quick] [--only short,shares,overhead]
 """
 
 import os
@@ -27,6 +31,7 @@ PORT = 5496
 AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
 QUICK = "--quick" in sys.argv
+ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 LONG = "SELECT count(*) FROM big WHERE md5(v::text) LIKE 'a%';\n"
@@ -80,6 +85,14 @@ class Server:
             shutil.chown(path, "postgres")
         return path
 
+    def children_cpu_s(self):
+        """CPU seconds of the server's ended processes (the postmaster's cutime + cstime)."""
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            pid = f.readline().strip()
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
     def pgbench(self, *args, user="postgres", log_prefix=None):
         cmd = [f"{PGBIN}/pgbench", "-n", "-h", self.dir, "-p", str(PORT), "-U", user]
         if log_prefix:
@@ -92,6 +105,13 @@ def tps(output):
     for line in output.splitlines():
         if line.startswith("tps ="):
             return float(line.split()[2])
+    raise RuntimeError(output)
+
+
+def transactions(output):
+    for line in output.splitlines():
+        if line.startswith("number of transactions actually processed:"):
+            return int(line.split(":")[1].split("/")[0])
     raise RuntimeError(output)
 
 
@@ -149,15 +169,29 @@ def group_shares(s, settings, seconds):
     return float(cpu["gold"]), float(cpu["bronze"])
 
 
-def overhead(s, variants, rounds, seconds):
-    results = {name: {"select": [], "tpcb": []} for name, _ in variants}
-    for _ in range(rounds):
-        for name, settings in variants:
+OVERHEAD_WORKLOADS = (("select1", "pgbench -S, 1 client", ["-S", "-c", "1", "-j", "1"]),
+                      ("select4", "pgbench -S, 4 clients", ["-S", "-c", "4", "-j", "2"]),
+                      ("tpcb", "pgbench TPC-B, 8 clients", ["-c", "8", "-j", "2"]))
+
+
+def overhead(s, variants, pairs, seconds):
+    """Runs each workload in `pairs` pairs of rounds, one round per variant, the order
+    alternating between pairs. Returns {workload: [(tps, cpu_us_per_tx) per variant]}
+    per pair."""
+    results = {w: [] for w, _, _ in OVERHEAD_WORKLOADS}
+    for pair in range(pairs):
+        order = variants if pair % 2 == 0 else variants[::-1]
+        measured = {}
+        for name, settings in order:
             s.restart(settings)
-            sel = s.pgbench("-S", "-c", "4", "-j", "2", "-T", str(seconds), "-M", "prepared", user="r_plain")
-            results[name]["select"].append(tps(sel.communicate()[0]))
-            tb = s.pgbench("-c", "8", "-j", "2", "-T", str(seconds), "-M", "prepared", user="r_plain")
-            results[name]["tpcb"].append(tps(tb.communicate()[0]))
+            for w, _, args in OVERHEAD_WORKLOADS:
+                before = s.children_cpu_s()
+                out = s.pgbench(*args, "-T", str(seconds[w]), "-M", "prepared", user="r_plain").communicate()[0]
+                time.sleep(0.5)  # the backends exit and are reaped
+                cpu_us = (s.children_cpu_s() - before) * 1e6 / transactions(out)
+                measured[(w, name)] = (tps(out), cpu_us)
+        for w in results:
+            results[w].append([measured[(w, name)] for name, _ in variants])
     return results
 
 
@@ -170,39 +204,49 @@ def main():
     lines = []
     try:
         s.restart(stock)
-        s.sql("CREATE TABLE big (id int PRIMARY KEY, v int); "
-              "INSERT INTO big SELECT g, g FROM generate_series(1, 5000000) g")
-        s.sql("VACUUM ANALYZE big")
+        if ONLY is None or ONLY & {"short", "shares"}:
+            s.sql("CREATE TABLE big (id int PRIMARY KEY, v int); "
+                  "INSERT INTO big SELECT g, g FROM generate_series(1, 5000000) g")
+            s.sql("VACUUM ANALYZE big")
         s.run(f"{PGBIN}/pgbench", "-i", "-s", "10", "-q", "-h", s.dir, "-p", str(PORT), "-U", "postgres", "postgres")
         s.sql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain")
 
-        lines += ["## Short queries beside 4 long scans (2 cores)", "",
-                  "| configuration | short alone median / p99 (ms) | beside long scans median / p99 (ms) | ratio median / p99 | long scans tps |",
-                  "|---|---|---|---|---|"]
-        for variant, settings in (("stock", stock), ("pg_stride, 2 CPU slots", stride)):
-            r = short_beside_long(s, variant.split(",")[0], settings, seconds)
-            lines.append(f"| {variant} | {r['alone_median']:.1f} / {r['alone_p99']:.1f} | {r['median']:.1f} / {r['p99']:.1f} "
-                         f"(n={r['n']}) | {r['median'] / r['alone_median']:.2f} / {r['p99'] / r['alone_p99']:.2f} | {r['long_tps']:.2f} |")
+        if ONLY is None or "short" in ONLY:
+            lines += ["## Short queries beside 4 long scans (2 cores)", "",
+                      "| configuration | short alone median / p99 (ms) | beside long scans median / p99 (ms) | ratio median / p99 | long scans tps |",
+                      "|---|---|---|---|---|"]
+            for variant, settings in (("stock", stock), ("pg_stride, 2 CPU slots", stride)):
+                r = short_beside_long(s, variant.split(",")[0], settings, seconds)
+                lines.append(f"| {variant} | {r['alone_median']:.1f} / {r['alone_p99']:.1f} | {r['median']:.1f} / {r['p99']:.1f} "
+                             f"(n={r['n']}) | {r['median'] / r['alone_median']:.2f} / {r['p99'] / r['alone_p99']:.2f} | {r['long_tps']:.2f} |")
+                print(lines[-1], flush=True)
+
+        if ONLY is None or "shares" in ONLY:
+            share_seconds = 20 if QUICK else 60
+            gold, bronze = group_shares(s, stride, share_seconds)
+            lines += ["", f"## CPU shares, groups with weights 3:1, {share_seconds} s, 2 clients each, serial plans", "",
+                      f"gold (weight 300): {gold / 1000:.1f} s CPU; bronze (weight 100): {bronze / 1000:.1f} s CPU; "
+                      f"ratio {gold / bronze:.2f}"]
             print(lines[-1], flush=True)
 
-        share_seconds = 20 if QUICK else 60
-        gold, bronze = group_shares(s, stride, share_seconds)
-        lines += ["", f"## CPU shares, groups with weights 3:1, {share_seconds} s, 2 clients each, serial plans", "",
-                  f"gold (weight 300): {gold / 1000:.1f} s CPU; bronze (weight 100): {bronze / 1000:.1f} s CPU; "
-                  f"ratio {gold / bronze:.2f}"]
-        print(lines[-1], flush=True)
-
-        variants = [("not loaded", stock),
-                    ("loaded, enabled", ["shared_preload_libraries = 'pg_stride'", "pg_stride.exempt_superuser = off"])]
-        rounds, oh_seconds = (1, 10) if QUICK else (3, 20)
-        res = overhead(s, variants, rounds, oh_seconds)
-        lines += ["", f"## Overhead: {rounds} interleaved rounds of {oh_seconds} s, as an ordinary role", "",
-                  "| workload | not loaded tps (median) | loaded tps (median) | loaded / not loaded |", "|---|---|---|---|"]
-        for w, label in (("select", "pgbench -S, 4 clients"), ("tpcb", "pgbench TPC-B, 8 clients")):
-            a = statistics.median(res["not loaded"][w])
-            b = statistics.median(res["loaded, enabled"][w])
-            lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.3f} |")
-            print(lines[-1], flush=True)
+        if ONLY is None or "overhead" in ONLY:
+            variants = [("not loaded", stock),
+                        ("loaded", ["shared_preload_libraries = 'pg_stride'", "pg_stride.exempt_superuser = off"])]
+            pairs = 1 if QUICK else 8
+            oh_seconds = {"select1": 5, "select4": 5, "tpcb": 10} if QUICK else {"select1": 10, "select4": 10, "tpcb": 30}
+            res = overhead(s, variants, pairs, oh_seconds)
+            lines += ["", f"## Overhead: {pairs} pairs of rounds (order alternating), as an ordinary role", "",
+                      "Medians over the pairs; the ratios are the medians of the per-pair ratios.", "",
+                      "| workload | seconds per round | not loaded tps | loaded tps | loaded / not loaded tps "
+                      "| server CPU µs per transaction, not loaded / loaded | ratio |",
+                      "|---|---|---|---|---|---|---|"]
+            for w, label, _ in OVERHEAD_WORKLOADS:
+                rows = res[w]
+                med = lambda f: statistics.median(f(r) for r in rows)
+                lines.append(f"| {label} | {oh_seconds[w]} | {med(lambda r: r[0][0]):.0f} | {med(lambda r: r[1][0]):.0f} "
+                             f"| {med(lambda r: r[1][0] / r[0][0]):.3f} | {med(lambda r: r[0][1]):.2f} / {med(lambda r: r[1][1]):.2f} "
+                             f"| {med(lambda r: r[1][1] / r[0][1]):.3f} |")
+                print(lines[-1], flush=True)
     finally:
         s.stop()
     machine = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout.strip()
@@ -211,7 +255,12 @@ def main():
                       f"Machine: {machine}, {cpus} CPUs. Written by bench/scheduling.py on "
                       f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""] + lines) + "\n"
     # The full run's report is kept with the project; a quick run's is not.
-    path = os.path.join(HERE, "out", "scheduling-quick.md") if QUICK else os.path.join(HERE, "results", "SCHEDULING.md")
+    if ONLY is not None:
+        path = os.path.join(HERE, "out", "scheduling-partial.md")
+    elif QUICK:
+        path = os.path.join(HERE, "out", "scheduling-quick.md")
+    else:
+        path = os.path.join(HERE, "results", "SCHEDULING.md")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)

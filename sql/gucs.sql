@@ -4,7 +4,7 @@ SELECT name, setting, unit, context, vartype, min_val, max_val
  ORDER BY name;
 -- cpu_slots defaults to 0, "the CPUs this server may use"; the value in effect is in
 -- the scheduler view (its number depends on the machine).
-SELECT setting, context, min_val, max_val FROM pg_settings WHERE name = 'pg_stride.cpu_slots';
+SELECT boot_val, context, min_val, max_val FROM pg_settings WHERE name = 'pg_stride.cpu_slots';
 
 -- Units are accepted as for PostgreSQL's own time settings.
 SET pg_stride.slice = '500us';

@@ -1,10 +1,11 @@
 //! Admission control at ExecutorStart (DESIGN.md §1, §4 rules 3 and 5).
 //!
 //! The decisions (limits, stride order between groups, arrival order inside a group) are
-//! `pg_stride_sched::admission`; this module keeps that state in shared memory under the
-//! admission LWLock, makes a backend wait on its latch while its statement is queued,
-//! wakes the backends that an ending statement lets in, and keeps the statistics of
-//! `pg_stride.groups`.
+//! `pg_stride_sched::admission`; this module keeps that state in shared memory — the
+//! counts as atomics, the queue under the admission LWLock — makes a backend wait on its
+//! latch while its statement is queued, wakes the backends that an ending statement lets
+//! in, and keeps the statistics of `pg_stride.groups`. While the limits have room and
+//! nobody waits, a statement is admitted and released without the lock.
 //!
 //! A queued backend waits in a latch loop that serves cancel, `statement_timeout`,
 //! `pg_terminate_backend` (CHECK_FOR_INTERRUPTS) and postmaster death
@@ -37,6 +38,13 @@ fn now_timestamp() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
+/// When the current statement started (TimestampTz); a read of a saved value, where
+/// `now_timestamp` would read the clock.
+fn statement_start() -> i64 {
+    // SAFETY: plain call; returns a process-local value.
+    unsafe { pg_sys::GetCurrentStatementStartTimestamp() }
+}
+
 /// Admits a statement of this backend in group slot `group`, waiting for its turn when
 /// the limits are reached. Returns normally once admitted; raises an ERROR when the wait
 /// is cancelled, times out or the backend is terminated.
@@ -47,16 +55,26 @@ pub fn admit(shared: &shmem::Shared, group: usize) {
     let Some(entry) = shared.my_entry() else {
         return;
     };
-    let arrival = shared.with_admission(|adm, waiters| adm.arrive(waiters, procno, group));
     let counters = shared.groups.counters(group);
+    let arrival = if shared.admission.try_enter(group) {
+        Arrival::Admitted
+    } else {
+        shared.with_admission(|queue, waiters| {
+            queue.arrive(&shared.admission, waiters, procno, group, wake)
+        })
+    };
     if arrival == Arrival::Admitted {
         counters.record_admission(Duration::ZERO);
-        entry.admitted_at.store(now_timestamp(), Ordering::Relaxed);
+        entry
+            .admitted_at
+            .store(statement_start(), Ordering::Relaxed);
         return;
     }
 
     let started = Instant::now();
-    entry.queued_since.store(now_timestamp(), Ordering::Relaxed);
+    entry
+        .queued_since
+        .store(statement_start(), Ordering::Relaxed);
     entry.queued.fetch_add(1, Ordering::AcqRel);
     let outcome = PgTryBuilder::new(|| wait_for_turn(shared, procno, started))
         .catch_others(|error| {
@@ -97,7 +115,7 @@ pub fn admit(shared: &shmem::Shared, group: usize) {
 /// `pg_stride.queue_timeout` ran out first (the backend has then left the queue).
 fn wait_for_turn(shared: &shmem::Shared, procno: usize, started: Instant) -> Result<(), ()> {
     loop {
-        if shared.with_admission(|adm, waiters| adm.take_admitted(waiters, procno)) {
+        if shared.with_admission(|queue, waiters| queue.take_admitted(waiters, procno)) {
             return Ok(());
         }
         let timeout = match gucs::QUEUE_TIMEOUT_MS.get() {
@@ -106,7 +124,9 @@ fn wait_for_turn(shared: &shmem::Shared, procno: usize, started: Instant) -> Res
         };
         let waited = started.elapsed();
         if timeout.is_some_and(|t| waited >= t) {
-            let still_queued = shared.with_admission(|adm, waiters| adm.withdraw(waiters, procno));
+            let still_queued = shared.with_admission(|queue, waiters| {
+                queue.withdraw(&shared.admission, waiters, procno)
+            });
             // Admitted at the last moment: take it rather than fail.
             return if still_queued { Err(()) } else { Ok(()) };
         }
@@ -129,23 +149,26 @@ fn wait_for_turn(shared: &shmem::Shared, procno: usize, started: Instant) -> Res
 /// exits (a FATAL error, such as pg_terminate_backend's, exits without unwinding). An
 /// admission granted meanwhile is given back at once, so that the next waiter gets it.
 pub fn leave_queue(shared: &shmem::Shared, procno: usize) {
-    shared.with_admission(|adm, waiters| {
+    shared.with_admission(|queue, waiters| {
         let group = waiters[procno].group as usize;
-        if !adm.withdraw(waiters, procno) {
-            adm.finish(waiters, group, wake);
+        if !queue.withdraw(&shared.admission, waiters, procno) && shared.admission.leave(group) {
+            queue.dispatch(&shared.admission, waiters, wake);
         }
     });
 }
 
 /// An admitted statement of group slot `group` ended: lets the next waiters in.
 pub fn release(shared: &shmem::Shared, group: usize) {
-    shared.with_admission(|adm, waiters| adm.finish(waiters, group, wake));
+    if shared.admission.leave(group) {
+        shared.with_admission(|queue, waiters| queue.dispatch(&shared.admission, waiters, wake));
+    }
 }
 
 /// Admits process `procno` ahead of its turn if it is queued (the watchdog's way out of
 /// a wait-for cycle through admission). Returns whether it did.
 pub fn force_admit(shared: &shmem::Shared, procno: usize) -> bool {
-    let admitted = shared.with_admission(|adm, waiters| adm.force_admit(waiters, procno));
+    let admitted = shared
+        .with_admission(|queue, waiters| queue.force_admit(&shared.admission, waiters, procno));
     if admitted {
         wake(procno);
     }
@@ -159,10 +182,11 @@ pub fn apply_limits(shared: &shmem::Shared) {
     let max_active = gucs::MAX_ACTIVE_QUERIES.get() as u32;
     let sched = shared.sched();
     // The admission lock is also the CPU scheduler's registration lock.
-    shared.with_admission(|adm, waiters| {
-        adm.max_active = max_active;
+    shared.with_admission(|queue, waiters| {
+        shared.admission.set_max_active(max_active);
         for (slot, group) in &groups {
-            adm.configure_group(
+            queue.configure_group(
+                &shared.admission,
                 *slot,
                 group.settings.weight as u32,
                 group.settings.max_concurrency as u32,
@@ -171,21 +195,20 @@ pub fn apply_limits(shared: &shmem::Shared) {
                 crate::cpu::configure_group(sched, *slot, &group.settings);
             }
         }
-        adm.dispatch(waiters, wake);
+        queue.dispatch(&shared.admission, waiters, wake);
     });
 }
 
-/// Statements admitted and statements waiting, server-wide.
-pub fn totals(shared: &shmem::Shared) -> (u32, u32) {
-    shared.with_admission(|adm, _| (adm.active, adm.waiting))
-}
-
 impl GroupCounters {
-    /// Counts one admission after a wait of `waited`.
+    /// Counts one admission after a wait of `waited` (bucket 0 of the histogram is
+    /// derived, see [`crate::groups::HISTOGRAM_BUCKETS`]).
     fn record_admission(&self, waited: Duration) {
         self.admitted.fetch_add(1, Ordering::Relaxed);
         let us = waited.as_micros().min(u64::MAX as u128) as u64;
-        self.queue_time_us.fetch_add(us, Ordering::Relaxed);
-        self.queue_histogram[crate::groups::histogram_bucket(us)].fetch_add(1, Ordering::Relaxed);
+        if us > 0 {
+            self.queue_time_us.fetch_add(us, Ordering::Relaxed);
+            self.queue_histogram[crate::groups::histogram_bucket(us)]
+                .fetch_add(1, Ordering::Relaxed);
+        }
     }
 }

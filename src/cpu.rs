@@ -6,7 +6,11 @@
 //!
 //! * a top-level read-only statement registers a query entry in its resource group and
 //!   joins it; PostgreSQL's parallel workers for that statement join the same entry
-//!   (found through `MyProc->lockGroupLeader`);
+//!   (found through `MyProc->lockGroupLeader`). A serial statement does so only at its
+//!   first check-in, once its scans have produced a first chunk of tuples (C0 = 16):
+//!   a statement that ends sooner — an index lookup, most of OLTP — is too short to be
+//!   worth scheduling and costs the scheduler nothing (no entry, no slot, no clock
+//!   read). A parallel plan joins at once, so that its workers find the entry;
 //! * a process takes a slot when ExecutorRun starts and gives it back when it ends, so
 //!   a cursor between FETCHes, or a session idle in a transaction, holds none;
 //! * the leaf scan nodes are wrapped with a *yield point*: every N tuples (N from the
@@ -24,6 +28,7 @@
 //! fails, or exits, leaves its entry, passing on any slot it held (rule 8).
 
 use crate::shmem;
+use pg_stride_sched::decay::PriorityRange;
 use pg_stride_sched::slice::{Checkpoint, SliceClock};
 use pg_stride_sched::{GroupConfig, GroupId, ProcId, QueryId, QueryOptions, SchedShared, Turn};
 use pgrx::pg_sys;
@@ -36,7 +41,10 @@ const RETRY_CHUNK: u32 = 16;
 /// This process's part in CPU scheduling.
 struct Member {
     proc: ProcId,
-    query: QueryId,
+    /// Group slot of the statements.
+    group: usize,
+    /// The query entry; `None` until the statements reach their first check-in.
+    query: Option<QueryId>,
     /// Whether this process registered the query (a leader) rather than joined it.
     owner: bool,
     clock: SliceClock,
@@ -119,70 +127,102 @@ fn transaction_wrote() -> bool {
     unsafe { pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId }
 }
 
-/// Group settings as the scheduling core sees them.
+/// Group settings as the scheduling core sees them: what the group leaves unset comes
+/// from `pg_stride.priority_initial`, `priority_min`, `decay_lambda` and `decay_start`.
 pub fn configure_group(sched: &SchedShared, slot: usize, settings: &crate::groups::GroupSettings) {
-    let p0 = settings
-        .priority_initial
-        .unwrap_or(pg_stride_sched::decay::P0 as i32);
     sched.configure_group(
         GroupId(slot as u32),
         GroupConfig {
             weight: settings.weight.max(1) as u32,
-            priority_scale_pct: (p0 as u64 * 100 / pg_stride_sched::decay::P0 as u64).max(1) as u32,
-            max_workers: settings.max_parallel_workers.map_or(u32::MAX, |n| n as u32),
+            priority: priority_range(settings),
+            decay_lambda: settings.decay_lambda,
+            decay_start: settings.decay_start.map(|d| d.max(0) as u32),
+            max_workers: settings
+                .max_parallel_workers
+                .map_or(u32::MAX, |n| n.max(0) as u32),
         },
     );
 }
 
+/// A group's initial and lowest priority.
+fn priority_range(settings: &crate::groups::GroupSettings) -> PriorityRange {
+    let p0 = settings
+        .priority_initial
+        .unwrap_or_else(|| crate::gucs::PRIORITY_INITIAL.get());
+    let p_min = settings
+        .priority_min
+        .unwrap_or_else(|| crate::gucs::PRIORITY_MIN.get());
+    PriorityRange::new(p0.max(1) as u32, p_min.max(1) as u32)
+}
+
 /// A top-level read-only statement of this backend starts running in group slot
-/// `group`: registers the backend's query (or shares the one its open cursors use) and
-/// wraps the statement's scans with yield points. Call after ExecutorStart.
+/// `group`: becomes (or stays, with its open cursors) a member of CPU scheduling and
+/// wraps the statement's scans with yield points. The query entry is registered at the
+/// first check-in, or now for a parallel plan. Call after ExecutorStart.
 pub fn start_statement(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc, group: usize) {
     let Some(sched) = shared.sched() else { return };
     let Some(procno) = shmem::my_procno() else {
         return;
     };
-    let proc = ProcId(procno as u32);
-    let joined = MEMBER.with_borrow_mut(|member| {
-        if let Some(m) = member.as_mut() {
-            m.statements += 1;
-            return true;
+    MEMBER.with_borrow_mut(|member| match member.as_mut() {
+        Some(m) => m.statements += 1,
+        None => {
+            *member = Some(Member {
+                proc: ProcId(procno as u32),
+                group,
+                query: None,
+                owner: true,
+                clock: SliceClock::new(crate::gucs::slice_ns()),
+                chunk_start_ns: 0,
+                slice_start_ns: 0,
+                statements: 1,
+            })
         }
-        let pinned = shared.groups.settings_of(group).filter(|s| s.pinned);
-        let options = QueryOptions {
-            pinned_priority: pinned.map(|s| {
-                s.priority_initial
-                    .unwrap_or(pg_stride_sched::decay::P0 as i32) as u32
-            }),
-        };
-        let registered =
-            shared.with_admission(|_, _| sched.register_query(GroupId(group as u32), options));
-        let Ok(query) = registered else {
-            // No free query entry (more statements than processes): run unscheduled.
+    });
+    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
+    let parallel = unsafe { (*(*desc).plannedstmt).parallelModeNeeded };
+    if parallel && !join_query(shared, sched) {
+        return;
+    }
+    wrap_scans(desc);
+}
+
+/// Registers this backend's query in its group and joins it, unless it has already.
+/// Returns `false`, and ends the membership, when there is no free query entry (more
+/// statements than processes): the statements then run unscheduled.
+fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
+    let joined = MEMBER.with_borrow_mut(|member| {
+        let Some(m) = member.as_mut() else {
             return false;
         };
-        if sched.join(proc, query).is_err() {
+        if m.query.is_some() {
+            return true;
+        }
+        let pinned = shared.groups.settings_of(m.group).filter(|s| s.pinned);
+        let options = QueryOptions {
+            pinned_priority: pinned.map(|s| priority_range(&s).p0),
+        };
+        let group = GroupId(m.group as u32);
+        let registered = shared.with_admission(|_, _| sched.register_query(group, options));
+        let Ok(query) = registered else {
+            *member = None;
+            return false;
+        };
+        if sched.join(m.proc, query).is_err() {
             let _ = shared.with_admission(|_, _| sched.unregister_query(query));
+            *member = None;
             return false;
         }
         if let Some(entry) = shared.my_entry() {
             entry.cpu_query.store(query.0 + 1, Ordering::Release);
         }
-        *member = Some(Member {
-            proc,
-            query,
-            owner: true,
-            clock: SliceClock::new(crate::gucs::slice_ns()),
-            chunk_start_ns: 0,
-            slice_start_ns: 0,
-            statements: 1,
-        });
+        m.query = Some(query);
         true
     });
     if joined {
         ensure_exit_callback();
-        wrap_scans(desc);
     }
+    joined
 }
 
 /// A parallel worker starts its part of a statement: joins the leader's query, if the
@@ -201,15 +241,14 @@ pub fn start_worker(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) {
         }
         leader.offset_from((*pg_sys::ProcGlobal).allProcs) as usize
     };
-    let Some(query) = shared
-        .procs()
-        .get(leader)
-        .map(|e| e.cpu_query.load(Ordering::Acquire))
-        .filter(|&q| q != 0)
-        .map(|q| QueryId(q - 1))
-    else {
+    let Some(leader_entry) = shared.procs().get(leader) else {
         return;
     };
+    let query = leader_entry.cpu_query.load(Ordering::Acquire);
+    if query == 0 {
+        return;
+    }
+    let query = QueryId(query - 1);
     let proc = ProcId(procno as u32);
     if sched.join(proc, query).is_err() {
         return;
@@ -219,7 +258,8 @@ pub fn start_worker(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) {
     }
     MEMBER.set(Some(Member {
         proc,
-        query,
+        group: leader_entry.group.load(Ordering::Acquire) as usize,
+        query: Some(query),
         owner: false,
         clock: SliceClock::new(crate::gucs::slice_ns()),
         chunk_start_ns: 0,
@@ -236,24 +276,30 @@ pub fn is_member() -> bool {
 }
 
 /// ExecutorRun of a scheduled statement begins: take a slot, waiting for one if needed.
-/// A statement of a transaction that wrote since the statement started runs without one.
+/// A statement of a transaction that wrote since the statement started runs without one,
+/// and so does one that has not joined its query yet (its first check-in joins).
 pub fn begin_run(shared: &shmem::Shared) {
     let Some(sched) = shared.sched() else { return };
     if transaction_wrote() {
         return;
     }
     let Some(proc) = MEMBER.with_borrow_mut(|m| {
-        m.as_mut().map(|m| {
-            let now = thread_cpu_ns();
-            (m.chunk_start_ns, m.slice_start_ns) = (now, now);
-            m.clock.set_target_ns(crate::gucs::slice_ns());
-            m.clock.restart();
-            COUNTDOWN.set(m.clock.chunk());
-            m.proc
-        })
+        let m = m.as_mut()?;
+        m.clock.set_target_ns(crate::gucs::slice_ns());
+        m.clock.restart();
+        COUNTDOWN.set(m.clock.chunk());
+        m.query?;
+        let now = thread_cpu_ns();
+        (m.chunk_start_ns, m.slice_start_ns) = (now, now);
+        Some(m.proc)
     }) else {
         return;
     };
+    take_slot(shared, sched, proc);
+}
+
+/// Takes a CPU slot for `proc`, pausing until one is handed over if none is free.
+fn take_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     let outcome = sched.acquire(proc);
     wake(outcome.wake);
     if outcome.turn == Turn::Wait {
@@ -263,14 +309,15 @@ pub fn begin_run(shared: &shmem::Shared) {
 
 /// ExecutorRun ends: give the slot back, charging the CPU used since the last check-in.
 pub fn end_run(shared: &shmem::Shared) {
+    COUNTDOWN.set(u32::MAX);
     let Some(sched) = shared.sched() else { return };
     let Some((proc, used)) = MEMBER.with_borrow(|m| {
-        m.as_ref()
-            .map(|m| (m.proc, thread_cpu_ns().saturating_sub(m.slice_start_ns)))
+        let m = m.as_ref()?;
+        m.query?;
+        Some((m.proc, thread_cpu_ns().saturating_sub(m.slice_start_ns)))
     }) else {
         return;
     };
-    COUNTDOWN.set(u32::MAX);
     if sched.is_running(proc) {
         wake(sched.release(proc, used));
     }
@@ -292,7 +339,8 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     });
     let Some(m) = last else { return };
     COUNTDOWN.set(u32::MAX);
-    let snapshot = sched.query_snapshot(m.query);
+    let Some(query) = m.query else { return };
+    let snapshot = sched.query_snapshot(query);
     wake(sched.leave(m.proc));
     if m.owner {
         if let Some(entry) = shared.my_entry() {
@@ -300,11 +348,11 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         }
         // Parallel workers leave before the leader's ExecutorEnd; after an error they
         // may not have yet, and the scheduler worker frees the entry once they have.
-        let freed = shared.with_admission(|_, _| sched.unregister_query(m.query));
+        let freed = shared.with_admission(|_, _| sched.unregister_query(query));
         match (freed, snapshot) {
             (Ok(()), Some(s)) => shared.groups.add_cpu(s.group.0 as usize, s.cpu_ns),
             (Ok(()), None) => {}
-            (Err(_), _) => shared.orphan_query(m.query),
+            (Err(_), _) => shared.orphan_query(query),
         }
     }
 }
@@ -394,6 +442,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(1, Ordering::Release);
     }
+    let paused_at = std::time::Instant::now();
     while !sched.is_running(proc) {
         // SAFETY: the standard latch wait of a backend.
         unsafe {
@@ -414,6 +463,8 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     }
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(0, Ordering::Release);
+        let waited = paused_at.elapsed().as_micros().min(u64::MAX as u128) as u64;
+        entry.paused_us.fetch_add(waited, Ordering::Relaxed);
     }
     // CPU spent paused (latch waits) is not the query's.
     MEMBER.with_borrow_mut(|m| {
@@ -429,51 +480,59 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
 /// (DESIGN.md §8); ExecSetExecProcNode keeps PostgreSQL's first-call shim working.
 fn wrap_scans(desc: *const pg_sys::QueryDesc) {
     // SAFETY: after ExecutorStart the QueryDesc has its PlanState tree.
-    let root = unsafe { (*desc).planstate };
-    let mut stack = vec![root];
-    while let Some(node) = stack.pop() {
-        if node.is_null() {
-            continue;
-        }
-        // SAFETY: `node` is a PlanState of the tree ExecInitNode built.
-        unsafe {
-            use pg_sys::NodeTag::*;
-            match (*node).type_ {
-                T_SeqScanState
-                | T_IndexScanState
-                | T_IndexOnlyScanState
-                | T_BitmapHeapScanState => {
-                    let original = (*node).ExecProcNodeReal;
-                    WRAPPED.with_borrow_mut(|w| {
-                        w.retain(|x| x.node != node);
-                        w.push(Wrapped {
-                            desc,
-                            node,
-                            original,
-                        });
+    unsafe { wrap_scans_below(desc, (*desc).planstate) };
+}
+
+/// Wraps the scans of the plan-state subtree at `node` (recursive: plan trees are
+/// shallow, and this allocates nothing).
+///
+/// # Safety
+/// `node` is null or a PlanState of the tree ExecInitNode built for `desc`.
+unsafe fn wrap_scans_below(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::PlanState) {
+    if node.is_null() {
+        return;
+    }
+    // SAFETY: `node` is a PlanState of the tree (the caller's promise); its children are
+    // too.
+    unsafe {
+        use pg_sys::NodeTag::*;
+        match (*node).type_ {
+            T_SeqScanState
+            | T_IndexScanState
+            | T_IndexOnlyScanState
+            | T_BitmapHeapScanState
+            | T_FunctionScanState
+            | T_ValuesScanState => {
+                let original = (*node).ExecProcNodeReal;
+                WRAPPED.with_borrow_mut(|w| {
+                    w.retain(|x| x.node != node);
+                    w.push(Wrapped {
+                        desc,
+                        node,
+                        original,
                     });
-                    pg_sys::ExecSetExecProcNode(node, Some(yield_point));
-                }
-                T_AppendState => {
-                    let a = node.cast::<pg_sys::AppendState>();
-                    for i in 0..(*a).as_nplans as usize {
-                        stack.push(*(*a).appendplans.add(i));
-                    }
-                }
-                T_MergeAppendState => {
-                    let a = node.cast::<pg_sys::MergeAppendState>();
-                    for i in 0..(*a).ms_nplans as usize {
-                        stack.push(*(*a).mergeplans.add(i));
-                    }
-                }
-                T_SubqueryScanState => {
-                    stack.push((*node.cast::<pg_sys::SubqueryScanState>()).subplan)
-                }
-                _ => {}
+                });
+                pg_sys::ExecSetExecProcNode(node, Some(yield_point));
             }
-            stack.push((*node).lefttree);
-            stack.push((*node).righttree);
+            T_AppendState => {
+                let a = node.cast::<pg_sys::AppendState>();
+                for i in 0..(*a).as_nplans as usize {
+                    wrap_scans_below(desc, *(*a).appendplans.add(i));
+                }
+            }
+            T_MergeAppendState => {
+                let a = node.cast::<pg_sys::MergeAppendState>();
+                for i in 0..(*a).ms_nplans as usize {
+                    wrap_scans_below(desc, *(*a).mergeplans.add(i));
+                }
+            }
+            T_SubqueryScanState => {
+                wrap_scans_below(desc, (*node.cast::<pg_sys::SubqueryScanState>()).subplan)
+            }
+            _ => {}
         }
+        wrap_scans_below(desc, (*node).lefttree);
+        wrap_scans_below(desc, (*node).righttree);
     }
 }
 
@@ -515,6 +574,10 @@ unsafe extern "C-unwind" fn check_in() {
         return;
     };
     let Some(sched) = shared.sched() else { return };
+    if MEMBER.with_borrow(|m| m.as_ref().is_some_and(|m| m.query.is_none())) {
+        join_at_first_check_in(shared, sched);
+        return;
+    }
     let now = thread_cpu_ns();
     let decision = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
@@ -550,4 +613,34 @@ unsafe extern "C-unwind" fn check_in() {
     if outcome.turn == Turn::Wait {
         pause(shared, sched, proc);
     }
+}
+
+/// The statement's scans produced their first chunk: it is long enough to be scheduled.
+/// Joins its query and takes a slot (pausing if none is free), where a pause is allowed.
+fn join_at_first_check_in(shared: &shmem::Shared, sched: &SchedShared) {
+    if transaction_wrote() {
+        // Rule 2: a statement of a transaction holding row locks is never paused.
+        COUNTDOWN.set(u32::MAX);
+        return;
+    }
+    if !interrupts_can_be_processed() {
+        // Rule 1: join where a pause would be allowed; look again soon.
+        COUNTDOWN.set(RETRY_CHUNK);
+        return;
+    }
+    if !join_query(shared, sched) {
+        COUNTDOWN.set(u32::MAX);
+        return;
+    }
+    let Some(proc) = MEMBER.with_borrow_mut(|m| {
+        let m = m.as_mut()?;
+        let now = thread_cpu_ns();
+        (m.chunk_start_ns, m.slice_start_ns) = (now, now);
+        m.clock.restart();
+        COUNTDOWN.set(m.clock.chunk());
+        Some(m.proc)
+    }) else {
+        return;
+    };
+    take_slot(shared, sched, proc);
 }

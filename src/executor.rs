@@ -1,4 +1,4 @@
-//! Executor and planner hooks.
+//! Executor hooks.
 //!
 //! Every hook chains to the one installed before it (pg_stat_statements, auto_explain …)
 //! and, when pg_stride is disabled or was not preloaded, does nothing else
@@ -22,7 +22,6 @@ static mut PREV_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
 static mut PREV_EXECUTOR_RUN: pg_sys::ExecutorRun_hook_type = None;
 static mut PREV_EXECUTOR_FINISH: pg_sys::ExecutorFinish_hook_type = None;
 static mut PREV_EXECUTOR_END: pg_sys::ExecutorEnd_hook_type = None;
-static mut PREV_PLANNER: pg_sys::planner_hook_type = None;
 
 thread_local! {
     /// Depth of ExecutorRun/ExecutorFinish calls in progress in this backend.
@@ -41,8 +40,6 @@ pub fn install() {
         pg_sys::ExecutorFinish_hook = Some(executor_finish);
         PREV_EXECUTOR_END = pg_sys::ExecutorEnd_hook;
         pg_sys::ExecutorEnd_hook = Some(executor_end);
-        PREV_PLANNER = pg_sys::planner_hook;
-        pg_sys::planner_hook = Some(planner);
     }
 }
 
@@ -163,26 +160,6 @@ unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
         match PREV_EXECUTOR_END {
             Some(prev) => pg_guard_ffi_boundary(|| prev(desc)),
             None => pg_sys::standard_ExecutorEnd(desc),
-        }
-    }
-}
-
-/// Planner hook. It only chains for now; the concurrency hint will adjust parallel
-/// degrees here (DESIGN.md §1, psaroudakis2013 §6).
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn planner(
-    parse: *mut pg_sys::Query,
-    query_string: *const std::ffi::c_char,
-    cursor_options: i32,
-    bound_params: pg_sys::ParamListInfo,
-) -> *mut pg_sys::PlannedStmt {
-    // SAFETY: forwarding the planner's own arguments.
-    unsafe {
-        match PREV_PLANNER {
-            Some(prev) => {
-                pg_guard_ffi_boundary(|| prev(parse, query_string, cursor_options, bound_params))
-            }
-            None => pg_sys::standard_planner(parse, query_string, cursor_options, bound_params),
         }
     }
 }

@@ -86,8 +86,18 @@ pub fn validate(settings: &GroupSettings) -> Result<(), String> {
         0,
         1024,
     )?;
-    range("priority_initial", settings.priority_initial, 1, 1_000_000)?;
-    range("priority_min", settings.priority_min, 1, 1_000_000)?;
+    range(
+        "priority_initial",
+        settings.priority_initial,
+        1,
+        crate::gucs::MAX_PRIORITY,
+    )?;
+    range(
+        "priority_min",
+        settings.priority_min,
+        1,
+        crate::gucs::MAX_PRIORITY,
+    )?;
     range(
         "decay_lambda",
         settings.decay_lambda.filter(|l| !l.is_nan()),

@@ -6,10 +6,26 @@
 //! role's values come from `ALTER ROLE … SET` / `ALTER DATABASE … SET`.
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::PostgresGucEnum;
 use std::ffi::CString;
+
+/// `pg_stride.parallel_mode`: who decides how many parallel workers a Gather launches.
+#[derive(PostgresGucEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParallelMode {
+    /// PostgreSQL alone, as planned.
+    #[name = c"off"]
+    Off,
+    /// PostgreSQL's own parallel workers, as many as the concurrency hint and the
+    /// group's `max_parallel_workers` grant.
+    #[name = c"native"]
+    Native,
+}
 
 /// Largest accepted `pg_stride.cpu_slots`; far above any core count PostgreSQL runs on.
 pub const MAX_CPU_SLOTS: i32 = 4096;
+/// Largest accepted priority (`priority_initial`, `priority_min`, and the groups'):
+/// 100 times the paper's p0.
+pub const MAX_PRIORITY: i32 = 1_000_000;
 
 pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static CPU_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -21,6 +37,13 @@ pub static QUEUE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static EXEMPT_SUPERUSER: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static DECAY_LAMBDA: GucSetting<f64> = GucSetting::<f64>::new(0.9);
 pub static DECAY_START: GucSetting<i32> = GucSetting::<i32>::new(8);
+pub static PRIORITY_INITIAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+pub static PRIORITY_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
+pub static WATCHDOG_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
+pub static HINT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
+pub static HINT_ALPHA: GucSetting<f64> = GucSetting::<f64>::new(0.5);
+pub static PARALLEL_MODE: GucSetting<ParallelMode> =
+    GucSetting::<ParallelMode>::new(ParallelMode::Native);
 pub static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
@@ -92,6 +115,64 @@ pub fn register() {
         0,
         1_000_000,
         GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.priority_initial",
+        c"Priority a query starts with, unless its resource group sets its own.",
+        c"Higher priorities get more CPU; see pg_stride.decay_lambda.",
+        &PRIORITY_INITIAL,
+        1,
+        MAX_PRIORITY,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.priority_min",
+        c"Lowest priority a query decays to, unless its resource group sets its own.",
+        c"Keeps long queries from starving; at most pg_stride.priority_initial.",
+        &PRIORITY_MIN,
+        1,
+        MAX_PRIORITY,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.watchdog_interval",
+        c"How often the scheduler worker looks for CPU-slot holders that wait instead of running.",
+        c"",
+        &WATCHDOG_INTERVAL_MS,
+        1,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.hint_interval",
+        c"How often the scheduler worker samples the free CPU slots for the concurrency hint.",
+        c"",
+        &HINT_INTERVAL_MS,
+        1,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_float_guc(
+        c"pg_stride.hint_alpha",
+        c"Weight of the newest sample in the concurrency hint's moving average.",
+        c"",
+        &HINT_ALPHA,
+        0.01,
+        1.0,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"pg_stride.parallel_mode",
+        c"Who decides how many parallel workers each Gather launches.",
+        c"off: PostgreSQL, as planned; native: no more than the concurrency hint and the group's max_parallel_workers grant.",
+        &PARALLEL_MODE,
+        GucContext::Suset,
         GucFlags::default(),
     );
     GucRegistry::define_float_guc(
@@ -203,8 +284,12 @@ unsafe extern "C-unwind" fn check_group(
 /// CPU slots in effect: `pg_stride.cpu_slots`, or the CPUs available to this server
 /// when it is 0 (DESIGN.md §1: one slot per core, wagner2021 §2).
 pub fn effective_cpu_slots() -> u32 {
+    // Counting the CPUs reads the affinity mask and cgroup files: once per process, not
+    // at every watchdog round.
+    static AVAILABLE_CPUS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     match CPU_SLOTS.get() {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        0 => *AVAILABLE_CPUS
+            .get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
         n => n as u32,
     }
 }

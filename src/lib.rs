@@ -14,6 +14,7 @@ mod executor;
 mod group_admin;
 mod groups;
 mod gucs;
+mod parallel;
 mod shmem;
 mod statements;
 mod views;

@@ -11,18 +11,20 @@
 //! no pointers, so the layout is valid in every process whatever address it is mapped at.
 
 use crate::groups::GroupDirectory;
-use pg_stride_sched::admission::{Admission, Waiter};
+use pg_stride_sched::admission::{Counts, Queue, Waiter};
 use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
 use std::cell::UnsafeCell;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 const REGION_NAME: &CStr = c"pg_stride";
 
 /// Per-process state. A process writes only its own entry; readers (views, the
-/// scheduler worker) read atomics and tolerate a value that is a moment old.
-#[repr(C)]
+/// scheduler worker) read atomics and tolerate a value that is a moment old. Each entry
+/// has a cache line of its own: backends write theirs at every statement, and entries
+/// sharing a line would make their processes' caches fight over it.
+#[repr(C, align(64))]
 pub struct ProcEntry {
     /// pid of the process that last registered work here; 0 when unused.
     pub pid: AtomicI32,
@@ -44,6 +46,12 @@ pub struct ProcEntry {
     pub orphan_query: AtomicU32,
     /// 1 while the process is paused at a yield point, waiting for a CPU slot.
     pub paused: AtomicU32,
+    /// Parallel workers the current statement's plan asked for, over all its Gathers.
+    pub workers_planned: AtomicU32,
+    /// Parallel workers granted to the current statement (the concurrency hint).
+    pub workers_granted: AtomicU32,
+    /// Time the current statement spent paused at yield points, µs.
+    pub paused_us: AtomicU64,
 }
 
 impl ProcEntry {
@@ -56,21 +64,31 @@ impl ProcEntry {
         self.admitted_at.store(0, Ordering::Relaxed);
         self.cpu_query.store(0, Ordering::Relaxed);
         self.paused.store(0, Ordering::Relaxed);
+        self.clear_statement();
         self.pid.store(0, Ordering::Release);
+    }
+
+    /// Forgets what the entry says of the previous statement; a new one starts.
+    pub fn clear_statement(&self) {
+        self.workers_planned.store(0, Ordering::Relaxed);
+        self.workers_granted.store(0, Ordering::Relaxed);
+        self.paused_us.store(0, Ordering::Relaxed);
     }
 }
 
 /// Header of the region, followed by `nprocs` [`ProcEntry`]s and `nprocs` admission
-/// [`Waiter`]s.
-#[repr(C)]
+/// [`Waiter`]s. Aligned like the entries, so that they follow it without a gap.
+#[repr(C, align(64))]
 pub struct Shared {
     /// pid of the `pg_stride scheduler` worker, 0 while it is not running.
     pub scheduler_pid: AtomicI32,
     nprocs: u32,
     /// Resource groups, mirrored from `pg_stride.resource_groups`.
     pub groups: GroupDirectory,
-    /// Admission state; read and written under the admission lock only.
-    admission: UnsafeCell<Admission>,
+    /// Admission counts and limits, for the lock-free fast path.
+    pub admission: Counts,
+    /// Admission queue; read and written under the admission lock only.
+    queue: UnsafeCell<Queue>,
 }
 
 // The region's interior mutability is either atomics or data changed only under an
@@ -83,9 +101,9 @@ impl Shared {
         size_of::<Shared>() + nprocs * (size_of::<ProcEntry>() + size_of::<Waiter>())
     }
 
-    /// Runs `f` on the admission state and the per-process waiters, holding the
+    /// Runs `f` on the admission queue and the per-process waiters, holding the
     /// admission lock exclusively. `f` must not raise errors (it runs pure logic).
-    pub fn with_admission<R>(&self, f: impl FnOnce(&mut Admission, &mut [Waiter]) -> R) -> R {
+    pub fn with_admission<R>(&self, f: impl FnOnce(&mut Queue, &mut [Waiter]) -> R) -> R {
         let _guard = ShmemLock::exclusive(LockId::Admission);
         // SAFETY: the waiters follow the process entries (`size`); their alignment (8)
         // divides the sizes before them. The exclusive lock makes this process the only
@@ -98,7 +116,7 @@ impl Shared {
                 .cast::<Waiter>()
                 .cast_mut();
             f(
-                &mut *self.admission.get(),
+                &mut *self.queue.get(),
                 std::slice::from_raw_parts_mut(waiters, self.nprocs as usize),
             )
         }
@@ -108,7 +126,8 @@ impl Shared {
     pub fn procs(&self) -> &[ProcEntry] {
         // SAFETY: the region was sized by `Shared::size(self.nprocs)` and the entries
         // were initialised right after the header (see `on_shmem_startup`); the header's
-        // size is a multiple of ProcEntry's alignment (both are 4-byte aligned).
+        // size is a multiple of ProcEntry's alignment (both are 64-byte aligned, and
+        // PostgreSQL aligns shared-memory structs to cache lines).
         unsafe {
             let first = (self as *const Shared).add(1).cast::<ProcEntry>();
             std::slice::from_raw_parts(first, self.nprocs as usize)
@@ -346,13 +365,14 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
         let mut found = false;
         let region =
             pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found).cast::<Shared>();
+        debug_assert!(region.is_aligned(), "shared memory is cache-line aligned");
         if !found {
             (&raw mut (*region).scheduler_pid).write(AtomicI32::new(0));
             (&raw mut (*region).nprocs).write(nprocs as u32);
             GroupDirectory::init(&raw mut (*region).groups);
-            (&raw mut (*region).admission).write(UnsafeCell::new(Admission::new(
-                crate::gucs::MAX_ACTIVE_QUERIES.get() as u32,
-            )));
+            (&raw mut (*region).admission)
+                .write(Counts::new(crate::gucs::MAX_ACTIVE_QUERIES.get() as u32));
+            (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
             let first = region.add(1).cast::<ProcEntry>();
             for i in 0..nprocs {
                 first.add(i).write(ProcEntry {
@@ -365,6 +385,9 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
                     cpu_query: AtomicU32::new(0),
                     orphan_query: AtomicU32::new(0),
                     paused: AtomicU32::new(0),
+                    workers_planned: AtomicU32::new(0),
+                    workers_granted: AtomicU32::new(0),
+                    paused_us: AtomicU64::new(0),
                 });
             }
             let waiters = first.add(nprocs).cast::<Waiter>();

@@ -8,6 +8,7 @@
 //! a process that dies without running it (SIGKILL) makes the postmaster reinitialise
 //! shared memory, and the scheduler worker clears entries of processes that are gone.
 
+use crate::parallel::{self, Grant};
 use crate::shmem::{self, ProcEntry};
 use crate::{admission, cpu, groups, gucs};
 use pgrx::pg_sys;
@@ -25,6 +26,8 @@ struct Registration {
     admitted: bool,
     /// Whether it takes part in CPU scheduling.
     cpu: bool,
+    /// Parallel workers its Gathers were granted, to give back when it ends.
+    workers: Grant,
 }
 
 thread_local! {
@@ -42,9 +45,11 @@ pub fn install() {
 }
 
 /// Starts scheduling `desc`, a top-level statement of this backend, in the session's
-/// resource group: admits it (waiting for its turn if the limits are reached) and
-/// records it. Superusers skip admission when `pg_stride.exempt_superuser` is on.
-pub fn start(desc: *const pg_sys::QueryDesc) {
+/// resource group: admits it (waiting for its turn if the limits are reached), records
+/// it, and grants its Gathers their parallel workers. Superusers skip admission when
+/// `pg_stride.exempt_superuser` is on. Call before ExecutorStart: it may replace the
+/// statement's plan by a copy with fewer workers.
+pub fn start(desc: *mut pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
     };
@@ -68,9 +73,24 @@ pub fn start(desc: *const pg_sys::QueryDesc) {
             group,
             admitted: !exempt,
             cpu: false,
+            workers: Grant::default(),
         })
     });
     entry.running.fetch_add(1, Ordering::AcqRel);
+    entry.clear_statement();
+    parallel::grant_workers(shared, desc, group, |grant| {
+        REGISTERED.with_borrow_mut(|list| {
+            if let Some(r) = list.iter_mut().find(|r| r.desc == desc.cast_const()) {
+                r.workers = grant;
+            }
+        });
+        entry
+            .workers_planned
+            .store(grant.planned, Ordering::Relaxed);
+        entry
+            .workers_granted
+            .store(grant.granted, Ordering::Relaxed);
+    });
 }
 
 /// The executor has started `desc`, a registered statement: one that may be paused
@@ -102,6 +122,10 @@ pub fn unregister(desc: *const pg_sys::QueryDesc) -> bool {
 /// Forgets every registration that matches, keeps the shared count in step, and
 /// returns how many there were.
 fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
+    // Called at every resource-owner release: most find nothing to do.
+    if !REGISTERED.with_borrow(|list| list.iter().any(&matches)) {
+        return 0;
+    }
     let removed: Vec<Registration> =
         REGISTERED.with_borrow_mut(|list| list.extract_if(.., |r| matches(r)).collect());
     if let Some(shared) = shmem::shared().filter(|_| !removed.is_empty()) {
@@ -114,6 +138,9 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
         }
         for r in removed.iter().filter(|r| r.cpu) {
             cpu::end_statement(shared, Some(r.desc));
+        }
+        for r in &removed {
+            parallel::return_workers(shared, r.group, r.workers);
         }
         for r in removed.iter().filter(|r| r.admitted) {
             admission::release(shared, r.group);

@@ -43,6 +43,11 @@ mod pg_stride {
             name!(paused, i64),
             name!(enabled, bool),
             name!(scheduler_pid, Option<i32>),
+            name!(hint, f64),
+            name!(parallel_mode, &'static str),
+            name!(slice_ms, f64),
+            name!(decisions, i64),
+            name!(switches, i64),
         ),
     > {
         let shared = require_shared();
@@ -54,9 +59,23 @@ mod pg_stride {
                 paused += i64::from(entry.paused.load(Ordering::Acquire));
             }
         }
-        let (cpu_slots, slots_in_use) = shared
+        let (cpu_slots, slots_in_use, hint) = shared
             .sched()
-            .map_or((0, 0), |s| (s.cpu_slots(), s.running()));
+            .map_or((0, 0, 0.0), |s| (s.cpu_slots(), s.running(), s.hint()));
+        // Every slice ends in a decision (go on, or hand the slot over); the counts live
+        // in the per-process records of the scheduling core.
+        let (mut decisions, mut switches) = (0i64, 0i64);
+        if let Some(sched) = shared.sched() {
+            for p in 0..sched.capacity().max_procs {
+                let snapshot = sched.proc_snapshot(pg_stride_sched::ProcId(p));
+                decisions += snapshot.slices as i64;
+                switches += snapshot.switches as i64;
+            }
+        }
+        let parallel_mode = match gucs::PARALLEL_MODE.get() {
+            gucs::ParallelMode::Off => "off",
+            gucs::ParallelMode::Native => "native",
+        };
         let scheduler_pid = match shared.scheduler_pid.load(Ordering::Acquire) {
             0 => None,
             pid => Some(pid),
@@ -69,6 +88,11 @@ mod pg_stride {
             paused,
             gucs::ENABLED.get(),
             scheduler_pid,
+            hint,
+            parallel_mode,
+            gucs::SLICE_MS.get(),
+            decisions,
+            switches,
         ))
     }
 
@@ -169,7 +193,10 @@ mod pg_stride {
             name!(priority, Option<i32>),
             name!(pass, Option<i64>),
             name!(cpu_time_ms, Option<f64>),
+            name!(paused_time_ms, f64),
             name!(processes, Option<i32>),
+            name!(workers_planned, i32),
+            name!(workers_granted, i32),
         ),
     > {
         let shared = require_shared();
@@ -215,7 +242,10 @@ mod pg_stride {
                 query.map(|q| q.priority as i32),
                 query.map(|q| q.pass as i64),
                 query.map(|q| q.cpu_ns as f64 / 1e6),
+                entry.paused_us.load(Ordering::Relaxed) as f64 / 1e3,
                 query.map(|q| q.members as i32),
+                entry.workers_planned.load(Ordering::Relaxed) as i32,
+                entry.workers_granted.load(Ordering::Relaxed) as i32,
             ));
         }
         TableIterator::new(rows)
@@ -253,7 +283,7 @@ extension_sql!(
 CREATE VIEW pg_stride.scheduler AS
     SELECT * FROM pg_stride.scheduler_state();
 COMMENT ON VIEW pg_stride.scheduler IS
-    'pg_stride scheduler: CPU slots, running and queued statements, whether enabled';
+    'pg_stride scheduler: CPU slots, running and queued statements, concurrency hint, scheduling decisions';
 GRANT USAGE ON SCHEMA pg_stride TO PUBLIC;
 GRANT SELECT ON pg_stride.scheduler TO PUBLIC;
 "#,
@@ -286,7 +316,10 @@ CREATE VIEW pg_stride.activity AS
            s.priority,
            s.pass,
            s.cpu_time_ms,
+           s.paused_time_ms,
            s.processes,
+           s.workers_planned,
+           s.workers_granted,
            a.usename,
            a.datname,
            a.query

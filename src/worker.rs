@@ -1,9 +1,11 @@
 //! The `pg_stride scheduler` background worker (DESIGN.md §2).
 //!
 //! One static worker per server. It loads the resource groups from
-//! `pg_stride.database` at start and whenever they change, publishes the CPU-slot count
-//! after configuration reloads, and reclaims the shared entries of processes that are
-//! gone (DESIGN.md §4 rule 8). Later parts add the watchdog, the concurrency hint and the tuner here.
+//! `pg_stride.database` at start and whenever they change, applies configuration
+//! reloads, runs the CPU watchdog (`pg_stride.watchdog_interval`), samples the
+//! concurrency hint (`pg_stride.hint_interval`), reclaims the shared entries of
+//! processes that are gone (DESIGN.md §4 rule 8) and admits queued backends that block
+//! admitted ones (rule 5).
 
 use crate::{admission, cpu, groups, gucs, shmem};
 use pgrx::bgworkers::{
@@ -12,16 +14,44 @@ use pgrx::bgworkers::{
 use pgrx::pg_sys;
 use pgrx::spi::Spi;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Name and `backend_type` of the worker, as `pg_stat_activity` shows it.
 pub const WORKER_NAME: &str = "pg_stride scheduler";
 
-/// How often the worker runs the CPU watchdog (psaroudakis2013 §5 uses 20 ms).
-const WATCHDOG_INTERVAL: Duration = Duration::from_millis(20);
-/// Every how many watchdog rounds it sweeps the shared entries and looks for queued
-/// backends that block admitted ones (every 100 ms).
-const SWEEP_EVERY: u32 = 5;
+/// How often the worker sweeps the shared entries and looks for queued backends that
+/// block admitted ones.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The worker's periodic tasks and when each is due next.
+struct Timers {
+    watchdog: Instant,
+    hint: Instant,
+    sweep: Instant,
+}
+
+impl Timers {
+    /// Whether the task due at `*due` is due; if so, schedules its next run `every` later.
+    fn take(due: &mut Instant, every: Duration) -> bool {
+        let now = Instant::now();
+        if now < *due {
+            return false;
+        }
+        *due = now + every;
+        true
+    }
+
+    /// Time until the next task is due.
+    fn sleep(&self) -> Duration {
+        let next = self.watchdog.min(self.hint).min(self.sweep);
+        next.saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    }
+}
+
+fn interval_ms(setting: &pgrx::guc::GucSetting<i32>) -> Duration {
+    Duration::from_millis(setting.get().max(1) as u64)
+}
 
 /// Registers the static worker. Called from `_PG_init` while preloading.
 pub fn register() {
@@ -54,8 +84,13 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     shared.groups.set_worker(shmem::my_procno());
     reload_groups(shared);
     let mut blocked_before = Vec::new();
-    let mut round = 0u32;
-    while BackgroundWorker::wait_latch(Some(WATCHDOG_INTERVAL)) {
+    let now = Instant::now();
+    let mut timers = Timers {
+        watchdog: now,
+        hint: now,
+        sweep: now,
+    };
+    while BackgroundWorker::wait_latch(Some(timers.sleep())) {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload its config.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -67,14 +102,22 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         if shared.groups.pending_reload().is_some() {
             reload_groups(shared);
         }
-        cpu::watchdog(shared, &mut blocked_before);
-        round = round.wrapping_add(1);
-        if !round.is_multiple_of(SWEEP_EVERY) {
-            continue;
+        if Timers::take(
+            &mut timers.watchdog,
+            interval_ms(&gucs::WATCHDOG_INTERVAL_MS),
+        ) {
+            cpu::watchdog(shared, &mut blocked_before);
         }
-        reclaim_entries(shared);
-        cpu::reclaim(shared);
-        admit_lock_holders(shared);
+        if Timers::take(&mut timers.hint, interval_ms(&gucs::HINT_INTERVAL_MS)) {
+            if let Some(sched) = shared.sched() {
+                sched.sample_hint(gucs::HINT_ALPHA.get());
+            }
+        }
+        if Timers::take(&mut timers.sweep, SWEEP_INTERVAL) {
+            reclaim_entries(shared);
+            cpu::reclaim(shared);
+            admit_lock_holders(shared);
+        }
     }
     shared.groups.set_worker(None);
     shared.scheduler_pid.store(0, Ordering::Release);
@@ -113,8 +156,7 @@ fn reclaim_entries(shared: &shmem::Shared) {
 /// backend waits for; if the admitted ones cannot finish, the queued one would never be
 /// admitted. Each such queued backend is admitted ahead of its turn.
 fn admit_lock_holders(shared: &shmem::Shared) {
-    let (_, waiting) = admission::totals(shared);
-    if waiting == 0 {
+    if shared.admission.waiting() == 0 {
         return;
     }
     let mut running = Vec::new();

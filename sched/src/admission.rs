@@ -6,23 +6,44 @@
 //! `max_concurrency` (0 = none). When both have room a statement is admitted at once;
 //! otherwise it waits. Whenever room appears, waiting statements are admitted greedily,
 //! choosing between groups by stride scheduling over admissions: a group's pass grows by
-//! `STRIDE_ONE / weight` with each statement it gets admitted, and a group that has been
-//! idle rejoins at the virtual time, so it neither lost nor banked its share while away
-//! (wagner2021 §2.1, global pass for arrivals). Of two groups with equal passes the
+//! `STRIDE_ONE / weight` with each statement admitted from the queue, and a group that has
+//! been idle rejoins at the virtual time, so it neither lost nor banked its share while
+//! away (wagner2021 §2.1, global pass for arrivals). Of two groups with equal passes the
 //! heavier one goes first: the comparison is on the pass a group *would* have after the
 //! admission (Waldspurger's join at global pass plus one stride). Inside a group,
 //! statements are admitted in arrival order, which is what per-query stride order gives
 //! for statements that have not run yet (each arrives at the then global pass).
 //!
-//! The state is plain data: the caller keeps it in shared memory and serialises every
-//! call with one lock (the extension's admission LWLock). Waiting processes are entries
-//! of a caller-provided slice indexed by process number; the functions report which of
-//! them were admitted so the caller can wake them.
+//! The state is split in two:
+//!
+//! * [`Counts`]: admitted statements (global and per group), the limits, and the number
+//!   of waiting statements, all atomics. An uncontended statement — nobody waits and both
+//!   limits have room — is admitted and released with a few atomic operations and no lock
+//!   ([`Counts::try_enter`], [`Counts::leave`]): that is every statement of a server that
+//!   is not at its limits, so admission costs it next to nothing (DESIGN.md §3).
+//! * [`Queue`]: the waiting statements, arrival tickets and stride passes. The caller
+//!   keeps it in shared memory and serialises every call with one lock (the extension's
+//!   admission LWLock). Waiting processes are entries of a caller-provided slice indexed
+//!   by process number; the functions report which of them were admitted so the caller
+//!   can wake them.
+//!
+//! No wake-up is lost between the two: a waiter is counted in `waiting` *before* the
+//! queue tries to admit it, and a leaving statement lowers `active` *before* it reads
+//! `waiting` (all sequentially consistent). So either the leaver sees the waiter and
+//! dispatches under the lock, or the waiter's own dispatch sees the room the leaver made.
+//! Admissions on the fast path do not advance the groups' passes: the passes order the
+//! contended admissions only, which is where the weights matter.
+
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::SeqCst;
 
 use crate::shared::MAX_GROUPS;
 
+// `Queue::dispatch` keeps one bit per group.
+const _: () = assert!(MAX_GROUPS <= 64);
+
 /// Pass units per unit of weight: a group of weight `w` advances `STRIDE_ONE / w` per
-/// admitted statement.
+/// statement admitted from the queue.
 pub const STRIDE_ONE: u64 = 1 << 20;
 
 /// Where a process stands with its current statement.
@@ -49,32 +70,6 @@ pub struct Waiter {
     pub ticket: u64,
 }
 
-/// Per-group admission state.
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C)]
-pub struct GroupQueue {
-    /// Admitted statements.
-    pub active: u32,
-    /// Waiting statements.
-    pub waiting: u32,
-    /// CPU weight of the group (≥ 1).
-    pub weight: u32,
-    /// Admitted statements allowed at once; 0 = no group limit.
-    pub max_concurrency: u32,
-    /// Stride pass over admissions.
-    pub pass: u64,
-}
-
-impl GroupQueue {
-    fn stride(&self) -> u64 {
-        STRIDE_ONE / u64::from(self.weight.max(1))
-    }
-
-    fn has_room(&self) -> bool {
-        self.max_concurrency == 0 || self.active < self.max_concurrency
-    }
-}
-
 /// What happened to an arriving statement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrival {
@@ -82,16 +77,138 @@ pub enum Arrival {
     Queued,
 }
 
-/// The admission state of the whole server.
-#[derive(Clone, Debug)]
+/// Admitted statements of one group and the group's limit.
+#[derive(Debug, Default)]
 #[repr(C)]
-pub struct Admission {
+struct GroupCount {
+    active: AtomicU32,
+    /// Admitted statements allowed at once; 0 = no group limit.
+    max_concurrency: AtomicU32,
+}
+
+/// The counts and limits of admission, read and changed without the lock.
+#[derive(Debug)]
+#[repr(C)]
+pub struct Counts {
     /// Admitted statements allowed at once (`pg_stride.max_active_queries`).
-    pub max_active: u32,
+    max_active: AtomicU32,
     /// Admitted statements.
-    pub active: u32,
+    active: AtomicU32,
+    /// Waiting statements; changed only under the queue's lock.
+    waiting: AtomicU32,
+    groups: [GroupCount; MAX_GROUPS as usize],
+}
+
+impl Counts {
+    pub fn new(max_active: u32) -> Counts {
+        Counts {
+            max_active: AtomicU32::new(max_active),
+            active: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
+            groups: std::array::from_fn(|_| GroupCount::default()),
+        }
+    }
+
+    /// Admitted statements, server-wide.
+    pub fn active(&self) -> u32 {
+        self.active.load(SeqCst)
+    }
+
+    /// Waiting statements, server-wide.
+    pub fn waiting(&self) -> u32 {
+        self.waiting.load(SeqCst)
+    }
+
+    /// Admitted statements of group `g`.
+    pub fn group_active(&self, g: usize) -> u32 {
+        self.groups[g].active.load(SeqCst)
+    }
+
+    /// Sets the global limit. Call [`Queue::dispatch`] afterwards: a raised limit may let
+    /// waiters in.
+    pub fn set_max_active(&self, n: u32) {
+        self.max_active.store(n, SeqCst);
+    }
+
+    /// Sets group `g`'s limit (0 = none). Call [`Queue::dispatch`] afterwards.
+    pub fn set_max_concurrency(&self, g: usize, n: u32) {
+        self.groups[g].max_concurrency.store(n, SeqCst);
+    }
+
+    /// The fast path of an arrival: admits a statement of group `g` at once when nobody
+    /// waits and both limits have room. Lock-free. `false`: take the lock and
+    /// [`Queue::arrive`].
+    pub fn try_enter(&self, g: usize) -> bool {
+        self.waiting.load(SeqCst) == 0 && self.take(g)
+    }
+
+    /// An admitted statement of group `g` ends. Lock-free. Returns whether statements
+    /// wait: then the caller takes the lock and calls [`Queue::dispatch`].
+    pub fn leave(&self, g: usize) -> bool {
+        decrement(&self.groups[g].active);
+        decrement(&self.active);
+        self.waiting.load(SeqCst) > 0
+    }
+
+    /// Takes one admission of group `g` if both limits have room.
+    fn take(&self, g: usize) -> bool {
+        let group = &self.groups[g];
+        let limit = group.max_concurrency.load(SeqCst);
+        let took_group = group
+            .active
+            .fetch_update(SeqCst, SeqCst, |a| {
+                (limit == 0 || a < limit).then_some(a + 1)
+            })
+            .is_ok();
+        if !took_group {
+            return false;
+        }
+        let max_active = self.max_active.load(SeqCst);
+        let took = self
+            .active
+            .fetch_update(SeqCst, SeqCst, |a| (a < max_active).then_some(a + 1))
+            .is_ok();
+        if !took {
+            // A dispatch that saw this moment's count may have passed over the group's
+            // waiters; the caller goes on to the locked path, which dispatches again.
+            decrement(&group.active);
+        }
+        took
+    }
+
+    /// Admits a statement of group `g` whatever the limits.
+    fn force(&self, g: usize) {
+        self.groups[g].active.fetch_add(1, SeqCst);
+        self.active.fetch_add(1, SeqCst);
+    }
+}
+
+fn decrement(counter: &AtomicU32) {
+    let _ = counter.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)));
+}
+
+/// Per-group queue state.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct GroupQueue {
     /// Waiting statements.
     pub waiting: u32,
+    /// CPU weight of the group (≥ 1).
+    pub weight: u32,
+    /// Stride pass over admissions from the queue.
+    pub pass: u64,
+}
+
+impl GroupQueue {
+    fn stride(&self) -> u64 {
+        STRIDE_ONE / u64::from(self.weight.max(1))
+    }
+}
+
+/// The waiting statements of the whole server; every call under one lock.
+#[derive(Clone, Debug)]
+#[repr(C)]
+pub struct Queue {
     next_ticket: u64,
     /// Virtual time: the highest pass from which an admission was charged; idle groups
     /// rejoin here.
@@ -99,12 +216,9 @@ pub struct Admission {
     pub groups: [GroupQueue; MAX_GROUPS as usize],
 }
 
-impl Admission {
-    pub fn new(max_active: u32) -> Admission {
-        Admission {
-            max_active,
-            active: 0,
-            waiting: 0,
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
             next_ticket: 0,
             virtual_time: 0,
             groups: [GroupQueue {
@@ -113,12 +227,13 @@ impl Admission {
             }; MAX_GROUPS as usize],
         }
     }
+}
 
-    /// Sets a group's weight and concurrency limit.
-    pub fn configure_group(&mut self, g: usize, weight: u32, max_concurrency: u32) {
-        let q = &mut self.groups[g];
-        q.weight = weight.max(1);
-        q.max_concurrency = max_concurrency;
+impl Queue {
+    /// Sets a group's weight and concurrency limit. Call [`Queue::dispatch`] afterwards.
+    pub fn configure_group(&mut self, c: &Counts, g: usize, weight: u32, max_concurrency: u32) {
+        self.groups[g].weight = weight.max(1);
+        c.set_max_concurrency(g, max_concurrency);
     }
 
     /// The pass group `g` would have after one more admission.
@@ -127,27 +242,29 @@ impl Admission {
         q.pass + q.stride()
     }
 
-    /// Counts an admission of a statement of group `g` and charges the group's pass.
-    fn admit(&mut self, g: usize) {
+    /// Charges group `g`'s pass for an admission from the queue.
+    fn charge(&mut self, g: usize) {
         let q = &mut self.groups[g];
         self.virtual_time = self.virtual_time.max(q.pass);
         q.pass += q.stride();
-        q.active += 1;
-        self.active += 1;
     }
 
-    /// A statement of process `p` in group `g` arrives.
-    pub fn arrive(&mut self, waiters: &mut [Waiter], p: usize, g: usize) -> Arrival {
-        let q = &mut self.groups[g];
-        if q.active == 0 && q.waiting == 0 {
+    /// A statement of process `p` in group `g` arrives (after [`Counts::try_enter`]
+    /// failed, or instead of it). Admits it at once if nobody waits and there is room;
+    /// otherwise queues it and admits whoever may go now, which may be `p` itself.
+    pub fn arrive(
+        &mut self,
+        c: &Counts,
+        waiters: &mut [Waiter],
+        p: usize,
+        g: usize,
+        wake: impl FnMut(usize),
+    ) -> Arrival {
+        if c.group_active(g) == 0 && self.groups[g].waiting == 0 {
             // An idle group rejoins at the virtual time: what it did not use while idle
             // is not owed to it later (wagner2021 §2.1).
+            let q = &mut self.groups[g];
             q.pass = q.pass.max(self.virtual_time);
-        }
-        if self.active < self.max_active && self.groups[g].has_room() {
-            self.admit(g);
-            waiters[p].state = WaitState::Idle;
-            return Arrival::Admitted;
         }
         waiters[p] = Waiter {
             group: g as u32,
@@ -155,20 +272,26 @@ impl Admission {
             ticket: self.next_ticket,
         };
         self.next_ticket += 1;
-        self.waiting += 1;
         self.groups[g].waiting += 1;
-        Arrival::Queued
+        c.waiting.fetch_add(1, SeqCst);
+        self.dispatch(c, waiters, wake);
+        if self.take_admitted(waiters, p) {
+            Arrival::Admitted
+        } else {
+            Arrival::Queued
+        }
     }
 
     /// Process `p` stops waiting (timeout, cancel, exit). Returns `true` if it was still
     /// queued and is now gone from the queue; `false` if it had been admitted meanwhile,
-    /// in which case it holds an admission the caller must [`finish`](Self::finish).
-    pub fn withdraw(&mut self, waiters: &mut [Waiter], p: usize) -> bool {
+    /// in which case it holds an admission the caller must give back
+    /// ([`Counts::leave`]).
+    pub fn withdraw(&mut self, c: &Counts, waiters: &mut [Waiter], p: usize) -> bool {
         match waiters[p].state {
             WaitState::Queued => {
                 let g = waiters[p].group as usize;
-                self.waiting -= 1;
                 self.groups[g].waiting -= 1;
+                c.waiting.fetch_sub(1, SeqCst);
                 waiters[p].state = WaitState::Idle;
                 true
             }
@@ -190,41 +313,41 @@ impl Admission {
         }
     }
 
-    /// An admitted statement of group `g` ends. Admits whoever can go now and calls
-    /// `wake` for each of them.
-    pub fn finish(&mut self, waiters: &mut [Waiter], g: usize, wake: impl FnMut(usize)) {
-        let q = &mut self.groups[g];
-        q.active = q.active.saturating_sub(1);
-        self.active = self.active.saturating_sub(1);
-        self.dispatch(waiters, wake);
-    }
-
     /// Admits process `p` whatever the limits, if it is queued (the watchdog's way out
     /// of a wait-for cycle through admission, DESIGN.md §4 rule 5). Returns whether it did.
-    pub fn force_admit(&mut self, waiters: &mut [Waiter], p: usize) -> bool {
+    pub fn force_admit(&mut self, c: &Counts, waiters: &mut [Waiter], p: usize) -> bool {
         if waiters[p].state != WaitState::Queued {
             return false;
         }
         let g = waiters[p].group as usize;
-        self.mark_admitted(waiters, p, g);
+        c.force(g);
+        self.mark_admitted(c, waiters, p, g);
         true
     }
 
-    fn mark_admitted(&mut self, waiters: &mut [Waiter], p: usize, g: usize) {
-        self.waiting -= 1;
+    /// Records that `p`, queued in group `g`, holds an admission now.
+    fn mark_admitted(&mut self, c: &Counts, waiters: &mut [Waiter], p: usize, g: usize) {
         self.groups[g].waiting -= 1;
-        self.admit(g);
+        c.waiting.fetch_sub(1, SeqCst);
+        self.charge(g);
         waiters[p].state = WaitState::Admitted;
     }
 
     /// Admits waiting statements while there is room, lowest next pass first (ties to
-    /// the lower group index), and calls `wake` for each. Call it after raising a limit.
-    pub fn dispatch(&mut self, waiters: &mut [Waiter], mut wake: impl FnMut(usize)) {
-        while self.waiting > 0 && self.active < self.max_active {
+    /// the lower group index), and calls `wake` for each. Call it after raising a limit
+    /// and when [`Counts::leave`] says statements wait.
+    pub fn dispatch(&mut self, c: &Counts, waiters: &mut [Waiter], mut wake: impl FnMut(usize)) {
+        // Groups whose limit (or the global one) had no room in this round.
+        let mut full: u64 = 0;
+        loop {
             let best = (0..self.groups.len())
-                .filter(|&g| self.groups[g].waiting > 0 && self.groups[g].has_room())
+                .filter(|&g| self.groups[g].waiting > 0 && full & (1 << g) == 0)
                 .min_by_key(|&g| (self.next_pass(g), g));
-            let Some(g) = best else { break };
+            let Some(g) = best else { return };
+            if !c.take(g) {
+                full |= 1 << g;
+                continue;
+            }
             let first = waiters
                 .iter()
                 .enumerate()
@@ -234,11 +357,13 @@ impl Admission {
             let Some(p) = first else {
                 // The counts say someone waits in g but no entry does: repair the count
                 // rather than spin (cannot happen while callers keep to the lock).
-                self.waiting -= self.groups[g].waiting;
+                decrement(&c.groups[g].active);
+                decrement(&c.active);
+                c.waiting.fetch_sub(self.groups[g].waiting, SeqCst);
                 self.groups[g].waiting = 0;
                 continue;
             };
-            self.mark_admitted(waiters, p, g);
+            self.mark_admitted(c, waiters, p, g);
             wake(p);
         }
     }
@@ -248,62 +373,110 @@ impl Admission {
 mod tests {
     use super::*;
 
-    fn setup(max_active: u32, procs: usize) -> (Admission, Vec<Waiter>) {
-        (Admission::new(max_active), vec![Waiter::default(); procs])
+    /// The admission state with the extension's calling pattern: the fast path first,
+    /// the queue (under its lock, here `&mut`) when it fails.
+    struct Server {
+        c: Counts,
+        q: Queue,
+        w: Vec<Waiter>,
+    }
+
+    impl Server {
+        fn new(max_active: u32, procs: usize) -> Server {
+            Server {
+                c: Counts::new(max_active),
+                q: Queue::default(),
+                w: vec![Waiter::default(); procs],
+            }
+        }
+
+        fn configure(&mut self, g: usize, weight: u32, max_concurrency: u32) {
+            self.q.configure_group(&self.c, g, weight, max_concurrency);
+        }
+
+        fn arrive(&mut self, p: usize, g: usize) -> Arrival {
+            if self.c.try_enter(g) {
+                return Arrival::Admitted;
+            }
+            self.q.arrive(&self.c, &mut self.w, p, g, |_| {})
+        }
+
+        /// Ends an admitted statement of group `g`; returns who was woken.
+        fn finish(&mut self, g: usize) -> Vec<usize> {
+            let mut woken = vec![];
+            if self.c.leave(g) {
+                self.q.dispatch(&self.c, &mut self.w, |p| woken.push(p));
+            }
+            woken
+        }
+
+        fn take_admitted(&mut self, p: usize) -> bool {
+            self.q.take_admitted(&mut self.w, p)
+        }
+
+        fn totals(&self) -> (u32, u32) {
+            (self.c.active(), self.c.waiting())
+        }
     }
 
     #[test]
     fn admits_up_to_the_global_limit_then_queues() {
-        let (mut a, mut w) = setup(2, 4);
-        assert_eq!(a.arrive(&mut w, 0, 0), Arrival::Admitted);
-        assert_eq!(a.arrive(&mut w, 1, 0), Arrival::Admitted);
-        assert_eq!(a.arrive(&mut w, 2, 0), Arrival::Queued);
-        assert_eq!((a.active, a.waiting), (2, 1));
-        let mut woken = vec![];
-        a.finish(&mut w, 0, |p| woken.push(p));
-        assert_eq!(woken, vec![2]);
-        assert!(a.take_admitted(&mut w, 2));
-        assert_eq!((a.active, a.waiting), (2, 0));
+        let mut s = Server::new(2, 4);
+        assert_eq!(s.arrive(0, 0), Arrival::Admitted);
+        assert_eq!(s.arrive(1, 0), Arrival::Admitted);
+        assert_eq!(s.arrive(2, 0), Arrival::Queued);
+        assert_eq!(s.totals(), (2, 1));
+        assert_eq!(s.finish(0), vec![2]);
+        assert!(s.take_admitted(2));
+        assert_eq!(s.totals(), (2, 0));
+    }
+
+    #[test]
+    fn the_fast_path_never_overtakes_a_waiter() {
+        let mut s = Server::new(1, 3);
+        assert!(s.c.try_enter(0));
+        assert_eq!(s.arrive(1, 0), Arrival::Queued);
+        // Room appears without a dispatch yet (a limit raised): a newcomer must still
+        // queue behind process 1.
+        s.c.set_max_active(2);
+        assert!(!s.c.try_enter(0));
+        assert_eq!(s.q.arrive(&s.c, &mut s.w, 2, 0, |_| {}), Arrival::Queued);
+        assert!(s.take_admitted(1), "the waiter went first");
     }
 
     #[test]
     fn group_limit_holds_back_only_its_group() {
-        let (mut a, mut w) = setup(10, 4);
-        a.configure_group(1, 100, 1);
-        assert_eq!(a.arrive(&mut w, 0, 1), Arrival::Admitted);
-        assert_eq!(a.arrive(&mut w, 1, 1), Arrival::Queued);
-        assert_eq!(a.arrive(&mut w, 2, 0), Arrival::Admitted);
-        let mut woken = vec![];
-        a.finish(&mut w, 0, |p| woken.push(p));
-        assert!(woken.is_empty(), "group 1 is still at its limit");
-        a.finish(&mut w, 1, |p| woken.push(p));
-        assert_eq!(woken, vec![1]);
+        let mut s = Server::new(10, 4);
+        s.configure(1, 100, 1);
+        assert_eq!(s.arrive(0, 1), Arrival::Admitted);
+        assert_eq!(s.arrive(1, 1), Arrival::Queued);
+        assert_eq!(s.arrive(2, 0), Arrival::Admitted);
+        assert!(s.finish(0).is_empty(), "group 1 is still at its limit");
+        assert_eq!(s.finish(1), vec![1]);
+        assert_eq!(s.c.group_active(1), 1);
     }
 
     #[test]
     fn heavier_group_waiter_goes_first_though_it_came_later() {
-        let (mut a, mut w) = setup(1, 4);
-        a.configure_group(1, 100, 0);
-        a.configure_group(2, 300, 0);
-        assert_eq!(a.arrive(&mut w, 0, 0), Arrival::Admitted);
-        assert_eq!(a.arrive(&mut w, 1, 1), Arrival::Queued); // light group, first
-        assert_eq!(a.arrive(&mut w, 2, 2), Arrival::Queued); // heavy group, second
-        let mut woken = vec![];
-        a.finish(&mut w, 0, |p| woken.push(p));
-        assert_eq!(woken, vec![2]);
+        let mut s = Server::new(1, 4);
+        s.configure(1, 100, 0);
+        s.configure(2, 300, 0);
+        assert_eq!(s.arrive(0, 0), Arrival::Admitted);
+        assert_eq!(s.arrive(1, 1), Arrival::Queued); // light group, first
+        assert_eq!(s.arrive(2, 2), Arrival::Queued); // heavy group, second
+        assert_eq!(s.finish(0), vec![2]);
     }
 
     #[test]
     fn same_group_waiters_go_in_arrival_order() {
-        let (mut a, mut w) = setup(1, 5);
-        a.arrive(&mut w, 0, 0);
+        let mut s = Server::new(1, 5);
+        s.arrive(0, 0);
         for p in [3, 1, 4, 2] {
-            assert_eq!(a.arrive(&mut w, p, 0), Arrival::Queued);
+            assert_eq!(s.arrive(p, 0), Arrival::Queued);
         }
         let mut order = vec![];
         for _ in 0..4 {
-            let mut woken = vec![];
-            a.finish(&mut w, 0, |p| woken.push(p));
+            let woken = s.finish(0);
             assert_eq!(woken.len(), 1);
             order.push(woken[0]);
         }
@@ -312,29 +485,23 @@ mod tests {
 
     /// Runs `rounds` admissions with one slot while every process always has a statement
     /// waiting; returns the admissions per group.
-    fn closed_loop(
-        a: &mut Admission,
-        w: &mut [Waiter],
-        group_of: &[usize],
-        rounds: usize,
-    ) -> Vec<u32> {
+    fn closed_loop(s: &mut Server, group_of: &[usize], rounds: usize) -> Vec<u32> {
         let mut per_group = vec![0u32; MAX_GROUPS as usize];
-        a.arrive(w, 0, group_of[0]);
+        s.arrive(0, group_of[0]);
         for (p, &g) in group_of.iter().enumerate().skip(1) {
-            assert_eq!(a.arrive(w, p, g), Arrival::Queued);
+            assert_eq!(s.arrive(p, g), Arrival::Queued);
         }
         let mut current = 0;
         for _ in 0..rounds {
-            let mut woken = vec![];
-            a.finish(w, group_of[current], |p| woken.push(p));
+            let woken = s.finish(group_of[current]);
             assert_eq!(woken.len(), 1);
             let p = woken[0];
-            assert!(a.take_admitted(w, p));
+            assert!(s.take_admitted(p));
             per_group[group_of[p]] += 1;
             // The finished process sends its next statement, which has to wait; process
             // 0 only holds the slot at the start.
             if current != 0 {
-                assert_eq!(a.arrive(w, current, group_of[current]), Arrival::Queued);
+                assert_eq!(s.arrive(current, group_of[current]), Arrival::Queued);
             }
             current = p;
         }
@@ -343,69 +510,69 @@ mod tests {
 
     #[test]
     fn admissions_follow_the_weights_under_contention() {
-        let (mut a, mut w) = setup(1, 7);
-        a.configure_group(1, 300, 0);
-        a.configure_group(2, 100, 0);
-        let group_of = [0, 1, 1, 1, 2, 2, 2];
-        let per_group = closed_loop(&mut a, &mut w, &group_of, 4000);
+        let mut s = Server::new(1, 7);
+        s.configure(1, 300, 0);
+        s.configure(2, 100, 0);
+        let per_group = closed_loop(&mut s, &[0, 1, 1, 1, 2, 2, 2], 4000);
         let ratio = f64::from(per_group[1]) / f64::from(per_group[2]);
         assert!((ratio - 3.0).abs() < 0.05, "ratio {ratio}");
     }
 
     #[test]
     fn an_idle_group_rejoins_at_the_virtual_time() {
-        // Group 1 runs alone for a long time, then group 2 arrives. Group 2 must neither
-        // get a burst of admissions to catch up nor wait behind group 1's history: with
-        // equal weights the two alternate from the start.
-        let (mut a, mut w) = setup(1, 5);
+        // Group 1 is admitted from the queue many times while group 2 is idle, then
+        // group 2 arrives. Group 2 must neither get a burst of admissions to catch up
+        // nor wait behind group 1's history: with equal weights the two alternate.
+        let mut s = Server::new(1, 5);
+        s.arrive(0, 1);
         for _ in 0..1000 {
-            assert_eq!(a.arrive(&mut w, 1, 1), Arrival::Admitted);
-            a.finish(&mut w, 1, |_| {});
+            assert_eq!(s.arrive(1, 1), Arrival::Queued);
+            assert_eq!(s.finish(1), vec![1]);
+            assert!(s.take_admitted(1));
         }
-        let group_of = [0, 1, 1, 2, 2];
-        let mut w2 = vec![Waiter::default(); group_of.len()];
-        let per_group = closed_loop(&mut a, &mut w2, &group_of, 10);
+        s.finish(1);
+        let per_group = closed_loop(&mut s, &[0, 1, 1, 2, 2], 10);
         assert_eq!((per_group[1], per_group[2]), (5, 5));
     }
 
     #[test]
     fn withdraw_removes_a_waiter_or_reports_its_admission() {
-        let (mut a, mut w) = setup(1, 3);
-        a.arrive(&mut w, 0, 0);
-        a.arrive(&mut w, 1, 0);
-        a.arrive(&mut w, 2, 0);
-        assert!(a.withdraw(&mut w, 1));
-        assert_eq!(a.waiting, 1);
-        a.finish(&mut w, 0, |_| {});
+        let mut s = Server::new(1, 3);
+        s.arrive(0, 0);
+        s.arrive(1, 0);
+        s.arrive(2, 0);
+        assert!(s.q.withdraw(&s.c, &mut s.w, 1));
+        assert_eq!(s.c.waiting(), 1);
+        s.finish(0);
         // Process 2 was admitted before it noticed; withdrawing tells the caller.
-        assert!(!a.withdraw(&mut w, 2));
-        assert_eq!(a.active, 1);
-        a.finish(&mut w, 0, |_| {});
-        assert_eq!((a.active, a.waiting), (0, 0));
+        assert!(!s.q.withdraw(&s.c, &mut s.w, 2));
+        assert_eq!(s.c.active(), 1);
+        s.finish(0);
+        assert_eq!(s.totals(), (0, 0));
     }
 
     #[test]
     fn force_admit_ignores_the_limits() {
-        let (mut a, mut w) = setup(1, 2);
-        a.arrive(&mut w, 0, 0);
-        a.arrive(&mut w, 1, 0);
-        assert!(a.force_admit(&mut w, 1));
-        assert_eq!((a.active, a.waiting), (2, 0));
-        assert!(!a.force_admit(&mut w, 1));
-        a.finish(&mut w, 0, |_| {});
-        a.finish(&mut w, 0, |_| {});
-        assert_eq!(a.active, 0);
+        let mut s = Server::new(1, 2);
+        s.arrive(0, 0);
+        s.arrive(1, 0);
+        assert!(s.q.force_admit(&s.c, &mut s.w, 1));
+        assert_eq!(s.totals(), (2, 0));
+        assert!(!s.q.force_admit(&s.c, &mut s.w, 1));
+        s.finish(0);
+        s.finish(0);
+        assert_eq!(s.c.active(), 0);
     }
 
     #[test]
     fn raising_the_limit_and_dispatching_admits_waiters() {
-        let (mut a, mut w) = setup(1, 3);
-        a.arrive(&mut w, 0, 0);
-        a.arrive(&mut w, 1, 0);
-        a.arrive(&mut w, 2, 0);
-        a.max_active = 3;
+        let mut s = Server::new(1, 3);
+        s.arrive(0, 0);
+        s.arrive(1, 0);
+        s.arrive(2, 0);
+        s.c.set_max_active(3);
         let mut woken = vec![];
-        a.dispatch(&mut w, |p| woken.push(p));
+        s.q.dispatch(&s.c, &mut s.w, |p| woken.push(p));
         assert_eq!(woken, vec![1, 2]);
     }
 }

@@ -11,9 +11,10 @@
 //! Short queries therefore finish while their priority is still high; long ones sink
 //! towards `p_min`, which is what keeps them from starving. The paper fixes `p0 = 10^4`
 //! and `p_min = 100` (§4) and tunes `λ` and `d_start`; the quantum is the target slice
-//! (§3.2, "we set the update quantum t to t_max"). A resource group scales `p0` and `p_min`
-//! ("per-user priority", §3.2 custom priorities (2)); a query may instead be pinned to a
-//! static priority (§3.2 custom priorities (1)).
+//! (§3.2, "we set the update quantum t to t_max"). A resource group may set its own `p0`
+//! and `p_min` ("per-user priority", §3.2 custom priorities (2)) and its own `λ` and
+//! `d_start`; a query may instead be pinned to a static priority (§3.2 custom
+//! priorities (1)).
 
 /// Initial priority `p0` of the paper (§4).
 pub const P0: u32 = 10_000;
@@ -54,14 +55,20 @@ pub struct PriorityRange {
 }
 
 impl PriorityRange {
-    /// The paper's range scaled by a group's `scale_pct` (100 = unscaled). Both bounds
-    /// stay at least 1.
-    pub fn scaled(scale_pct: u32) -> Self {
-        let scale = |p: u32| ((p as u64 * scale_pct as u64) / 100).clamp(1, u32::MAX as u64) as u32;
+    /// A range from `p0` down to `p_min`; both stay at least 1 and `p_min` at most `p0`.
+    pub fn new(p0: u32, p_min: u32) -> Self {
+        let p0 = p0.max(1);
         PriorityRange {
-            p0: scale(P0),
-            p_min: scale(P_MIN),
+            p0,
+            p_min: p_min.clamp(1, p0),
         }
+    }
+}
+
+impl Default for PriorityRange {
+    /// The paper's range (§4).
+    fn default() -> Self {
+        PriorityRange::new(P0, P_MIN)
     }
 }
 
@@ -153,16 +160,16 @@ mod tests {
     }
 
     #[test]
-    fn group_scaling_scales_both_bounds() {
-        let r = PriorityRange::scaled(200);
+    fn a_range_keeps_its_bounds_ordered_and_positive() {
         assert_eq!(
-            r,
-            PriorityRange {
-                p0: 2 * P0,
-                p_min: 2 * P_MIN
-            }
+            PriorityRange::new(500, 20),
+            PriorityRange { p0: 500, p_min: 20 }
         );
-        let tiny = PriorityRange::scaled(0);
-        assert_eq!(tiny, PriorityRange { p0: 1, p_min: 1 });
+        assert_eq!(
+            PriorityRange::new(50, 200),
+            PriorityRange { p0: 50, p_min: 50 }
+        );
+        assert_eq!(PriorityRange::new(0, 0), PriorityRange { p0: 1, p_min: 1 });
+        assert_eq!(PriorityRange::default(), RANGE);
     }
 }

@@ -19,9 +19,9 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::*;
 
-use super::entries::QueryEntry;
+use super::entries::{QueryEntry, OWN_DECAY_LAMBDA, OWN_DECAY_START};
 use super::{Policy, SchedShared};
-use crate::decay::PriorityRange;
+use crate::decay::{DecayParams, PriorityRange};
 use crate::ids::ProcId;
 use crate::stride::{charge, stride};
 
@@ -51,6 +51,21 @@ impl SchedShared {
         }
     }
 
+    /// The decay parameters for queries of group `g`: the global ones, with what the
+    /// group sets itself in their place.
+    fn group_decay(&self, g: usize) -> DecayParams {
+        let ge = &self.groups()[g];
+        let mut params = self.decay();
+        let overrides = ge.decay_overrides.load(Relaxed);
+        if overrides & OWN_DECAY_LAMBDA != 0 {
+            params.lambda = f64::from_bits(ge.decay_lambda_bits.load(Relaxed));
+        }
+        if overrides & OWN_DECAY_START != 0 {
+            params.d_start = ge.decay_start.load(Relaxed);
+        }
+        params
+    }
+
     /// Lowers the query's priority if its CPU time crossed a quantum boundary.
     fn apply_decay(&self, qe: &QueryEntry, prio_sum: &AtomicU64, before: u64, used_ns: u64) {
         let quantum = self.quantum_ns.load(Relaxed);
@@ -65,7 +80,7 @@ impl SchedShared {
             return; // already at the floor
         }
         let new = self
-            .decay()
+            .group_decay(qe.group.load(Relaxed) as usize)
             .priority_after(range, (before + used_ns) / quantum);
         let old = qe.priority.fetch_min(new, Relaxed);
         if old > new {

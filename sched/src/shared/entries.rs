@@ -21,6 +21,11 @@ pub(crate) const PROC_WAITING: u32 = 1;
 /// Process state: holds a CPU slot.
 pub(crate) const PROC_RUNNING: u32 = 2;
 
+/// `GroupEntry::decay_overrides`: the group sets its own λ.
+pub(crate) const OWN_DECAY_LAMBDA: u32 = 1;
+/// `GroupEntry::decay_overrides`: the group sets its own `d_start`.
+pub(crate) const OWN_DECAY_START: u32 = 2;
+
 /// Wraps a value onto its own cache line.
 #[repr(C, align(64))]
 #[derive(Default)]
@@ -31,15 +36,22 @@ pub(crate) struct Padded<T>(pub T);
 pub(crate) struct GroupEntry {
     /// CPU weight: the group's share against other groups with work.
     pub weight: AtomicU32,
-    /// Scale of p0 and p_min, in percent.
-    pub scale_pct: AtomicU32,
+    /// Initial priority of the group's queries.
+    pub p0: AtomicU32,
+    /// Lowest priority of the group's queries.
+    pub p_min: AtomicU32,
+    /// The group's own `d_start`, if `decay_overrides` has `OWN_DECAY_START`.
+    pub decay_start: AtomicU32,
+    /// Which decay parameters the group sets itself (`OWN_*` bits; 0 = the global ones).
+    pub decay_overrides: AtomicU32,
     /// Cap on parallel workers granted to the group's queries at once.
     pub max_workers: AtomicU32,
     /// Parallel workers currently granted to the group's queries.
     pub workers_in_use: AtomicU32,
     /// Registered queries.
     pub active_queries: AtomicU32,
-    _pad: u32,
+    /// The group's own λ (f64 bits), if `decay_overrides` has `OWN_DECAY_LAMBDA`.
+    pub decay_lambda_bits: AtomicU64,
     /// Pass of the group in the stride over groups.
     pub pass: AtomicU64,
     /// Global pass of the stride over this group's queries: where arrivals start.

@@ -15,13 +15,17 @@ use crate::ids::{GroupId, ProcId, QueryId, NONE};
 use crate::stride::stride;
 
 /// A group's settings (DESIGN.md §1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GroupConfig {
     /// CPU weight against other groups; 0 counts as 1.
     pub weight: u32,
-    /// Scale of the queries' `p0` and `p_min`, in percent (wagner2021 §3.2 "per-user
+    /// Initial and lowest priority of the group's queries (wagner2021 §3.2 "per-user
     /// priority").
-    pub priority_scale_pct: u32,
+    pub priority: PriorityRange,
+    /// The group's own decay rate λ; `None`: the global one.
+    pub decay_lambda: Option<f64>,
+    /// The group's own `d_start`; `None`: the global one.
+    pub decay_start: Option<u32>,
     /// Cap on the parallel workers granted to the group's queries at once.
     pub max_workers: u32,
 }
@@ -30,7 +34,9 @@ impl Default for GroupConfig {
     fn default() -> Self {
         GroupConfig {
             weight: 100,
-            priority_scale_pct: 100,
+            priority: PriorityRange::default(),
+            decay_lambda: None,
+            decay_start: None,
             max_workers: u32::MAX,
         }
     }
@@ -88,7 +94,24 @@ impl SchedShared {
             self.weight_sum.fetch_add(weight as u64, Relaxed);
             self.weight_sum.fetch_sub(old as u64, Relaxed);
         }
-        ge.scale_pct.store(config.priority_scale_pct, Relaxed);
+        let range = PriorityRange::new(config.priority.p0, config.priority.p_min);
+        ge.p0.store(range.p0, Relaxed);
+        ge.p_min.store(range.p_min, Relaxed);
+        let lambda = config.decay_lambda.map(|l| l.clamp(0.0, 1.0));
+        ge.decay_lambda_bits
+            .store(lambda.unwrap_or(0.0).to_bits(), Relaxed);
+        ge.decay_start
+            .store(config.decay_start.unwrap_or(0), Relaxed);
+        let overrides = if lambda.is_some() {
+            OWN_DECAY_LAMBDA
+        } else {
+            0
+        } | if config.decay_start.is_some() {
+            OWN_DECAY_START
+        } else {
+            0
+        };
+        ge.decay_overrides.store(overrides, Relaxed);
         ge.max_workers.store(config.max_workers, Relaxed);
     }
 
@@ -97,7 +120,11 @@ impl SchedShared {
         let ge = self.group(g);
         GroupConfig {
             weight: ge.weight.load(Relaxed),
-            priority_scale_pct: ge.scale_pct.load(Relaxed),
+            priority: PriorityRange::new(ge.p0.load(Relaxed), ge.p_min.load(Relaxed)),
+            decay_lambda: (ge.decay_overrides.load(Relaxed) & OWN_DECAY_LAMBDA != 0)
+                .then(|| f64::from_bits(ge.decay_lambda_bits.load(Relaxed))),
+            decay_start: (ge.decay_overrides.load(Relaxed) & OWN_DECAY_START != 0)
+                .then(|| ge.decay_start.load(Relaxed)),
             max_workers: ge.max_workers.load(Relaxed),
         }
     }
@@ -120,7 +147,7 @@ impl SchedShared {
             })
             .ok_or(SchedError::NoFreeQueryEntry)?;
         let qe = &self.queries()[q];
-        let range = PriorityRange::scaled(ge.scale_pct.load(Relaxed));
+        let range = PriorityRange::new(ge.p0.load(Relaxed), ge.p_min.load(Relaxed));
         let priority = options.pinned_priority.map_or(range.p0, |p| p.max(1));
         qe.group.store(g.0, Relaxed);
         qe.p0.store(range.p0, Relaxed);

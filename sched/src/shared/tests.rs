@@ -1,7 +1,7 @@
 //! Single-threaded tests of the shared form's protocol and accounting.
 
 use super::*;
-use crate::decay::{P0, P_MIN};
+use crate::decay::{PriorityRange, P0, P_MIN};
 
 fn region(slots: u32, policy: Policy) -> OwnedRegion {
     let cap = Capacity {
@@ -195,7 +195,7 @@ fn pinned_and_scaled_priorities() {
     s.configure_group(
         GroupId(2),
         GroupConfig {
-            priority_scale_pct: 50,
+            priority: PriorityRange::new(P0 / 2, P_MIN / 2),
             ..GroupConfig::default()
         },
     );
@@ -215,6 +215,35 @@ fn pinned_and_scaled_priorities() {
         assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
     }
     assert_eq!(s.query_snapshot(pinned).unwrap().priority, 777);
+}
+
+#[test]
+fn a_group_may_decay_on_its_own_terms() {
+    // Two slots, one query each: group 1 decays from the first quantum by half, group
+    // 0 keeps the global d_start of 8 quanta.
+    let s = region(2, Policy::DecayingStride);
+    s.configure_group(
+        GroupId(1),
+        GroupConfig {
+            decay_lambda: Some(0.5),
+            decay_start: Some(0),
+            ..GroupConfig::default()
+        },
+    );
+    assert_eq!(s.group_config(GroupId(1)).decay_lambda, Some(0.5));
+    assert_eq!(s.group_config(GroupId(0)).decay_start, None);
+    let global = query_with(&s, 0, 0);
+    let own = query_with(&s, 1, 1);
+    for p in 0..2 {
+        assert_eq!(s.acquire(ProcId(p)), RUN);
+    }
+    for _ in 0..3 {
+        for p in 0..2 {
+            assert_eq!(s.end_slice(ProcId(p), SLICE), RUN);
+        }
+    }
+    assert_eq!(s.query_snapshot(global).unwrap().priority, P0);
+    assert_eq!(s.query_snapshot(own).unwrap().priority, P0 / 8);
 }
 
 #[test]
@@ -350,9 +379,9 @@ fn worker_grants_follow_hint_and_cap() {
         assert_eq!(s.acquire(ProcId(p)), RUN);
     }
     // 2 free slots: 0.5·2 + 0.5·8 = 5, then 3.5, 2.75.
-    assert_eq!(s.sample_hint(), 5.0);
-    assert_eq!(s.sample_hint(), 3.5);
-    assert_eq!(s.sample_hint(), 2.75);
+    assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA), 5.0);
+    assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA), 3.5);
+    assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA), 2.75);
     assert_eq!(s.reserve_workers(GroupId(1), 4), 2);
     assert_eq!(s.reserve_workers(GroupId(1), 4), 2);
     assert_eq!(s.reserve_workers(GroupId(1), 4), 1); // the cap: 5

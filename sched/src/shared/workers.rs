@@ -4,16 +4,17 @@
 use std::sync::atomic::Ordering::*;
 
 use super::SchedShared;
-use crate::hint::{grant_workers, next_hint, HINT_ALPHA};
+use crate::hint::{grant_workers, next_hint};
 use crate::ids::GroupId;
 
 impl SchedShared {
-    /// Folds the current number of free slots into the hint. The scheduler worker calls
-    /// this every `pg_stride.hint_interval` (50 ms); only it writes the hint.
-    pub fn sample_hint(&self) -> f64 {
+    /// Folds the current number of free slots into the hint with weight `alpha` (the
+    /// paper's `a`, [`crate::hint::HINT_ALPHA`]). The scheduler worker calls this every
+    /// `pg_stride.hint_interval` (50 ms); only it writes the hint.
+    pub fn sample_hint(&self, alpha: f64) -> f64 {
         let slots = self.cpu_slots();
         let free = slots.saturating_sub(self.running());
-        let hint = next_hint(self.hint(), free, slots, HINT_ALPHA);
+        let hint = next_hint(self.hint(), free, slots, alpha);
         self.hint_bits.store(hint.to_bits(), Relaxed);
         hint
     }

@@ -1,0 +1,60 @@
+-- Parallel workers granted by pg_stride: each Gather gets no more than the concurrency
+-- hint and its group's max_parallel_workers allow, on a copy of the plan, so that a
+-- cached plan keeps the worker count it was planned with.
+
+\c postgres
+CREATE EXTENSION pg_stride;
+SELECT pg_stride.create_group('narrow', max_parallel_workers => 1);
+
+CREATE TABLE numbers AS SELECT g AS n FROM generate_series(1, 100000) g;
+ANALYZE numbers;
+-- Make a parallel plan with two workers the planner's choice, whatever the table size.
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+SET parallel_leader_participation = off;
+
+-- The planner asks for two workers.
+EXPLAIN (COSTS OFF) SELECT count(*) FROM numbers;
+
+-- Run in group "narrow", the Gather gets one (EXPLAIN ANALYZE shows the plan that ran).
+SET pg_stride."group" = 'narrow';
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT count(*) FROM numbers;
+SELECT count(*) FROM numbers;
+
+-- A prepared statement's cached plan keeps its two workers, however often it runs
+-- with fewer: EXPLAIN without ANALYZE shows the cached plan itself.
+PREPARE total AS SELECT count(*) FROM numbers;
+EXECUTE total;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE total;
+EXECUTE total;
+EXPLAIN (COSTS OFF) EXECUTE total;
+
+-- The view shows what the running statement planned and was granted; the subquery is
+-- a parallel initplan of the statement that reads the view.
+SELECT workers_planned, workers_granted, (SELECT count(*) FROM numbers) AS n
+  FROM pg_stride.activity WHERE pid = pg_backend_pid();
+
+-- Each statement above got its worker because the one before gave its grant back.
+-- A group allowed no workers runs its plans serially.
+SELECT pg_stride.alter_group('narrow', max_parallel_workers => 0);
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT count(*) FROM numbers;
+SELECT count(*) FROM numbers;
+
+-- parallel_mode = off leaves the counts to PostgreSQL; only superusers may set it.
+SET pg_stride.parallel_mode = off;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT count(*) FROM numbers;
+SET pg_stride.parallel_mode = pool;
+CREATE ROLE stride_user;
+SET ROLE stride_user;
+SET pg_stride.parallel_mode = native;
+RESET ROLE;
+DROP ROLE stride_user;
+RESET pg_stride.parallel_mode;
+SELECT parallel_mode, hint > 0 AS has_hint FROM pg_stride.scheduler;
+
+RESET pg_stride."group";
+DEALLOCATE total;
+DROP TABLE numbers;
+DROP EXTENSION pg_stride;

@@ -1,0 +1,140 @@
+//! Parallel workers by the concurrency hint (psaroudakis2013 §6; DESIGN.md §1).
+//!
+//! When a scheduled statement starts, each Gather and Gather Merge of its plan may
+//! launch no more workers than the hint — the recent average of free CPU slots, sampled
+//! by the scheduler worker — and what is left of its group's `max_parallel_workers`.
+//! Under load the system is already busy and extra workers would only wait for slots;
+//! on a quiet server the planned degree is granted. The grant is reserved against the
+//! group's cap until the statement ends.
+//!
+//! The plan handed to ExecutorStart may belong to the plan cache and be executed again
+//! later (DESIGN.md §4 rule 6): when a grant is lower than planned, the statement runs a
+//! copy of the plan with the lower worker counts, made in the memory context of its
+//! QueryDesc, and the cached plan keeps its own.
+
+use crate::gucs::{self, ParallelMode};
+use crate::shmem;
+use pg_stride_sched::GroupId;
+use pgrx::pg_sys;
+use pgrx::PgList;
+
+/// What a statement's Gathers planned and were granted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// Workers the plan asked for, over all its Gathers.
+    pub planned: u32,
+    /// Workers granted and reserved against the group's cap.
+    pub granted: u32,
+}
+
+/// Grants the Gathers of `desc`'s plan their workers, for a statement of group slot
+/// `group`, and lowers the worker counts of a copy of the plan where a grant is lower
+/// than planned. Call before ExecutorStart builds the plan state. `reserved` is called
+/// with the grant once the workers are reserved and before anything that may raise an
+/// error, so that the caller can give them back however the statement ends.
+pub fn grant_workers(
+    shared: &shmem::Shared,
+    desc: *mut pg_sys::QueryDesc,
+    group: usize,
+    reserved: impl FnOnce(Grant),
+) {
+    if gucs::PARALLEL_MODE.get() == ParallelMode::Off {
+        return;
+    }
+    let Some(sched) = shared.sched() else { return };
+    // SAFETY: ExecutorStart's QueryDesc has a valid PlannedStmt.
+    let stmt = unsafe { (*desc).plannedstmt };
+    let mut planned = Vec::new();
+    // SAFETY: `stmt` is a valid PlannedStmt; the walk only reads it.
+    unsafe { for_each_gather(stmt, |workers| planned.push(*workers)) };
+    if planned.is_empty() {
+        return;
+    }
+    let granted: Vec<i32> = planned
+        .iter()
+        .map(|&n| sched.reserve_workers(GroupId(group as u32), n.max(0) as u32) as i32)
+        .collect();
+    reserved(Grant {
+        planned: planned.iter().map(|&n| n.max(0) as u32).sum(),
+        granted: granted.iter().map(|&n| n as u32).sum(),
+    });
+    if granted == planned {
+        return;
+    }
+    // SAFETY: the copy is made in the context that holds the QueryDesc, so it lives as
+    // long as the statement; copyObjectImpl copies the whole tree, so the walk below
+    // meets its Gathers in the same order as the walk above met the original's.
+    unsafe {
+        let context = pg_sys::GetMemoryChunkContext(desc.cast());
+        let previous = pg_sys::CurrentMemoryContext;
+        pg_sys::CurrentMemoryContext = context;
+        let copy = pg_sys::copyObjectImpl(stmt.cast()).cast::<pg_sys::PlannedStmt>();
+        pg_sys::CurrentMemoryContext = previous;
+        let mut grants = granted.into_iter();
+        for_each_gather(copy, |workers| {
+            if let Some(n) = grants.next() {
+                *workers = n;
+            }
+        });
+        (*desc).plannedstmt = copy;
+    }
+}
+
+/// Gives back the workers a statement of group slot `group` reserved.
+pub fn return_workers(shared: &shmem::Shared, group: usize, grant: Grant) {
+    if let Some(sched) = shared.sched().filter(|_| grant.granted > 0) {
+        sched.return_workers(GroupId(group as u32), grant.granted);
+    }
+}
+
+/// Calls `f` with the worker count of every Gather and Gather Merge of `stmt`, in a
+/// fixed order: the main plan tree, then the subplans (initplans, CTEs, subqueries).
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt; `f` may change the counts and nothing else.
+unsafe fn for_each_gather(stmt: *mut pg_sys::PlannedStmt, mut f: impl FnMut(&mut i32)) {
+    // SAFETY: the caller's promise; the subplans are a List of Plan nodes (or NULLs).
+    unsafe {
+        walk_plan((*stmt).planTree, &mut f);
+        walk_list((*stmt).subplans, &mut f);
+    }
+}
+
+/// The recursive part of [`for_each_gather`]: every child under which a Gather may be.
+///
+/// # Safety
+/// `plan` is null or a valid Plan node.
+unsafe fn walk_plan(plan: *mut pg_sys::Plan, f: &mut dyn FnMut(&mut i32)) {
+    use pg_sys::NodeTag::*;
+    if plan.is_null() {
+        return;
+    }
+    // SAFETY: `plan` is a valid Plan node, so its tag tells its type; the lists hold
+    // Plan nodes.
+    unsafe {
+        match (*plan).type_ {
+            T_Gather => f(&mut (*plan.cast::<pg_sys::Gather>()).num_workers),
+            T_GatherMerge => f(&mut (*plan.cast::<pg_sys::GatherMerge>()).num_workers),
+            T_Append => walk_list((*plan.cast::<pg_sys::Append>()).appendplans, f),
+            T_MergeAppend => walk_list((*plan.cast::<pg_sys::MergeAppend>()).mergeplans, f),
+            T_CustomScan => walk_list((*plan.cast::<pg_sys::CustomScan>()).custom_plans, f),
+            T_SubqueryScan => walk_plan((*plan.cast::<pg_sys::SubqueryScan>()).subplan, f),
+            _ => {}
+        }
+        walk_plan((*plan).lefttree, f);
+        walk_plan((*plan).righttree, f);
+    }
+}
+
+/// [`walk_plan`] over each Plan node of a List.
+///
+/// # Safety
+/// `list` is NIL or a valid List of Plan nodes.
+unsafe fn walk_list(list: *mut pg_sys::List, f: &mut dyn FnMut(&mut i32)) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        for plan in PgList::<pg_sys::Plan>::from_pg(list).iter_ptr() {
+            walk_plan(plan, f);
+        }
+    }
+}
