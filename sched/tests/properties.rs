@@ -140,3 +140,39 @@ fn without_p_min_the_long_query_starves() {
     assert_eq!(long.finish_ns, None, "{long:?}");
     assert!(long.received_ns < 20_000_000);
 }
+
+/// The benchmark's shape (bench/scheduling.py): two groups with weights 3:1, each
+/// running two serial queries, on two slots with decaying priorities. The CPU of the
+/// groups follows the weights.
+#[test]
+fn serial_queries_of_two_groups_share_by_weight() {
+    let horizon = 60_000_000_000;
+    let workload: Vec<QuerySpec> = [0, 1, 0, 1]
+        .iter()
+        .map(|&g| spec(0, horizon, g, "long"))
+        .collect();
+    let cfg = SimConfig {
+        groups: vec![
+            GroupConfig {
+                weight: 300,
+                ..GroupConfig::default()
+            },
+            GroupConfig {
+                weight: 100,
+                ..GroupConfig::default()
+            },
+        ],
+        horizon_ns: Some(horizon),
+        ..SimConfig::new(2, Policy::DecayingStride)
+    };
+    let results = simulate(&workload, &cfg);
+    let cpu = |g: u32| {
+        results
+            .iter()
+            .filter(|r| r.group == g)
+            .map(|r| r.received_ns)
+            .sum::<u64>() as f64
+    };
+    let ratio = cpu(0) / cpu(1);
+    assert!((ratio - 3.0).abs() < 0.1, "CPU ratio {ratio:.3}");
+}
