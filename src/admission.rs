@@ -41,8 +41,7 @@ fn now_timestamp() -> i64 {
 /// When the current statement started (TimestampTz); a read of a saved value, where
 /// `now_timestamp` would read the clock.
 fn statement_start() -> i64 {
-    // SAFETY: plain call; returns a process-local value.
-    unsafe { pg_sys::GetCurrentStatementStartTimestamp() }
+    crate::pg_nothrow::statement_start_timestamp()
 }
 
 /// Admits a statement of this backend in group slot `group`, waiting for its turn when

@@ -27,6 +27,7 @@
 //! their parallel workers take part (rule 4); and a process that ends its statement, or
 //! fails, or exits, leaves its entry, passing on any slot it held (rule 8).
 
+use crate::backend_local::BackendLocal;
 use crate::shmem;
 use pg_stride_sched::decay::PriorityRange;
 use pg_stride_sched::slice::{Checkpoint, SliceClock};
@@ -56,15 +57,13 @@ struct Member {
     statements: u32,
 }
 
-thread_local! {
-    static MEMBER: RefCell<Option<Member>> = const { RefCell::new(None) };
-    /// Tuples left before the next check-in; counting down is all a yield point does
-    /// on most tuples.
-    static COUNTDOWN: Cell<u32> = const { Cell::new(u32::MAX) };
-    /// Wrapped scan nodes and the function each one ran before.
-    static WRAPPED: RefCell<Vec<Wrapped>> = const { RefCell::new(Vec::new()) };
-    static EXIT_CALLBACK_SET: Cell<bool> = const { Cell::new(false) };
-}
+static MEMBER: BackendLocal<RefCell<Option<Member>>> = BackendLocal::new(RefCell::new(None));
+/// Tuples left before the next check-in; counting down is all a yield point does on most
+/// tuples.
+static COUNTDOWN: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(u32::MAX));
+/// Wrapped scan nodes and the function each one ran before.
+static WRAPPED: BackendLocal<RefCell<Vec<Wrapped>>> = BackendLocal::new(RefCell::new(Vec::new()));
+static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 struct Wrapped {
     desc: *const pg_sys::QueryDesc,
@@ -123,8 +122,7 @@ pub fn is_pausable(desc: *const pg_sys::QueryDesc) -> bool {
 /// behind a paused process). Checked again at every run and check-in, since a
 /// transaction that opened a cursor may write before the next FETCH.
 fn transaction_wrote() -> bool {
-    // SAFETY: a plain read of this backend's transaction state.
-    unsafe { pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId }
+    crate::pg_nothrow::top_transaction_id_if_any() != pg_sys::InvalidTransactionId
 }
 
 /// Group settings as the scheduling core sees them: what the group leaves unset comes
@@ -512,7 +510,7 @@ unsafe fn wrap_scans_below(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::Pl
                         original,
                     });
                 });
-                pg_sys::ExecSetExecProcNode(node, Some(yield_point));
+                crate::pg_nothrow::set_exec_proc_node(node, Some(yield_point));
             }
             T_AppendState => {
                 let a = node.cast::<pg_sys::AppendState>();

@@ -12,10 +12,10 @@
 //! as a Rust panic (running `finally` blocks and destructors) instead of longjmp-ing
 //! over them. pgrx does the same for every `pg_sys` function it binds.
 
+use crate::backend_local::BackendLocal;
 use crate::{cpu, gucs, shmem, statements};
 use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
-use pgrx::PgTryBuilder;
 use std::cell::Cell;
 
 static mut PREV_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
@@ -23,10 +23,8 @@ static mut PREV_EXECUTOR_RUN: pg_sys::ExecutorRun_hook_type = None;
 static mut PREV_EXECUTOR_FINISH: pg_sys::ExecutorFinish_hook_type = None;
 static mut PREV_EXECUTOR_END: pg_sys::ExecutorEnd_hook_type = None;
 
-thread_local! {
-    /// Depth of ExecutorRun/ExecutorFinish calls in progress in this backend.
-    static NESTING: Cell<u32> = const { Cell::new(0) };
-}
+/// Depth of ExecutorRun/ExecutorFinish calls in progress in this backend.
+static NESTING: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
 
 /// Installs the hooks, remembering the previous ones. Called once from `_PG_init`.
 pub fn install() {
@@ -54,12 +52,19 @@ fn is_scheduled(eflags: i32) -> bool {
         && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
 }
 
-/// Runs `body` one executor level deeper, restoring the depth even when it errors.
-fn nested<R>(body: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
+/// Runs `body` one executor level deeper, restoring the depth even when it errors: an
+/// ERROR raised below unwinds through here as a Rust panic (see the module comment), and
+/// the guard's drop runs then as on a normal return.
+fn nested<R>(body: impl FnOnce() -> R) -> R {
+    struct Level;
+    impl Drop for Level {
+        fn drop(&mut self) {
+            NESTING.set(NESTING.get() - 1);
+        }
+    }
     NESTING.set(NESTING.get() + 1);
-    PgTryBuilder::new(body)
-        .finally(|| NESTING.set(NESTING.get() - 1))
-        .execute()
+    let _level = Level;
+    body()
 }
 
 #[pgrx::pg_guard]

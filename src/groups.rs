@@ -11,6 +11,7 @@
 //! worker reads the committed table, so whatever order concurrent changes commit in,
 //! the mirror ends equal to the table. The worker also loads it at start.
 
+use crate::backend_local::BackendLocal;
 use crate::shmem;
 use pgrx::pg_sys;
 use std::cell::{Cell, UnsafeCell};
@@ -363,10 +364,8 @@ impl GroupDirectory {
     }
 }
 
-thread_local! {
-    /// Whether this backend's transaction changed the groups table.
-    static CHANGED_IN_XACT: Cell<bool> = const { Cell::new(false) };
-}
+/// Whether this backend's transaction changed the groups table.
+static CHANGED_IN_XACT: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 /// Registers the transaction callback. Called once from `_PG_init`.
 pub fn install() {
@@ -380,27 +379,32 @@ pub fn mark_changed() {
     CHANGED_IN_XACT.set(true);
 }
 
-#[pgrx::pg_guard]
+/// Called at every transaction event; only the end of a transaction that changed the
+/// groups has work, the others return before pgrx's error boundary.
 unsafe extern "C-unwind" fn on_xact_end(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
 ) {
     use pg_sys::XactEvent::*;
     if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT) && CHANGED_IN_XACT.replace(false) {
-        if let Some(shared) = shmem::shared() {
-            shared.groups.request_reload();
-        }
+        // SAFETY: a guarded function, called as PostgreSQL would call it.
+        unsafe { request_reload() };
     }
 }
 
-thread_local! {
-    /// The last group this backend resolved: its name, the directory generation it was
-    /// looked up in, and its slot. Statements mostly run in the same group as the one
-    /// before, so the common case costs a generation load and a name comparison instead
-    /// of the directory lock.
-    static LAST_GROUP: std::cell::RefCell<(String, u64, usize)> =
-        const { std::cell::RefCell::new((String::new(), u64::MAX, 0)) };
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn request_reload() {
+    if let Some(shared) = shmem::shared() {
+        shared.groups.request_reload();
+    }
 }
+
+/// The last group this backend resolved: its name, the directory generation it was
+/// looked up in, and its slot. Statements mostly run in the same group as the one
+/// before, so the common case costs a generation load and a name comparison instead of
+/// the directory lock.
+static LAST_GROUP: BackendLocal<std::cell::RefCell<(String, u64, usize)>> =
+    BackendLocal::new(std::cell::RefCell::new((String::new(), u64::MAX, 0)));
 
 /// The group whose slot the current statement runs in: the session's
 /// `pg_stride.group`, or `default` with a WARNING when that group no longer exists.

@@ -9,12 +9,14 @@
 use pgrx::prelude::*;
 
 mod admission;
+mod backend_local;
 mod cpu;
 mod executor;
 mod group_admin;
 mod groups;
 mod gucs;
 mod parallel;
+mod pg_nothrow;
 mod shmem;
 mod statements;
 mod views;

@@ -44,6 +44,10 @@ pub fn grant_workers(
     let Some(sched) = shared.sched() else { return };
     // SAFETY: ExecutorStart's QueryDesc has a valid PlannedStmt.
     let stmt = unsafe { (*desc).plannedstmt };
+    // SAFETY: as above. A plan with a Gather needs parallel mode; most plans have none.
+    if !unsafe { (*stmt).parallelModeNeeded } {
+        return;
+    }
     let mut planned = Vec::new();
     // SAFETY: `stmt` is a valid PlannedStmt; the walk only reads it.
     unsafe { for_each_gather(stmt, |workers| planned.push(*workers)) };

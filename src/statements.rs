@@ -8,6 +8,7 @@
 //! a process that dies without running it (SIGKILL) makes the postmaster reinitialise
 //! shared memory, and the scheduler worker clears entries of processes that are gone.
 
+use crate::backend_local::BackendLocal;
 use crate::parallel::{self, Grant};
 use crate::shmem::{self, ProcEntry};
 use crate::{admission, cpu, groups, gucs};
@@ -30,10 +31,9 @@ struct Registration {
     workers: Grant,
 }
 
-thread_local! {
-    static REGISTERED: RefCell<Vec<Registration>> = const { RefCell::new(Vec::new()) };
-    static EXIT_CALLBACK_SET: Cell<bool> = const { Cell::new(false) };
-}
+static REGISTERED: BackendLocal<RefCell<Vec<Registration>>> =
+    BackendLocal::new(RefCell::new(Vec::new()));
+static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 /// Registers the resource-release callback. Called once from `_PG_init`; the callback
 /// list lives in process memory and is inherited by every backend the postmaster forks.
@@ -122,31 +122,30 @@ pub fn unregister(desc: *const pg_sys::QueryDesc) -> bool {
 /// Forgets every registration that matches, keeps the shared count in step, and
 /// returns how many there were.
 fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
-    // Called at every resource-owner release: most find nothing to do.
-    if !REGISTERED.with_borrow(|list| list.iter().any(&matches)) {
-        return 0;
-    }
-    let removed: Vec<Registration> =
-        REGISTERED.with_borrow_mut(|list| list.extract_if(.., |r| matches(r)).collect());
-    if let Some(shared) = shmem::shared().filter(|_| !removed.is_empty()) {
-        // The entry stops counting the statements before their admissions go to the
-        // next waiters, so that the views never count one statement twice.
+    let mut count = 0;
+    // One at a time, allocating nothing: this runs at the end of every statement.
+    while let Some(r) = REGISTERED.with_borrow_mut(|list| {
+        let i = list.iter().position(&matches)?;
+        Some(list.swap_remove(i))
+    }) {
+        count += 1;
+        let Some(shared) = shmem::shared() else {
+            continue;
+        };
+        // The entry stops counting the statement before its admission goes to the next
+        // waiter, so that the views never count one statement twice.
         if let Some(entry) = shared.my_entry() {
-            entry
-                .running
-                .fetch_sub(removed.len() as u32, Ordering::AcqRel);
+            entry.running.fetch_sub(1, Ordering::AcqRel);
         }
-        for r in removed.iter().filter(|r| r.cpu) {
+        if r.cpu {
             cpu::end_statement(shared, Some(r.desc));
         }
-        for r in &removed {
-            parallel::return_workers(shared, r.group, r.workers);
-        }
-        for r in removed.iter().filter(|r| r.admitted) {
+        parallel::return_workers(shared, r.group, r.workers);
+        if r.admitted {
             admission::release(shared, r.group);
         }
     }
-    removed.len()
+    count
 }
 
 /// Makes this process the owner of its shared entry. An entry still naming another pid
@@ -165,16 +164,25 @@ pub fn claim(entry: &ProcEntry) {
     }
 }
 
-#[pgrx::pg_guard]
+/// Called for every phase of every resource-owner release, most of which have nothing to
+/// do here: those return before entering pgrx's error boundary (which costs more than
+/// this check), with code that cannot panic.
 unsafe extern "C-unwind" fn on_resource_release(
     phase: pg_sys::ResourceReleasePhase::Type,
     _is_commit: bool,
     _is_top_level: bool,
     _arg: *mut std::ffi::c_void,
 ) {
-    if phase != pg_sys::ResourceReleasePhase::RESOURCE_RELEASE_BEFORE_LOCKS {
+    let nothing_registered = REGISTERED.try_with_borrow(|list| list.is_empty()) == Some(true);
+    if phase != pg_sys::ResourceReleasePhase::RESOURCE_RELEASE_BEFORE_LOCKS || nothing_registered {
         return;
     }
+    // SAFETY: a guarded function, called as PostgreSQL would call it.
+    unsafe { release_owner_registrations() };
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn release_owner_registrations() {
     // SAFETY: while a resource owner is released, PostgreSQL makes it the
     // CurrentResourceOwner (ResourceOwnerReleaseInternal), so this names the owner
     // being released.

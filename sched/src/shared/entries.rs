@@ -73,9 +73,9 @@ pub(crate) struct QueryEntry {
     pub priority: AtomicU32,
     /// Non-zero: the priority is static (no decay).
     pub pinned: AtomicU32,
-    /// Initial priority (group-scaled).
+    /// Initial priority (from its group).
     pub p0: AtomicU32,
-    /// Lowest priority (group-scaled).
+    /// Lowest priority (from its group).
     pub p_min: AtomicU32,
     /// Member index where the next search for a waiting member starts.
     pub cursor: AtomicU32,

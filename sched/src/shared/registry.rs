@@ -46,7 +46,7 @@ impl Default for GroupConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueryOptions {
     /// A static priority instead of the decaying one (wagner2021 §3.2 custom priorities
-    /// (1)); not scaled by the group.
+    /// (1)), instead of its group's range.
     pub pinned_priority: Option<u32>,
 }
 
@@ -83,7 +83,7 @@ pub struct ProcSnapshot {
 }
 
 impl SchedShared {
-    /// Sets a group's weight, priority scale and worker cap. Queries already registered
+    /// Sets a group's weight, priority range, decay and worker cap. Queries already registered
     /// keep their priority range. Caller holds the registration lock.
     pub fn configure_group(&self, g: GroupId, config: GroupConfig) {
         let ge = self.group(g);

@@ -190,7 +190,7 @@ fn decay_lowers_priority_per_quantum_and_keeps_the_sum() {
 }
 
 #[test]
-fn pinned_and_scaled_priorities() {
+fn pinned_and_group_priorities() {
     let s = region(1, Policy::DecayingStride);
     s.configure_group(
         GroupId(2),
@@ -208,8 +208,8 @@ fn pinned_and_scaled_priorities() {
         )
         .unwrap();
     s.join(ProcId(0), pinned).unwrap();
-    let scaled = query_with(&s, 2, 1);
-    assert_eq!(s.query_snapshot(scaled).unwrap().priority, P0 / 2);
+    let from_group = query_with(&s, 2, 1);
+    assert_eq!(s.query_snapshot(from_group).unwrap().priority, P0 / 2);
     assert_eq!(s.acquire(ProcId(0)), RUN);
     for _ in 0..100 {
         assert_eq!(s.end_slice(ProcId(0), SLICE), RUN);
