@@ -15,7 +15,11 @@ against stock PostgreSQL, on one data directory, in one run:
 
 Writes bench/results/SCHEDULING.md (a --quick run: bench/out/scheduling-quick.md; a
 run of some sections only: bench/out/scheduling-partial.md).
-Usage: bench/scheduling.py [--quick] [--only short,shares,overhead]
+--pin runs the server on CPU 0 and pgbench on CPU 1, so that no two backends run on
+different cores: the overhead rounds then show what pg_stride costs without the
+cache-line traffic between cores on its shared counters.
+
+Usage: bench/scheduling.py [--quick] [--only short,shares,overhead] [--pin]
 """
 
 import os
@@ -31,6 +35,9 @@ PORT = 5496
 AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
 QUICK = "--quick" in sys.argv
+PIN = "--pin" in sys.argv
+SERVER_CPUS = ["taskset", "-c", "0"] if PIN else []
+CLIENT_CPUS = ["taskset", "-c", "1"] if PIN else []
 ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -65,7 +72,9 @@ class Server:
             f.write("\n".join(settings) + "\n")
         if AS_POSTGRES:
             shutil.chown(path, "postgres")
-        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start")
+        subprocess.run(SERVER_CPUS + AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", self.data, "-l",
+                       os.path.join(self.dir, "log"), "-w", "start"], env=ENV, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self):
         subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
@@ -97,7 +106,7 @@ class Server:
         cmd = [f"{PGBIN}/pgbench", "-n", "-h", self.dir, "-p", str(PORT), "-U", user]
         if log_prefix:
             cmd += ["-l", f"--log-prefix={log_prefix}"]
-        return subprocess.Popen(AS_POSTGRES + cmd + list(args) + ["postgres"], env=ENV, text=True,
+        return subprocess.Popen(CLIENT_CPUS + AS_POSTGRES + cmd + list(args) + ["postgres"], env=ENV, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -249,7 +258,8 @@ def main():
             pairs = 1 if QUICK else 8
             oh_seconds = {"select1": 5, "select4": 5, "tpcb": 10} if QUICK else {"select1": 10, "select4": 10, "tpcb": 30}
             res = overhead(s, variants, pairs, oh_seconds)
-            lines += ["", f"## Overhead: {pairs} pairs of rounds (order alternating), as an ordinary role", "",
+            pinned = ", server on CPU 0 and pgbench on CPU 1" if PIN else ""
+            lines += ["", f"## Overhead: {pairs} pairs of rounds (order alternating), as an ordinary role{pinned}", "",
                       "Medians over the pairs; the ratios are the medians of the per-pair ratios.", "",
                       "| workload | seconds per round | not loaded tps | loaded tps | loaded / not loaded tps "
                       "| server CPU µs per transaction, not loaded / loaded | ratio |",
@@ -269,7 +279,7 @@ def main():
                       f"Machine: {machine}, {cpus} CPUs. Written by bench/scheduling.py on "
                       f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""] + lines) + "\n"
     # The full run's report is kept with the project; a quick run's is not.
-    if ONLY is not None:
+    if ONLY is not None or PIN:
         path = os.path.join(HERE, "out", "scheduling-partial.md")
     elif QUICK:
         path = os.path.join(HERE, "out", "scheduling-quick.md")
