@@ -58,8 +58,8 @@ class Server:
                     "shared_buffers = '1GB'\nmax_connections = 100\njit = off\n"
                     "synchronous_commit = off\nautovacuum = off\ninclude_if_exists = 'variant.conf'\n")
 
-    def run(self, *args, capture=False):
-        out = subprocess.run(AS_POSTGRES + list(args), env=ENV, check=True, text=True,
+    def run(self, *args, capture=False, cpus=()):
+        out = subprocess.run(list(cpus) + AS_POSTGRES + list(args), env=ENV, check=True, text=True,
                              stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
                              stderr=subprocess.PIPE if capture else subprocess.DEVNULL)
         return out.stdout if capture else None
@@ -72,9 +72,8 @@ class Server:
             f.write("\n".join(settings) + "\n")
         if AS_POSTGRES:
             shutil.chown(path, "postgres")
-        subprocess.run(SERVER_CPUS + AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", self.data, "-l",
-                       os.path.join(self.dir, "log"), "-w", "start"], env=ENV, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start",
+                 cpus=SERVER_CPUS)
 
     def stop(self):
         subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],

@@ -14,7 +14,7 @@
 //! of the wait is given back, so nothing is held that the statement does not run with.
 
 use crate::groups::GroupCounters;
-use crate::{gucs, shmem};
+use crate::{gucs, pg_nothrow, shmem};
 use pg_stride_sched::admission::Arrival;
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReport;
@@ -36,12 +36,6 @@ fn wake(procno: usize) {
 fn now_timestamp() -> i64 {
     // SAFETY: plain call; returns the current time as a TimestampTz.
     unsafe { pg_sys::GetCurrentTimestamp() }
-}
-
-/// When the current statement started (TimestampTz); a read of a saved value, where
-/// `now_timestamp` would read the clock.
-fn statement_start() -> i64 {
-    crate::pg_nothrow::statement_start_timestamp()
 }
 
 /// Admits a statement of this backend in group slot `group`, waiting for its turn when
@@ -66,14 +60,14 @@ pub fn admit(shared: &shmem::Shared, group: usize) {
         counters.record_admission(Duration::ZERO);
         entry
             .admitted_at
-            .store(statement_start(), Ordering::Relaxed);
+            .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
         return;
     }
 
     let started = Instant::now();
     entry
         .queued_since
-        .store(statement_start(), Ordering::Relaxed);
+        .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
     entry.queued.fetch_add(1, Ordering::AcqRel);
     let outcome = PgTryBuilder::new(|| wait_for_turn(shared, procno, started))
         .catch_others(|error| {

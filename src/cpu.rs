@@ -57,6 +57,28 @@ struct Member {
     statements: u32,
 }
 
+impl Member {
+    fn new(proc: ProcId, group: usize, query: Option<QueryId>, owner: bool) -> Member {
+        Member {
+            proc,
+            group,
+            query,
+            owner,
+            clock: SliceClock::new(crate::gucs::slice_ns()),
+            chunk_start_ns: 0,
+            slice_start_ns: 0,
+            statements: 1,
+        }
+    }
+
+    /// Charging starts afresh now: CPU used before (not scheduled yet, or paused) is not
+    /// the query's.
+    fn restart_charging(&mut self) {
+        let now = thread_cpu_ns();
+        (self.chunk_start_ns, self.slice_start_ns) = (now, now);
+    }
+}
+
 static MEMBER: BackendLocal<RefCell<Option<Member>>> = BackendLocal::new(RefCell::new(None));
 /// Tuples left before the next check-in; counting down is all a yield point does on most
 /// tuples.
@@ -164,18 +186,7 @@ pub fn start_statement(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc, g
     };
     MEMBER.with_borrow_mut(|member| match member.as_mut() {
         Some(m) => m.statements += 1,
-        None => {
-            *member = Some(Member {
-                proc: ProcId(procno as u32),
-                group,
-                query: None,
-                owner: true,
-                clock: SliceClock::new(crate::gucs::slice_ns()),
-                chunk_start_ns: 0,
-                slice_start_ns: 0,
-                statements: 1,
-            })
-        }
+        None => *member = Some(Member::new(ProcId(procno as u32), group, None, true)),
     });
     // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
     let parallel = unsafe { (*(*desc).plannedstmt).parallelModeNeeded };
@@ -254,16 +265,8 @@ pub fn start_worker(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) {
     if let Some(entry) = shared.my_entry() {
         crate::statements::claim(entry);
     }
-    MEMBER.set(Some(Member {
-        proc,
-        group: leader_entry.group.load(Ordering::Acquire) as usize,
-        query: Some(query),
-        owner: false,
-        clock: SliceClock::new(crate::gucs::slice_ns()),
-        chunk_start_ns: 0,
-        slice_start_ns: 0,
-        statements: 1,
-    }));
+    let group = leader_entry.group.load(Ordering::Acquire) as usize;
+    MEMBER.set(Some(Member::new(proc, group, Some(query), false)));
     ensure_exit_callback();
     wrap_scans(desc);
 }
@@ -287,8 +290,7 @@ pub fn begin_run(shared: &shmem::Shared) {
         m.clock.restart();
         COUNTDOWN.set(m.clock.chunk());
         m.query?;
-        let now = thread_cpu_ns();
-        (m.chunk_start_ns, m.slice_start_ns) = (now, now);
+        m.restart_charging();
         Some(m.proc)
     }) else {
         return;
@@ -467,8 +469,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     // CPU spent paused (latch waits) is not the query's.
     MEMBER.with_borrow_mut(|m| {
         if let Some(m) = m.as_mut() {
-            let now = thread_cpu_ns();
-            (m.chunk_start_ns, m.slice_start_ns) = (now, now);
+            m.restart_charging();
         }
     });
 }
@@ -632,8 +633,7 @@ fn join_at_first_check_in(shared: &shmem::Shared, sched: &SchedShared) {
     }
     let Some(proc) = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
-        let now = thread_cpu_ns();
-        (m.chunk_start_ns, m.slice_start_ns) = (now, now);
+        m.restart_charging();
         m.clock.restart();
         COUNTDOWN.set(m.clock.chunk());
         Some(m.proc)
