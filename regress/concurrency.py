@@ -16,6 +16,7 @@ then "concurrency: N passed, N failed". Run as root, the server runs as postgres
 """
 
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -189,6 +190,69 @@ def terminating_an_admitted_backend_frees_its_admission(s):
     started = time.monotonic()
     rc, out, err = finish(s.client("pair", "SELECT 'admitted'"))
     assert (rc, out) == (0, "admitted") and time.monotonic() - started < 5, (rc, out, err)
+
+
+class Session:
+    """A psql session that stays connected between statements, reading from a pipe."""
+
+    def __init__(self, s):
+        args = s.psql_args("")
+        args = args[:args.index("-c")]
+        # psql buffers its output when it goes to a pipe; line-buffered, each result
+        # arrives as soon as its statement ends.
+        args.insert(len(AS_POSTGRES), "stdbuf")
+        args.insert(len(AS_POSTGRES) + 1, "-oL")
+        self.proc = subprocess.Popen(args, env=ENV, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.pending = b""
+
+    def run(self, sql, lines=1, timeout=10.0):
+        """Runs `sql` and returns the `lines` lines of output it gives."""
+        self.proc.stdin.write(sql.encode() + b";\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while self.pending.count(b"\n") < lines:
+            left = deadline - time.monotonic()
+            ready = select.select([self.proc.stdout], [], [], max(left, 0))[0]
+            assert ready, f"{sql!r} gave no result for {timeout} s (got {self.pending!r})"
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            assert chunk, f"the session ended: {self.proc.stderr.read().decode()}"
+            self.pending += chunk
+        *out, self.pending = self.pending.split(b"\n", lines)
+        return [line.decode().strip() for line in out]
+
+    def close(self):
+        """Ends the session (psql reads the end of its input) and returns as finish()."""
+        return finish(self.proc)
+
+
+@check
+def an_idle_session_keeps_no_statement_waiting(s):
+    # A session keeps its admission between statements while nobody waits (its lease);
+    # in a group with a limit of 1, an idle session must not keep a newcomer waiting,
+    # and the statements it ran count in the group's statistics before it ends.
+    s.sql("SELECT pg_stride.reset_stats()")
+    idle = Session(s)
+    try:
+        out = idle.run(f"SET pg_stride.\"group\" = 'pair'; SET ROLE {ROLE}; SELECT 1; SELECT 2", lines=2)
+        assert out == ["1", "2"], out
+        assert s.group_state("pair") == "0 0", s.group_state("pair")
+        assert s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'pair'") == "2"
+        started = time.monotonic()
+        rc, out, err = finish(s.client("pair", "SELECT 'admitted'", "SET pg_stride.queue_timeout = '5s';"))
+        assert (rc, out) == (0, "admitted") and time.monotonic() - started < 3, (rc, out, err)
+        # The idle session's next statement needs an admission again, and gets one.
+        assert idle.run("SELECT 3") == ["3"]
+        # Switching groups counts the earlier statements in the group they ran in.
+        assert idle.run("RESET ROLE; SET pg_stride.\"group\" = 'holder'; "
+                        f"SET ROLE {ROLE}; SELECT 4") == ["4"]
+        totals = s.sql("SELECT string_agg(name || '=' || admitted_total, ' ' ORDER BY name) "
+                       "FROM pg_stride.groups WHERE name IN ('pair', 'holder')")
+        assert totals == "holder=1 pair=4", totals
+    finally:
+        rc, out, err = idle.close()
+    assert rc == 0, (rc, out, err)
+    assert s.group_state("pair") == "0 0", s.group_state("pair")
 
 
 @check
@@ -418,7 +482,8 @@ def main():
     try:
         server.start()
         setup(server)
-        for fn in CHECKS:
+        # Names on the command line run only those checks.
+        for fn in [fn for fn in CHECKS if not sys.argv[1:] or fn.__name__ in sys.argv[1:]]:
             try:
                 fn(server)
                 passed += 1

@@ -14,6 +14,7 @@
 //! of the wait is given back, so nothing is held that the statement does not run with.
 
 use crate::groups::GroupCounters;
+use crate::shmem::ProcEntry;
 use crate::{gucs, pg_nothrow, shmem};
 use pg_stride_sched::admission::Arrival;
 use pgrx::pg_sys;
@@ -38,30 +39,43 @@ fn now_timestamp() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
+/// How an admitted statement holds its admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// As the process's lease, kept when the statement ends while nobody waits.
+    Lease,
+    /// In the counts only: the process's lease was in use by another of its statements.
+    Counts,
+}
+
 /// Admits a statement of this backend in group slot `group`, waiting for its turn when
-/// the limits are reached. Returns normally once admitted; raises an ERROR when the wait
-/// is cancelled, times out or the backend is terminated.
-pub fn admit(shared: &shmem::Shared, group: usize) {
-    let Some(procno) = shmem::my_procno() else {
-        return;
-    };
-    let Some(entry) = shared.my_entry() else {
-        return;
-    };
-    let counters = shared.groups.counters(group);
+/// the limits are reached. Returns once admitted, with how it holds the admission;
+/// raises an ERROR when the wait is cancelled, times out or the backend is terminated.
+pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> Option<Held> {
+    let procno = shmem::my_procno()?;
+    if entry.lease.resume(group) {
+        entry.admitted_pending.fetch_add(1, Ordering::Relaxed);
+        entry
+            .admitted_at
+            .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
+        return Some(Held::Lease);
+    }
+    // A lease of another group is of no use to this statement.
+    give_back_lease(shared, entry);
     let arrival = if shared.admission.try_enter(group) {
         Arrival::Admitted
     } else {
         shared.with_admission(|queue, waiters| {
-            queue.arrive(&shared.admission, waiters, procno, group, wake)
+            let leases = shared.procs().iter().map(|e| &e.lease);
+            queue.arrive(&shared.admission, waiters, leases, procno, group, wake)
         })
     };
     if arrival == Arrival::Admitted {
-        counters.record_admission(Duration::ZERO);
+        entry.admitted_pending.fetch_add(1, Ordering::Relaxed);
         entry
             .admitted_at
             .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
-        return;
+        return Some(hold(entry, group));
     }
 
     let started = Instant::now();
@@ -78,10 +92,12 @@ pub fn admit(shared: &shmem::Shared, group: usize) {
             entry.queued.fetch_sub(1, Ordering::AcqRel);
         })
         .execute();
+    let counters = shared.groups.counters(group);
     match outcome {
         Ok(()) => {
             counters.record_admission(started.elapsed());
             entry.admitted_at.store(now_timestamp(), Ordering::Relaxed);
+            Some(hold(entry, group))
         }
         Err(()) => {
             counters.timed_out.fetch_add(1, Ordering::Relaxed);
@@ -100,7 +116,18 @@ pub fn admit(shared: &shmem::Shared, group: usize) {
                 group_name
             ))
             .report(PgLogLevel::ERROR);
+            unreachable!("an ERROR report does not return")
         }
+    }
+}
+
+/// The admission just taken becomes the process's lease if it has none.
+fn hold(entry: &ProcEntry, group: usize) -> Held {
+    if entry.lease.is_free() {
+        entry.lease.hold(group);
+        Held::Lease
+    } else {
+        Held::Counts
     }
 }
 
@@ -150,11 +177,81 @@ pub fn leave_queue(shared: &shmem::Shared, procno: usize) {
     });
 }
 
-/// An admitted statement of group slot `group` ended: lets the next waiters in.
-pub fn release(shared: &shmem::Shared, group: usize) {
-    if shared.admission.leave(group) {
-        shared.with_admission(|queue, waiters| queue.dispatch(&shared.admission, waiters, wake));
+/// An admitted statement of group slot `group` ended: keeps its admission as the
+/// process's idle lease while nobody waits, or lets the next waiters in.
+pub fn release(shared: &shmem::Shared, group: usize, held: Held) {
+    let waits = match (held, shared.my_entry()) {
+        (Held::Lease, Some(entry)) => entry.lease.finish(&shared.admission),
+        _ => shared.admission.leave(group),
+    };
+    if waits {
+        dispatch(shared);
     }
+}
+
+/// Gives back the process's idle lease, if it keeps one (it leaves, or its next
+/// statement runs in another group).
+pub fn give_back_lease(shared: &shmem::Shared, entry: &ProcEntry) {
+    if entry.lease.surrender(&shared.admission) {
+        dispatch(shared);
+    }
+}
+
+fn dispatch(shared: &shmem::Shared) {
+    shared.with_admission(|queue, waiters| queue.dispatch(&shared.admission, waiters, wake));
+}
+
+/// Makes group slot `group` the one this process's statements run in. Admissions the
+/// process counted for its previous group are added to that group's counter first.
+pub fn switch_group(shared: &shmem::Shared, entry: &ProcEntry, group: usize) {
+    let incarnation = shared
+        .groups
+        .counters(group)
+        .incarnation
+        .load(Ordering::Relaxed);
+    if entry.group.load(Ordering::Relaxed) as usize != group
+        || entry.pending_incarnation.load(Ordering::Relaxed) != incarnation
+    {
+        flush_admissions(shared, entry);
+        entry
+            .pending_incarnation
+            .store(incarnation, Ordering::Relaxed);
+        entry.group.store(group as u32, Ordering::Release);
+    }
+}
+
+/// Adds the admissions this process counted in its entry to its group's counter (unless
+/// the group's slot has a new group since).
+pub fn flush_admissions(shared: &shmem::Shared, entry: &ProcEntry) {
+    let n = entry.admitted_pending.swap(0, Ordering::Relaxed);
+    let counters = shared
+        .groups
+        .counters(entry.group.load(Ordering::Relaxed) as usize);
+    if n > 0
+        && counters.incarnation.load(Ordering::Relaxed)
+            == entry.pending_incarnation.load(Ordering::Relaxed)
+    {
+        counters.admitted.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Admissions of group slot `slot` that processes counted and have not added to its
+/// counter yet.
+pub fn pending_admissions(shared: &shmem::Shared, slot: usize) -> u64 {
+    let incarnation = shared
+        .groups
+        .counters(slot)
+        .incarnation
+        .load(Ordering::Relaxed);
+    shared
+        .procs()
+        .iter()
+        .filter(|e| {
+            e.group.load(Ordering::Relaxed) as usize == slot
+                && e.pending_incarnation.load(Ordering::Relaxed) == incarnation
+        })
+        .map(|e| e.admitted_pending.load(Ordering::Relaxed))
+        .sum()
 }
 
 /// Admits process `procno` ahead of its turn if it is queued (the watchdog's way out of

@@ -43,16 +43,19 @@ impl<T: Copy> BackendLocal<Cell<T>> {
 }
 
 impl<T> BackendLocal<RefCell<T>> {
+    #[inline]
     pub fn with_borrow<R>(&self, f: impl FnOnce(&T) -> R) -> R {
         f(&self.0.borrow())
     }
 
     /// Like `with_borrow`, but `None` instead of a panic while the value is borrowed
     /// mutably: for callbacks that must not panic outside pgrx's error boundary.
+    #[inline]
     pub fn try_with_borrow<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
         self.0.try_borrow().ok().map(|value| f(&value))
     }
 
+    #[inline]
     pub fn with_borrow_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         f(&mut self.0.borrow_mut())
     }

@@ -263,7 +263,7 @@ pub fn start_worker(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) {
         return;
     }
     if let Some(entry) = shared.my_entry() {
-        crate::statements::claim(entry);
+        crate::statements::claim(shared, entry);
     }
     let group = leader_entry.group.load(Ordering::Acquire) as usize;
     MEMBER.set(Some(Member::new(proc, group, Some(query), false)));

@@ -325,7 +325,7 @@ mod functions {
         }
         crate::groups::mark_changed();
         if let Some(shared) = shmem::shared() {
-            crate::groups::reload(&shared.groups, shared);
+            crate::groups::reload(&shared.groups, shared, false);
         }
     }
 }

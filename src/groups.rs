@@ -128,6 +128,9 @@ pub struct GroupCounters {
     pub queue_time_us: AtomicU64,
     /// Admitted statements by wait, see [`histogram_bucket`].
     pub queue_histogram: [AtomicU64; HISTOGRAM_BUCKETS],
+    /// Raised when a new group takes the slot: admissions that processes counted for
+    /// the slot's previous group (`ProcEntry::admitted_pending`) are not the new one's.
+    pub incarnation: AtomicU32,
 }
 
 impl GroupCounters {
@@ -138,6 +141,7 @@ impl GroupCounters {
             timed_out: AtomicU64::new(0),
             queue_time_us: AtomicU64::new(0),
             queue_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
+            incarnation: AtomicU32::new(0),
         }
     }
 
@@ -151,16 +155,17 @@ impl GroupCounters {
         }
     }
 
-    /// The `q`-quantile of the admitted statements' waits, in µs: the upper bound of
-    /// the histogram bucket it falls in (so within a factor of 2), `None` without data.
-    pub fn queue_time_quantile_us(&self, q: f64) -> Option<u64> {
+    /// The `q`-quantile of the waits of `admitted` statements (this counter's and those
+    /// the processes have not added to it yet), in µs: the upper bound of the histogram
+    /// bucket it falls in (so within a factor of 2), `None` without data.
+    pub fn queue_time_quantile_us(&self, admitted: u64, q: f64) -> Option<u64> {
         let mut counts: Vec<u64> = self
             .queue_histogram
             .iter()
             .map(|b| b.load(Ordering::Relaxed))
             .collect();
         let waited: u64 = counts[1..].iter().sum();
-        counts[0] += self.admitted.load(Ordering::Relaxed).saturating_sub(waited);
+        counts[0] += admitted.saturating_sub(waited);
         let total: u64 = counts.iter().sum();
         if total == 0 {
             return None;
@@ -293,8 +298,19 @@ impl GroupDirectory {
     /// counters) across reloads; a new group takes a free slot that no running
     /// statement still refers to; `default` stays in slot 0 even if the table lost it.
     /// Groups beyond the directory's room are left out with a WARNING.
-    pub fn publish(&self, groups: &[Group], slot_in_use: impl Fn(usize) -> bool) {
+    ///
+    /// With `read_at` (the generation when `groups` were read), nothing changes if the
+    /// directory was published since: that publication came from a later reading.
+    pub fn publish(
+        &self,
+        groups: &[Group],
+        read_at: Option<u64>,
+        slot_in_use: impl Fn(usize) -> bool,
+    ) {
         let dropped = self.write(|slots| {
+            if read_at.is_some_and(|g| g != self.generation.load(Ordering::Acquire)) {
+                return Vec::new();
+            }
             let mut next = [GroupSlot::FREE; MAX_GROUPS];
             next[0] = GroupSlot::new(DEFAULT_GROUP, GroupSettings::default());
             let mut pending = Vec::new();
@@ -315,6 +331,7 @@ impl GroupDirectory {
                     Some(i) => {
                         next[i] = GroupSlot::new(&g.name, g.settings);
                         self.counters[i].reset();
+                        self.counters[i].incarnation.fetch_add(1, Ordering::AcqRel);
                     }
                     None => dropped.push(g.name.clone()),
                 }
@@ -399,29 +416,28 @@ unsafe extern "C-unwind" fn request_reload() {
     }
 }
 
-/// The last group this backend resolved: its name, the directory generation it was
-/// looked up in, and its slot. Statements mostly run in the same group as the one
-/// before, so the common case costs a generation load and a name comparison instead of
-/// the directory lock.
-static LAST_GROUP: BackendLocal<std::cell::RefCell<(String, u64, usize)>> =
-    BackendLocal::new(std::cell::RefCell::new((String::new(), u64::MAX, 0)));
+/// The last group this backend resolved: the count of `pg_stride.group` assignments and
+/// the directory generation it was looked up at, and its slot. Statements mostly run in
+/// the same group as the one before, so the common case costs two comparisons instead
+/// of the directory lock.
+static LAST_GROUP: BackendLocal<Cell<(u64, u64, usize)>> =
+    BackendLocal::new(Cell::new((u64::MAX, u64::MAX, 0)));
 
 /// The group whose slot the current statement runs in: the session's
 /// `pg_stride.group`, or `default` with a WARNING when that group no longer exists.
 pub fn resolve_session_group(directory: &GroupDirectory) -> usize {
-    let generation = directory.generation.load(Ordering::Acquire);
-    let cached = crate::gucs::with_group_name(|name| {
-        LAST_GROUP.with_borrow(|(last, last_generation, slot)| {
-            (*last_generation == generation && last.as_bytes() == name).then_some(*slot)
-        })
-    });
-    if let Some(slot) = cached {
+    let key = (
+        crate::gucs::group_assignments(),
+        directory.generation.load(Ordering::Acquire),
+    );
+    let (assignments, generation, slot) = LAST_GROUP.get();
+    if (assignments, generation) == key {
         return slot;
     }
     let name = crate::gucs::group_name();
     match directory.find(&name) {
         Some(slot) => {
-            LAST_GROUP.set((name, generation, slot));
+            LAST_GROUP.set((key.0, key.1, slot));
             slot
         }
         None => {
@@ -478,8 +494,14 @@ pub fn read_table() -> Vec<Group> {
 }
 
 /// Reloads the directory from the table; `slot_in_use` as in [`GroupDirectory::publish`].
-pub fn reload(directory: &GroupDirectory, shared: &shmem::Shared) {
+///
+/// The scheduler worker reads the committed table (`committed`), while a session that
+/// changes the table publishes it at once as its transaction sees it; the worker's
+/// reading is then older and is dropped. The session's commit or rollback asks the
+/// worker for another reload, which settles the directory on the committed table.
+pub fn reload(directory: &GroupDirectory, shared: &shmem::Shared, committed: bool) {
+    let read_at = committed.then(|| directory.generation.load(Ordering::Acquire));
     let groups = read_table();
-    directory.publish(&groups, |slot| shared.slot_has_statements(slot));
+    directory.publish(&groups, read_at, |slot| shared.slot_has_statements(slot));
     crate::admission::apply_limits(shared);
 }

@@ -5,8 +5,10 @@
 //! that let a session take more than its share are superuser-only (`PGC_SUSET`), so a
 //! role's values come from `ALTER ROLE … SET` / `ALTER DATABASE … SET`.
 
+use crate::backend_local::BackendLocal;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::PostgresGucEnum;
+use std::cell::Cell;
 use std::ffi::CString;
 
 /// `pg_stride.parallel_mode`: who decides how many parallel workers a Gather launches.
@@ -195,7 +197,7 @@ pub fn register() {
             GucContext::Suset,
             GucFlags::IS_NAME,
             Some(check_group),
-            None,
+            Some(assign_group),
             None,
         )
     };
@@ -209,16 +211,23 @@ pub fn register() {
     );
 }
 
-/// Calls `f` with the bytes of the session's `pg_stride.group`, without copying them.
-pub fn with_group_name<R>(f: impl FnOnce(&[u8]) -> R) -> R {
-    // SAFETY: the setting's storage holds NULL or a NUL-terminated string that
-    // PostgreSQL keeps alive until the setting changes, which cannot happen during `f`.
-    let value = unsafe { *GROUP.as_ptr() };
-    if value.is_null() {
-        f(b"")
-    } else {
-        f(unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes())
-    }
+/// How often this process's `pg_stride.group` took a new value: SET, RESET, the end of
+/// a function with a SET clause, a rolled-back SET. A statement whose count is the same
+/// as the previous statement's runs in the same group, without a look at the name.
+static GROUP_ASSIGNMENTS: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
+
+pub fn group_assignments() -> u64 {
+    GROUP_ASSIGNMENTS.get()
+}
+
+/// PostgreSQL calls it whenever `pg_stride.group` changes value, including when it
+/// restores an earlier one. An assign hook must not fail; this one cannot (no pgrx
+/// boundary is needed for an increment).
+unsafe extern "C-unwind" fn assign_group(
+    _newval: *const std::ffi::c_char,
+    _extra: *mut std::ffi::c_void,
+) {
+    GROUP_ASSIGNMENTS.set(GROUP_ASSIGNMENTS.get().wrapping_add(1));
 }
 
 /// The session's `pg_stride.group`.

@@ -11,7 +11,7 @@
 //! no pointers, so the layout is valid in every process whatever address it is mapped at.
 
 use crate::groups::GroupDirectory;
-use pg_stride_sched::admission::{Counts, Queue, Waiter};
+use pg_stride_sched::admission::{Counts, Lease, Queue, Waiter};
 use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
 use std::cell::UnsafeCell;
@@ -24,6 +24,7 @@ const REGION_NAME: &CStr = c"pg_stride";
 /// scheduler worker) read atomics and tolerate a value that is a moment old. Each entry
 /// has a cache line of its own: backends write theirs at every statement, and entries
 /// sharing a line would make their processes' caches fight over it.
+#[derive(Default)]
 #[repr(C, align(64))]
 pub struct ProcEntry {
     /// pid of the process that last registered work here; 0 when unused.
@@ -52,6 +53,13 @@ pub struct ProcEntry {
     pub workers_granted: AtomicU32,
     /// Time the current statement spent paused at yield points, µs.
     pub paused_us: AtomicU64,
+    /// The admission this process keeps between its statements while nobody waits.
+    pub lease: Lease,
+    /// Statements of group slot `group` admitted at once and not yet added to the
+    /// group's `admitted` counter, which every backend would otherwise write at every
+    /// statement; counted for the slot's incarnation `pending_incarnation`.
+    pub admitted_pending: AtomicU64,
+    pub pending_incarnation: AtomicU32,
 }
 
 impl ProcEntry {
@@ -64,6 +72,7 @@ impl ProcEntry {
         self.admitted_at.store(0, Ordering::Relaxed);
         self.cpu_query.store(0, Ordering::Relaxed);
         self.paused.store(0, Ordering::Relaxed);
+        self.admitted_pending.store(0, Ordering::Relaxed);
         self.clear_statement();
         self.pid.store(0, Ordering::Release);
     }
@@ -375,20 +384,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
             let first = region.add(1).cast::<ProcEntry>();
             for i in 0..nprocs {
-                first.add(i).write(ProcEntry {
-                    pid: AtomicI32::new(0),
-                    running: AtomicU32::new(0),
-                    queued: AtomicU32::new(0),
-                    group: AtomicU32::new(0),
-                    queued_since: AtomicI64::new(0),
-                    admitted_at: AtomicI64::new(0),
-                    cpu_query: AtomicU32::new(0),
-                    orphan_query: AtomicU32::new(0),
-                    paused: AtomicU32::new(0),
-                    workers_planned: AtomicU32::new(0),
-                    workers_granted: AtomicU32::new(0),
-                    paused_us: AtomicU64::new(0),
-                });
+                first.add(i).write(ProcEntry::default());
             }
             let waiters = first.add(nprocs).cast::<Waiter>();
             for i in 0..nprocs {

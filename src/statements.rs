@@ -23,8 +23,8 @@ struct Registration {
     owner: pg_sys::ResourceOwner,
     /// Group slot the statement runs in.
     group: usize,
-    /// Whether it holds an admission to give back when it ends.
-    admitted: bool,
+    /// The admission it holds, to give back (or keep as the lease) when it ends.
+    admission: Option<admission::Held>,
     /// Whether it takes part in CPU scheduling.
     cpu: bool,
     /// Parallel workers its Gathers were granted, to give back when it ends.
@@ -56,14 +56,16 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
     let Some(entry) = shared.my_entry() else {
         return;
     };
-    claim(entry);
+    claim(shared, entry);
     let group = groups::resolve_session_group(&shared.groups);
-    entry.group.store(group as u32, Ordering::Release);
+    admission::switch_group(shared, entry, group);
     // SAFETY: plain call into PostgreSQL's role check.
     let exempt = gucs::EXEMPT_SUPERUSER.get() && unsafe { pg_sys::superuser() };
-    if !exempt {
-        admission::admit(shared, group);
-    }
+    let held = if exempt {
+        None
+    } else {
+        admission::admit(shared, entry, group)
+    };
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| {
@@ -71,7 +73,7 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
             desc,
             owner,
             group,
-            admitted: !exempt,
+            admission: held,
             cpu: false,
             workers: Grant::default(),
         })
@@ -141,19 +143,21 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
             cpu::end_statement(shared, Some(r.desc));
         }
         parallel::return_workers(shared, r.group, r.workers);
-        if r.admitted {
-            admission::release(shared, r.group);
+        if let Some(held) = r.admission {
+            admission::release(shared, r.group, held);
         }
     }
     count
 }
 
 /// Makes this process the owner of its shared entry. An entry still naming another pid
-/// belonged to an earlier process with the same PGPROC; whatever it says is stale.
-pub fn claim(entry: &ProcEntry) {
+/// belonged to an earlier process with the same PGPROC; whatever it says is stale, but
+/// an idle lease it kept is still counted as an admission and is given back.
+pub fn claim(shared: &shmem::Shared, entry: &ProcEntry) {
     // SAFETY: plain read of a process-local global.
     let me = unsafe { pg_sys::MyProcPid };
     if entry.pid.load(Ordering::Acquire) != me {
+        admission::give_back_lease(shared, entry);
         entry.reset();
         entry.pid.store(me, Ordering::Release);
     }
@@ -193,12 +197,14 @@ unsafe extern "C-unwind" fn release_owner_registrations() {
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     // Gives back the admissions still held (a terminated backend's cursors), leaves the
-    // admission queue (a FATAL error ends a wait without unwinding), then clears the
-    // entry.
+    // admission queue (a FATAL error ends a wait without unwinding), gives back the idle
+    // lease, counts its admissions in its group, then clears the entry.
     unregister_where(|_| true);
     if let (Some(shared), Some(procno)) = (shmem::shared(), shmem::my_procno()) {
         admission::leave_queue(shared, procno);
         if let Some(entry) = shared.my_entry() {
+            admission::give_back_lease(shared, entry);
+            admission::flush_admissions(shared, entry);
             entry.reset();
         }
     }

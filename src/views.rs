@@ -152,6 +152,8 @@ mod pg_stride {
             .map(|(slot, g)| {
                 let s = g.settings;
                 let c = shared.groups.counters(slot);
+                let admitted = c.admitted.load(Ordering::Relaxed)
+                    + crate::admission::pending_admissions(shared, slot);
                 let ms = |us: u64| us as f64 / 1000.0;
                 (
                     g.name,
@@ -165,11 +167,11 @@ mod pg_stride {
                     s.pinned,
                     active[slot],
                     queued[slot],
-                    c.admitted.load(Ordering::Relaxed) as i64,
+                    admitted as i64,
                     c.timed_out.load(Ordering::Relaxed) as i64,
                     ms(c.queue_time_us.load(Ordering::Relaxed)),
-                    c.queue_time_quantile_us(0.5).map(ms),
-                    c.queue_time_quantile_us(0.99).map(ms),
+                    c.queue_time_quantile_us(admitted, 0.5).map(ms),
+                    c.queue_time_quantile_us(admitted, 0.99).map(ms),
                     (c.cpu_ns.load(Ordering::Relaxed) + live_cpu_ns[slot]) as f64 / 1e6,
                 )
             })
@@ -257,6 +259,9 @@ mod pg_stride {
         let shared = require_shared();
         for (slot, _) in shared.groups.groups() {
             shared.groups.counters(slot).reset();
+        }
+        for entry in shared.procs() {
+            entry.admitted_pending.store(0, Ordering::Relaxed);
         }
     }
 

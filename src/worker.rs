@@ -130,7 +130,7 @@ fn reload_groups(shared: &shmem::Shared) {
     // The directory is only written under its lock; an error while reading the table
     // leaves it as it was.
     BackgroundWorker::transaction(std::panic::AssertUnwindSafe(|| {
-        groups::reload(&shared.groups, shared)
+        groups::reload(&shared.groups, shared, true)
     }));
     if let Some(request) = request {
         shared.groups.reload_done(request);

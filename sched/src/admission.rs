@@ -33,6 +33,19 @@
 //! dispatches under the lock, or the waiter's own dispatch sees the room the leaver made.
 //! Admissions on the fast path do not advance the groups' passes: the passes order the
 //! contended admissions only, which is where the weights matter.
+//!
+//! A process keeps its admission between its statements while nobody waits: a
+//! [`Lease`], one per process in a cache line of its own. Its next statement of the same
+//! group resumes the lease without touching [`Counts`], so the statements of an
+//! uncontended server write no shared cache line at all (with several cores, those
+//! writes moved the `Counts` line between them at every statement). An idle lease is an
+//! admission like any other, so it counts against the limits; the first statement that
+//! has to wait revokes every idle lease before it queues ([`Queue::arrive`]), and once
+//! statements wait, an ending statement gives its admission back instead of keeping it.
+//! The same store-then-load pairing as above keeps the two sides from missing each
+//! other: a process stores "idle" and then reads `waiting`; an arriving waiter raises
+//! `waiting` and then reads the leases. A compare-and-swap decides between a process
+//! resuming its lease and a waiter revoking it.
 
 use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::SeqCst;
@@ -183,6 +196,87 @@ impl Counts {
     }
 }
 
+/// The admission a process holds for its statement, or keeps idle between statements;
+/// see the module comment. Only its own process takes a lease, uses it and keeps it
+/// idle; anyone may revoke it while it is idle.
+#[derive(Debug, Default)]
+#[repr(transparent)]
+pub struct Lease(AtomicU32);
+
+/// Lease states: `NO_LEASE`, or the group slot shifted left by one with the low bit set
+/// while a statement uses the admission and clear while it is idle.
+const NO_LEASE: u32 = 0;
+const IN_USE: u32 = 1;
+
+fn idle_lease(g: usize) -> u32 {
+    ((g as u32) + 1) << 1
+}
+
+impl Lease {
+    /// Resumes the idle lease for a statement of group `g`: `true` = admitted, nothing
+    /// else to do. Fails when there is no idle lease of `g` (none, or a waiter revoked it).
+    pub fn resume(&self, g: usize) -> bool {
+        self.0
+            .compare_exchange(idle_lease(g), idle_lease(g) | IN_USE, SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    /// Whether the process has no lease: then the admission of its next statement,
+    /// admitted through [`Counts`] or the [`Queue`], can become one ([`Lease::hold`]).
+    pub fn is_free(&self) -> bool {
+        self.0.load(SeqCst) == NO_LEASE
+    }
+
+    /// Group of the idle lease, if there is one.
+    pub fn idle_group(&self) -> Option<usize> {
+        let state = self.0.load(SeqCst);
+        (state != NO_LEASE && state & IN_USE == 0).then(|| (state >> 1) as usize - 1)
+    }
+
+    /// A statement of group `g` was admitted while the lease was free: its admission is
+    /// the lease from now on, to be ended by [`Lease::finish`].
+    pub fn hold(&self, g: usize) {
+        debug_assert!(self.is_free());
+        self.0.store(idle_lease(g) | IN_USE, SeqCst);
+    }
+
+    /// The statement using the lease ended. Keeps the admission idle when nobody waits,
+    /// gives it back otherwise. Returns whether statements wait: then the caller takes
+    /// the lock and calls [`Queue::dispatch`].
+    pub fn finish(&self, c: &Counts) -> bool {
+        let state = self.0.load(SeqCst);
+        debug_assert!(state & IN_USE != 0, "no statement uses the lease");
+        let g = (state >> 1) as usize - 1;
+        if c.waiting.load(SeqCst) == 0 {
+            self.0.store(idle_lease(g), SeqCst);
+            if c.waiting.load(SeqCst) == 0 {
+                return false;
+            }
+            // A waiter arrived meanwhile and may have missed the idle lease.
+            return self.surrender(c);
+        }
+        self.0.store(NO_LEASE, SeqCst);
+        c.leave(g)
+    }
+
+    /// Gives back the idle lease, if there is one (the process leaves, or its next
+    /// statement is of another group). Returns whether statements wait, as
+    /// [`Counts::leave`].
+    pub fn surrender(&self, c: &Counts) -> bool {
+        self.revoke(c).unwrap_or(false)
+    }
+
+    /// Takes the idle lease away and gives its admission back. `None`: there was none
+    /// (or its process resumed it first); otherwise what [`Counts::leave`] returned.
+    fn revoke(&self, c: &Counts) -> Option<bool> {
+        let g = self.idle_group()?;
+        self.0
+            .compare_exchange(idle_lease(g), NO_LEASE, SeqCst, SeqCst)
+            .ok()
+            .map(|_| c.leave(g))
+    }
+}
+
 fn decrement(counter: &AtomicU32) {
     let _ = counter.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)));
 }
@@ -252,14 +346,24 @@ impl Queue {
     /// A statement of process `p` in group `g` arrives (after [`Counts::try_enter`]
     /// failed, or instead of it). Admits it at once if nobody waits and there is room;
     /// otherwise queues it and admits whoever may go now, which may be `p` itself.
-    pub fn arrive(
+    ///
+    /// `leases` are every process's [`Lease`]: the idle ones are revoked first, since the
+    /// statement would otherwise wait for admissions that nobody uses.
+    pub fn arrive<'a>(
         &mut self,
         c: &Counts,
         waiters: &mut [Waiter],
+        leases: impl IntoIterator<Item = &'a Lease>,
         p: usize,
         g: usize,
         wake: impl FnMut(usize),
     ) -> Arrival {
+        // Counted as waiting before the leases are read (see the module comment): from
+        // here on, no process keeps an idle lease that this scan does not see.
+        c.waiting.fetch_add(1, SeqCst);
+        for lease in leases {
+            lease.revoke(c);
+        }
         if c.group_active(g) == 0 && self.groups[g].waiting == 0 {
             // An idle group rejoins at the virtual time: what it did not use while idle
             // is not owed to it later (wagner2021 §2.1).
@@ -273,7 +377,6 @@ impl Queue {
         };
         self.next_ticket += 1;
         self.groups[g].waiting += 1;
-        c.waiting.fetch_add(1, SeqCst);
         self.dispatch(c, waiters, wake);
         if self.take_admitted(waiters, p) {
             Arrival::Admitted
@@ -379,6 +482,7 @@ mod tests {
         c: Counts,
         q: Queue,
         w: Vec<Waiter>,
+        l: Vec<Lease>,
     }
 
     impl Server {
@@ -387,6 +491,7 @@ mod tests {
                 c: Counts::new(max_active),
                 q: Queue::default(),
                 w: vec![Waiter::default(); procs],
+                l: (0..procs).map(|_| Lease::default()).collect(),
             }
         }
 
@@ -398,7 +503,33 @@ mod tests {
             if self.c.try_enter(g) {
                 return Arrival::Admitted;
             }
-            self.q.arrive(&self.c, &mut self.w, p, g, |_| {})
+            self.q.arrive(&self.c, &mut self.w, &self.l, p, g, |_| {})
+        }
+
+        /// As the extension admits a statement: the idle lease first, then the fast
+        /// path, then the queue; an admission becomes the lease when there is none.
+        /// Returns whether it was admitted at once and whether it runs on the lease.
+        fn arrive_leasing(&mut self, p: usize, g: usize) -> (Arrival, bool) {
+            if self.l[p].resume(g) {
+                return (Arrival::Admitted, true);
+            }
+            let woken = self.l[p].surrender(&self.c);
+            assert!(!woken, "nobody waits in these tests when a group changes");
+            let arrival = self.arrive(p, g);
+            let leased = arrival == Arrival::Admitted && self.l[p].is_free();
+            if leased {
+                self.l[p].hold(g);
+            }
+            (arrival, leased)
+        }
+
+        /// Ends p's statement that runs on its lease; returns who was woken.
+        fn finish_leased(&mut self, p: usize) -> Vec<usize> {
+            let mut woken = vec![];
+            if self.l[p].finish(&self.c) {
+                self.q.dispatch(&self.c, &mut self.w, |p| woken.push(p));
+            }
+            woken
         }
 
         /// Ends an admitted statement of group `g`; returns who was woken.
@@ -440,7 +571,10 @@ mod tests {
         // queue behind process 1.
         s.c.set_max_active(2);
         assert!(!s.c.try_enter(0));
-        assert_eq!(s.q.arrive(&s.c, &mut s.w, 2, 0, |_| {}), Arrival::Queued);
+        assert_eq!(
+            s.q.arrive(&s.c, &mut s.w, &s.l, 2, 0, |_| {}),
+            Arrival::Queued
+        );
         assert!(s.take_admitted(1), "the waiter went first");
     }
 
@@ -562,6 +696,60 @@ mod tests {
         s.finish(0);
         s.finish(0);
         assert_eq!(s.c.active(), 0);
+    }
+
+    #[test]
+    fn a_lease_keeps_the_admission_between_statements_while_nobody_waits() {
+        let mut s = Server::new(1, 2);
+        assert_eq!(s.arrive_leasing(0, 0), (Arrival::Admitted, true));
+        assert!(s.finish_leased(0).is_empty());
+        assert_eq!(s.l[0].idle_group(), Some(0));
+        assert_eq!(s.totals(), (1, 0), "the idle lease still counts");
+        assert_eq!(s.arrive_leasing(0, 0), (Arrival::Admitted, true));
+        assert_eq!(s.l[0].idle_group(), None, "in use");
+        assert!(s.finish_leased(0).is_empty());
+    }
+
+    #[test]
+    fn a_waiter_revokes_idle_leases_instead_of_waiting_for_them() {
+        let mut s = Server::new(2, 3);
+        s.configure(1, 100, 1);
+        // Process 0 keeps an idle lease in group 1, process 1 one in group 0: both
+        // limits are reached by admissions nobody uses.
+        s.arrive_leasing(0, 1);
+        s.finish_leased(0);
+        s.arrive_leasing(1, 0);
+        s.finish_leased(1);
+        assert_eq!(s.totals(), (2, 0));
+        assert_eq!(s.arrive_leasing(2, 1), (Arrival::Admitted, true));
+        assert_eq!((s.l[0].idle_group(), s.l[1].idle_group()), (None, None));
+        assert_eq!(s.totals(), (1, 0));
+        // Process 0's next statement has lost its lease and must queue behind the limit.
+        assert!(!s.l[0].resume(1));
+        assert_eq!(s.arrive_leasing(0, 1), (Arrival::Queued, false));
+    }
+
+    #[test]
+    fn an_ending_statement_gives_its_lease_back_when_someone_waits() {
+        let mut s = Server::new(1, 2);
+        s.arrive_leasing(0, 0);
+        assert_eq!(s.arrive_leasing(1, 0), (Arrival::Queued, false));
+        assert_eq!(s.finish_leased(0), vec![1]);
+        assert!(s.l[0].is_free());
+        assert!(s.take_admitted(1));
+        assert_eq!(s.totals(), (1, 0));
+    }
+
+    #[test]
+    fn a_lease_of_another_group_is_given_back() {
+        let mut s = Server::new(4, 1);
+        s.arrive_leasing(0, 0);
+        s.finish_leased(0);
+        assert_eq!(s.arrive_leasing(0, 2), (Arrival::Admitted, true));
+        assert_eq!((s.c.group_active(0), s.c.group_active(2)), (0, 1));
+        s.finish_leased(0);
+        assert!(!s.l[0].surrender(&s.c));
+        assert_eq!(s.totals(), (0, 0));
     }
 
     #[test]

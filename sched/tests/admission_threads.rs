@@ -6,8 +6,8 @@
 //! round can only be let in by statements that end: a wake-up lost between a leaving
 //! statement and an arriving one leaves it queued, and the test fails after seconds.
 
-use pg_stride_sched::admission::{Arrival, Counts, Queue, Waiter};
-use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use pg_stride_sched::admission::{Arrival, Counts, Lease, Queue, Waiter};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,31 +23,71 @@ const LOST: Duration = Duration::from_secs(10);
 struct Server {
     counts: Counts,
     queue: Mutex<(Queue, Vec<Waiter>)>,
+    leases: Vec<Lease>,
+    /// Whether each thread is between the start of an admission and the end of its
+    /// release: a waiter still queued when no other thread is can never be let in.
+    busy: Vec<AtomicBool>,
     inside: AtomicU32,
     inside_group: [AtomicU32; GROUPS],
 }
 
+/// Threads whose number is a multiple of this do not keep leases.
+const NO_LEASE_EVERY: usize = 4;
+
+fn uses_lease(p: usize) -> bool {
+    p % NO_LEASE_EVERY != 0
+}
+
 impl Server {
-    fn admit(&self, p: usize, g: usize) {
+    /// Admits a statement of thread `p` in group `g`; returns whether it runs on the
+    /// thread's lease.
+    fn admit(&self, p: usize, g: usize) -> bool {
+        self.busy[p].store(true, SeqCst);
+        let lease = &self.leases[p];
+        if uses_lease(p) {
+            if lease.resume(g) {
+                return true;
+            }
+            if lease.surrender(&self.counts) {
+                self.dispatch();
+            }
+        }
+        self.wait_for_admission(p, g);
+        if uses_lease(p) {
+            lease.hold(g);
+        }
+        uses_lease(p)
+    }
+
+    fn wait_for_admission(&self, p: usize, g: usize) {
         if self.counts.try_enter(g) {
             return;
         }
         let arrival = {
             let mut guard = self.queue.lock().unwrap();
             let (queue, waiters) = &mut *guard;
-            queue.arrive(&self.counts, waiters, p, g, |_| {})
+            queue.arrive(&self.counts, waiters, &self.leases, p, g, |_| {})
         };
         if arrival == Arrival::Admitted {
             return;
         }
         let since = Instant::now();
         loop {
-            {
-                let mut guard = self.queue.lock().unwrap();
-                let (queue, waiters) = &mut *guard;
-                if queue.take_admitted(waiters, p) {
-                    return;
-                }
+            if self.take_admitted(p) {
+                return;
+            }
+            let others_idle = self
+                .busy
+                .iter()
+                .enumerate()
+                .all(|(q, busy)| q == p || !busy.load(SeqCst));
+            if others_idle {
+                // Admitted just before the others went idle, or forgotten.
+                assert!(
+                    self.take_admitted(p),
+                    "process {p} of group {g} is queued while no other process runs or ends a statement"
+                );
+                return;
             }
             assert!(
                 since.elapsed() < LOST,
@@ -57,12 +97,28 @@ impl Server {
         }
     }
 
-    fn release(&self, g: usize) {
-        if self.counts.leave(g) {
-            let mut guard = self.queue.lock().unwrap();
-            let (queue, waiters) = &mut *guard;
-            queue.dispatch(&self.counts, waiters, |_| {});
+    fn take_admitted(&self, p: usize) -> bool {
+        let mut guard = self.queue.lock().unwrap();
+        let (queue, waiters) = &mut *guard;
+        queue.take_admitted(waiters, p)
+    }
+
+    fn release(&self, p: usize, g: usize, leased: bool) {
+        let waits = if leased {
+            self.leases[p].finish(&self.counts)
+        } else {
+            self.counts.leave(g)
+        };
+        if waits {
+            self.dispatch();
         }
+        self.busy[p].store(false, SeqCst);
+    }
+
+    fn dispatch(&self) {
+        let mut guard = self.queue.lock().unwrap();
+        let (queue, waiters) = &mut *guard;
+        queue.dispatch(&self.counts, waiters, |_| {});
     }
 }
 
@@ -71,6 +127,8 @@ fn limits_hold_and_no_waiter_is_forgotten() {
     let server = Arc::new(Server {
         counts: Counts::new(MAX_ACTIVE),
         queue: Mutex::new((Queue::default(), vec![Waiter::default(); THREADS])),
+        leases: (0..THREADS).map(|_| Lease::default()).collect(),
+        busy: (0..THREADS).map(|_| AtomicBool::new(false)).collect(),
         inside: AtomicU32::new(0),
         inside_group: Default::default(),
     });
@@ -90,7 +148,7 @@ fn limits_hold_and_no_waiter_is_forgotten() {
                 let g = p % GROUPS;
                 for i in 0..ROUNDS {
                     round.wait();
-                    s.admit(p, g);
+                    let leased = s.admit(p, g);
                     let inside = s.inside.fetch_add(1, SeqCst) + 1;
                     assert!(inside <= MAX_ACTIVE, "{inside} statements admitted");
                     let in_group = s.inside_group[g].fetch_add(1, SeqCst) + 1;
@@ -102,7 +160,7 @@ fn limits_hold_and_no_waiter_is_forgotten() {
                     }
                     s.inside_group[g].fetch_sub(1, SeqCst);
                     s.inside.fetch_sub(1, SeqCst);
-                    s.release(g);
+                    s.release(p, g, leased);
                 }
             })
         })
@@ -116,8 +174,55 @@ fn limits_hold_and_no_waiter_is_forgotten() {
     for t in threads {
         t.join().expect("a thread failed");
     }
+    // What is left are idle leases; given back, they leave nothing behind.
+    for lease in &server.leases {
+        assert!(!lease.surrender(&server.counts));
+    }
     assert_eq!((server.counts.active(), server.counts.waiting()), (0, 0));
     for g in 0..GROUPS {
         assert_eq!(server.counts.group_active(g), 0, "group {g}");
+    }
+}
+
+/// Two processes that keep leases, one admission between them, statements back to
+/// back: every statement of one overlaps the other's arrival or end, which is where an
+/// idle lease and a new waiter can miss each other.
+#[test]
+fn leases_and_waiters_do_not_miss_each_other() {
+    const PROCS: usize = 2;
+    const STATEMENTS: usize = 200_000;
+    let server = Arc::new(Server {
+        counts: Counts::new(1),
+        queue: Mutex::new((Queue::default(), vec![Waiter::default(); PROCS + 1])),
+        leases: (0..=PROCS).map(|_| Lease::default()).collect(),
+        busy: (0..=PROCS).map(|_| AtomicBool::new(false)).collect(),
+        inside: AtomicU32::new(0),
+        inside_group: Default::default(),
+    });
+    // Threads 1 and 2: both keep leases (see `uses_lease`).
+    let start = Arc::new(Barrier::new(PROCS));
+    let threads: Vec<_> = (1..=PROCS)
+        .map(|p| {
+            let s = Arc::clone(&server);
+            let start = Arc::clone(&start);
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..STATEMENTS {
+                    let leased = s.admit(p, 0);
+                    assert_eq!(s.inside.fetch_add(1, SeqCst), 0, "two statements admitted");
+                    for _ in 0..20 {
+                        std::hint::spin_loop();
+                    }
+                    s.inside.fetch_sub(1, SeqCst);
+                    s.release(p, 0, leased);
+                    for _ in 0..20 {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a thread failed");
     }
 }
