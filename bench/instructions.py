@@ -9,7 +9,10 @@ backend that served it is the process with the most instructions. Each workload 
 with N1 and N2 transactions, so that connection start-up cancels out:
 instructions per transaction = (I(N2) - I(N1)) / (N2 - N1). Variants: library not
 loaded, and loaded with every statement going through admission (an ordinary role,
-exempt_superuser off). Needs valgrind; takes a few minutes.
+exempt_superuser off). The loaded variant runs once more under callgrind, whose
+inclusive counts give what admission itself costs: the instructions spent in
+`pg_stride::admission::{admit, release, switch_group}` and everything they call.
+Needs valgrind; takes a few minutes.
 
 Writes bench/results/INSTRUCTIONS.md. Usage: bench/instructions.py
 """
@@ -53,7 +56,7 @@ class Server:
                     "include_if_exists = 'variant.conf'\n")
         self.process = None
 
-    def start(self, settings, valgrind):
+    def start(self, settings, valgrind, tool="cachegrind"):
         path = os.path.join(self.data, "variant.conf")
         with open(path, "w") as f:
             f.write(settings)
@@ -61,8 +64,9 @@ class Server:
             shutil.chown(path, "postgres")
         for old in glob.glob(os.path.join(self.counts, "*")):
             os.remove(old)
-        tool = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--trace-children=yes",
-                f"--cachegrind-out-file={self.counts}/%p"] if valgrind else []
+        options = ["--cache-sim=no"] if tool == "cachegrind" else []
+        tool = ["valgrind", f"--tool={tool}", *options, "--trace-children=yes",
+                f"--{tool}-out-file={self.counts}/%p"] if valgrind else []
         self.process = subprocess.Popen(AS_POSTGRES + tool + [f"{PGBIN}/postgres", "-D", self.data], env=ENV,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(120):
@@ -85,14 +89,32 @@ class Server:
             "-U", "r_plain", *args, "postgres", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def busiest_backend(self):
-        """Instructions of the process that executed the most (the pgbench backend)."""
-        best = 0
+        """Instructions of the process that executed the most (the pgbench backend), and
+        its output file."""
+        best = (0, None)
         for path in glob.glob(os.path.join(self.counts, "*")):
             with open(path) as f:
                 for line in f:
-                    if line.startswith("summary:"):
-                        best = max(best, int(line.split()[1]))
+                    if line.startswith(("summary:", "totals:")):
+                        best = max(best, (int(line.split()[1]), path))
         return best
+
+
+def admission_instructions(path):
+    """Inclusive instructions of admission's entry points in a callgrind output file."""
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
+                         capture_output=True, text=True, check=True).stdout
+    total = 0
+    for line in out.splitlines():
+        fields = line.split()
+        if fields and any(line.rstrip().endswith(f) or f"{f} [" in line for f in ADMISSION_FUNCTIONS):
+            total += int(fields[0].replace(",", ""))
+    return total
+
+
+# Admission's entry points, called once per statement; none calls another.
+ADMISSION_FUNCTIONS = ("pg_stride::admission::admit", "pg_stride::admission::release",
+                       "pg_stride::admission::switch_group")
 
 
 def main():
@@ -111,9 +133,17 @@ def main():
                     s.start(settings, valgrind=True)
                     s.pgbench(*args, "-t", str(n))
                     s.stop()
-                    counts.append(s.busiest_backend())
+                    counts.append(s.busiest_backend()[0])
                 results[(label, variant)] = (counts[1] - counts[0]) / (n2 - n1)
                 print(f"{label}, {variant}: {results[(label, variant)]:.0f} instructions per transaction", flush=True)
+            counts = []
+            for n in (n1, n2):
+                s.start(VARIANTS[1][1], valgrind=True, tool="callgrind")
+                s.pgbench(*args, "-t", str(n))
+                s.stop()
+                counts.append(admission_instructions(s.busiest_backend()[1]))
+            results[(label, "admission")] = (counts[1] - counts[0]) / (n2 - n1)
+            print(f"{label}, admission: {results[(label, 'admission')]:.0f} instructions per transaction", flush=True)
     finally:
         if s.process and s.process.poll() is None:
             s.process.kill()
@@ -121,11 +151,14 @@ def main():
     lines = ["# Instructions per transaction, pg_stride not loaded and loaded", "",
              f"Written by bench/instructions.py on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
              "valgrind cachegrind, one pgbench client, as an ordinary role (every statement "
-             "goes through admission), release build.", "",
-             "| workload | not loaded | loaded | added | loaded / not loaded |", "|---|---|---|---|---|"]
+             "goes through admission), release build. Admission: inclusive instructions of "
+             "admission's entry points (`admit`, `release`, `switch_group`), from callgrind.", "",
+             "| workload | not loaded | loaded | added | loaded / not loaded | admission | admission / not loaded |",
+             "|---|---|---|---|---|---|---|"]
     for label, _, _, _ in WORKLOADS:
         a, b = results[(label, "not loaded")], results[(label, "loaded")]
-        lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} |")
+        c = results[(label, "admission")]
+        lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} | {c:.0f} | {100 * c / a:.2f} % |")
     text = "\n".join(lines) + "\n"
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "INSTRUCTIONS.md"), "w") as f:

@@ -255,7 +255,7 @@ def main():
             variants = [("not loaded", stock),
                         ("loaded", ["shared_preload_libraries = 'pg_stride'", "pg_stride.exempt_superuser = off"])]
             pairs = 1 if QUICK else 8
-            oh_seconds = {"select1": 5, "select4": 5, "tpcb": 10} if QUICK else {"select1": 10, "select4": 10, "tpcb": 30}
+            oh_seconds = {"select1": 5, "select4": 5, "tpcb": 10} if QUICK else {"select1": 10, "select4": 10, "tpcb": 60}
             res = overhead(s, variants, pairs, oh_seconds)
             pinned = ", server on CPU 0 and pgbench on CPU 1" if PIN else ""
             lines += ["", f"## Overhead: {pairs} pairs of rounds (order alternating), as an ordinary role{pinned}", "",

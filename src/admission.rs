@@ -51,6 +51,8 @@ pub enum Held {
 /// Admits a statement of this backend in group slot `group`, waiting for its turn when
 /// the limits are reached. Returns once admitted, with how it holds the admission;
 /// raises an ERROR when the wait is cancelled, times out or the backend is terminated.
+// Out of line, so that bench/instructions.py can count admission's instructions.
+#[inline(never)]
 pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> Option<Held> {
     let procno = shmem::my_procno()?;
     if entry.lease.resume(group) {
@@ -179,6 +181,8 @@ pub fn leave_queue(shared: &shmem::Shared, procno: usize) {
 
 /// An admitted statement of group slot `group` ended: keeps its admission as the
 /// process's idle lease while nobody waits, or lets the next waiters in.
+// Out of line, so that bench/instructions.py can count admission's instructions.
+#[inline(never)]
 pub fn release(shared: &shmem::Shared, group: usize, held: Held) {
     let waits = match (held, shared.my_entry()) {
         (Held::Lease, Some(entry)) => entry.lease.finish(&shared.admission),
@@ -203,6 +207,8 @@ fn dispatch(shared: &shmem::Shared) {
 
 /// Makes group slot `group` the one this process's statements run in. Admissions the
 /// process counted for its previous group are added to that group's counter first.
+// Out of line, so that bench/instructions.py can count admission's instructions.
+#[inline(never)]
 pub fn switch_group(shared: &shmem::Shared, entry: &ProcEntry, group: usize) {
     let incarnation = shared
         .groups

@@ -177,8 +177,9 @@ unsafe extern "C-unwind" fn on_resource_release(
     _is_top_level: bool,
     _arg: *mut std::ffi::c_void,
 ) {
-    let nothing_registered = REGISTERED.try_with_borrow(|list| list.is_empty()) == Some(true);
-    if phase != pg_sys::ResourceReleasePhase::RESOURCE_RELEASE_BEFORE_LOCKS || nothing_registered {
+    if phase != pg_sys::ResourceReleasePhase::RESOURCE_RELEASE_BEFORE_LOCKS
+        || REGISTERED.try_with_borrow(|list| list.is_empty()) == Some(true)
+    {
         return;
     }
     // SAFETY: a guarded function, called as PostgreSQL would call it.
