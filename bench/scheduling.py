@@ -47,14 +47,15 @@ SHORT = ("\\set lo random(1, 4900000)\n"
 
 
 class Server:
-    def __init__(self):
+    def __init__(self, port=PORT):
+        self.port = port
         self.dir = tempfile.mkdtemp(prefix="pg_stride_sched_bench_")
         if AS_POSTGRES:
             shutil.chown(self.dir, "postgres")
         self.data = os.path.join(self.dir, "data")
         self.run(f"{PGBIN}/initdb", "-D", self.data, "-U", "postgres", "--auth=trust")
         with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
-            f.write(f"listen_addresses = ''\nunix_socket_directories = '{self.dir}'\nport = {PORT}\n"
+            f.write(f"listen_addresses = ''\nunix_socket_directories = '{self.dir}'\nport = {port}\n"
                     "shared_buffers = '1GB'\nmax_connections = 100\njit = off\n"
                     "synchronous_commit = off\nautovacuum = off\ninclude_if_exists = 'variant.conf'\n")
 
@@ -64,7 +65,7 @@ class Server:
                              stderr=subprocess.PIPE if capture else subprocess.DEVNULL)
         return out.stdout if capture else None
 
-    def restart(self, settings):
+    def restart(self, settings, cpus=SERVER_CPUS):
         if os.path.exists(os.path.join(self.data, "postmaster.pid")):
             self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
         path = os.path.join(self.data, "variant.conf")
@@ -73,7 +74,7 @@ class Server:
         if AS_POSTGRES:
             shutil.chown(path, "postgres")
         self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start",
-                 cpus=SERVER_CPUS)
+                 cpus=cpus)
 
     def stop(self):
         subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
@@ -81,7 +82,7 @@ class Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def sql(self, sql):
-        return self.run(f"{PGBIN}/psql", "-X", "-A", "-t", "-q", "-h", self.dir, "-p", str(PORT),
+        return self.run(f"{PGBIN}/psql", "-X", "-A", "-t", "-q", "-h", self.dir, "-p", str(self.port),
                         "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", sql,
                         capture=True).strip()
 
@@ -101,11 +102,11 @@ class Server:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
-    def pgbench(self, *args, user="postgres", log_prefix=None):
-        cmd = [f"{PGBIN}/pgbench", "-n", "-h", self.dir, "-p", str(PORT), "-U", user]
+    def pgbench(self, *args, user="postgres", log_prefix=None, cpus=CLIENT_CPUS):
+        cmd = [f"{PGBIN}/pgbench", "-n", "-h", self.dir, "-p", str(self.port), "-U", user]
         if log_prefix:
             cmd += ["-l", f"--log-prefix={log_prefix}"]
-        return subprocess.Popen(CLIENT_CPUS + AS_POSTGRES + cmd + list(args) + ["postgres"], env=ENV, text=True,
+        return subprocess.Popen(list(cpus) + AS_POSTGRES + cmd + list(args) + ["postgres"], env=ENV, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
