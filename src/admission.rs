@@ -56,10 +56,7 @@ pub enum Held {
 pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> Option<Held> {
     let procno = shmem::my_procno()?;
     if entry.lease.resume(group) {
-        entry.admitted_pending.fetch_add(1, Ordering::Relaxed);
-        entry
-            .admitted_at
-            .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
+        admitted_at_once(entry);
         return Some(Held::Lease);
     }
     // A lease of another group is of no use to this statement.
@@ -73,10 +70,7 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> Option<
         })
     };
     if arrival == Arrival::Admitted {
-        entry.admitted_pending.fetch_add(1, Ordering::Relaxed);
-        entry
-            .admitted_at
-            .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
+        admitted_at_once(entry);
         return Some(hold(entry, group));
     }
 
@@ -121,6 +115,14 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> Option<
             unreachable!("an ERROR report does not return")
         }
     }
+}
+
+/// Records an admission without a wait, in the process's own entry only.
+fn admitted_at_once(entry: &ProcEntry) {
+    entry.admitted_pending.fetch_add(1, Ordering::Relaxed);
+    entry
+        .admitted_at
+        .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
 }
 
 /// The admission just taken becomes the process's lease if it has none.
@@ -205,16 +207,21 @@ fn dispatch(shared: &shmem::Shared) {
     shared.with_admission(|queue, waiters| queue.dispatch(&shared.admission, waiters, wake));
 }
 
+/// The incarnation of group slot `slot`: see `GroupCounters::incarnation`.
+fn incarnation(shared: &shmem::Shared, slot: usize) -> u32 {
+    shared
+        .groups
+        .counters(slot)
+        .incarnation
+        .load(Ordering::Relaxed)
+}
+
 /// Makes group slot `group` the one this process's statements run in. Admissions the
 /// process counted for its previous group are added to that group's counter first.
 // Out of line, so that bench/instructions.py can count admission's instructions.
 #[inline(never)]
 pub fn switch_group(shared: &shmem::Shared, entry: &ProcEntry, group: usize) {
-    let incarnation = shared
-        .groups
-        .counters(group)
-        .incarnation
-        .load(Ordering::Relaxed);
+    let incarnation = incarnation(shared, group);
     if entry.group.load(Ordering::Relaxed) as usize != group
         || entry.pending_incarnation.load(Ordering::Relaxed) != incarnation
     {
@@ -226,38 +233,27 @@ pub fn switch_group(shared: &shmem::Shared, entry: &ProcEntry, group: usize) {
     }
 }
 
+/// The group slot whose admissions the process counted in its entry and not yet in the
+/// slot's counter, and how many; `None` if the slot has a new group since.
+pub fn pending_admissions(shared: &shmem::Shared, entry: &ProcEntry) -> Option<(usize, u64)> {
+    let slot = entry.group.load(Ordering::Relaxed) as usize;
+    (entry.pending_incarnation.load(Ordering::Relaxed) == incarnation(shared, slot))
+        .then(|| (slot, entry.admitted_pending.load(Ordering::Relaxed)))
+}
+
 /// Adds the admissions this process counted in its entry to its group's counter (unless
 /// the group's slot has a new group since).
 pub fn flush_admissions(shared: &shmem::Shared, entry: &ProcEntry) {
-    let n = entry.admitted_pending.swap(0, Ordering::Relaxed);
-    let counters = shared
-        .groups
-        .counters(entry.group.load(Ordering::Relaxed) as usize);
-    if n > 0
-        && counters.incarnation.load(Ordering::Relaxed)
-            == entry.pending_incarnation.load(Ordering::Relaxed)
-    {
-        counters.admitted.fetch_add(n, Ordering::Relaxed);
+    if let Some((slot, _)) = pending_admissions(shared, entry) {
+        let n = entry.admitted_pending.swap(0, Ordering::Relaxed);
+        shared
+            .groups
+            .counters(slot)
+            .admitted
+            .fetch_add(n, Ordering::Relaxed);
+    } else {
+        entry.admitted_pending.store(0, Ordering::Relaxed);
     }
-}
-
-/// Admissions of group slot `slot` that processes counted and have not added to its
-/// counter yet.
-pub fn pending_admissions(shared: &shmem::Shared, slot: usize) -> u64 {
-    let incarnation = shared
-        .groups
-        .counters(slot)
-        .incarnation
-        .load(Ordering::Relaxed);
-    shared
-        .procs()
-        .iter()
-        .filter(|e| {
-            e.group.load(Ordering::Relaxed) as usize == slot
-                && e.pending_incarnation.load(Ordering::Relaxed) == incarnation
-        })
-        .map(|e| e.admitted_pending.load(Ordering::Relaxed))
-        .sum()
 }
 
 /// Admits process `procno` ahead of its turn if it is queued (the watchdog's way out of

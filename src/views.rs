@@ -136,6 +136,8 @@ mod pg_stride {
             }
         }
         let mut active = [0i64; crate::groups::MAX_GROUPS];
+        // Admissions that processes counted and have not added to the group's counter.
+        let mut pending = [0u64; crate::groups::MAX_GROUPS];
         let mut queued = [0i64; crate::groups::MAX_GROUPS];
         for (procno, entry) in shared.procs().iter().enumerate() {
             if shared.is_live(procno) {
@@ -143,6 +145,9 @@ mod pg_stride {
                     .min(crate::groups::MAX_GROUPS - 1);
                 active[slot] += i64::from(entry.running.load(Ordering::Acquire));
                 queued[slot] += i64::from(entry.queued.load(Ordering::Acquire));
+                if let Some((of, n)) = crate::admission::pending_admissions(shared, entry) {
+                    pending[of] += n;
+                }
             }
         }
         let rows: Vec<_> = shared
@@ -152,8 +157,7 @@ mod pg_stride {
             .map(|(slot, g)| {
                 let s = g.settings;
                 let c = shared.groups.counters(slot);
-                let admitted = c.admitted.load(Ordering::Relaxed)
-                    + crate::admission::pending_admissions(shared, slot);
+                let admitted = c.admitted.load(Ordering::Relaxed) + pending[slot];
                 let ms = |us: u64| us as f64 / 1000.0;
                 (
                     g.name,
