@@ -69,6 +69,49 @@ $$;
 SELECT scheduler_running() AS running_seen_from_a_function;
 DROP FUNCTION scheduler_running();
 
+-- Statements of an AFTER trigger run in ExecutorFinish of the statement that fired it:
+-- they are nested too.
+CREATE TABLE firing (x int);
+CREATE TABLE fired (running bigint);
+CREATE FUNCTION note_running() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO fired SELECT running FROM pg_stride.scheduler;
+  RETURN NULL;
+END
+$$;
+CREATE TRIGGER note_running AFTER INSERT ON firing FOR EACH STATEMENT EXECUTE FUNCTION note_running();
+INSERT INTO firing VALUES (1);
+SELECT running AS running_seen_from_a_trigger FROM fired;
+DROP TABLE firing, fired;
+DROP FUNCTION note_running();
+
+-- The nesting depth survives ERRORs. A nested statement that fails inside an exception
+-- block leaves the function's later statements nested, and the next statement of the
+-- same transaction top-level again; so does a statement rolled back to a savepoint.
+CREATE FUNCTION running_after_caught_error() RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+  BEGIN
+    PERFORM 1 / (g - 2) FROM generate_series(1, 3) g;
+  EXCEPTION WHEN division_by_zero THEN
+    NULL;
+  END;
+  RETURN (SELECT running FROM pg_stride.scheduler);
+END
+$$;
+BEGIN;
+SELECT running_after_caught_error();
+SELECT running FROM pg_stride.scheduler;
+SAVEPOINT s;
+SELECT running_after_caught_error() / 0;
+ROLLBACK TO SAVEPOINT s;
+SELECT running FROM pg_stride.scheduler;
+SAVEPOINT t;
+SELECT 1 / (g - 2) FROM generate_series(1, 3) g;
+ROLLBACK TO SAVEPOINT t;
+SELECT running FROM pg_stride.scheduler;
+COMMIT;
+DROP FUNCTION running_after_caught_error();
+
 -- EXPLAIN, with and without ANALYZE, leaves nothing registered.
 EXPLAIN (COSTS OFF) SELECT running FROM pg_stride.scheduler;
 EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT 1;

@@ -55,6 +55,12 @@ impl<T> BackendLocal<RefCell<T>> {
         self.0.try_borrow().ok().map(|value| f(&value))
     }
 
+    /// Like `with_borrow_mut`, but `None` instead of a panic while the value is borrowed.
+    #[inline]
+    pub fn try_with_borrow_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.0.try_borrow_mut().ok().map(|mut value| f(&mut value))
+    }
+
     #[inline]
     pub fn with_borrow_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         f(&mut self.0.borrow_mut())

@@ -127,6 +127,7 @@ fn wake(proc: Option<ProcId>) {
 
 /// Whether a statement may be paused (DESIGN.md §4 rule 2): it only reads, and its
 /// transaction has not written or locked rows (see [`transaction_wrote`]).
+/// Cannot panic: the executor hooks ask it outside pgrx's error boundary.
 pub fn is_pausable(desc: *const pg_sys::QueryDesc) -> bool {
     // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
     let reads_only = unsafe {
@@ -271,9 +272,10 @@ pub fn start_worker(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) {
     wrap_scans(desc);
 }
 
-/// Whether this process takes part in CPU scheduling with a statement.
+/// Whether this process takes part in CPU scheduling with a statement. Cannot panic:
+/// the executor hooks ask it outside pgrx's error boundary.
 pub fn is_member() -> bool {
-    MEMBER.with_borrow(|m| m.is_some())
+    MEMBER.try_with_borrow(|m| m.is_some()) == Some(true)
 }
 
 /// ExecutorRun of a scheduled statement begins: take a slot, waiting for one if needed.

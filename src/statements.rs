@@ -95,25 +95,32 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
     });
 }
 
-/// The executor has started `desc`, a registered statement: one that may be paused
-/// joins CPU scheduling (DESIGN.md §4 rule 2: writes are never paused).
+/// The executor has started `desc`, a registered statement that may be paused: it
+/// joins CPU scheduling.
 pub fn started(desc: *const pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
     };
     let group = REGISTERED.with_borrow_mut(|list| {
         let r = list.iter_mut().find(|r| r.desc == desc)?;
-        r.cpu = cpu::is_pausable(desc);
-        r.cpu.then_some(r.group)
+        r.cpu = true;
+        Some(r.group)
     });
     if let Some(group) = group {
         cpu::start_statement(shared, desc, group);
     }
 }
 
-/// Whether `desc` is a registered statement that takes part in CPU scheduling.
+/// Whether `desc` is a registered statement that takes part in CPU scheduling. Cannot
+/// panic: the executor hooks ask it outside pgrx's error boundary.
 pub fn on_cpu(desc: *const pg_sys::QueryDesc) -> bool {
-    REGISTERED.with_borrow(|list| list.iter().any(|r| r.desc == desc && r.cpu))
+    REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc && r.cpu)) == Some(true)
+}
+
+/// Whether any statement may be registered (asked outside pgrx's error boundary, so
+/// it answers yes rather than panic).
+pub fn any_registered() -> bool {
+    REGISTERED.try_with_borrow(|list| list.is_empty()) != Some(true)
 }
 
 /// Forgets `desc` if it was registered; returns whether it was.
