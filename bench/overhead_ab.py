@@ -1,84 +1,171 @@
 #!/usr/bin/env python3
-"""pg_stride's TPC-B overhead measured side by side: two servers at the same time, each
-with its pgbench on a core of its own, one with the library loaded and one without.
+"""pg_stride's TPC-B overhead, measured side by side: two servers, one with the library
+loaded and one without, take turns on the whole machine in one-second slots.
 
-On a shared virtual machine the throughput of one configuration moves by ±10 % between
-rounds a minute apart, more than the overhead to be measured, so rounds taken one after
-the other compare different moments of the machine. Here both configurations run in the
-same seconds and see the same moment; confining each server and its clients to one core
-keeps them from taking CPU time from each other. What is left is the difference between
-the two cores and the two data directories: the rounds cycle through the four
-placements (which server is loaded, on which core), and an A/A series in the same run
-(both servers without the library) shows how far the ratio strays when nothing differs.
+Why this way. On a shared virtual machine the throughput of one configuration moves by
+±10 % between rounds a minute apart, more than the overhead to be measured. Running
+both servers at the same time does not cure it: two identical servers then differ by
+up to ±5 % too. What was found: that difference is fixed when a server starts (where
+its shared memory lands), and within one start two identical servers whose clients
+take turns in one-second slots agree to about 1 %. So each round restarts both
+servers and compares them in interleaved slots, and the per-start differences average
+out over many short rounds; with `huge_pages` the per-start spread is about half as
+large (it is `try` here; reserve pages with `sysctl vm.nr_hugepages`, 1100 for the two
+1 GB buffer pools, for the tighter figure — the report says which it had).
 
-Each round: both servers restarted with their settings, pgbench TPC-B with 8 clients on
-each for SECONDS, as an ordinary role so that every statement goes through admission;
-the round's ratio is loaded tps / not loaded tps. Needs 2 CPUs.
+Each round: both servers restarted with their settings; pgbench TPC-B with 8 clients
+on each, as an ordinary role so that every statement goes through admission; 3 s in
+which both run (connections, caches), then the two pgbench processes take turns, one
+resumed (SIGCONT) for a slot while the other is stopped (SIGSTOP), in the order
+A B B A A B B A … so that neither is favoured by its position, until each had SECONDS
+of slots. A side's rate: the transactions that ended inside its slots (pgbench's
+per-transaction log) divided by the length of its slots. The round's ratio: loaded /
+not loaded. Rounds alternate which server is loaded and which side has the first
+slot; an A/A series (neither loaded) in the same run shows the method's own spread.
 
-Writes bench/results/OVERHEAD_AB.md. Usage: bench/overhead_ab.py [--rounds N] [--seconds S]
-(defaults 8 and 60; A/A rounds: half as many).
+Writes bench/results/OVERHEAD_AB.md. Usage:
+bench/overhead_ab.py [--rounds N] [--seconds S]   (defaults 10 and 60; A/A: half as many rounds)
 """
 
+import bisect
+import glob
+import math
 import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
-from scheduling import PGBIN, Server, tps
+from scheduling import ENV, PGBIN, Server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 8
+ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 10
 SECONDS = int(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 60
-STOCK = []
-LOADED = ["shared_preload_libraries = 'pg_stride'", "pg_stride.exempt_superuser = off"]
-PGBENCH = ["-c", "8", "-j", "1", "-M", "prepared"]
+SLOT_S = 1.0
+WARMUP_S = 3.0
+STOCK = ["huge_pages = try"]
+LOADED = STOCK + ["shared_preload_libraries = 'pg_stride'", "pg_stride.exempt_superuser = off"]
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (the rounds' count - 1).
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+       11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09}
 
 
 def prepare(server):
-    server.restart(STOCK, cpus=())
+    server.restart(STOCK)
     server.run(f"{PGBIN}/pgbench", "-i", "-s", "10", "-q", "-h", server.dir, "-p", str(server.port),
                "-U", "postgres", "postgres")
     server.sql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain")
     server.sql("VACUUM ANALYZE")
 
 
-def round_ratio(servers, settings, index):
-    """One round: servers[0] gets settings[0] and so on; which server is measured on
-    which core follows the round's index. Returns the two tps."""
-    cores = (0, 1) if (index // 2) % 2 == 0 else (1, 0)
-    for server, conf, core in zip(servers, settings, cores):
-        server.restart(conf, cpus=("taskset", "-c", str(core)))
-    runs = [server.pgbench(*PGBENCH, "-T", str(SECONDS), user="r_plain", cpus=("taskset", "-c", str(core)))
-            for server, core in zip(servers, cores)]
-    result = [tps(run.communicate()[0]) for run in runs]
-    # Keep the tables from growing apart: both servers get the same clean-up.
-    for server in servers:
-        server.sql("VACUUM pgbench_branches, pgbench_tellers")
-    return result, cores
+def start_pgbench(server, seconds, log_prefix):
+    """pgbench TPC-B, 8 clients, logging every transaction. Started directly (not
+    through runuser), so that the signals below reach pgbench itself."""
+    cmd = [f"{PGBIN}/pgbench", "-n", "-h", server.dir, "-p", str(server.port), "-U", "r_plain",
+           "-c", "8", "-j", "1", "-M", "prepared", "-T", str(seconds), "-l", f"--log-prefix={log_prefix}",
+           "postgres"]
+    return subprocess.Popen(cmd, env=ENV, cwd=os.path.dirname(log_prefix), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def end_times(log_prefix):
+    """When each logged transaction ended (epoch seconds), sorted."""
+    times = []
+    for path in glob.glob(log_prefix + ".*"):
+        with open(path) as f:
+            for line in f:
+                fields = line.split()
+                times.append(int(fields[4]) + int(fields[5]) / 1e6)
+    return sorted(times)
+
+
+def rate(times, slots):
+    done = sum(bisect.bisect_left(times, end) - bisect.bisect_left(times, start) for start, end in slots)
+    return done / sum(end - start for start, end in slots)
+
+
+def round_rates(servers, settings, first):
+    """One round with servers[i] running settings[i]; side `first` has the first slot.
+    Returns the two sides' transactions per second of slot time."""
+    for server, conf in zip(servers, settings):
+        server.restart(conf)
+    work = tempfile.mkdtemp(prefix="pg_stride_overhead_")
+    try:
+        prefixes = [os.path.join(work, f"side{i}") for i in range(2)]
+        # Long enough to outlast the slots; checked below.
+        total = WARMUP_S + 2 * SECONDS + 3
+        runs = [start_pgbench(server, math.ceil(total), prefix) for server, prefix in zip(servers, prefixes)]
+        time.sleep(WARMUP_S)
+        for run in runs:
+            os.kill(run.pid, signal.SIGSTOP)
+        slots = ([], [])
+        side = first
+        for i in range(2 * round(SECONDS / SLOT_S)):
+            os.kill(runs[side].pid, signal.SIGCONT)
+            start = time.time()
+            time.sleep(SLOT_S)
+            end = time.time()
+            os.kill(runs[side].pid, signal.SIGSTOP)
+            slots[side].append((start, end))
+            if i % 2 == 0:
+                side = 1 - side
+        if any(run.poll() is not None for run in runs):
+            raise RuntimeError("a pgbench ended before its last slot")
+        # Both finish their -T together; what they do now lies outside every slot.
+        for run in runs:
+            os.kill(run.pid, signal.SIGCONT)
+        for run in runs:
+            out, err = run.communicate()
+            if run.returncode != 0:
+                raise RuntimeError(out + err)
+        return [rate(end_times(prefix), side_slots) for prefix, side_slots in zip(prefixes, slots)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        # Keep the tables from growing apart: both servers get the same clean-up.
+        for server in servers:
+            server.sql("VACUUM pgbench_branches, pgbench_tellers")
 
 
 def series(servers, rounds, name, variant):
     """`rounds` rounds, the variant on servers[0] in even rounds and on servers[1] in odd
-    ones. Returns the per-round ratios variant / stock, printing each round."""
+    ones; the variant's side has the first slot in the first two rounds of every four. Returns the
+    per-round ratios variant / stock, printing each round."""
     ratios = []
     for i in range(rounds):
-        settings = (variant, STOCK) if i % 2 == 0 else (STOCK, variant)
-        (a, b), cores = round_ratio(servers, settings, i)
-        measured, stock = (a, b) if i % 2 == 0 else (b, a)
-        core = cores[0] if i % 2 == 0 else cores[1]
-        ratios.append(measured / stock)
-        print(f"{name} round {i + 1}: {measured:.0f} tps ({name} side, core {core}) / {stock:.0f} tps "
-              f"= {ratios[-1]:.3f}", flush=True)
+        mine = i % 2
+        settings = (variant, STOCK) if mine == 0 else (STOCK, variant)
+        first = mine if (i // 2) % 2 == 0 else 1 - mine
+        rates = round_rates(servers, settings, first)
+        ratios.append(rates[mine] / rates[1 - mine])
+        print(f"{name} round {i + 1}: {rates[mine]:.0f} / {rates[1 - mine]:.0f} tps = {ratios[-1]:.3f}"
+              f" ({name} side {'first' if first == mine else 'second'})", flush=True)
     return ratios
 
 
 def summary(ratios):
-    return (f"median {statistics.median(ratios):.3f}, geometric mean "
-            f"{statistics.geometric_mean(ratios):.3f}, range {min(ratios):.3f}–{max(ratios):.3f}")
+    """Geometric mean with its 95 % confidence interval (t on the log ratios), median,
+    range."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    half = T95.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return (f"geometric mean {math.exp(mean):.3f} (95 % CI {math.exp(mean - half):.3f}–{math.exp(mean + half):.3f}), "
+            f"median {statistics.median(ratios):.3f}, range {min(ratios):.3f}–{max(ratios):.3f}")
+
+
+def huge_pages_reserved():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("HugePages_Total:"):
+                return int(line.split()[1])
+    return 0
 
 
 def main():
     servers = [Server(port=5496), Server(port=5497)]
+    huge = huge_pages_reserved()
     try:
         for server in servers:
             prepare(server)
@@ -88,10 +175,11 @@ def main():
         for server in servers:
             server.stop()
     lines = ["# TPC-B overhead, side by side", "",
-             f"Written by bench/overhead_ab.py on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-             f"two servers at once, each with its pgbench (TPC-B, 8 clients, {SECONDS} s, an ordinary role) "
-             "on one core of its own; the rounds alternate which server has pg_stride loaded and on which "
-             "core it runs. Ratio: tps of the one side / tps of the other, same seconds.", "",
+             f"Written by bench/overhead_ab.py on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"{os.cpu_count()} CPUs, {huge} huge pages reserved: two servers, one with pg_stride loaded, "
+             f"each with pgbench TPC-B (8 clients, an ordinary role); in every round both are restarted and "
+             f"take turns on the whole machine in {SLOT_S:.0f}-s slots (A B B A …) until each had {SECONDS} s. "
+             "Ratio: transactions per second of slot time, one side / the other.", "",
              "| series | rounds | per-round ratios | summary |", "|---|---|---|---|",
              f"| A/A: neither loaded (calibration) | {len(aa)} | {', '.join(f'{r:.3f}' for r in aa)} | {summary(aa)} |",
              f"| loaded / not loaded | {len(ab)} | {', '.join(f'{r:.3f}' for r in ab)} | {summary(ab)} |"]

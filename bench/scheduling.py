@@ -15,11 +15,10 @@ against stock PostgreSQL, on one data directory, in one run:
 
 Writes bench/results/SCHEDULING.md (a --quick run: bench/out/scheduling-quick.md; a
 run of some sections only: bench/out/scheduling-partial.md).
---pin runs the server on CPU 0 and pgbench on CPU 1, so that no two backends run on
-different cores: the overhead rounds then show what pg_stride costs without the
-cache-line traffic between cores on its shared counters.
+The TPC-B rounds here are pairs in time, which the drift of a shared machine moves by
+more than the overhead; bench/overhead_ab.py measures that overhead side by side.
 
-Usage: bench/scheduling.py [--quick] [--only short,shares,overhead] [--pin]
+Usage: bench/scheduling.py [--quick] [--only short,shares,overhead]
 """
 
 import os
@@ -35,9 +34,6 @@ PORT = 5496
 AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
 QUICK = "--quick" in sys.argv
-PIN = "--pin" in sys.argv
-SERVER_CPUS = ["taskset", "-c", "0"] if PIN else []
-CLIENT_CPUS = ["taskset", "-c", "1"] if PIN else []
 ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -59,13 +55,13 @@ class Server:
                     "shared_buffers = '1GB'\nmax_connections = 100\njit = off\n"
                     "synchronous_commit = off\nautovacuum = off\ninclude_if_exists = 'variant.conf'\n")
 
-    def run(self, *args, capture=False, cpus=()):
-        out = subprocess.run(list(cpus) + AS_POSTGRES + list(args), env=ENV, check=True, text=True,
+    def run(self, *args, capture=False):
+        out = subprocess.run(AS_POSTGRES + list(args), env=ENV, check=True, text=True,
                              stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
                              stderr=subprocess.PIPE if capture else subprocess.DEVNULL)
         return out.stdout if capture else None
 
-    def restart(self, settings, cpus=SERVER_CPUS):
+    def restart(self, settings):
         if os.path.exists(os.path.join(self.data, "postmaster.pid")):
             self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
         path = os.path.join(self.data, "variant.conf")
@@ -73,8 +69,7 @@ class Server:
             f.write("\n".join(settings) + "\n")
         if AS_POSTGRES:
             shutil.chown(path, "postgres")
-        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start",
-                 cpus=cpus)
+        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start")
 
     def stop(self):
         subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
@@ -102,11 +97,11 @@ class Server:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
-    def pgbench(self, *args, user="postgres", log_prefix=None, cpus=CLIENT_CPUS):
+    def pgbench(self, *args, user="postgres", log_prefix=None):
         cmd = [f"{PGBIN}/pgbench", "-n", "-h", self.dir, "-p", str(self.port), "-U", user]
         if log_prefix:
             cmd += ["-l", f"--log-prefix={log_prefix}"]
-        return subprocess.Popen(list(cpus) + AS_POSTGRES + cmd + list(args) + ["postgres"], env=ENV, text=True,
+        return subprocess.Popen(AS_POSTGRES + cmd + list(args) + ["postgres"], env=ENV, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -258,8 +253,7 @@ def main():
             pairs = 1 if QUICK else 8
             oh_seconds = {"select1": 5, "select4": 5, "tpcb": 10} if QUICK else {"select1": 10, "select4": 10, "tpcb": 60}
             res = overhead(s, variants, pairs, oh_seconds)
-            pinned = ", server on CPU 0 and pgbench on CPU 1" if PIN else ""
-            lines += ["", f"## Overhead: {pairs} pairs of rounds (order alternating), as an ordinary role{pinned}", "",
+            lines += ["", f"## Overhead: {pairs} pairs of rounds (order alternating), as an ordinary role", "",
                       "Medians over the pairs; the ratios are the medians of the per-pair ratios.", "",
                       "| workload | seconds per round | not loaded tps | loaded tps | loaded / not loaded tps "
                       "| server CPU µs per transaction, not loaded / loaded | ratio |",
@@ -279,7 +273,7 @@ def main():
                       f"Machine: {machine}, {cpus} CPUs. Written by bench/scheduling.py on "
                       f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""] + lines) + "\n"
     # The full run's report is kept with the project; a quick run's is not.
-    if ONLY is not None or PIN:
+    if ONLY is not None:
         path = os.path.join(HERE, "out", "scheduling-partial.md")
     elif QUICK:
         path = os.path.join(HERE, "out", "scheduling-quick.md")
