@@ -68,16 +68,31 @@ RESET pg_stride."group";
 SELECT name, active, admitted_total, queue_time_p50_ms, queue_time_p99_ms
   FROM pg_stride.groups WHERE name = 'reporting';
 
--- queue_timeout: with max_concurrency 1, an open cursor holds the group's only
--- admission, so the next statement of the same session waits, and gives up.
+-- With max_concurrency 1, an open cursor holds the group's only admission. The
+-- session's next statements run under it instead of waiting for it, which would be
+-- waiting for itself (queue_timeout makes that fail here instead of hang), and so do
+-- the statements in the loop of a DO block over a query. `active` counts running
+-- statements: the cursor and the statement reading the view.
 SELECT pg_stride.create_group('single', max_concurrency => 1);
 SET pg_stride."group" = 'single';
 SET ROLE stride_member;
 SET pg_stride.queue_timeout = '200ms';
 BEGIN;
 DECLARE c CURSOR FOR SELECT 1;
-SELECT 'not admitted';
+SELECT 'admitted' AS with_a_cursor_open;
+SELECT name, active FROM pg_stride.groups WHERE name = 'single';
 ROLLBACK;
+DO $$
+DECLARE
+  r record;
+  n bigint := 0;
+BEGIN
+  FOR r IN SELECT g FROM generate_series(1, 3) g LOOP
+    n := n + (SELECT count(*) FROM generate_series(1, r.g));
+  END LOOP;
+  RAISE NOTICE 'the loop body counted % rows', n;
+END
+$$;
 -- The cursor's admission went with the transaction; statements are admitted again.
 SELECT 'admitted' AS after_rollback;
 RESET pg_stride.queue_timeout;

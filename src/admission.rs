@@ -39,25 +39,20 @@ fn now_timestamp() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
-/// How an admitted statement holds its admission.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Held {
-    /// As the process's lease, kept when the statement ends while nobody waits.
-    Lease,
-    /// In the counts only: the process's lease was in use by another of its statements.
-    Counts,
-}
-
 /// Admits a statement of this backend in group slot `group`, waiting for its turn when
-/// the limits are reached. Returns once admitted, with how it holds the admission;
-/// raises an ERROR when the wait is cancelled, times out or the backend is terminated.
+/// the limits are reached. Returns once admitted (`false`: a process without a PGPROC,
+/// not admitted); the admission is the process's lease until [`release`]. Raises an
+/// ERROR when the wait is cancelled, times out or the backend is terminated. The caller
+/// holds no other admission: the lease is free or idle.
 // Out of line, so that bench/instructions.py can count admission's instructions.
 #[inline(never)]
-pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> Option<Held> {
-    let procno = shmem::my_procno()?;
+pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
+    let Some(procno) = shmem::my_procno() else {
+        return false;
+    };
     if entry.lease.resume(group) {
         admitted_at_once(entry);
-        return Some(Held::Lease);
+        return true;
     }
     // A lease of another group is of no use to this statement.
     give_back_lease(shared, entry);
@@ -71,7 +66,8 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> Option<
     };
     if arrival == Arrival::Admitted {
         admitted_at_once(entry);
-        return Some(hold(entry, group));
+        entry.lease.hold(group);
+        return true;
     }
 
     let started = Instant::now();
@@ -93,7 +89,8 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> Option<
         Ok(()) => {
             counters.record_admission(started.elapsed());
             entry.admitted_at.store(now_timestamp(), Ordering::Relaxed);
-            Some(hold(entry, group))
+            entry.lease.hold(group);
+            true
         }
         Err(()) => {
             counters.timed_out.fetch_add(1, Ordering::Relaxed);
@@ -123,16 +120,6 @@ fn admitted_at_once(entry: &ProcEntry) {
     entry
         .admitted_at
         .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
-}
-
-/// The admission just taken becomes the process's lease if it has none.
-fn hold(entry: &ProcEntry, group: usize) -> Held {
-    if entry.lease.is_free() {
-        entry.lease.hold(group);
-        Held::Lease
-    } else {
-        Held::Counts
-    }
 }
 
 /// Waits until this backend's queued statement is admitted. Returns `Err` when
@@ -181,16 +168,12 @@ pub fn leave_queue(shared: &shmem::Shared, procno: usize) {
     });
 }
 
-/// An admitted statement of group slot `group` ended: keeps its admission as the
-/// process's idle lease while nobody waits, or lets the next waiters in.
+/// An admitted statement ended: keeps its admission as the process's idle lease while
+/// nobody waits, or lets the next waiters in.
 // Out of line, so that bench/instructions.py can count admission's instructions.
 #[inline(never)]
-pub fn release(shared: &shmem::Shared, group: usize, held: Held) {
-    let waits = match (held, shared.my_entry()) {
-        (Held::Lease, Some(entry)) => entry.lease.finish(&shared.admission),
-        _ => shared.admission.leave(group),
-    };
-    if waits {
+pub fn release(shared: &shmem::Shared, entry: &ProcEntry) {
+    if entry.lease.finish(&shared.admission) {
         dispatch(shared);
     }
 }

@@ -23,8 +23,9 @@ struct Registration {
     owner: pg_sys::ResourceOwner,
     /// Group slot the statement runs in.
     group: usize,
-    /// The admission it holds, to give back (or keep as the lease) when it ends.
-    admission: Option<admission::Held>,
+    /// Whether it holds the process's admission (its lease), to give back or keep
+    /// idle when it ends.
+    admitted: bool,
     /// Whether it takes part in CPU scheduling.
     cpu: bool,
     /// Parallel workers its Gathers were granted, to give back when it ends.
@@ -47,7 +48,8 @@ pub fn install() {
 /// Starts scheduling `desc`, a top-level statement of this backend, in the session's
 /// resource group: admits it (waiting for its turn if the limits are reached), records
 /// it, and grants its Gathers their parallel workers. Superusers skip admission when
-/// `pg_stride.exempt_superuser` is on. Call before ExecutorStart: it may replace the
+/// `pg_stride.exempt_superuser` is on, and so does a statement of a backend that holds
+/// an admission for another of its statements. Call before ExecutorStart: it may replace the
 /// statement's plan by a copy with fewer workers.
 pub fn start(desc: *mut pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
@@ -59,13 +61,13 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
     claim(shared, entry);
     let group = groups::resolve_session_group(&shared.groups);
     admission::switch_group(shared, entry, group);
+    // A backend that holds an admission already (an open cursor, the query of a FOR
+    // loop in a DO block) runs its further statements under it: it runs one at a
+    // time, and waiting for another admission could mean waiting for itself.
+    let holds_one = REGISTERED.with_borrow(|list| list.iter().any(|r| r.admitted));
     // SAFETY: plain call into PostgreSQL's role check.
-    let exempt = gucs::EXEMPT_SUPERUSER.get() && unsafe { pg_sys::superuser() };
-    let held = if exempt {
-        None
-    } else {
-        admission::admit(shared, entry, group)
-    };
+    let exempt = || gucs::EXEMPT_SUPERUSER.get() && unsafe { pg_sys::superuser() };
+    let admitted = !holds_one && !exempt() && admission::admit(shared, entry, group);
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| {
@@ -73,7 +75,7 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
             desc,
             owner,
             group,
-            admission: held,
+            admitted,
             cpu: false,
             workers: Grant::default(),
         })
@@ -150,8 +152,8 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
             cpu::end_statement(shared, Some(r.desc));
         }
         parallel::return_workers(shared, r.group, r.workers);
-        if let Some(held) = r.admission {
-            admission::release(shared, r.group, held);
+        if let (true, Some(entry)) = (r.admitted, shared.my_entry()) {
+            admission::release(shared, entry);
         }
     }
     count
