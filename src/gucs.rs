@@ -30,14 +30,6 @@ pub const MAX_CPU_SLOTS: i32 = 4096;
 pub const MAX_PRIORITY: i32 = 1_000_000;
 
 pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
-
-/// `pg_stride.enabled`, read without pgrx's thread check: the executor hooks ask it for
-/// every statement, outside pgrx's error boundary, where nothing may panic.
-pub fn enabled() -> bool {
-    // SAFETY: the variable PostgreSQL's GUC machinery stores the setting in; read on the
-    // process's one thread, like every GUC variable in C.
-    unsafe { *ENABLED.as_ptr() }
-}
 pub static CPU_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static MAX_ACTIVE_QUERIES: GucSetting<i32> = GucSetting::<i32>::new(128);
 pub static SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(2.0);
@@ -56,6 +48,14 @@ pub static PARALLEL_MODE: GucSetting<ParallelMode> =
     GucSetting::<ParallelMode>::new(ParallelMode::Native);
 pub static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
+
+/// `pg_stride.enabled`, read without pgrx's thread check: the executor hooks ask it for
+/// every statement, outside pgrx's error boundary, where nothing may panic.
+pub fn enabled() -> bool {
+    // SAFETY: the variable PostgreSQL's GUC machinery stores the setting in; read on the
+    // process's one thread, like every GUC variable in C.
+    unsafe { *ENABLED.as_ptr() }
+}
 
 /// Registers every GUC. Called once, from `_PG_init` while
 /// `shared_preload_libraries` is being processed (some are `PGC_POSTMASTER`-like in

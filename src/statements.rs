@@ -49,8 +49,8 @@ pub fn install() {
 /// resource group: admits it (waiting for its turn if the limits are reached), records
 /// it, and grants its Gathers their parallel workers. Superusers skip admission when
 /// `pg_stride.exempt_superuser` is on, and so does a statement of a backend that holds
-/// an admission for another of its statements. Call before ExecutorStart: it may replace the
-/// statement's plan by a copy with fewer workers.
+/// an admission for another of its statements. Call before ExecutorStart: it may
+/// replace the statement's plan by a copy with fewer workers.
 pub fn start(desc: *mut pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
