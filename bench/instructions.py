@@ -24,6 +24,8 @@ import subprocess
 import tempfile
 import time
 
+from scheduling import write_report
+
 PGBIN = "/usr/lib/postgresql/15/bin"
 PORT = 5495
 AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
@@ -159,11 +161,7 @@ def main():
         a, b = results[(label, "not loaded")], results[(label, "loaded")]
         c = results[(label, "admission")]
         lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} | {c:.0f} | {100 * c / a:.2f} % |")
-    text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "INSTRUCTIONS.md"), "w") as f:
-        f.write(text)
-    print(text)
+    write_report(os.path.join(HERE, "results", "INSTRUCTIONS.md"), lines)
 
 
 if __name__ == "__main__":

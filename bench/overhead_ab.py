@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from scheduling import ENV, PGBIN, Server
+from scheduling import ENV, PGBIN, Server, write_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 10
@@ -183,11 +183,7 @@ def main():
              "| series | rounds | per-round ratios | summary |", "|---|---|---|---|",
              f"| A/A: neither loaded (calibration) | {len(aa)} | {', '.join(f'{r:.3f}' for r in aa)} | {summary(aa)} |",
              f"| loaded / not loaded | {len(ab)} | {', '.join(f'{r:.3f}' for r in ab)} | {summary(ab)} |"]
-    text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "OVERHEAD_AB.md"), "w") as f:
-        f.write(text)
-    print(text)
+    write_report(os.path.join(HERE, "results", "OVERHEAD_AB.md"), lines)
 
 
 if __name__ == "__main__":

@@ -269,9 +269,9 @@ def main():
         s.stop()
     machine = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout.strip()
     cpus = os.cpu_count()
-    text = "\n".join([f"# pg_stride scheduling measurements{' (quick)' if QUICK else ''}", "",
-                      f"Machine: {machine}, {cpus} CPUs. Written by bench/scheduling.py on "
-                      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""] + lines) + "\n"
+    header = [f"# pg_stride scheduling measurements{' (quick)' if QUICK else ''}", "",
+              f"Machine: {machine}, {cpus} CPUs. Written by bench/scheduling.py on "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]
     # The full run's report is kept with the project; a quick run's is not.
     if ONLY is not None:
         path = os.path.join(HERE, "out", "scheduling-partial.md")
@@ -279,6 +279,12 @@ def main():
         path = os.path.join(HERE, "out", "scheduling-quick.md")
     else:
         path = os.path.join(HERE, "results", "SCHEDULING.md")
+    write_report(path, header + lines)
+
+
+def write_report(path, lines):
+    """Writes a Markdown report, one list item per line, and prints it."""
+    text = "\n".join(lines) + "\n"
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)

@@ -79,15 +79,20 @@ pub fn install() {
     }
 }
 
+/// Whether pg_stride is active and the statement the executor is starting runs: a
+/// top-level statement, not one that EXPLAIN only plans.
+fn runs_top_level(eflags: i32) -> bool {
+    shmem::shared().is_some()
+        && gucs::enabled()
+        && NESTING.get() == 0
+        && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
+}
+
 /// Whether the statement the executor is starting is one pg_stride schedules.
 fn is_scheduled(eflags: i32) -> bool {
     // SAFETY: plain read of a process-local global.
     let client_backend = unsafe { pg_sys::MyBackendType } == pg_sys::BackendType::B_BACKEND;
-    shmem::shared().is_some()
-        && gucs::enabled()
-        && client_backend
-        && NESTING.get() == 0
-        && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
+    client_backend && runs_top_level(eflags)
 }
 
 /// IsParallelWorker(): this process is one of PostgreSQL's parallel workers.
@@ -99,11 +104,7 @@ fn is_parallel_worker() -> bool {
 /// A parallel worker (PostgreSQL's own) running part of a statement: it joins its
 /// leader's query, if there is one (DESIGN.md §2).
 fn is_parallel_worker_of_scheduled_leader(eflags: i32) -> bool {
-    is_parallel_worker()
-        && shmem::shared().is_some()
-        && gucs::enabled()
-        && NESTING.get() == 0
-        && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
+    is_parallel_worker() && runs_top_level(eflags)
 }
 
 /// Whether `desc` takes part in CPU scheduling: a pausable top-level statement of this

@@ -143,16 +143,17 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
         let Some(shared) = shmem::shared() else {
             continue;
         };
+        let entry = shared.my_entry();
         // The entry stops counting the statement before its admission goes to the next
         // waiter, so that the views never count one statement twice.
-        if let Some(entry) = shared.my_entry() {
+        if let Some(entry) = entry {
             entry.running.fetch_sub(1, Ordering::AcqRel);
         }
         if r.cpu {
             cpu::end_statement(shared, Some(r.desc));
         }
         parallel::return_workers(shared, r.group, r.workers);
-        if let (true, Some(entry)) = (r.admitted, shared.my_entry()) {
+        if let (true, Some(entry)) = (r.admitted, entry) {
             admission::release(shared, entry);
         }
     }
