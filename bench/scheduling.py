@@ -157,7 +157,7 @@ def group_shares(s, settings, seconds):
               f"WHERE NOT EXISTS (SELECT FROM pg_stride.groups WHERE name = '{name}')")
         s.sql(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'r_{name}') THEN "
               f"CREATE ROLE r_{name} LOGIN; END IF; END $$; GRANT SELECT ON big TO r_{name}; "
-              f"ALTER ROLE r_{name} SET pg_stride.\"group\" = '{name}'")
+              f"ALTER ROLE r_{name} SET pg_stride.resource_group = '{name}'")
     long = s.script("long.sql", LONG)
     # Serial plans: the shares are the scheduler's, not those of parallel workers
     # waiting on each other.

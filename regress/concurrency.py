@@ -28,12 +28,16 @@ PORT = int(os.environ.get("CONCURRENCY_PORT", "5497"))
 AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 ROLE = "regress_stride_user"
 
-# Keep backtraces out of the server's error messages.
+# The servers run with Rust backtraces enabled: pg_stride's errors must look the same
+# whatever the environment (a check below looks for backtraces in error messages).
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
+ENV["RUST_BACKTRACE"] = "1"
 
 
 class Server:
-    def __init__(self):
+    def __init__(self, port=PORT, extra_conf=""):
+        self.port = port
+        self.extra_conf = extra_conf
         self.dir = tempfile.mkdtemp(prefix="pg_stride_concurrency_")
         if AS_POSTGRES:
             shutil.chown(self.dir, "postgres")
@@ -49,10 +53,11 @@ class Server:
             conf.write(f"""
 listen_addresses = ''
 unix_socket_directories = '{self.dir}'
-port = {PORT}
+port = {self.port}
 max_connections = 100
 shared_preload_libraries = 'pg_stride'
 pg_stride.max_active_queries = 100
+{self.extra_conf}
 """)
         self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"),
                  "-w", "start", check=True, stdout=subprocess.DEVNULL)
@@ -64,7 +69,7 @@ pg_stride.max_active_queries = 100
 
     def psql_args(self, sql, user="postgres"):
         return AS_POSTGRES + [f"{PGBIN}/psql", "-X", "-q", "-A", "-t", "-h", self.dir,
-                              "-p", str(PORT), "-U", user, "-d", "postgres",
+                              "-p", str(self.port), "-U", user, "-d", "postgres",
                               "-v", "ON_ERROR_STOP=1", "-c", sql]
 
     def sql(self, sql, user="postgres"):
@@ -77,7 +82,7 @@ pg_stride.max_active_queries = 100
     def client(self, group, sql, settings=""):
         """Starts, in the background, a session of an ordinary role in `group`, after
         the superuser-only `settings` (SQL) are made."""
-        script = f"SET pg_stride.\"group\" = '{group}'; {settings} SET ROLE {ROLE}; {sql}"
+        script = f"SET pg_stride.resource_group = '{group}'; {settings} SET ROLE {ROLE}; {sql}"
         return subprocess.Popen(self.psql_args(script), env=ENV, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -206,9 +211,9 @@ class Session:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.pending = b""
 
-    def run(self, sql, lines=1, timeout=10.0):
+    def run(self, sql, lines=1, timeout=10.0, end=";"):
         """Runs `sql` and returns the `lines` lines of output it gives."""
-        self.proc.stdin.write(sql.encode() + b";\n")
+        self.proc.stdin.write(sql.encode() + end.encode() + b"\n")
         self.proc.stdin.flush()
         deadline = time.monotonic() + timeout
         while self.pending.count(b"\n") < lines:
@@ -234,7 +239,7 @@ def an_idle_session_keeps_no_statement_waiting(s):
     s.sql("SELECT pg_stride.reset_stats()")
     idle = Session(s)
     try:
-        out = idle.run(f"SET pg_stride.\"group\" = 'pair'; SET ROLE {ROLE}; SELECT 1; SELECT 2", lines=2)
+        out = idle.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; SELECT 1; SELECT 2", lines=2)
         assert out == ["1", "2"], out
         assert s.group_state("pair") == "0 0", s.group_state("pair")
         assert s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'pair'") == "2"
@@ -244,7 +249,7 @@ def an_idle_session_keeps_no_statement_waiting(s):
         # The idle session's next statement needs an admission again, and gets one.
         assert idle.run("SELECT 3") == ["3"]
         # Switching groups counts the earlier statements in the group they ran in.
-        assert idle.run("RESET ROLE; SET pg_stride.\"group\" = 'holder'; "
+        assert idle.run("RESET ROLE; SET pg_stride.resource_group = 'holder'; "
                         f"SET ROLE {ROLE}; SELECT 4") == ["4"]
         totals = s.sql("SELECT string_agg(name || '=' || admitted_total, ' ' ORDER BY name) "
                        "FROM pg_stride.groups WHERE name IN ('pair', 'holder')")
@@ -263,7 +268,7 @@ def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
     if AS_POSTGRES:
         shutil.chown(script, "postgres")
     bench = subprocess.Popen(
-        AS_POSTGRES + [f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(PORT), "-U", "regress_four",
+        AS_POSTGRES + [f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(s.port), "-U", "regress_four",
                        "-c", "64", "-j", "4", "-T", "6", "-f", script, "postgres"],
         env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     samples = []
@@ -462,28 +467,250 @@ def gather_workers_follow_the_concurrency_hint(s):
         set_server(s, "pg_stride.cpu_slots", 0)
 
 
-def setup(s):
-    s.sql(f"CREATE ROLE {ROLE}; CREATE ROLE regress_four LOGIN; CREATE ROLE regress_viewer LOGIN")
-    s.sql("CREATE EXTENSION pg_stride")
-    s.sql(f"GRANT USAGE ON SCHEMA pg_stride TO {ROLE}")
-    for name, weight, limit in [("pair", 100, 1), ("holder", 100, 0), ("light", 100, 0),
-                                ("heavy", 300, 0), ("four", 100, 4)]:
-        s.sql(f"SELECT pg_stride.create_group('{name}', weight => {weight}, max_concurrency => {limit})")
-    s.sql("ALTER ROLE regress_four SET pg_stride.\"group\" = 'four'")
+def no_backtrace(err):
+    """Whether an error output is free of Rust backtraces (the server runs with
+    RUST_BACKTRACE=1)."""
+    return "backtrace" not in err.lower() and not any(
+        line.strip()[:1].isdigit() and ": " in line and "::" in line for line in err.splitlines())
+
+
+def holder_running(s, seconds):
+    """A statement of group "pair" (limit 1) that holds its admission while it runs."""
+    holder = s.client("pair", f"SET application_name = 'holder'; SELECT pg_sleep({seconds})")
+    s.wait_until("SELECT active FROM pg_stride.groups WHERE name = 'pair'", "1")
+    return holder
+
+
+@check
+def timeouts_end_a_queued_wait_with_a_clear_error(s):
+    # statement_timeout ends the wait with its own error; pg_stride.queue_timeout with
+    # pg_stride's (SQLSTATE 53000), counted in timed_out_total. Neither error carries
+    # a Rust backtrace although the server's environment asks for them.
+    s.sql("SELECT pg_stride.reset_stats()")
+    holder = holder_running(s, 3)
+    rc, out, err = finish(s.client("pair", "SELECT 'admitted'", "SET statement_timeout = '200ms';"))
+    assert rc != 0 and "canceling statement due to statement timeout" in err, (rc, out, err)
+    assert no_backtrace(err), err
+    rc, out, err = finish(s.client("pair", "SELECT 'admitted'", "SET pg_stride.queue_timeout = '200ms';"))
+    assert rc != 0 and 'canceling statement after waiting 200 ms for admission in resource group "pair"' in err \
+        and "HINT:" in err, (rc, out, err)
+    assert no_backtrace(err), err
+    assert s.sql("SELECT timed_out_total FROM pg_stride.groups WHERE name = 'pair'") == "1"
+    assert s.group_state("pair") == "1 0", s.group_state("pair")
+    assert finish(holder)[0] == 0
+    s.sql("SELECT pg_stride.reset_stats()")
+
+
+def admitted_within(s, seconds, group="pair", sql="SELECT 'admitted'", settings=""):
+    started = time.monotonic()
+    rc, out, err = finish(s.client(group, sql, "SET pg_stride.queue_timeout = '10s'; " + settings))
+    took = time.monotonic() - started
+    assert rc == 0 and took < seconds, (rc, out, err, f"{took:.2f} s")
+    return out
+
+
+@check
+def a_statement_waiting_on_a_lock_lends_its_admission(s):
+    # Issue's minimal case: S1 holds a row lock idle in its transaction; S2, admitted
+    # (group limit 1), waits on it; S3's statement must not stay queued until S1 ends.
+    s1 = Session(s)
+    try:
+        s1.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; BEGIN; "
+               "INSERT INTO uniq VALUES (1); SELECT 'inserted'")
+        s2 = s.client("pair", "INSERT INTO uniq VALUES (1)")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", "1")
+        assert admitted_within(s, 2) == "admitted"
+        assert s2.poll() is None, "S2 did not wait for S1's lock"
+        s1.run("ROLLBACK; SELECT 'rolled back'")
+        rc, out, err = finish(s2)
+        assert rc == 0, (rc, out, err)
+        s.wait_until("SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = 'pair'", "0 0")
+    finally:
+        s1.close()
+    s.sql("TRUNCATE uniq")
+
+
+@check
+def an_idle_cursor_lends_its_admission_and_counts_again_when_fetched(s):
+    s1 = Session(s)
+    try:
+        s1.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; BEGIN; "
+               "DECLARE c CURSOR FOR SELECT g FROM generate_series(1, 3) g; FETCH 1 FROM c")
+        assert admitted_within(s, 2) == "admitted"
+        # The cursor's session runs again: its admission counts again (the group shows
+        # it active), and its fetches go on.
+        assert s1.run("FETCH 1 FROM c") == ["2"]
+        assert s.group_state("pair") == "1 0", s.group_state("pair")
+        s1.run("CLOSE c; COMMIT; SELECT 'closed'")
+        s.wait_until("SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = 'pair'", "0 0")
+    finally:
+        s1.close()
+
+
+@check
+def a_queued_lock_holder_is_admitted_ahead_of_its_turn(s):
+    # S2 holds an advisory lock; S1, admitted, waits for it. Its admission is lent, but
+    # a long statement queued before S2's next one takes it: only the lock-holder
+    # watchdog (pg_blocking_pids, no SQL) lets S2 in before that statement ends.
+    s2 = Session(s)
+    try:
+        s2.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; SELECT pg_advisory_lock(7) IS NOT NULL")
+        s1 = s.client("pair", "SELECT pg_advisory_lock(7) IS NOT NULL; SELECT pg_advisory_unlock(7)")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", "1")
+        holder = holder_running(s, 0.5)  # takes the admission S1 lends; S2 not queued yet
+        finish(holder)
+        long = s.client("pair", "SET application_name = 'long'; SELECT pg_sleep(4)")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'long' "
+                     "AND wait_event = 'PgSleep'", "1")
+        started = time.monotonic()
+        assert s2.run("SELECT pg_advisory_unlock(7)") == ["t"]
+        took = time.monotonic() - started
+        assert took < 2, f"the lock holder waited {took:.2f} s"
+        assert finish(s1)[0] == 0 and finish(long)[0] == 0
+    finally:
+        s2.close()
+
+
+@check
+def utilities_run_their_internal_queries_nested(s):
+    # While a running statement holds group pair's only admission, queries that a
+    # utility runs by itself, and those PostgreSQL runs at COMMIT, never queue.
+    tx = Session(s)
+    try:
+        tx.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; BEGIN; "
+               "INSERT INTO child_deferred VALUES (1); SELECT 'inserted'")
+        holder = holder_running(s, 3)
+        started = time.monotonic()
+        # The deferred foreign-key check runs at COMMIT, with no portal. (A SELECT to
+        # tell that COMMIT is done would queue: psql says it instead.)
+        assert tx.run("COMMIT;\n\\echo committed", end="") == ["committed"]
+        assert time.monotonic() - started < 1.5, "COMMIT's deferred check queued"
+        # ALTER TABLE … ADD FOREIGN KEY validates with a query of its own.
+        admitted_within(s, 1.5, sql="ALTER TABLE child ADD FOREIGN KEY (p) REFERENCES parent")
+        admitted_within(s, 1.5, sql="REFRESH MATERIALIZED VIEW parent_view")
+        # The queries that utilities run at the client's request are scheduled: they
+        # queue like any statement (and time out here).
+        for sql in ["EXPLAIN ANALYZE SELECT 1", "COPY (SELECT 1) TO STDOUT",
+                    "CREATE TEMP TABLE ctas AS SELECT 1", "DO $$ BEGIN PERFORM 1; END $$",
+                    "CALL stride_proc()"]:
+            rc, out, err = finish(s.client("pair", sql, "SET pg_stride.queue_timeout = '100ms';"))
+            assert rc != 0 and "for admission" in err, (sql, rc, out, err)
+        assert finish(holder)[0] == 0
+    finally:
+        tx.close()
+        s.sql("ALTER TABLE child DROP CONSTRAINT IF EXISTS child_p_fkey")
+
+
+@check
+def a_session_that_survives_a_cancelled_pause_is_not_shown_paused(s):
+    # One slot and 1-s slices: the two queries take turns for a second each, so the
+    # victim is cancelled while it is paused; its session stays connected, and must not
+    # go on being counted as paused.
+    set_server(s, "pg_stride.cpu_slots", 1)
+    victim = Session(s)
+    serial = "SET max_parallel_workers_per_gather = 0; SET pg_stride.slice = '1s';"
+    # 100 scans of big, each through the wrapped scan: ~10 s of 1-s slices.
+    slow = ("SELECT sum(n) FROM generate_series(1, 100) g, "
+            "LATERAL (SELECT count(*) AS n FROM big WHERE v >= g % 2) x")
+    try:
+        # The session must outlive its statement's error.
+        assert victim.run("\\set ON_ERROR_STOP 0\n\\echo ready", end="") == ["ready"]
+        pid = victim.run(f"SET pg_stride.resource_group = 'holder'; {serial} "
+                         f"SET ROLE {ROLE}; SELECT pg_backend_pid()")[0]
+        other = s.client("holder", slow, settings=serial)
+        victim.proc.stdin.write((slow + ";\n").encode())
+        victim.proc.stdin.flush()
+        s.wait_until(f"SELECT state FROM pg_stride.activity WHERE pid = {pid}", "paused", timeout=60)
+        s.sql(f"SELECT pg_cancel_backend({pid})")
+        assert victim.run("SELECT 'alive'") == ["alive"]
+        assert other.poll() is None, "the other query ended too soon for the check to tell"
+        s.wait_until("SELECT paused FROM pg_stride.scheduler", "0", timeout=3)
+        assert s.sql(f"SELECT count(*) FROM pg_stride.activity WHERE pid = {pid}") == "0"
+        assert finish(other, timeout=120)[0] == 0
+    finally:
+        victim.close()
+        set_server(s, "pg_stride.cpu_slots", 0)
+
+
+NO_DATABASE_CHECKS = []
+
+
+def without_database(fn):
+    NO_DATABASE_CHECKS.append(fn)
+    return fn
+
+
+# DESIGN.md §4 rule 9: the safety net runs from shared memory alone. These checks run
+# on a second server whose pg_stride.database does not exist, so the groups loader can
+# never connect; every statement runs in "default", under max_active_queries = 1.
+
+@without_database
+def the_scheduler_runs_without_its_database(s):
+    pid = s.wait_until("SELECT scheduler_pid IS NOT NULL FROM pg_stride.scheduler", "t")
+    assert s.sql("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_stride groups'") == "0"
+    assert pid
+
+
+@without_database
+def a_cpu_slots_reload_takes_effect(s):
+    set_server(s, "pg_stride.cpu_slots", 3)
+    s.wait_until("SELECT cpu_slots FROM pg_stride.scheduler", "3")
+    set_server(s, "pg_stride.cpu_slots", 1)
+    s.wait_until("SELECT cpu_slots FROM pg_stride.scheduler", "1")
+
+
+@without_database
+def an_admission_lock_cycle_resolves(s):
+    # S2 holds a lock, idle; S1, admitted under the limit of 1, waits for it; S2's next
+    # statement must get in (default queue_timeout 0: a hang otherwise).
+    s2 = Session(s)
+    try:
+        s2.run(f"SET ROLE {ROLE}; SELECT pg_advisory_lock(3) IS NOT NULL")
+        s1 = s.client("default", "SELECT pg_advisory_lock(3) IS NOT NULL; SELECT pg_advisory_unlock(3)")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", "1")
+        assert s2.run("SELECT pg_advisory_unlock(3)", timeout=10) == ["t"]
+        assert finish(s1)[0] == 0
+    finally:
+        s2.close()
+
+
+@without_database
+def a_parallel_query_with_one_slot_finishes(s):
+    # One CPU slot (set above): the leader and its workers take turns; slot dispatch
+    # and the watchdog run without the database.
+    rc, out, err = finish(s.client("default", "SELECT count(*) FROM big WHERE v >= 0",
+                                   "SET parallel_setup_cost = 0; SET min_parallel_table_scan_size = 0;"),
+                          timeout=120)
+    assert (rc, out) == (0, "1000000"), (rc, out, err)
+    s.wait_until("SELECT slots_in_use FROM pg_stride.scheduler", "0")
+
+
+@without_database
+def a_terminated_backend_leaves_nothing_behind(s):
+    holder = s.client("default", "SET application_name = 'holder'; SELECT pg_sleep(60)")
+    s.wait_until("SELECT count(*) FROM pg_stride.activity s JOIN pg_stat_activity a USING (pid) "
+                 "WHERE s.state = 'running' AND a.application_name = 'holder'", "1")
+    s.sql("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = 'holder'")
+    assert finish(holder)[0] != 0
+    s.wait_until("SELECT count(*) FROM pg_stride.activity s JOIN pg_stat_activity a USING (pid) "
+                 "WHERE a.application_name = 'holder'", "0")
+    admitted_within(s, 3, group="default")
+
+
+def setup_without_database(s):
+    s.sql(f"CREATE ROLE {ROLE}; CREATE EXTENSION pg_stride; GRANT USAGE ON SCHEMA pg_stride TO {ROLE}")
     s.sql("CREATE TABLE big (id int PRIMARY KEY, v int); "
-          "INSERT INTO big SELECT g, g % 1000 FROM generate_series(1, 1000000) g; "
-          "CREATE TABLE scratch (v int); ANALYZE big")
-    s.sql(f"GRANT SELECT ON big TO {ROLE}; GRANT INSERT ON scratch TO {ROLE}")
+          "INSERT INTO big SELECT g, g % 1000 FROM generate_series(1, 1000000) g; ANALYZE big")
+    s.sql(f"GRANT SELECT ON big TO {ROLE}")
 
 
-def main():
-    server = Server()
+def run_checks(server, checks, setup_fn):
     passed = failed = 0
     try:
         server.start()
-        setup(server)
+        setup_fn(server)
         # Names on the command line run only those checks.
-        for fn in [fn for fn in CHECKS if not sys.argv[1:] or fn.__name__ in sys.argv[1:]]:
+        for fn in [fn for fn in checks if not sys.argv[1:] or fn.__name__ in sys.argv[1:]]:
             try:
                 fn(server)
                 passed += 1
@@ -493,6 +720,43 @@ def main():
                 print(f"FAILED {fn.__name__}: {e}")
     finally:
         server.stop()
+    return passed, failed
+
+
+def setup(s):
+    s.sql(f"CREATE ROLE {ROLE}; CREATE ROLE regress_four LOGIN; CREATE ROLE regress_viewer LOGIN")
+    s.sql("CREATE EXTENSION pg_stride")
+    s.sql(f"GRANT USAGE ON SCHEMA pg_stride TO {ROLE}")
+    for name, weight, limit in [("pair", 100, 1), ("holder", 100, 0), ("light", 100, 0),
+                                ("heavy", 300, 0), ("four", 100, 4)]:
+        s.sql(f"SELECT pg_stride.create_group('{name}', weight => {weight}, max_concurrency => {limit})")
+    s.sql("ALTER ROLE regress_four SET pg_stride.resource_group = 'four'")
+    s.sql("CREATE TABLE big (id int PRIMARY KEY, v int); "
+          "INSERT INTO big SELECT g, g % 1000 FROM generate_series(1, 1000000) g; "
+          "CREATE TABLE scratch (v int); ANALYZE big")
+    s.sql(f"GRANT SELECT ON big TO {ROLE}; GRANT INSERT ON scratch TO {ROLE}")
+    s.sql("CREATE TABLE uniq (id int PRIMARY KEY); "
+          "CREATE TABLE parent (id int PRIMARY KEY); INSERT INTO parent VALUES (1); "
+          "CREATE TABLE child (p int); INSERT INTO child VALUES (1); "
+          "CREATE TABLE child_deferred (p int REFERENCES parent DEFERRABLE INITIALLY DEFERRED); "
+          "CREATE MATERIALIZED VIEW parent_view AS SELECT * FROM parent; "
+          "CREATE PROCEDURE stride_proc() LANGUAGE sql AS 'SELECT 1'")
+    for table in ["uniq", "parent", "child", "child_deferred", "parent_view"]:
+        s.sql(f"ALTER TABLE {table} OWNER TO {ROLE}")
+    s.sql(f"GRANT CREATE ON SCHEMA public TO {ROLE}")
+
+
+def main():
+    passed, failed = run_checks(Server(), CHECKS, setup)
+    selected = [fn for fn in NO_DATABASE_CHECKS if not sys.argv[1:] or fn.__name__ in sys.argv[1:]]
+    if selected:
+        no_database = Server(port=PORT + 1, extra_conf="""
+pg_stride.database = 'regress_no_such_database'
+pg_stride.max_active_queries = 1
+pg_stride.exempt_superuser = on
+""")
+        p, f = run_checks(no_database, NO_DATABASE_CHECKS, setup_without_database)
+        passed, failed = passed + p, failed + f
     print(f"concurrency: {passed} passed, {failed} failed")
     return 1 if failed else 0
 

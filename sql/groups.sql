@@ -1,5 +1,5 @@
 -- Resource groups: the functions that manage them, their errors, the pg_stride.groups
--- view, assignment through pg_stride.group, and the shared directory following the
+-- view, assignment through pg_stride.resource_group, and the shared directory following the
 -- table (commit, rollback, direct changes).
 
 -- Groups live in the database named by pg_stride.database; elsewhere the functions
@@ -55,8 +55,8 @@ SELECT name, weight, max_concurrency FROM pg_stride.resource_groups ORDER BY nam
 -- is done as an ordinary role.
 CREATE ROLE stride_member;
 GRANT USAGE ON SCHEMA pg_stride TO stride_member;
-SET pg_stride."group" = 'nosuch';
-SET pg_stride."group" = 'reporting';
+SET pg_stride.resource_group = 'nosuch';
+SET pg_stride.resource_group = 'reporting';
 SET ROLE stride_member;
 SELECT name, active, admitted_total, timed_out_total FROM pg_stride.groups WHERE name = 'reporting';
 SELECT "group", state, statements, queued_since IS NULL AS not_queued, admitted_at BETWEEN now() AND clock_timestamp() AS admitted_now
@@ -64,7 +64,7 @@ SELECT "group", state, statements, queued_since IS NULL AS not_queued, admitted_
 RESET ROLE;
 -- A group is in use while a statement runs in it, so this statement cannot drop it.
 SELECT pg_stride.drop_group('reporting');
-RESET pg_stride."group";
+RESET pg_stride.resource_group;
 SELECT name, active, admitted_total, queue_time_p50_ms, queue_time_p99_ms
   FROM pg_stride.groups WHERE name = 'reporting';
 
@@ -74,7 +74,7 @@ SELECT name, active, admitted_total, queue_time_p50_ms, queue_time_p99_ms
 -- the statements in the loop of a DO block over a query. `active` counts running
 -- statements: the cursor and the statement reading the view.
 SELECT pg_stride.create_group('single', max_concurrency => 1);
-SET pg_stride."group" = 'single';
+SET pg_stride.resource_group = 'single';
 SET ROLE stride_member;
 SET pg_stride.queue_timeout = '200ms';
 BEGIN;
@@ -97,7 +97,7 @@ $$;
 SELECT 'admitted' AS after_rollback;
 RESET pg_stride.queue_timeout;
 RESET ROLE;
-RESET pg_stride."group";
+RESET pg_stride.resource_group;
 SELECT name, active, queued, admitted_total, timed_out_total FROM pg_stride.groups WHERE name = 'single';
 SELECT pg_stride.reset_stats();
 SELECT name, admitted_total, timed_out_total, queue_time_total_ms, queue_time_p50_ms
@@ -123,10 +123,10 @@ $$;
 SELECT count(*) AS temporary_groups FROM pg_stride.groups WHERE name = 'temporary';
 
 -- A session whose group disappears runs in "default", with a WARNING.
-SET pg_stride."group" = 'batch';
+SET pg_stride.resource_group = 'batch';
 DELETE FROM pg_stride.resource_groups WHERE name = 'batch';
 SELECT name FROM pg_stride.groups WHERE name = 'batch';
-RESET pg_stride."group";
+RESET pg_stride.resource_group;
 
 -- Only superusers manage groups; everybody may read them.
 CREATE ROLE stride_user;

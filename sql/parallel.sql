@@ -19,7 +19,7 @@ SET parallel_leader_participation = off;
 EXPLAIN (COSTS OFF) SELECT count(*) FROM numbers;
 
 -- Run in group "narrow", the Gather gets one (EXPLAIN ANALYZE shows the plan that ran).
-SET pg_stride."group" = 'narrow';
+SET pg_stride.resource_group = 'narrow';
 EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT count(*) FROM numbers;
 SELECT count(*) FROM numbers;
 
@@ -54,7 +54,24 @@ DROP ROLE stride_user;
 RESET pg_stride.parallel_mode;
 SELECT parallel_mode, hint > 0 AS has_hint FROM pg_stride.scheduler;
 
-RESET pg_stride."group";
+
+RESET pg_stride.resource_group;
 DEALLOCATE total;
+
+-- A session whose group was dropped runs in "default" (with a WARNING), and so do its
+-- parallel workers, which restore the session's setting naming the dropped group.
+SELECT current_user AS superuser \gset
+SELECT pg_stride.create_group('vanishing');
+CREATE ROLE stride_vanishing LOGIN;
+GRANT SELECT ON numbers TO stride_vanishing;
+ALTER ROLE stride_vanishing SET pg_stride.resource_group = 'vanishing';
+SELECT pg_stride.drop_group('vanishing');
+\c - stride_vanishing
+SHOW pg_stride.resource_group;
+SET force_parallel_mode = on;
+SELECT count(*) FROM numbers;
+\c - :superuser
+DROP OWNED BY stride_vanishing;
+DROP ROLE stride_vanishing;
 DROP TABLE numbers;
 DROP EXTENSION pg_stride;

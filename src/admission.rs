@@ -13,31 +13,14 @@
 //! the wait ends, the backend leaves the queue, and an admission that raced with the end
 //! of the wait is given back, so nothing is held that the statement does not run with.
 
-use crate::groups::GroupCounters;
-use crate::shmem::ProcEntry;
-use crate::{gucs, pg_nothrow, shmem};
+use crate::gucs;
+use crate::pg::{self, set_latch as wake};
+use crate::shmem::{self, Group, ProcEntry};
 use pg_stride_sched::admission::Arrival;
-use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-/// Longest single sleep of a queued backend; it re-checks its state after each.
-const MAX_SLEEP: Duration = Duration::from_secs(1);
-
-/// Sets the latch of process `procno`, to wake it from its wait.
-fn wake(procno: usize) {
-    // SAFETY: every procno handed out by the admission state names a PGPROC of
-    // ProcGlobal->allProcs, which lives as long as the server; SetLatch may be called on
-    // another process's latch.
-    unsafe { pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno)).procLatch) };
-}
-
-fn now_timestamp() -> i64 {
-    // SAFETY: plain call; returns the current time as a TimestampTz.
-    unsafe { pg_sys::GetCurrentTimestamp() }
-}
 
 /// Admits a statement of this backend in group slot `group`, waiting for its turn when
 /// the limits are reached. Returns once admitted (`false`: a process without a PGPROC,
@@ -47,7 +30,7 @@ fn now_timestamp() -> i64 {
 // Out of line, so that bench/instructions.py can count admission's instructions.
 #[inline(never)]
 pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
-    let Some(procno) = shmem::my_procno() else {
+    let Some(procno) = pg::my_procno() else {
         return false;
     };
     if entry.lease.resume(group) {
@@ -73,7 +56,7 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
     let started = Instant::now();
     entry
         .queued_since
-        .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
+        .store(pg::statement_start_timestamp(), Ordering::Relaxed);
     entry.queued.fetch_add(1, Ordering::AcqRel);
     let outcome = PgTryBuilder::new(|| wait_for_turn(shared, procno, started))
         .catch_others(|error| {
@@ -87,8 +70,11 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
     let counters = shared.groups.counters(group);
     match outcome {
         Ok(()) => {
-            counters.record_admission(started.elapsed());
-            entry.admitted_at.store(now_timestamp(), Ordering::Relaxed);
+            let waited_us = started.elapsed().as_micros().min(u64::MAX as u128) as u64;
+            counters.record_admission(waited_us);
+            entry
+                .admitted_at
+                .store(pg::now_timestamp(), Ordering::Relaxed);
             entry.lease.hold(group);
             true
         }
@@ -119,40 +105,27 @@ fn admitted_at_once(entry: &ProcEntry) {
     entry.admitted_pending.fetch_add(1, Ordering::Relaxed);
     entry
         .admitted_at
-        .store(pg_nothrow::statement_start_timestamp(), Ordering::Relaxed);
+        .store(pg::statement_start_timestamp(), Ordering::Relaxed);
 }
 
 /// Waits until this backend's queued statement is admitted. Returns `Err` when
 /// `pg_stride.queue_timeout` ran out first (the backend has then left the queue).
 fn wait_for_turn(shared: &shmem::Shared, procno: usize, started: Instant) -> Result<(), ()> {
-    loop {
-        if shared.with_admission(|queue, waiters| queue.take_admitted(waiters, procno)) {
-            return Ok(());
-        }
-        let timeout = match gucs::QUEUE_TIMEOUT_MS.get() {
-            0 => None,
-            ms => Some(Duration::from_millis(ms as u64)),
-        };
-        let waited = started.elapsed();
-        if timeout.is_some_and(|t| waited >= t) {
-            let still_queued = shared.with_admission(|queue, waiters| {
-                queue.withdraw(&shared.admission, waiters, procno)
-            });
-            // Admitted at the last moment: take it rather than fail.
-            return if still_queued { Err(()) } else { Ok(()) };
-        }
-        let sleep = timeout.map_or(MAX_SLEEP, |t| (t - waited).min(MAX_SLEEP));
-        // SAFETY: the standard latch wait of a backend; MyLatch is this process's latch.
-        unsafe {
-            pg_sys::WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                sleep.as_millis().max(1) as std::ffi::c_long,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-        }
-        pgrx::check_for_interrupts!();
+    let deadline = match gucs::QUEUE_TIMEOUT_MS.get() {
+        0 => None,
+        ms => Some(started + Duration::from_millis(ms as u64)),
+    };
+    let admitted = || shared.with_admission(|queue, waiters| queue.take_admitted(waiters, procno));
+    if pg::wait_until(admitted, deadline) {
+        return Ok(());
+    }
+    let still_queued =
+        shared.with_admission(|queue, waiters| queue.withdraw(&shared.admission, waiters, procno));
+    // Admitted at the last moment: take it rather than fail.
+    if still_queued {
+        Err(())
+    } else {
+        Ok(())
     }
 }
 
@@ -250,40 +223,53 @@ pub fn force_admit(shared: &shmem::Shared, procno: usize) -> bool {
     admitted
 }
 
-/// Brings the admission limits and the groups' CPU weights in line with the settings
-/// (after a reload or a group change) and admits whoever the new limits let in.
-pub fn apply_limits(shared: &shmem::Shared) {
-    let groups = shared.groups.groups();
-    let max_active = gucs::MAX_ACTIVE_QUERIES.get() as u32;
-    let sched = shared.sched();
-    // The admission lock is also the CPU scheduler's registration lock.
+/// Brings the admission limits in line with the settings (after a reload or a group
+/// change) and admits whoever the new limits let in. `also` runs for each group under
+/// the admission lock, which is also the CPU scheduler's registration lock.
+pub fn configure(
+    shared: &shmem::Shared,
+    groups: &[(usize, Group)],
+    max_active: u32,
+    mut also: impl FnMut(usize, &Group),
+) {
     shared.with_admission(|queue, waiters| {
         shared.admission.set_max_active(max_active);
-        for (slot, group) in &groups {
+        for (slot, group) in groups {
             queue.configure_group(
                 &shared.admission,
                 *slot,
                 group.settings.weight as u32,
                 group.settings.max_concurrency as u32,
             );
-            if let Some(sched) = sched {
-                crate::cpu::configure_group(sched, *slot, &group.settings);
-            }
+            also(*slot, group);
         }
         queue.dispatch(&shared.admission, waiters, wake);
     });
 }
 
-impl GroupCounters {
-    /// Counts one admission after a wait of `waited` (bucket 0 of the histogram is
-    /// derived, see [`crate::groups::HISTOGRAM_BUCKETS`]).
-    fn record_admission(&self, waited: Duration) {
-        self.admitted.fetch_add(1, Ordering::Relaxed);
-        let us = waited.as_micros().min(u64::MAX as u128) as u64;
-        if us > 0 {
-            self.queue_time_us.fetch_add(us, Ordering::Relaxed);
-            self.queue_histogram[crate::groups::histogram_bucket(us)]
-                .fetch_add(1, Ordering::Relaxed);
+/// Lends out the admission of process `procno`'s statement, which waits on a lock or
+/// on its client, and admits whoever that lets in (see `Lease`). Returns whether it
+/// was lent now.
+pub fn lend(shared: &shmem::Shared, procno: usize) -> bool {
+    let Some(entry) = shared.procs().get(procno) else {
+        return false;
+    };
+    match entry.lease.lend(&shared.admission) {
+        Some(waits) => {
+            if waits {
+                dispatch(shared);
+            }
+            true
         }
+        None => false,
     }
+}
+
+/// Process `procno`'s statement, whose admission was lent, runs again: it counts
+/// against the limits again. Returns whether it had been lent.
+pub fn reclaim(shared: &shmem::Shared, procno: usize) -> bool {
+    shared
+        .procs()
+        .get(procno)
+        .is_some_and(|entry| entry.lease.reclaim(&shared.admission))
 }

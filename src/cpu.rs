@@ -28,12 +28,17 @@
 //! fails, or exits, leaves its entry, passing on any slot it held (rule 8).
 
 use crate::backend_local::BackendLocal;
-use crate::shmem;
+use crate::pg::{self, interrupts_can_be_processed, thread_cpu_ns};
+use crate::{gucs, shmem};
 use pg_stride_sched::decay::PriorityRange;
 use pg_stride_sched::slice::{Checkpoint, SliceClock};
-use pg_stride_sched::{GroupConfig, GroupId, ProcId, QueryId, QueryOptions, SchedShared, Turn};
+use pg_stride_sched::{
+    GroupConfig, GroupId, GroupSettings, ProcId, QueryId, QueryOptions, SchedShared, Turn,
+};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
 
 /// Chunk used when a slice ends where the process may not pause: check again soon.
@@ -64,7 +69,7 @@ impl Member {
             group,
             query,
             owner,
-            clock: SliceClock::new(crate::gucs::slice_ns()),
+            clock: SliceClock::new(gucs::slice_ns()),
             chunk_start_ns: 0,
             slice_start_ns: 0,
             statements: 1,
@@ -83,45 +88,47 @@ static MEMBER: BackendLocal<RefCell<Option<Member>>> = BackendLocal::new(RefCell
 /// Tuples left before the next check-in; counting down is all a yield point does on most
 /// tuples.
 static COUNTDOWN: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(u32::MAX));
-/// Wrapped scan nodes and the function each one ran before.
-static WRAPPED: BackendLocal<RefCell<Vec<Wrapped>>> = BackendLocal::new(RefCell::new(Vec::new()));
-static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+/// Wrapped scan nodes, by node address, with the function each one ran before and the
+/// statement it belongs to. A yield point looks its node up for every tuple, so this is
+/// a hash table (O(1), no allocation on lookup) rather than a list: a plan over 500
+/// partitions has 500 wrapped scans.
+static WRAPPED: BackendLocal<RefCell<HashMap<usize, Wrapped, BuildHasherDefault<AddressHasher>>>> =
+    BackendLocal::new(RefCell::new(
+        HashMap::with_hasher(BuildHasherDefault::new()),
+    ));
 
+#[derive(Clone, Copy)]
 struct Wrapped {
     desc: *const pg_sys::QueryDesc,
-    node: *mut pg_sys::PlanState,
     original: pg_sys::ExecProcNodeMtd,
 }
 
-/// The thread CPU clock, ns. A system call on Linux: read once per chunk, never per
-/// tuple (DESIGN.md §8).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// Hashes a node address: Fibonacci hashing of the address, whose low bits are the
+/// same for every palloc'd node and whose high bits the table's mask would drop.
+#[derive(Default)]
+struct AddressHasher(u64);
 
-/// Whether a process may pause here: the condition of INTERRUPTS_CAN_BE_PROCESSED().
-/// LWLockAcquire holds interrupts until release, so this excludes every LWLock.
-fn interrupts_can_be_processed() -> bool {
-    // SAFETY: plain reads of process-local counters.
-    unsafe {
-        pg_sys::InterruptHoldoffCount == 0
-            && pg_sys::CritSectionCount == 0
-            && pg_sys::QueryCancelHoldoffCount == 0
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_usize(&mut self, address: usize) {
+        self.0 = (address as u64 >> 3)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(32);
     }
 }
 
 fn wake(proc: Option<ProcId>) {
     if let Some(p) = proc {
-        // SAFETY: ProcIds are PGPROC numbers of ProcGlobal->allProcs.
-        unsafe {
-            pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(p.0 as usize)).procLatch)
-        };
+        pg::set_latch(p.0 as usize);
     }
 }
 
@@ -145,12 +152,12 @@ pub fn is_pausable(desc: *const pg_sys::QueryDesc) -> bool {
 /// behind a paused process). Checked again at every run and check-in, since a
 /// transaction that opened a cursor may write before the next FETCH.
 fn transaction_wrote() -> bool {
-    crate::pg_nothrow::top_transaction_id_if_any() != pg_sys::InvalidTransactionId
+    pg::top_transaction_id_if_any() != pg_sys::InvalidTransactionId
 }
 
 /// Group settings as the scheduling core sees them: what the group leaves unset comes
 /// from `pg_stride.priority_initial`, `priority_min`, `decay_lambda` and `decay_start`.
-pub fn configure_group(sched: &SchedShared, slot: usize, settings: &crate::groups::GroupSettings) {
+pub fn configure_group(sched: &SchedShared, slot: usize, settings: &GroupSettings) {
     sched.configure_group(
         GroupId(slot as u32),
         GroupConfig {
@@ -166,13 +173,13 @@ pub fn configure_group(sched: &SchedShared, slot: usize, settings: &crate::group
 }
 
 /// A group's initial and lowest priority.
-fn priority_range(settings: &crate::groups::GroupSettings) -> PriorityRange {
+fn priority_range(settings: &GroupSettings) -> PriorityRange {
     let p0 = settings
         .priority_initial
-        .unwrap_or_else(|| crate::gucs::PRIORITY_INITIAL.get());
+        .unwrap_or_else(|| gucs::PRIORITY_INITIAL.get());
     let p_min = settings
         .priority_min
-        .unwrap_or_else(|| crate::gucs::PRIORITY_MIN.get());
+        .unwrap_or_else(|| gucs::PRIORITY_MIN.get());
     PriorityRange::new(p0.max(1) as u32, p_min.max(1) as u32)
 }
 
@@ -182,7 +189,7 @@ fn priority_range(settings: &crate::groups::GroupSettings) -> PriorityRange {
 /// first check-in, or now for a parallel plan. Call after ExecutorStart.
 pub fn start_statement(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc, group: usize) {
     let Some(sched) = shared.sched() else { return };
-    let Some(procno) = shmem::my_procno() else {
+    let Some(procno) = pg::my_procno() else {
         return;
     };
     MEMBER.with_borrow_mut(|member| match member.as_mut() {
@@ -201,7 +208,7 @@ pub fn start_statement(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc, g
 /// Returns `false`, and ends the membership, when there is no free query entry (more
 /// statements than processes): the statements then run unscheduled.
 fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
-    let joined = MEMBER.with_borrow_mut(|member| {
+    MEMBER.with_borrow_mut(|member| {
         let Some(m) = member.as_mut() else {
             return false;
         };
@@ -228,48 +235,35 @@ fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
         }
         m.query = Some(query);
         true
-    });
-    if joined {
-        ensure_exit_callback();
-    }
-    joined
+    })
 }
 
 /// A parallel worker starts its part of a statement: joins the leader's query, if the
 /// leader's statement is scheduled, and wraps the scans. Call after ExecutorStart.
-pub fn start_worker(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) {
-    let Some(sched) = shared.sched() else { return };
-    let Some(procno) = shmem::my_procno() else {
-        return;
+/// Returns whether it joined.
+pub fn start_worker(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) -> bool {
+    let Some(sched) = shared.sched() else {
+        return false;
     };
-    // SAFETY: in a parallel worker MyProc->lockGroupLeader is the leader's PGPROC, an
-    // element of ProcGlobal->allProcs (DESIGN.md §8).
-    let leader = unsafe {
-        let leader = (*pg_sys::MyProc).lockGroupLeader;
-        if leader.is_null() || leader == pg_sys::MyProc {
-            return;
-        }
-        leader.offset_from((*pg_sys::ProcGlobal).allProcs) as usize
+    let (Some(procno), Some(leader)) = (pg::my_procno(), pg::lock_group_leader()) else {
+        return false;
     };
     let Some(leader_entry) = shared.procs().get(leader) else {
-        return;
+        return false;
     };
     let query = leader_entry.cpu_query.load(Ordering::Acquire);
     if query == 0 {
-        return;
+        return false;
     }
     let query = QueryId(query - 1);
     let proc = ProcId(procno as u32);
     if sched.join(proc, query).is_err() {
-        return;
-    }
-    if let Some(entry) = shared.my_entry() {
-        crate::statements::claim(shared, entry);
+        return false;
     }
     let group = leader_entry.group.load(Ordering::Acquire) as usize;
     MEMBER.set(Some(Member::new(proc, group, Some(query), false)));
-    ensure_exit_callback();
     wrap_scans(desc);
+    true
 }
 
 /// Whether this process takes part in CPU scheduling with a statement. Cannot panic:
@@ -288,7 +282,7 @@ pub fn begin_run(shared: &shmem::Shared) {
     }
     let Some(proc) = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
-        m.clock.set_target_ns(crate::gucs::slice_ns());
+        m.clock.set_target_ns(gucs::slice_ns());
         m.clock.restart();
         COUNTDOWN.set(m.clock.chunk());
         m.query?;
@@ -329,7 +323,11 @@ pub fn end_run(shared: &shmem::Shared) {
 /// scans and, with the last statement of the process, leaves the query, passing on any
 /// slot, and frees the entry when this process registered it.
 pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDesc>) {
-    WRAPPED.with_borrow_mut(|w| w.retain(|x| desc.is_some_and(|d| x.desc != d)));
+    WRAPPED.with_borrow_mut(|w| w.retain(|_, x| desc.is_some_and(|d| x.desc != d)));
+    // A pause that an error ended (cancel, statement_timeout) is over too.
+    if let Some(entry) = shared.my_entry() {
+        entry.paused.store(0, Ordering::Release);
+    }
     let Some(sched) = shared.sched() else { return };
     let last = MEMBER.with_borrow_mut(|member| {
         let m = member.as_mut()?;
@@ -380,7 +378,7 @@ pub fn reclaim(shared: &shmem::Shared) {
 /// Applies the decay settings after a reload; the slot count follows at the
 /// watchdog's next round.
 pub fn apply_settings(sched: &SchedShared) {
-    sched.set_decay(crate::gucs::decay_params());
+    sched.set_decay(gucs::decay_params());
 }
 
 /// The watchdog (psaroudakis2013 §5): a slot holder that waits — on a lock, I/O, the
@@ -395,41 +393,19 @@ pub fn watchdog(shared: &shmem::Shared, blocked_before: &mut Vec<bool>) {
     blocked_before.resize(procs, false);
     let mut blocked = 0;
     for (procno, before) in blocked_before.iter_mut().enumerate() {
-        let holder = sched.is_running(ProcId(procno as u32));
-        // SAFETY: every ProcId below max_procs names a PGPROC of ProcGlobal->allProcs;
-        // its wait_event_info is a word that its process updates; a stale read only
-        // delays the decision by a round.
-        let waiting = holder
-            && unsafe {
-                std::ptr::read_volatile(
-                    &raw const (*(*pg_sys::ProcGlobal).allProcs.add(procno)).wait_event_info,
-                )
-            } != 0;
+        // A stale read of the wait event only delays the decision by a round.
+        let waiting = sched.is_running(ProcId(procno as u32)) && pg::proc_wait_event(procno) != 0;
         if waiting && *before {
             blocked += 1;
         }
         *before = waiting;
     }
-    let slots = crate::gucs::effective_cpu_slots() + blocked;
+    let slots = gucs::effective_cpu_slots() + blocked;
     if sched.cpu_slots() != slots {
         sched.set_cpu_slots(slots);
     }
     while let Some(p) = sched.dispatch() {
         wake(Some(p));
-    }
-}
-
-fn ensure_exit_callback() {
-    if !EXIT_CALLBACK_SET.replace(true) {
-        // SAFETY: registers a guarded callback in this process's own exit list.
-        unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
-    }
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
-    if let Some(shared) = shmem::shared() {
-        end_statement(shared, None);
     }
 }
 
@@ -445,24 +421,16 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         entry.paused.store(1, Ordering::Release);
     }
     let paused_at = std::time::Instant::now();
-    while !sched.is_running(proc) {
-        // SAFETY: the standard latch wait of a backend.
-        unsafe {
-            pg_sys::WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                100,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-        }
-        if let Some(entry) = shared.my_entry() {
-            entry
-                .paused
-                .store(u32::from(!sched.is_running(proc)), Ordering::Release);
-        }
-        pgrx::check_for_interrupts!();
-    }
+    pg::wait_until(
+        || {
+            let running = sched.is_running(proc);
+            if let Some(entry) = shared.my_entry() {
+                entry.paused.store(u32::from(!running), Ordering::Release);
+            }
+            running
+        },
+        None,
+    );
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(0, Ordering::Release);
         let waited = paused_at.elapsed().as_micros().min(u64::MAX as u128) as u64;
@@ -505,15 +473,8 @@ unsafe fn wrap_scans_below(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::Pl
             | T_FunctionScanState
             | T_ValuesScanState => {
                 let original = (*node).ExecProcNodeReal;
-                WRAPPED.with_borrow_mut(|w| {
-                    w.retain(|x| x.node != node);
-                    w.push(Wrapped {
-                        desc,
-                        node,
-                        original,
-                    });
-                });
-                crate::pg_nothrow::set_exec_proc_node(node, Some(yield_point));
+                WRAPPED.with_borrow_mut(|w| w.insert(node as usize, Wrapped { desc, original }));
+                pg::set_exec_proc_node(node, Some(yield_point));
             }
             T_AppendState => {
                 let a = node.cast::<pg_sys::AppendState>();
@@ -537,9 +498,10 @@ unsafe fn wrap_scans_below(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::Pl
     }
 }
 
-/// The yield point: counts tuples down and, when a chunk is done, checks in. It holds
-/// nothing with a destructor across the call of the scan's own function, so an ERROR
-/// there may unwind through it as through C code.
+/// The yield point: counts tuples down and, when a chunk is done, checks in. It runs
+/// outside pgrx's error boundary, so it cannot panic (a `try_` borrow, a hash lookup, a
+/// counter), and it holds nothing with a destructor across the call of the scan's own
+/// function, so an ERROR there may unwind through it as through C code.
 unsafe extern "C-unwind" fn yield_point(
     node: *mut pg_sys::PlanState,
 ) -> *mut pg_sys::TupleTableSlot {
@@ -550,8 +512,9 @@ unsafe extern "C-unwind" fn yield_point(
     } else {
         COUNTDOWN.set(left - 1);
     }
-    let original =
-        WRAPPED.with_borrow(|w| w.iter().find(|x| x.node == node).and_then(|x| x.original));
+    let original = WRAPPED
+        .try_with_borrow(|w| w.get(&(node as usize)).and_then(|x| x.original))
+        .flatten();
     match original {
         // SAFETY: the function ExecInitNode installed for this node.
         Some(f) => unsafe { f(node) },

@@ -1,11 +1,24 @@
-//! Executor hooks.
+//! Executor and utility hooks, and the transaction callbacks.
 //!
 //! Every hook chains to the one installed before it (pg_stat_statements, auto_explain …)
 //! and, when pg_stride is disabled or was not preloaded, does nothing else
-//! (DESIGN.md §4 rule 7). The executor hooks decide which statements are scheduled:
-//! top-level statements of client backends only (rule 4). Nested statements (functions,
-//! SPI) run while an outer statement is inside ExecutorRun or ExecutorFinish, which the
-//! nesting depth below tracks, as pg_stat_statements does.
+//! (DESIGN.md §4 rule 7). The hooks decide which statements are scheduled (rule 4):
+//!
+//! * the statements a client sends, run by a portal of a client backend, at nesting
+//!   depth 0, cursors included;
+//! * the query that a utility runs at the client's request is one of them: EXPLAIN
+//!   ANALYZE, COPY (query) TO, CREATE TABLE AS / SELECT INTO / CREATE MATERIALIZED VIEW,
+//!   DECLARE / FETCH / MOVE / CLOSE of a cursor, EXECUTE, and the statements of DO
+//!   blocks and procedures (CALL), each admitted and scheduled on its own;
+//! * everything else runs nested, never queued or paused: statements of functions and
+//!   triggers (inside ExecutorRun or ExecutorFinish of their statement), the queries
+//!   any other utility runs internally (the foreign-key check of ALTER TABLE … ADD
+//!   FOREIGN KEY, REFRESH MATERIALIZED VIEW), and the queries PostgreSQL runs by itself
+//!   when a transaction commits — deferred constraint triggers and foreign-key checks —,
+//!   which run with no portal active; the transaction holds its locks meanwhile.
+//!
+//! The nesting depth counts ExecutorRun, ExecutorFinish and the utilities of the last
+//! kind, like pg_stat_statements' nesting level (which counts every ProcessUtility).
 //!
 //! The hooks run on every statement, so they are kept thin and cost next to nothing for
 //! a statement pg_stride does not schedule (most of OLTP: writes, and reads of a
@@ -26,7 +39,7 @@
 //! with saturating arithmetic, so that no hook can panic over it.
 
 use crate::backend_local::BackendLocal;
-use crate::{cpu, gucs, shmem, statements};
+use crate::{cpu, groups, gucs, pg, shmem, statements};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -46,15 +59,38 @@ mod raw {
         );
         pub fn standard_ExecutorFinish(desc: *mut pg_sys::QueryDesc);
         pub fn standard_ExecutorEnd(desc: *mut pg_sys::QueryDesc);
+        #[allow(clippy::too_many_arguments)]
+        pub fn standard_ProcessUtility(
+            pstmt: *mut pg_sys::PlannedStmt,
+            query_string: *const std::ffi::c_char,
+            read_only_tree: bool,
+            context: pg_sys::ProcessUtilityContext::Type,
+            params: pg_sys::ParamListInfo,
+            query_env: *mut pg_sys::QueryEnvironment,
+            dest: *mut pg_sys::DestReceiver,
+            qc: *mut pg_sys::QueryCompletion,
+        );
     }
+
+    // The declarations above must be the functions the hooks replace: a signature that
+    // differs in another major fails to build here instead of misbehaving at run time.
+    const _: () = {
+        let _: pg_sys::ExecutorStart_hook_type = Some(standard_ExecutorStart);
+        let _: pg_sys::ExecutorRun_hook_type = Some(standard_ExecutorRun);
+        let _: pg_sys::ExecutorFinish_hook_type = Some(standard_ExecutorFinish);
+        let _: pg_sys::ExecutorEnd_hook_type = Some(standard_ExecutorEnd);
+        let _: pg_sys::ProcessUtility_hook_type = Some(standard_ProcessUtility);
+    };
 }
 
 static mut PREV_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
 static mut PREV_EXECUTOR_RUN: pg_sys::ExecutorRun_hook_type = None;
 static mut PREV_EXECUTOR_FINISH: pg_sys::ExecutorFinish_hook_type = None;
 static mut PREV_EXECUTOR_END: pg_sys::ExecutorEnd_hook_type = None;
+static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 
-/// Depth of ExecutorRun/ExecutorFinish calls in progress in this backend.
+/// Depth of ExecutorRun/ExecutorFinish calls, and of utilities whose queries are not
+/// scheduled, in progress in this backend.
 static NESTING: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
 /// The depth each open subtransaction started at, innermost last, by SubTransactionId.
 static SUBXACT_DEPTHS: BackendLocal<RefCell<Vec<(pg_sys::SubTransactionId, u32)>>> =
@@ -74,13 +110,15 @@ pub fn install() {
         pg_sys::ExecutorFinish_hook = Some(executor_finish);
         PREV_EXECUTOR_END = pg_sys::ExecutorEnd_hook;
         pg_sys::ExecutorEnd_hook = Some(executor_end);
+        PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(process_utility);
         pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(on_subxact_event), std::ptr::null_mut());
     }
 }
 
-/// Whether pg_stride is active and the statement the executor is starting runs: a
-/// top-level statement, not one that EXPLAIN only plans.
+/// Whether pg_stride is active and the statement the executor is starting runs at
+/// depth 0, not one that EXPLAIN only plans.
 fn runs_top_level(eflags: i32) -> bool {
     shmem::shared().is_some()
         && gucs::enabled()
@@ -88,29 +126,47 @@ fn runs_top_level(eflags: i32) -> bool {
         && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
 }
 
-/// Whether the statement the executor is starting is one pg_stride schedules.
+/// Whether the statement the executor is starting is one pg_stride schedules (see the
+/// module comment): one a portal of a client backend runs at depth 0.
 fn is_scheduled(eflags: i32) -> bool {
-    // SAFETY: plain read of a process-local global.
-    let client_backend = unsafe { pg_sys::MyBackendType } == pg_sys::BackendType::B_BACKEND;
-    client_backend && runs_top_level(eflags)
-}
-
-/// IsParallelWorker(): this process is one of PostgreSQL's parallel workers.
-fn is_parallel_worker() -> bool {
-    // SAFETY: plain read of a process-local global.
-    unsafe { pg_sys::ParallelWorkerNumber >= 0 }
+    pg::is_client_backend() && runs_top_level(eflags) && pg::portal_active()
 }
 
 /// A parallel worker (PostgreSQL's own) running part of a statement: it joins its
 /// leader's query, if there is one (DESIGN.md §2).
 fn is_parallel_worker_of_scheduled_leader(eflags: i32) -> bool {
-    is_parallel_worker() && runs_top_level(eflags)
+    pg::is_parallel_worker() && runs_top_level(eflags)
 }
 
 /// Whether `desc` takes part in CPU scheduling: a pausable top-level statement of this
 /// backend, or the part of one that this parallel worker runs.
 fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
-    cpu::is_member() && (is_parallel_worker() || statements::on_cpu(desc))
+    cpu::is_member() && (pg::is_parallel_worker() || statements::on_cpu(desc))
+}
+
+/// Whether the queries utility `stmt` runs are the client's, scheduled like top-level
+/// statements (see the module comment), rather than nested.
+///
+/// # Safety
+/// `stmt` is null or a valid utility statement node.
+unsafe fn runs_client_queries(stmt: *const pg_sys::Node) -> bool {
+    use pg_sys::NodeTag::*;
+    // SAFETY: the caller's promise; a node's tag tells its type.
+    let Some(tag) = (unsafe { stmt.as_ref() }).map(|n| n.type_) else {
+        return false;
+    };
+    matches!(
+        tag,
+        T_ExplainStmt
+            | T_CopyStmt
+            | T_CreateTableAsStmt
+            | T_DeclareCursorStmt
+            | T_FetchStmt
+            | T_ClosePortalStmt
+            | T_ExecuteStmt
+            | T_DoStmt
+            | T_CallStmt
+    )
 }
 
 unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags: i32) {
@@ -118,22 +174,26 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     // (and launches no parallel workers) while it waits. If starting the executor then
     // fails, the statement's resource owner gives the admission back.
     let scheduled = is_scheduled(eflags);
-    // SAFETY (all calls below): guarded functions and the executor's own entry points,
-    // called with the executor's own arguments, as PostgreSQL would call them.
     if scheduled {
+        // SAFETY: a guarded function, given the executor's own QueryDesc.
         unsafe { register_statement(desc) };
     }
-    match unsafe { PREV_EXECUTOR_START } {
-        Some(prev) => unsafe { prev(desc, eflags) },
-        None => unsafe { raw::standard_ExecutorStart(desc, eflags) },
+    // SAFETY: the previous hook, or the standard function, with the hook's arguments.
+    unsafe {
+        match PREV_EXECUTOR_START {
+            Some(prev) => prev(desc, eflags),
+            None => raw::standard_ExecutorStart(desc, eflags),
+        }
     }
     // With the plan tree built, yield points can be placed in it: in a statement that
     // may be paused (DESIGN.md §4 rule 2: writes are never paused).
     if scheduled {
         if cpu::is_pausable(desc) {
+            // SAFETY: a guarded function, given the executor's own QueryDesc.
             unsafe { join_cpu_scheduling(desc) };
         }
     } else if is_parallel_worker_of_scheduled_leader(eflags) {
+        // SAFETY: a guarded function, given the executor's own QueryDesc.
         unsafe { join_leader(desc) };
     }
 }
@@ -148,39 +208,97 @@ unsafe extern "C-unwind" fn executor_run(
     // between the FETCHes of a cursor it holds none. After an error the statement's
     // cleanup gives the slot back.
     let on_cpu = NESTING.get() == 0 && runs_on_cpu_slots(desc);
-    // SAFETY (all calls below): as in executor_start.
     if on_cpu {
+        // SAFETY: a guarded function.
         unsafe { begin_run() };
     }
     NESTING.set(NESTING.get().saturating_add(1));
-    match unsafe { PREV_EXECUTOR_RUN } {
-        Some(prev) => unsafe { prev(desc, direction, count, execute_once) },
-        None => unsafe { raw::standard_ExecutorRun(desc, direction, count, execute_once) },
+    // SAFETY: the previous hook, or the standard function, with the hook's arguments.
+    unsafe {
+        match PREV_EXECUTOR_RUN {
+            Some(prev) => prev(desc, direction, count, execute_once),
+            None => raw::standard_ExecutorRun(desc, direction, count, execute_once),
+        }
     }
     NESTING.set(NESTING.get().saturating_sub(1));
     if on_cpu {
+        // SAFETY: a guarded function.
         unsafe { end_run() };
     }
 }
 
 unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
     NESTING.set(NESTING.get().saturating_add(1));
-    // SAFETY: as in executor_start.
-    match unsafe { PREV_EXECUTOR_FINISH } {
-        Some(prev) => unsafe { prev(desc) },
-        None => unsafe { raw::standard_ExecutorFinish(desc) },
+    // SAFETY: the previous hook, or the standard function, with the hook's arguments.
+    unsafe {
+        match PREV_EXECUTOR_FINISH {
+            Some(prev) => prev(desc),
+            None => raw::standard_ExecutorFinish(desc),
+        }
     }
     NESTING.set(NESTING.get().saturating_sub(1));
 }
 
 unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
-    // SAFETY (all calls below): as in executor_start.
-    if statements::any_registered() || cpu::is_member() {
+    if statements::may_be_registered(desc) || (pg::is_parallel_worker() && cpu::is_member()) {
+        // SAFETY: a guarded function, given the executor's own QueryDesc.
         unsafe { end_statement(desc) };
     }
-    match unsafe { PREV_EXECUTOR_END } {
-        Some(prev) => unsafe { prev(desc) },
-        None => unsafe { raw::standard_ExecutorEnd(desc) },
+    // SAFETY: the previous hook, or the standard function, with the hook's arguments.
+    unsafe {
+        match PREV_EXECUTOR_END {
+            Some(prev) => prev(desc),
+            None => raw::standard_ExecutorEnd(desc),
+        }
+    }
+}
+
+/// Runs a utility. Unless it is one whose queries are the client's, it runs nested:
+/// queries it runs internally are never queued or paused, however long it holds its
+/// locks.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: ProcessUtility's PlannedStmt wraps a valid utility statement.
+    let nested = !unsafe { runs_client_queries((*pstmt).utilityStmt) };
+    if nested {
+        NESTING.set(NESTING.get().saturating_add(1));
+    }
+    // SAFETY: the hook's own arguments, passed on as PostgreSQL would.
+    unsafe {
+        match PREV_PROCESS_UTILITY {
+            Some(prev) => prev(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+            None => raw::standard_ProcessUtility(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+        }
+    }
+    if nested {
+        NESTING.set(NESTING.get().saturating_sub(1));
     }
 }
 
@@ -196,9 +314,7 @@ unsafe extern "C-unwind" fn join_cpu_scheduling(desc: *mut pg_sys::QueryDesc) {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn join_leader(desc: *mut pg_sys::QueryDesc) {
-    if let Some(shared) = shmem::shared() {
-        cpu::start_worker(shared, desc);
-    }
+    statements::start_worker(desc);
 }
 
 #[pgrx::pg_guard]
@@ -217,16 +333,15 @@ unsafe extern "C-unwind" fn end_run() {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn end_statement(desc: *mut pg_sys::QueryDesc) {
-    if !statements::unregister(desc) && is_parallel_worker() && cpu::is_member() {
-        // A parallel worker's part of a statement ends.
-        if let Some(shared) = shmem::shared() {
-            cpu::end_statement(shared, Some(desc));
-        }
+    if !statements::unregister(desc) && pg::is_parallel_worker() && cpu::is_member() {
+        statements::end_worker(desc);
     }
 }
 
-/// At the end of a transaction no statement runs: an ERROR that aborted it left the
-/// depth of the statements it interrupted behind.
+/// The one transaction callback of pg_stride. At the end of a transaction no statement
+/// runs: an ERROR that aborted it left the depth of the statements it interrupted
+/// behind. A transaction that changed the groups table has them reloaded. Cannot
+/// panic: it returns before pgrx's error boundary on every event.
 unsafe extern "C-unwind" fn on_xact_event(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
@@ -234,10 +349,14 @@ unsafe extern "C-unwind" fn on_xact_event(
     use pg_sys::XactEvent::*;
     if matches!(
         event,
-        XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_PARALLEL_ABORT
+        XACT_EVENT_COMMIT
+            | XACT_EVENT_ABORT
+            | XACT_EVENT_PARALLEL_COMMIT
+            | XACT_EVENT_PARALLEL_ABORT
     ) {
         NESTING.set(0);
         SUBXACT_DEPTHS.try_with_borrow_mut(|depths| depths.clear());
+        groups::transaction_ended();
     }
 }
 

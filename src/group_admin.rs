@@ -2,7 +2,7 @@
 //! `alter_group` and `drop_group`, the table behind them, and the trigger that keeps the
 //! shared group directory in step with the table (see `groups`).
 
-use crate::groups::{GroupSettings, DEFAULT_GROUP, MAX_NAME_LEN};
+use pg_stride_sched::groups::{validate, GroupSettings, DEFAULT_GROUP, MAX_NAME_LEN};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
@@ -11,8 +11,8 @@ extension_sql!(
 CREATE TABLE pg_stride.resource_groups (
     name                 text PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 63),
     weight               integer NOT NULL DEFAULT 100 CHECK (weight BETWEEN 1 AND 10000),
-    max_concurrency      integer NOT NULL DEFAULT 0 CHECK (max_concurrency >= 0),
-    max_parallel_workers integer CHECK (max_parallel_workers >= 0),
+    max_concurrency      integer NOT NULL DEFAULT 0 CHECK (max_concurrency BETWEEN 0 AND 262143),
+    max_parallel_workers integer CHECK (max_parallel_workers BETWEEN 0 AND 262143),
     priority_initial     integer CHECK (priority_initial BETWEEN 1 AND 1000000),
     priority_min         integer CHECK (priority_min BETWEEN 1 AND 1000000),
     decay_lambda         double precision CHECK (decay_lambda BETWEEN 0 AND 1),
@@ -58,75 +58,14 @@ fn fail(code: PgSqlErrorCode, message: String, hint: Option<&str>) -> ! {
     unreachable!("an ERROR report does not return")
 }
 
-/// Checks every setting against its range, naming the first one out of range.
-pub fn validate(settings: &GroupSettings) -> Result<(), String> {
-    fn range<T: PartialOrd + std::fmt::Display>(
-        name: &str,
-        v: Option<T>,
-        lo: T,
-        hi: T,
-    ) -> Result<(), String> {
-        match v {
-            Some(v) if !(lo <= v && v <= hi) => Err(format!(
-                "{name} = {v} is outside the valid range {lo} .. {hi}"
-            )),
-            _ => Ok(()),
-        }
-    }
-    range("weight", Some(settings.weight), 1, 10_000)?;
-    range(
-        "max_concurrency",
-        Some(settings.max_concurrency),
-        0,
-        pg_sys::MAX_BACKENDS as i32,
-    )?;
-    range(
-        "max_parallel_workers",
-        settings.max_parallel_workers,
-        0,
-        1024,
-    )?;
-    range(
-        "priority_initial",
-        settings.priority_initial,
-        1,
-        crate::gucs::MAX_PRIORITY,
-    )?;
-    range(
-        "priority_min",
-        settings.priority_min,
-        1,
-        crate::gucs::MAX_PRIORITY,
-    )?;
-    range(
-        "decay_lambda",
-        settings.decay_lambda.filter(|l| !l.is_nan()),
-        0.0,
-        1.0,
-    )?;
-    if settings.decay_lambda.is_some_and(f64::is_nan) {
-        return Err("decay_lambda = NaN is outside the valid range 0 .. 1".into());
-    }
-    range("decay_start", settings.decay_start, 0, 1_000_000)?;
-    if let (Some(p0), Some(pmin)) = (settings.priority_initial, settings.priority_min) {
-        if pmin > p0 {
-            return Err(format!(
-                "priority_min = {pmin} is greater than priority_initial = {p0}"
-            ));
-        }
-    }
-    Ok(())
-}
-
 mod functions {
     use super::*;
-    use crate::{gucs, shmem};
+    use crate::{config, gucs, pg, shmem};
     use pgrx::datum::DatumWithOid;
 
     /// The checks every group function makes before touching the table.
     fn check_caller(name: &str) {
-        // SAFETY: plain call into PostgreSQL's role check.
-        if !unsafe { pg_sys::superuser() } {
+        if !pg::is_superuser() {
             fail(
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
                 "only superusers can manage pg_stride resource groups".into(),
@@ -325,7 +264,7 @@ mod functions {
         }
         crate::groups::mark_changed();
         if let Some(shared) = shmem::shared() {
-            crate::groups::reload(&shared.groups, shared, false);
+            config::reload_groups(shared, false);
         }
     }
 }

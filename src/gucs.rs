@@ -7,6 +7,7 @@
 
 use crate::backend_local::BackendLocal;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
 use pgrx::PostgresGucEnum;
 use std::cell::Cell;
 use std::ffi::CString;
@@ -25,15 +26,14 @@ pub enum ParallelMode {
 
 /// Largest accepted `pg_stride.cpu_slots`; far above any core count PostgreSQL runs on.
 pub const MAX_CPU_SLOTS: i32 = 4096;
-/// Largest accepted priority (`priority_initial`, `priority_min`, and the groups'):
-/// 100 times the paper's p0.
-pub const MAX_PRIORITY: i32 = 1_000_000;
+/// Largest accepted priority (`priority_initial`, `priority_min`): the groups' limit.
+const MAX_PRIORITY: i32 = pg_stride_sched::groups::PRIORITY_INITIAL.max as i32;
 
 pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static CPU_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static MAX_ACTIVE_QUERIES: GucSetting<i32> = GucSetting::<i32>::new(128);
 pub static SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(2.0);
-pub static GROUP: GucSetting<Option<CString>> =
+pub static RESOURCE_GROUP: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"default"));
 pub static QUEUE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static EXEMPT_SUPERUSER: GucSetting<bool> = GucSetting::<bool>::new(true);
@@ -57,10 +57,20 @@ pub fn enabled() -> bool {
     unsafe { *ENABLED.as_ptr() }
 }
 
+/// Whether a resource group of a name exists: `None` while that cannot be told (see
+/// [`check_resource_group`]).
+pub type GroupExists = fn(&str) -> Option<bool>;
+
+/// The lookup `pg_stride.resource_group`'s check hook uses; given by `_PG_init`, since
+/// the group directory lives in a layer above the settings.
+static GROUP_EXISTS: std::sync::OnceLock<GroupExists> = std::sync::OnceLock::new();
+
 /// Registers every GUC. Called once, from `_PG_init` while
 /// `shared_preload_libraries` is being processed (some are `PGC_POSTMASTER`-like in
-/// spirit and must exist before the shared-memory size is computed).
-pub fn register() {
+/// spirit and must exist before the shared-memory size is computed). `group_exists`
+/// checks the names given to `pg_stride.resource_group`.
+pub fn register(group_exists: GroupExists) {
+    let _ = GROUP_EXISTS.set(group_exists);
     GucRegistry::define_bool_guc(
         c"pg_stride.enabled",
         c"Enables pg_stride's admission control and CPU scheduling.",
@@ -195,17 +205,18 @@ pub fn register() {
         GucContext::Suset,
         GucFlags::UNIT_MS,
     );
-    // SAFETY: the check hook is guarded and only reads shared memory.
+    // SAFETY: the check hook is guarded and only reads shared memory; the assign hook
+    // cannot fail.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
-            c"pg_stride.group",
+            c"pg_stride.resource_group",
             c"Resource group whose share and limits this session's statements get.",
             c"Settable by superusers and through ALTER ROLE/DATABASE ... SET.",
-            &GROUP,
+            &RESOURCE_GROUP,
             GucContext::Suset,
             GucFlags::IS_NAME,
-            Some(check_group),
-            Some(assign_group),
+            Some(check_resource_group),
+            Some(assign_resource_group),
             None,
         )
     };
@@ -217,9 +228,13 @@ pub fn register() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+    // Any other pg_stride.* name is a typo: warn about it, as PostgreSQL does for its
+    // own prefixes, and refuse it from now on.
+    // SAFETY: called from _PG_init after pg_stride's GUCs are defined.
+    unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"pg_stride".as_ptr()) };
 }
 
-/// How often this process's `pg_stride.group` took a new value: SET, RESET, the end of
+/// How often this process's `pg_stride.resource_group` took a new value: SET, RESET, the end of
 /// a function with a SET clause, a rolled-back SET. A statement whose count is the same
 /// as the previous statement's runs in the same group, without a look at the name.
 static GROUP_ASSIGNMENTS: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
@@ -228,19 +243,19 @@ pub fn group_assignments() -> u64 {
     GROUP_ASSIGNMENTS.get()
 }
 
-/// PostgreSQL calls it whenever `pg_stride.group` changes value, including when it
-/// restores an earlier one. An assign hook must not fail; this one cannot (no pgrx
-/// boundary is needed for an increment).
-unsafe extern "C-unwind" fn assign_group(
+/// PostgreSQL calls it whenever `pg_stride.resource_group` changes value, including
+/// when it restores an earlier one. An assign hook must not fail; this one cannot (no
+/// pgrx boundary is needed for an increment).
+unsafe extern "C-unwind" fn assign_resource_group(
     _newval: *const std::ffi::c_char,
     _extra: *mut std::ffi::c_void,
 ) {
     GROUP_ASSIGNMENTS.set(GROUP_ASSIGNMENTS.get().wrapping_add(1));
 }
 
-/// The session's `pg_stride.group`.
+/// The session's `pg_stride.resource_group`.
 pub fn group_name() -> String {
-    GROUP
+    RESOURCE_GROUP
         .get()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
@@ -254,22 +269,30 @@ pub fn database_name() -> String {
         .unwrap_or_default()
 }
 
-/// Rejects a group name that is not in the group directory. Where the directory cannot
-/// tell yet (the postmaster before shared memory exists, a library that was not
-/// preloaded, a server whose groups table has not been read since it started), the
-/// name is accepted and checked again when a statement runs.
+/// Checks a group name against the group directory, the way PostgreSQL checks the
+/// names of `default_tablespace` or `search_path` (DESIGN.md §4 rule 10): a `SET` in a
+/// session of a group that does not exist fails; `ALTER ROLE/DATABASE … SET` of one
+/// (source `PGC_S_TEST`) is accepted with a NOTICE, so that a dump restores roles
+/// before the database that defines their groups; a value from any other source
+/// (configuration file, role and database settings at login, a parallel worker
+/// restoring its leader's settings, the postmaster) is accepted as it is and falls
+/// back to `default` with a WARNING when a statement runs. Where the directory cannot
+/// tell (no shared memory yet, a library that was not preloaded, a groups table not
+/// read since the server started), every name is accepted.
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_group(
+unsafe extern "C-unwind" fn check_resource_group(
     newval: *mut *mut std::ffi::c_char,
     _extra: *mut *mut std::ffi::c_void,
-    _source: pgrx::pg_sys::GucSource::Type,
+    source: pg_sys::GucSource::Type,
 ) -> bool {
-    let Some(directory) = crate::shmem::shared()
-        .map(|s| &s.groups)
-        .filter(|d| d.is_loaded())
-    else {
-        return true;
+    // SAFETY: plain reads of process-local globals.
+    let restoring = unsafe {
+        pg_sys::InitializingParallelWorker
+            || (pg_sys::IsPostmasterEnvironment && !pg_sys::IsUnderPostmaster)
     };
+    if restoring {
+        return true;
+    }
     // SAFETY: PostgreSQL passes a valid pointer to the proposed value (NULL for none).
     let name = unsafe {
         newval
@@ -280,17 +303,25 @@ unsafe extern "C-unwind" fn check_group(
     let name = name
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if directory.find(&name).is_some() {
+    match GROUP_EXISTS.get().and_then(|exists| exists(&name)) {
+        Some(false) => {}
+        Some(true) | None => return true,
+    }
+    if source == pg_sys::GucSource::PGC_S_TEST {
+        pgrx::notice!("resource group \"{name}\" does not exist");
         return true;
     }
-    let message = std::ffi::CString::new(format!("resource group \"{name}\" does not exist"))
-        .unwrap_or_default();
+    if source < pg_sys::GucSource::PGC_S_INTERACTIVE {
+        return true;
+    }
+    let message =
+        CString::new(format!("resource group \"{name}\" does not exist")).unwrap_or_default();
     // SAFETY: the documented way for a check hook to give its error's message, code and
     // hint: palloc'd strings in the GUC_check_* globals.
     unsafe {
-        pgrx::pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT as i32);
-        pgrx::pg_sys::GUC_check_errmsg_string = pgrx::pg_sys::pstrdup(message.as_ptr());
-        pgrx::pg_sys::GUC_check_errhint_string = pgrx::pg_sys::pstrdup(
+        pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT as i32);
+        pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(
             c"Create it with pg_stride.create_group(), or list groups in pg_stride.groups."
                 .as_ptr(),
         );

@@ -8,24 +8,40 @@
 
 use pgrx::prelude::*;
 
-mod admission;
+// Layers (DESIGN.md §7; `scripts/layers` checks that each module uses only layers
+// below its own): 1 helpers, 2 settings, 3 shared-memory layout, 4 mechanisms,
+// 5 coordination, 6 processes and SQL functions, 7 hooks and _PG_init.
 mod backend_local;
-mod cpu;
-mod executor;
-mod group_admin;
-mod groups;
+mod pg;
+
 mod gucs;
-mod parallel;
-mod pg_nothrow;
+
 mod shmem;
+
+mod admission;
+mod cpu;
+mod groups;
+mod parallel;
+
+mod config;
 mod statements;
+
+mod group_admin;
 mod views;
 mod worker;
+
+mod executor;
 
 ::pgrx::pg_module_magic!(name, version);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // pg_upgrade's server runs no queries worth scheduling and must not start workers
+    // (pg_cron does the same).
+    // SAFETY: plain read of a global set before libraries are loaded.
+    if unsafe { pg_sys::IsBinaryUpgrade } {
+        return;
+    }
     // SAFETY: plain read of a global PostgreSQL sets while loading preload libraries.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         pgrx::pg_sys::panic::ErrorReport::new(
@@ -39,10 +55,21 @@ pub extern "C-unwind" fn _PG_init() {
         .report(PgLogLevel::WARNING);
         return;
     }
-    gucs::register();
+    // An ERROR that pgrx turns into a Rust panic and back carries a Rust backtrace in
+    // its DETAIL when backtraces are enabled in the server's environment; errors must
+    // look the same whatever that environment is. RUST_LIB_BACKTRACE governs captured
+    // backtraces only, not the default panic hook's output.
+    // SAFETY (set_var): the postmaster is single-threaded while it loads libraries, and
+    // every process forked from it inherits the setting.
+    std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    gucs::register(|name| {
+        let directory = &shmem::shared()?.groups;
+        directory
+            .is_loaded()
+            .then(|| directory.find(name).is_some())
+    });
     shmem::install();
     statements::install();
-    groups::install();
     worker::register();
     executor::install();
 }

@@ -21,7 +21,7 @@ mod tests {
         // admission but, never reaching a check-in, joins no query and holds no slot.
         let shared = shmem::shared().expect("pg_stride is preloaded in tests");
         let sched = shared.sched().expect("the CPU scheduler is initialised");
-        let me = pg_stride_sched::ProcId(shmem::my_procno().unwrap() as u32);
+        let me = pg_stride_sched::ProcId(crate::pg::my_procno().unwrap() as u32);
         assert_eq!(my_running(), 1);
         assert!(!sched.is_running(me));
         assert_eq!(

@@ -4,14 +4,18 @@
 //! executor ends it. When a statement fails, is cancelled or times out, ExecutorEnd never
 //! runs; its portal's resource owner is released instead, and the release callback
 //! below unregisters every statement started under that owner (DESIGN.md §2, §4 rule 8).
-//! When the process exits, its shared entry is cleared by a `before_shmem_exit` callback;
-//! a process that dies without running it (SIGKILL) makes the postmaster reinitialise
-//! shared memory, and the scheduler worker clears entries of processes that are gone.
+//! When the process exits, its shared entry is cleared by a `before_shmem_exit` callback
+//! (the one exit callback of pg_stride); a process that dies without running it
+//! (SIGKILL) makes the postmaster reinitialise shared memory, and the scheduler worker
+//! clears entries of processes that are gone.
+//!
+//! Parallel workers are here too: their part of a statement joins the leader's CPU
+//! scheduling, and they clear their entry the same way when they exit.
 
 use crate::backend_local::BackendLocal;
 use crate::parallel::{self, Grant};
 use crate::shmem::{self, ProcEntry};
-use crate::{admission, cpu, groups, gucs};
+use crate::{admission, cpu, groups, gucs, pg};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
@@ -63,10 +67,15 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
     admission::switch_group(shared, entry, group);
     // A backend that holds an admission already (an open cursor, the query of a FOR
     // loop in a DO block) runs its further statements under it: it runs one at a
-    // time, and waiting for another admission could mean waiting for itself.
+    // time, and waiting for another admission could mean waiting for itself. If that
+    // admission was lent while the backend waited for its client, it counts again.
     let holds_one = REGISTERED.with_borrow(|list| list.iter().any(|r| r.admitted));
-    // SAFETY: plain call into PostgreSQL's role check.
-    let exempt = || gucs::EXEMPT_SUPERUSER.get() && unsafe { pg_sys::superuser() };
+    if holds_one {
+        if let Some(procno) = pg::my_procno() {
+            admission::reclaim(shared, procno);
+        }
+    }
+    let exempt = || gucs::EXEMPT_SUPERUSER.get() && pg::is_superuser();
     let admitted = !holds_one && !exempt() && admission::admit(shared, entry, group);
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
@@ -119,10 +128,31 @@ pub fn on_cpu(desc: *const pg_sys::QueryDesc) -> bool {
     REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc && r.cpu)) == Some(true)
 }
 
-/// Whether any statement may be registered (asked outside pgrx's error boundary, so
-/// it answers yes rather than panic).
-pub fn any_registered() -> bool {
-    REGISTERED.try_with_borrow(|list| list.is_empty()) != Some(true)
+/// Whether `desc` may be a registered statement (asked outside pgrx's error boundary,
+/// so it answers yes rather than panic). A nested statement is not: the list holds the
+/// backend's top-level statements, one or a few open cursors.
+pub fn may_be_registered(desc: *const pg_sys::QueryDesc) -> bool {
+    REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc)) != Some(false)
+}
+
+/// A parallel worker starts its part of a statement: it joins its leader's CPU
+/// scheduling, if the leader's statement takes part. Call after ExecutorStart.
+pub fn start_worker(desc: *const pg_sys::QueryDesc) {
+    let Some(shared) = shmem::shared() else {
+        return;
+    };
+    if cpu::start_worker(shared, desc) {
+        if let Some(entry) = shared.my_entry() {
+            claim(shared, entry);
+        }
+    }
+}
+
+/// A parallel worker's part of a statement ends.
+pub fn end_worker(desc: *const pg_sys::QueryDesc) {
+    if let Some(shared) = shmem::shared() {
+        cpu::end_statement(shared, Some(desc));
+    }
 }
 
 /// Forgets `desc` if it was registered; returns whether it was.
@@ -164,17 +194,15 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
 /// belonged to an earlier process with the same PGPROC; whatever it says is stale, but
 /// an idle lease it kept is still counted as an admission and is given back.
 pub fn claim(shared: &shmem::Shared, entry: &ProcEntry) {
-    // SAFETY: plain read of a process-local global.
-    let me = unsafe { pg_sys::MyProcPid };
+    let me = pg::my_pid();
     if entry.pid.load(Ordering::Acquire) != me {
         admission::give_back_lease(shared, entry);
         entry.reset();
         entry.pid.store(me, Ordering::Release);
     }
+    // The postmaster's exit list is reset in every child, so this happens here.
     if !EXIT_CALLBACK_SET.replace(true) {
-        // SAFETY: registers a guarded callback in this process's own exit list (the
-        // postmaster's list is reset in every child, so this must happen here).
-        unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
+        pg::on_exit(on_exit);
     }
 }
 
@@ -207,11 +235,13 @@ unsafe extern "C-unwind" fn release_owner_registrations() {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
-    // Gives back the admissions still held (a terminated backend's cursors), leaves the
-    // admission queue (a FATAL error ends a wait without unwinding), gives back the idle
-    // lease, counts its admissions in its group, then clears the entry.
+    // Gives back the admissions still held (a terminated backend's cursors), leaves CPU
+    // scheduling (a parallel worker's part, passing on its slot), leaves the admission
+    // queue (a FATAL error ends a wait without unwinding), gives back the idle lease,
+    // counts its admissions in its group, then clears the entry.
     unregister_where(|_| true);
-    if let (Some(shared), Some(procno)) = (shmem::shared(), shmem::my_procno()) {
+    if let (Some(shared), Some(procno)) = (shmem::shared(), pg::my_procno()) {
+        cpu::end_statement(shared, None);
         admission::leave_queue(shared, procno);
         if let Some(entry) = shared.my_entry() {
             admission::give_back_lease(shared, entry);

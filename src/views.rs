@@ -122,7 +122,7 @@ mod pg_stride {
         ),
     > {
         let shared = require_shared();
-        let mut live_cpu_ns = [0u64; crate::groups::MAX_GROUPS];
+        let mut live_cpu_ns = [0u64; shmem::MAX_GROUPS];
         if let Some(sched) = shared.sched() {
             for entry in shared.procs() {
                 let q = entry.cpu_query.load(Ordering::Acquire);
@@ -130,19 +130,18 @@ mod pg_stride {
                     .then(|| sched.query_snapshot(pg_stride_sched::QueryId(q - 1)))
                     .flatten()
                 {
-                    live_cpu_ns[(s.group.0 as usize).min(crate::groups::MAX_GROUPS - 1)] +=
-                        s.cpu_ns;
+                    live_cpu_ns[(s.group.0 as usize).min(shmem::MAX_GROUPS - 1)] += s.cpu_ns;
                 }
             }
         }
-        let mut active = [0i64; crate::groups::MAX_GROUPS];
+        let mut active = [0i64; shmem::MAX_GROUPS];
         // Admissions that processes counted and have not added to the group's counter.
-        let mut pending = [0u64; crate::groups::MAX_GROUPS];
-        let mut queued = [0i64; crate::groups::MAX_GROUPS];
+        let mut pending = [0u64; shmem::MAX_GROUPS];
+        let mut queued = [0i64; shmem::MAX_GROUPS];
         for (procno, entry) in shared.procs().iter().enumerate() {
             if shared.is_live(procno) {
-                let slot = (entry.group.load(Ordering::Acquire) as usize)
-                    .min(crate::groups::MAX_GROUPS - 1);
+                let slot =
+                    (entry.group.load(Ordering::Acquire) as usize).min(shmem::MAX_GROUPS - 1);
                 active[slot] += i64::from(entry.running.load(Ordering::Acquire));
                 queued[slot] += i64::from(entry.queued.load(Ordering::Acquire));
                 if let Some((of, n)) = crate::admission::pending_admissions(shared, entry) {

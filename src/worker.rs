@@ -1,29 +1,59 @@
-//! The `pg_stride scheduler` background worker (DESIGN.md §2).
+//! pg_stride's two static background workers (DESIGN.md §2).
 //!
-//! One static worker per server. It loads the resource groups from
-//! `pg_stride.database` at start and whenever they change, applies configuration
-//! reloads, runs the CPU watchdog (`pg_stride.watchdog_interval`), samples the
-//! concurrency hint (`pg_stride.hint_interval`), reclaims the shared entries of
-//! processes that are gone (DESIGN.md §4 rule 8) and admits queued backends that block
-//! admitted ones (rule 5).
+//! * `pg_stride scheduler` keeps the safety net (DESIGN.md §4 rule 9) from shared
+//!   memory alone: it connects to no database and never uses SPI, so it keeps working
+//!   when `pg_stride.database` is missing, locked or slow. It applies configuration
+//!   reloads (`cpu_slots`, limits, decay), runs the CPU watchdog
+//!   (`pg_stride.watchdog_interval`) and the admission watchdog, samples the
+//!   concurrency hint (`pg_stride.hint_interval`), reclaims the shared entries of
+//!   processes that are gone (rule 8) and admits queued backends that block admitted
+//!   ones (rule 5).
+//! * `pg_stride groups` connects to `pg_stride.database` and loads the resource groups
+//!   from its table at start and whenever they change. If it cannot connect, it fails
+//!   and is restarted later; meanwhile every session runs in `default`.
 
-use crate::{admission, cpu, groups, gucs, shmem};
+use crate::{admission, config, cpu, gucs, pg, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::pg_sys;
-use pgrx::spi::Spi;
+use pgrx::PgMemoryContexts;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// Name and `backend_type` of the worker, as `pg_stat_activity` shows it.
-pub const WORKER_NAME: &str = "pg_stride scheduler";
+/// Name and `backend_type` of the scheduler worker, as `pg_stat_activity` shows it.
+pub const SCHEDULER_NAME: &str = "pg_stride scheduler";
+/// Name and `backend_type` of the groups loader.
+pub const LOADER_NAME: &str = "pg_stride groups";
 
-/// How often the worker sweeps the shared entries and looks for queued backends that
-/// block admitted ones.
+/// How often the scheduler sweeps the shared entries and looks for queued backends
+/// that block admitted ones.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 
-/// The worker's periodic tasks and when each is due next.
+/// Registers both workers. Called from `_PG_init` while preloading.
+pub fn register() {
+    BackgroundWorkerBuilder::new(SCHEDULER_NAME)
+        .set_type(SCHEDULER_NAME)
+        .set_library("pg_stride")
+        .set_function("pg_stride_scheduler_main")
+        // Connecting to no database gives it a pg_stat_activity row, nothing else.
+        .enable_spi_access()
+        // Read-only queries on a hot standby are scheduled too, so start as soon as
+        // the server accepts connections, not only after recovery.
+        .set_start_time(BgWorkerStartTime::ConsistentState)
+        .set_restart_time(Some(Duration::from_secs(5)))
+        .load();
+    BackgroundWorkerBuilder::new(LOADER_NAME)
+        .set_type(LOADER_NAME)
+        .set_library("pg_stride")
+        .set_function("pg_stride_groups_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::ConsistentState)
+        .set_restart_time(Some(Duration::from_secs(10)))
+        .load();
+}
+
+/// The scheduler's periodic tasks and when each is due next.
 struct Timers {
     watchdog: Instant,
     hint: Instant,
@@ -53,37 +83,19 @@ fn interval_ms(setting: &pgrx::guc::GucSetting<i32>) -> Duration {
     Duration::from_millis(setting.get().max(1) as u64)
 }
 
-/// Registers the static worker. Called from `_PG_init` while preloading.
-pub fn register() {
-    BackgroundWorkerBuilder::new(WORKER_NAME)
-        .set_type(WORKER_NAME)
-        .set_library("pg_stride")
-        .set_function("pg_stride_scheduler_main")
-        .enable_spi_access()
-        // Read-only queries on a hot standby are scheduled too, so start as soon as
-        // the server accepts connections, not only after recovery.
-        .set_start_time(BgWorkerStartTime::ConsistentState)
-        .set_restart_time(Some(Duration::from_secs(5)))
-        .load();
-}
-
 #[pgrx::pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    // The worker reads the resource groups from pg_stride.database (as pg_cron reads its
-    // jobs from cron.database_name); connecting also gives it a pg_stat_activity row.
-    BackgroundWorker::connect_worker_to_spi(Some(&gucs::database_name()), None);
+    BackgroundWorker::connect_worker_to_spi(None, None);
     let Some(shared) = shmem::shared() else {
         return;
     };
-    // SAFETY: plain read of a process-local global.
-    shared
-        .scheduler_pid
-        .store(unsafe { pg_sys::MyProcPid }, Ordering::Release);
-    shared.groups.set_worker(shmem::my_procno());
-    reload_groups(shared);
-    let mut blocked_before = Vec::new();
+    shared.scheduler_pid.store(pg::my_pid(), Ordering::Release);
+    config::apply(shared);
+    let mut cpu_blocked = Vec::new();
+    let mut admission_waits = Vec::new();
+    let sweep_context = PgMemoryContexts::new("pg_stride scheduler sweep");
     let now = Instant::now();
     let mut timers = Timers {
         watchdog: now,
@@ -94,19 +106,14 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         if BackgroundWorker::sighup_received() {
             // SAFETY: the documented way for a background worker to reload its config.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            admission::apply_limits(shared);
-            if let Some(sched) = shared.sched() {
-                cpu::apply_settings(sched);
-            }
-        }
-        if shared.groups.pending_reload().is_some() {
-            reload_groups(shared);
+            config::apply(shared);
         }
         if Timers::take(
             &mut timers.watchdog,
             interval_ms(&gucs::WATCHDOG_INTERVAL_MS),
         ) {
-            cpu::watchdog(shared, &mut blocked_before);
+            cpu::watchdog(shared, &mut cpu_blocked);
+            lend_waiting_admissions(shared, &mut admission_waits);
         }
         if Timers::take(&mut timers.hint, interval_ms(&gucs::HINT_INTERVAL_MS)) {
             if let Some(sched) = shared.sched() {
@@ -116,11 +123,50 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         if Timers::take(&mut timers.sweep, SWEEP_INTERVAL) {
             reclaim_entries(shared);
             cpu::reclaim(shared);
-            admit_lock_holders(shared);
+            // SAFETY: the context was created above and is only used here; nothing
+            // allocated in it outlives the call.
+            unsafe {
+                PgMemoryContexts::For(sweep_context.value())
+                    .switch_to(|_| admit_lock_holders(shared));
+                pg_sys::MemoryContextReset(sweep_context.value());
+            }
         }
     }
-    shared.groups.set_worker(None);
     shared.scheduler_pid.store(0, Ordering::Release);
+    exit_to_be_restarted();
+}
+
+/// Ends a worker that SIGTERM stopped. Exit code 1 has the postmaster start it again
+/// after its restart time (code 0 would unregister it for good): a DBA's
+/// `pg_terminate_backend` must not switch the safety net off until the next server
+/// start. At shutdown the postmaster starts nothing again.
+fn exit_to_be_restarted() -> ! {
+    // SAFETY: the documented way for a background worker to exit.
+    unsafe { pg_sys::proc_exit(1) }
+}
+
+#[pgrx::pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    // As pg_cron reads its jobs from cron.database_name.
+    BackgroundWorker::connect_worker_to_spi(Some(&gucs::database_name()), None);
+    let Some(shared) = shmem::shared() else {
+        return;
+    };
+    shared.groups.set_loader(pg::my_procno());
+    reload_groups(shared);
+    while BackgroundWorker::wait_latch(None) {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: the documented way for a background worker to reload its config.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        if shared.groups.pending_reload().is_some() {
+            reload_groups(shared);
+        }
+    }
+    shared.groups.set_loader(None);
+    exit_to_be_restarted();
 }
 
 /// Reads the groups table into the directory, answering every request made before the
@@ -130,10 +176,37 @@ fn reload_groups(shared: &shmem::Shared) {
     // The directory is only written under its lock; an error while reading the table
     // leaves it as it was.
     BackgroundWorker::transaction(std::panic::AssertUnwindSafe(|| {
-        groups::reload(&shared.groups, shared, true)
+        config::reload_groups(shared, true)
     }));
     if let Some(request) = request {
         shared.groups.reload_done(request);
+    }
+}
+
+/// The admission watchdog (DESIGN.md §4 rule 5, psaroudakis2013 §5 applied to
+/// admission): an admitted statement that waits on a heavyweight lock, or for its
+/// client, at two consecutive rounds has its admission lent out, so that the statement
+/// that would end its wait can be admitted even when it comes from the session the lock
+/// holder's client waits on. It counts again as soon as it is seen running.
+/// `waited_before` carries the previous round.
+fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<bool>) {
+    let procs = shared.procs();
+    waited_before.resize(procs.len(), false);
+    for (procno, (entry, before)) in procs.iter().zip(waited_before.iter_mut()).enumerate() {
+        if entry.running.load(Ordering::Acquire) == 0 || !shared.is_live(procno) {
+            *before = false;
+            continue;
+        }
+        let waits = matches!(
+            pg::proc_waiting(procno),
+            pg::Waiting::Lock | pg::Waiting::Client
+        );
+        if waits && *before {
+            admission::lend(shared, procno);
+        } else if !waits {
+            admission::reclaim(shared, procno);
+        }
+        *before = waits;
     }
 }
 
@@ -153,8 +226,8 @@ fn reclaim_entries(shared: &shmem::Shared) {
 
 /// DESIGN.md §4 rule 5: a queued backend may hold locks (taken by its transaction's
 /// earlier statements, or by its own statement while it was planned) that an admitted
-/// backend waits for; if the admitted ones cannot finish, the queued one would never be
-/// admitted. Each such queued backend is admitted ahead of its turn.
+/// backend waits for. Each such queued backend is admitted ahead of its turn, found
+/// with the lock manager's own data (`pg_blocking_pids`), not SQL.
 fn admit_lock_holders(shared: &shmem::Shared) {
     if shared.admission.waiting() == 0 {
         return;
@@ -168,39 +241,20 @@ fn admit_lock_holders(shared: &shmem::Shared) {
         let pid = entry.pid.load(Ordering::Acquire);
         if entry.queued.load(Ordering::Acquire) > 0 {
             queued.push((pid, procno));
-        } else if entry.running.load(Ordering::Acquire) > 0 {
+        } else if entry.running.load(Ordering::Acquire) > 0
+            && pg::proc_waiting(procno) == pg::Waiting::Lock
+        {
             running.push(pid);
         }
     }
-    if queued.is_empty() || running.is_empty() {
+    if queued.is_empty() {
         return;
     }
-    let queued_pids: Vec<i32> = queued.iter().map(|&(pid, _)| pid).collect();
-    let blockers: Vec<(i32, i32)> = BackgroundWorker::transaction(|| {
-        Spi::connect(|client| {
-            let args = [running.clone().into(), queued_pids.clone().into()];
-            let rows = client.select(
-                "SELECT DISTINCT b, r FROM unnest($1::int4[]) AS r, \
-                        unnest(pg_catalog.pg_blocking_pids(r)) AS b \
-                  WHERE b = ANY ($2::int4[])",
-                None,
-                &args,
-            )?;
-            let mut found = Vec::new();
-            for row in rows {
-                if let (Some(b), Some(r)) = (row.get::<i32>(1)?, row.get::<i32>(2)?) {
-                    found.push((b, r));
-                }
-            }
-            Ok::<_, pgrx::spi::SpiError>(found)
-        })
-        .unwrap_or_else(|e| {
-            pgrx::warning!("pg_stride: cannot look for queued backends that block others: {e}");
-            Vec::new()
-        })
-    });
-    for (blocker, waiter) in blockers {
-        if let Some(&(_, procno)) = queued.iter().find(|&&(pid, _)| pid == blocker) {
+    for waiter in running {
+        for blocker in pg::blocking_pids(waiter) {
+            let Some(&(_, procno)) = queued.iter().find(|&&(pid, _)| pid == blocker) else {
+                continue;
+            };
             if admission::force_admit(shared, procno) {
                 pgrx::log!(
                     "pg_stride: admitted process {blocker} ahead of its turn: it holds a lock that admitted process {waiter} waits for"

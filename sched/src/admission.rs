@@ -199,17 +199,32 @@ impl Counts {
 /// The admission a process holds for its statement, or keeps idle between statements;
 /// see the module comment. Only its own process takes a lease, uses it and keeps it
 /// idle; anyone may revoke it while it is idle.
+///
+/// A statement that waits on a heavyweight lock, or for its client (a cursor between
+/// fetches), may have its admission **lent** ([`Lease::lend`]): the statement keeps
+/// running under the lease, but no longer counts against the limits, so that the
+/// statement that would end its wait — perhaps the next one of the session holding the
+/// lock, queued behind it — can be admitted (psaroudakis2013 §5 treats a blocked
+/// worker the same way). When it runs again it counts again ([`Lease::reclaim`]),
+/// whatever the limits say then: the limits are exceeded by at most the number of
+/// lent statements that resumed while the admissions they had lent were in use.
 #[derive(Debug, Default)]
 #[repr(transparent)]
 pub struct Lease(AtomicU32);
 
-/// Lease states: `NO_LEASE`, or the group slot shifted left by one with the low bit set
-/// while a statement uses the admission and clear while it is idle.
+/// Lease states: `NO_LEASE`, or the group slot plus one shifted left by two, with
+/// `IN_USE` set while a statement uses the admission (clear while it is idle), and
+/// `LENT` set while that statement's admission is lent out.
 const NO_LEASE: u32 = 0;
 const IN_USE: u32 = 1;
+const LENT: u32 = 2;
 
 fn idle_lease(g: usize) -> u32 {
-    ((g as u32) + 1) << 1
+    ((g as u32) + 1) << 2
+}
+
+fn group_of(state: u32) -> usize {
+    (state >> 2) as usize - 1
 }
 
 impl Lease {
@@ -230,7 +245,12 @@ impl Lease {
     /// Group of the idle lease, if there is one.
     pub fn idle_group(&self) -> Option<usize> {
         let state = self.0.load(SeqCst);
-        (state != NO_LEASE && state & IN_USE == 0).then(|| (state >> 1) as usize - 1)
+        (state != NO_LEASE && state & IN_USE == 0).then(|| group_of(state))
+    }
+
+    /// Whether a statement uses the lease and its admission is lent out.
+    pub fn is_lent(&self) -> bool {
+        self.0.load(SeqCst) & LENT != 0
     }
 
     /// A statement of group `g` was admitted while the lease was free: its admission is
@@ -241,22 +261,37 @@ impl Lease {
     }
 
     /// The statement using the lease ended. Keeps the admission idle when nobody waits,
-    /// gives it back otherwise. Returns whether statements wait: then the caller takes
-    /// the lock and calls [`Queue::dispatch`].
+    /// gives it back otherwise (a lent admission was given back already). Returns
+    /// whether statements wait: then the caller takes the lock and calls
+    /// [`Queue::dispatch`].
     pub fn finish(&self, c: &Counts) -> bool {
-        let state = self.0.load(SeqCst);
-        debug_assert!(state & IN_USE != 0, "no statement uses the lease");
-        let g = (state >> 1) as usize - 1;
-        if c.waiting.load(SeqCst) == 0 {
-            self.0.store(idle_lease(g), SeqCst);
-            if c.waiting.load(SeqCst) == 0 {
+        loop {
+            let state = self.0.load(SeqCst);
+            debug_assert!(state & IN_USE != 0, "no statement uses the lease");
+            if state & IN_USE == 0 {
                 return false;
             }
-            // A waiter arrived meanwhile and may have missed the idle lease.
-            return self.surrender(c);
+            let g = group_of(state);
+            if state & LENT != 0 {
+                if self.swap_state(state, NO_LEASE) {
+                    return false;
+                }
+                continue;
+            }
+            if c.waiting.load(SeqCst) == 0 {
+                if !self.swap_state(state, idle_lease(g)) {
+                    continue; // lent meanwhile
+                }
+                if c.waiting.load(SeqCst) == 0 {
+                    return false;
+                }
+                // A waiter arrived meanwhile and may have missed the idle lease.
+                return self.surrender(c);
+            }
+            if self.swap_state(state, NO_LEASE) {
+                return c.leave(g);
+            }
         }
-        self.0.store(NO_LEASE, SeqCst);
-        c.leave(g)
     }
 
     /// Gives back the idle lease, if there is one (the process leaves, or its next
@@ -270,10 +305,40 @@ impl Lease {
     /// (or its process resumed it first); otherwise what [`Counts::leave`] returned.
     fn revoke(&self, c: &Counts) -> Option<bool> {
         let g = self.idle_group()?;
-        self.0
-            .compare_exchange(idle_lease(g), NO_LEASE, SeqCst, SeqCst)
-            .ok()
-            .map(|_| c.leave(g))
+        self.swap_state(idle_lease(g), NO_LEASE).then(|| c.leave(g))
+    }
+
+    /// Lends out the admission of the statement using the lease: it stops counting
+    /// against the limits. `None` when no statement uses the lease or its admission is
+    /// lent already; otherwise whether statements wait, as [`Counts::leave`] (then the
+    /// caller dispatches). Called by anyone who sees the statement wait on a lock or on
+    /// its client.
+    pub fn lend(&self, c: &Counts) -> Option<bool> {
+        let state = self.0.load(SeqCst);
+        if state & IN_USE == 0 || state & LENT != 0 {
+            return None;
+        }
+        self.swap_state(state, state | LENT)
+            .then(|| c.leave(group_of(state)))
+    }
+
+    /// The statement whose admission was lent runs again: it counts against the limits
+    /// again, even beyond them. Returns whether it was lent. Called by its own process,
+    /// or by anyone who sees it run.
+    pub fn reclaim(&self, c: &Counts) -> bool {
+        let state = self.0.load(SeqCst);
+        if state & LENT == 0 {
+            return false;
+        }
+        let reclaimed = self.swap_state(state, state & !LENT);
+        if reclaimed {
+            c.force(group_of(state));
+        }
+        reclaimed
+    }
+
+    fn swap_state(&self, from: u32, to: u32) -> bool {
+        self.0.compare_exchange(from, to, SeqCst, SeqCst).is_ok()
     }
 }
 
@@ -750,6 +815,71 @@ mod tests {
         s.finish_leased(0);
         assert!(!s.l[0].surrender(&s.c));
         assert_eq!(s.totals(), (0, 0));
+    }
+
+    /// Lends p's admission as the watchdog does; returns who was woken.
+    fn lend(s: &mut Server, p: usize) -> Option<Vec<usize>> {
+        let waits = s.l[p].lend(&s.c)?;
+        let mut woken = vec![];
+        if waits {
+            s.q.dispatch(&s.c, &mut s.w, |p| woken.push(p));
+        }
+        Some(woken)
+    }
+
+    #[test]
+    fn a_lent_admission_lets_the_next_statement_in_and_counts_again_when_reclaimed() {
+        // Process 0's statement waits on a lock held by process 1, whose next statement
+        // is queued behind it: lending 0's admission lets 1 in.
+        let mut s = Server::new(1, 2);
+        assert_eq!(s.arrive_leasing(0, 0), (Arrival::Admitted, true));
+        assert_eq!(s.arrive_leasing(1, 0), (Arrival::Queued, false));
+        assert_eq!(lend(&mut s, 0), Some(vec![1]));
+        assert!(s.l[0].is_lent());
+        assert_eq!(lend(&mut s, 0), None, "lent once only");
+        assert!(s.take_admitted(1));
+        assert_eq!(s.totals(), (1, 0));
+        // The lock is granted: process 0 runs again, over the limit.
+        assert!(s.l[0].reclaim(&s.c));
+        assert!(!s.l[0].reclaim(&s.c), "reclaimed once only");
+        assert_eq!(s.totals(), (2, 0));
+        s.finish(0);
+        assert!(s.finish_leased(0).is_empty());
+        assert_eq!(
+            s.l[0].idle_group(),
+            Some(0),
+            "reclaimed, it is an admission again"
+        );
+        assert_eq!(s.totals(), (1, 0));
+        s.l[0].surrender(&s.c);
+        assert_eq!(s.totals(), (0, 0));
+    }
+
+    #[test]
+    fn a_statement_that_ends_while_lent_gives_back_nothing_more() {
+        let mut s = Server::new(1, 2);
+        s.arrive_leasing(0, 0);
+        assert_eq!(lend(&mut s, 0), Some(vec![]));
+        assert_eq!(s.totals(), (0, 0));
+        assert_eq!(s.arrive_leasing(1, 0), (Arrival::Admitted, true));
+        assert!(s.finish_leased(0).is_empty());
+        assert!(
+            s.l[0].is_free(),
+            "no idle lease: its admission is another's now"
+        );
+        assert!(s.finish_leased(1).is_empty());
+        s.l[1].surrender(&s.c);
+        assert_eq!(s.totals(), (0, 0));
+    }
+
+    #[test]
+    fn only_a_lease_in_use_can_be_lent() {
+        let mut s = Server::new(2, 1);
+        assert_eq!(lend(&mut s, 0), None, "no lease");
+        s.arrive_leasing(0, 1);
+        s.finish_leased(0);
+        assert_eq!(lend(&mut s, 0), None, "an idle lease is revoked, not lent");
+        assert_eq!(s.c.group_active(1), 1);
     }
 
     #[test]

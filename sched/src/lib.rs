@@ -7,6 +7,9 @@
 //! * [`decay`] — decaying priorities (wagner2021 §3.2).
 //! * [`slice`](mod@slice) — adaptive slice length per process (wagner2021 §3.1).
 //! * [`hint`] — concurrency hint and worker grant rule (psaroudakis2013 §6).
+//! * [`admission`] — admission limits, queue and leases (wagner2021 §2.3).
+//! * [`groups`] — resource-group settings, their limits and directory slots.
+//! * [`histogram`] — the queue-time histogram and its quantiles.
 //! * [`shared`] — the lock-free shared-memory scheduler ([`SchedShared`]).
 //! * [`sim`] — discrete-event simulator and workload generator over [`SchedShared`].
 //!
@@ -74,7 +77,9 @@
 //! ```
 
 pub mod decay;
+pub mod groups;
 pub mod hint;
+pub mod histogram;
 pub mod ids;
 pub mod shared;
 pub mod sim;
@@ -82,10 +87,11 @@ pub mod slice;
 pub mod stride;
 
 pub use decay::DecayParams;
+pub use groups::GroupSettings;
 pub use ids::{GroupId, ProcId, QueryId};
 pub use shared::{
     Capacity, GroupConfig, Outcome, OwnedRegion, Policy, QueryOptions, SchedConfig, SchedError,
-    SchedShared, Turn,
+    SchedShared, Turn, MAX_GROUPS,
 };
 pub use slice::{Checkpoint, SliceClock};
 pub mod admission;

@@ -240,13 +240,17 @@ impl SchedShared {
         }
         let base = align_up(ptr);
         let offsets = Offsets::of(&cap);
-        // All-zero bytes are a valid state for every atomic in the region.
-        std::ptr::write_bytes(base, 0, offsets.end as usize);
         let header = base as *mut SchedShared;
-        (*header).cap = cap;
-        (*header).query_words = words(cap.max_queries) as u32;
-        (*header).offsets = offsets;
-        let shared: &'static SchedShared = &*header;
+        // SAFETY: the caller gives `region_size(&cap)` bytes, which cover the aligned
+        // header and `offsets.end` bytes after it; nothing else uses them yet. All-zero
+        // bytes are a valid state for every atomic in the region.
+        let shared: &'static SchedShared = unsafe {
+            std::ptr::write_bytes(base, 0, offsets.end as usize);
+            (*header).cap = cap;
+            (*header).query_words = words(cap.max_queries) as u32;
+            (*header).offsets = offsets;
+            &*header
+        };
         shared.init_contents(config);
         shared.magic.store(MAGIC, Release);
         Ok(shared)
@@ -260,7 +264,8 @@ impl SchedShared {
     /// stay mapped for the rest of the process's life.
     pub unsafe fn attach(ptr: *mut u8) -> Result<&'static SchedShared, SchedError> {
         let header = align_up(ptr) as *const SchedShared;
-        let shared: &'static SchedShared = &*header;
+        // SAFETY: the caller's promise: `init_in` placed a region here that stays mapped.
+        let shared: &'static SchedShared = unsafe { &*header };
         if shared.magic.load(Acquire) != MAGIC {
             return Err(SchedError::NotInitialized);
         }
@@ -457,7 +462,9 @@ mod region_tests {
         let size = SchedShared::region_size(&cap);
         let mut buf = vec![0xAAu8; size + 1];
         // A deliberately misaligned start.
+        // SAFETY: the buffer has one byte more than the region needs.
         let ptr = unsafe { buf.as_mut_ptr().add(1) };
+        // SAFETY: `ptr` has region_size bytes that the test owns and keeps alive.
         let a = unsafe {
             SchedShared::init_in(
                 ptr,
@@ -469,6 +476,7 @@ mod region_tests {
             )
         }
         .unwrap();
+        // SAFETY: the region initialised just above.
         let b = unsafe { SchedShared::attach(ptr) }.unwrap();
         assert!(std::ptr::eq(a, b));
         assert_eq!(b.capacity(), cap);
@@ -481,8 +489,10 @@ mod region_tests {
     #[test]
     fn attach_rejects_uninitialised_memory() {
         let mut buf = vec![0u8; SchedShared::region_size(&cap())];
+        // SAFETY: a live buffer of the region's size; attach only reads its header.
+        let attached = unsafe { SchedShared::attach(buf.as_mut_ptr()) };
         assert_eq!(
-            unsafe { SchedShared::attach(buf.as_mut_ptr()) }.err(),
+            attached.err(),
             Some(SchedError::NotInitialized)
         );
     }

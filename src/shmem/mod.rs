@@ -10,7 +10,11 @@
 //! Everything in the region is an atomic or an integer fixed at initialisation; there are
 //! no pointers, so the layout is valid in every process whatever address it is mapped at.
 
-use crate::groups::GroupDirectory;
+mod directory;
+
+pub use directory::{Group, GroupDirectory, MAX_GROUPS};
+
+use crate::{gucs, pg};
 use pg_stride_sched::admission::{Counts, Lease, Queue, Waiter};
 use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
@@ -151,10 +155,7 @@ impl Shared {
             return false;
         };
         let pid = entry.pid.load(Ordering::Acquire);
-        // SAFETY: ProcGlobal->allProcs has at least MaxBackends PGPROCs, one for every
-        // entry; reading a pid without a lock may see a value a moment old, which the
-        // caller tolerates (a later sweep or read sees the new one).
-        pid != 0 && unsafe { (*(*pg_sys::ProcGlobal).allProcs.add(procno)).pid } == pid
+        pid != 0 && pg::proc_pid(procno) == pid
     }
 
     /// Whether a live process runs a statement in group slot `slot`.
@@ -168,7 +169,7 @@ impl Shared {
 
     /// This process's entry, if it is a process that can run queries.
     pub fn my_entry(&self) -> Option<&ProcEntry> {
-        self.procs().get(my_procno()?)
+        self.procs().get(pg::my_procno()?)
     }
 
     /// The CPU scheduler (`pg_stride_sched`), in its own block of shared memory.
@@ -294,18 +295,6 @@ fn process_capacity() -> usize {
     }
 }
 
-/// This process's PGPROC number, the index of its [`ProcEntry`].
-pub fn my_procno() -> Option<usize> {
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
-    // SAFETY: plain read of a process-local global.
-    let procno = unsafe { pg_sys::MyProcNumber };
-    #[cfg(not(any(feature = "pg17", feature = "pg18")))]
-    // SAFETY: MyProc is this process's PGPROC once it is attached to shared memory;
-    // a null check covers the postmaster and processes without one.
-    let procno = unsafe { pg_sys::MyProc.as_ref()?.pgprocno };
-    usize::try_from(procno).ok()
-}
-
 static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
 static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
@@ -334,7 +323,7 @@ fn sched_capacity() -> Capacity {
     Capacity {
         max_procs: procs,
         max_queries: procs,
-        max_groups: crate::groups::MAX_GROUPS as u32,
+        max_groups: MAX_GROUPS as u32,
     }
 }
 
@@ -352,6 +341,7 @@ fn request_space() {
 unsafe extern "C-unwind" fn on_shmem_request() {
     // SAFETY: chaining to the hook installed before ours.
     if let Some(prev) = unsafe { PREV_SHMEM_REQUEST_HOOK } {
+        // SAFETY: the hook installed before ours, called as PostgreSQL calls hooks.
         unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| prev()) };
     }
     request_space();
@@ -361,6 +351,7 @@ unsafe extern "C-unwind" fn on_shmem_request() {
 unsafe extern "C-unwind" fn on_shmem_startup() {
     // SAFETY: chaining to the hook installed before ours.
     if let Some(prev) = unsafe { PREV_SHMEM_STARTUP_HOOK } {
+        // SAFETY: the hook installed before ours, called as PostgreSQL calls hooks.
         unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| prev()) };
     }
     let nprocs = process_capacity();
@@ -380,7 +371,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).nprocs).write(nprocs as u32);
             GroupDirectory::init(&raw mut (*region).groups);
             (&raw mut (*region).admission)
-                .write(Counts::new(crate::gucs::MAX_ACTIVE_QUERIES.get() as u32));
+                .write(Counts::new(gucs::MAX_ACTIVE_QUERIES.get() as u32));
             (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
             let first = region.add(1).cast::<ProcEntry>();
             for i in 0..nprocs {
@@ -416,9 +407,9 @@ unsafe fn init_sched() {
             SchedShared::attach(ptr)
         } else {
             let config = SchedConfig {
-                cpu_slots: crate::gucs::effective_cpu_slots(),
+                cpu_slots: gucs::effective_cpu_slots(),
                 policy: Policy::DecayingStride,
-                decay: crate::gucs::decay_params(),
+                decay: gucs::decay_params(),
             };
             SchedShared::init_in(ptr, cap, &config)
         }

@@ -1,0 +1,47 @@
+//! Applying configuration: the groups table and the GUCs into shared memory, for
+//! admission and CPU scheduling together.
+
+use crate::shmem::{self, Group};
+use crate::{admission, cpu, groups, gucs};
+
+/// Brings admission and CPU scheduling in line with the directory's groups and the
+/// GUCs (after a reload of either) and admits whoever the new limits let in.
+pub fn apply(shared: &shmem::Shared) {
+    let groups = shared.groups.groups();
+    let sched = shared.sched();
+    admission::configure(
+        shared,
+        &groups,
+        gucs::MAX_ACTIVE_QUERIES.get() as u32,
+        |slot, group| {
+            if let Some(sched) = sched {
+                cpu::configure_group(sched, slot, &group.settings);
+            }
+        },
+    );
+    if let Some(sched) = sched {
+        cpu::apply_settings(sched);
+    }
+}
+
+/// Reads the groups table (in a transaction of the current database) into the
+/// directory and applies it. A group keeps its slot while a statement still runs in it.
+///
+/// The groups loader reads the committed table (`committed`), while a session that
+/// changes the table publishes it at once as its transaction sees it; the loader's
+/// reading is then older and is dropped. The session's commit or rollback asks the
+/// loader for another reload, which settles the directory on the committed table.
+pub fn reload_groups(shared: &shmem::Shared, committed: bool) {
+    let read_at = committed.then(|| shared.groups.generation());
+    let table: Vec<Group> = groups::read_table();
+    let dropped = shared
+        .groups
+        .publish(&table, read_at, |slot| shared.slot_has_statements(slot));
+    for name in dropped {
+        pgrx::warning!(
+            "pg_stride: resource group \"{name}\" is not in effect: at most {} groups fit in shared memory",
+            shmem::MAX_GROUPS
+        );
+    }
+    apply(shared);
+}

@@ -1,0 +1,279 @@
+//! Thin wrappers around the PostgreSQL state and calls pg_stride uses, so that the rest
+//! of the extension is safe Rust (layer 1 of DESIGN.md §7: no pg_stride state here).
+//!
+//! Some functions are declared here instead of taken from `pg_sys`, to be called
+//! without pgrx's error boundary: pgrx wraps every `pg_sys` function in a `sigsetjmp`
+//! so that an ERROR becomes a Rust panic, and for plain reads and stores of
+//! process-local state that costs more than the call itself, on paths every statement
+//! takes. Each of them is a function that cannot raise an ERROR.
+
+use pgrx::pg_sys;
+use std::time::{Duration, Instant};
+
+mod ffi {
+    use pgrx::pg_sys;
+
+    extern "C" {
+        pub fn GetTopTransactionIdIfAny() -> pg_sys::TransactionId;
+        pub fn GetCurrentStatementStartTimestamp() -> pg_sys::TimestampTz;
+        pub fn ExecSetExecProcNode(node: *mut pg_sys::PlanState, function: pg_sys::ExecProcNodeMtd);
+    }
+
+    extern "C-unwind" {
+        /// The SQL function `pg_blocking_pids(int4) RETURNS int4[]`; may raise an ERROR.
+        pub fn pg_blocking_pids(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
+    }
+}
+
+/// The top-level transaction's ID, or InvalidTransactionId when it has none yet (it has
+/// written nothing and locked no rows).
+pub fn top_transaction_id_if_any() -> pg_sys::TransactionId {
+    // SAFETY: returns a field of the backend's transaction state (xact.c); no ERROR.
+    unsafe { ffi::GetTopTransactionIdIfAny() }
+}
+
+/// When the current statement started (TimestampTz).
+pub fn statement_start_timestamp() -> pg_sys::TimestampTz {
+    // SAFETY: returns a variable of xact.c; no ERROR.
+    unsafe { ffi::GetCurrentStatementStartTimestamp() }
+}
+
+/// The current time as a TimestampTz.
+pub fn now_timestamp() -> pg_sys::TimestampTz {
+    // SAFETY: reads the clock; no ERROR.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// Makes `function` the function PostgreSQL calls to get `node`'s next tuple.
+///
+/// # Safety
+/// `node` is a PlanState of a plan tree being set up or run by this backend.
+pub unsafe fn set_exec_proc_node(node: *mut pg_sys::PlanState, function: pg_sys::ExecProcNodeMtd) {
+    // SAFETY: the caller's promise; the function only stores two pointers (execProcnode.c).
+    unsafe { ffi::ExecSetExecProcNode(node, function) }
+}
+
+/// This process's PGPROC number (its `ProcNumber` from PostgreSQL 17 on), if it has a
+/// PGPROC.
+pub fn my_procno() -> Option<usize> {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    // SAFETY: plain read of a process-local global.
+    let procno = unsafe { pg_sys::MyProcNumber };
+    #[cfg(not(any(feature = "pg17", feature = "pg18")))]
+    // SAFETY: MyProc is this process's PGPROC once it is attached to shared memory;
+    // a null check covers the postmaster and processes without one.
+    let procno = unsafe { pg_sys::MyProc.as_ref()?.pgprocno };
+    usize::try_from(procno).ok()
+}
+
+/// This process's pid.
+pub fn my_pid() -> i32 {
+    // SAFETY: plain read of a process-local global.
+    unsafe { pg_sys::MyProcPid }
+}
+
+/// Number of PGPROCs in ProcGlobal->allProcs: every process and prepared transaction.
+fn all_procs_count() -> usize {
+    // SAFETY: ProcGlobal is set up before any process that runs pg_stride code exists.
+    unsafe { (*pg_sys::ProcGlobal).allProcCount as usize }
+}
+
+/// PGPROC number `procno`, or `None` when there is no such PGPROC.
+fn proc_by_number(procno: usize) -> Option<*mut pg_sys::PGPROC> {
+    (procno < all_procs_count())
+        // SAFETY: bounds-checked above; allProcs lives as long as the server.
+        .then(|| unsafe { (*pg_sys::ProcGlobal).allProcs.add(procno) })
+}
+
+/// The pid of the process with PGPROC number `procno` (0 when it is free). Read without
+/// a lock: the value may be a moment old, which callers tolerate (they look again).
+pub fn proc_pid(procno: usize) -> i32 {
+    proc_by_number(procno).map_or(0, |proc| {
+        // SAFETY: a PGPROC of allProcs; a volatile read of a word its owner writes.
+        unsafe { std::ptr::read_volatile(&raw const (*proc).pid) }
+    })
+}
+
+/// The wait event of process `procno` (`wait_event_info`: 0 while it runs). Read
+/// without a lock, like `pg_stat_activity` reads it.
+pub fn proc_wait_event(procno: usize) -> u32 {
+    proc_by_number(procno).map_or(0, |proc| {
+        // SAFETY: a PGPROC of allProcs; a volatile read of a word its owner writes.
+        unsafe { std::ptr::read_volatile(&raw const (*proc).wait_event_info) }
+    })
+}
+
+/// What a process waits for, by the class of its wait event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waiting {
+    /// It runs (or waits on something short: an LWLock, I/O, IPC, a timeout).
+    No,
+    /// A heavyweight lock (PG_WAIT_LOCK).
+    Lock,
+    /// Its client (PG_WAIT_CLIENT): idle between statements, or reading COPY data.
+    Client,
+    /// Anything else (LWLock, I/O, IPC, timeout, extension).
+    Other,
+}
+
+/// What process `procno` waits for now.
+pub fn proc_waiting(procno: usize) -> Waiting {
+    match proc_wait_event(procno) {
+        0 => Waiting::No,
+        event => match event & 0xFF00_0000 {
+            pg_sys::PG_WAIT_LOCK => Waiting::Lock,
+            pg_sys::PG_WAIT_CLIENT => Waiting::Client,
+            _ => Waiting::Other,
+        },
+    }
+}
+
+/// The PGPROC number of this process's lock-group leader, if it is another process: in
+/// a parallel worker, its leader's (DESIGN.md §8).
+pub fn lock_group_leader() -> Option<usize> {
+    // SAFETY: MyProc is this process's PGPROC (or null); lockGroupLeader is null or a
+    // PGPROC of allProcs, so the offset is its number.
+    unsafe {
+        let me = pg_sys::MyProc;
+        let leader = me.as_ref()?.lockGroupLeader;
+        if leader.is_null() || leader == me {
+            return None;
+        }
+        usize::try_from(leader.offset_from((*pg_sys::ProcGlobal).allProcs)).ok()
+    }
+}
+
+/// Sets the latch of process `procno`, to wake it from a latch wait. The one way
+/// pg_stride wakes another process.
+pub fn set_latch(procno: usize) {
+    if let Some(proc) = proc_by_number(procno) {
+        // SAFETY: a PGPROC of allProcs; SetLatch may be called on another process's latch
+        // and does not raise errors.
+        unsafe { pg_sys::SetLatch(&raw mut (*proc).procLatch) };
+    }
+}
+
+/// Longest single sleep of a latch wait: the condition is looked at again after it, in
+/// case a wake-up was missed.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// Sleeps on this process's latch until `done()` holds, or until `deadline` (then
+/// returns `false`). The one latch-wait loop of pg_stride (DESIGN.md §4 rule 3): it
+/// serves cancel, `statement_timeout` and `pg_terminate_backend` (CHECK_FOR_INTERRUPTS
+/// raises their errors, which end the wait) and exits on postmaster death. `done` is
+/// looked at before every sleep and after every wake-up.
+pub fn wait_until(mut done: impl FnMut() -> bool, deadline: Option<Instant>) -> bool {
+    loop {
+        if done() {
+            return true;
+        }
+        let sleep = match deadline {
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => left.min(MAX_SLEEP),
+                _ => return false,
+            },
+            None => MAX_SLEEP,
+        };
+        // SAFETY: the standard latch wait of a backend on its own latch.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                sleep.as_millis().max(1) as std::ffi::c_long,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
+    }
+}
+
+/// Whether interrupts can be processed here: INTERRUPTS_CAN_BE_PROCESSED(). LWLockAcquire
+/// holds interrupts until release, so this excludes every LWLock (DESIGN.md §8).
+pub fn interrupts_can_be_processed() -> bool {
+    // SAFETY: plain reads of process-local counters.
+    unsafe {
+        pg_sys::InterruptHoldoffCount == 0
+            && pg_sys::CritSectionCount == 0
+            && pg_sys::QueryCancelHoldoffCount == 0
+    }
+}
+
+/// IsParallelWorker(): this process is one of PostgreSQL's parallel workers.
+pub fn is_parallel_worker() -> bool {
+    // SAFETY: plain read of a process-local global.
+    unsafe { pg_sys::ParallelWorkerNumber >= 0 }
+}
+
+/// Whether this process is a client backend.
+pub fn is_client_backend() -> bool {
+    // SAFETY: plain read of a process-local global.
+    unsafe { pg_sys::MyBackendType == pg_sys::BackendType::B_BACKEND }
+}
+
+/// Whether a portal is running: a statement the client sent is being executed. Queries
+/// PostgreSQL runs by itself when a transaction commits (deferred triggers, foreign-key
+/// checks) run with none.
+pub fn portal_active() -> bool {
+    // SAFETY: plain read of a process-local global.
+    unsafe { !pg_sys::ActivePortal.is_null() }
+}
+
+/// Whether the current role is a superuser.
+pub fn is_superuser() -> bool {
+    // SAFETY: plain call into PostgreSQL's role check (a syscache lookup of the current
+    // role, which exists while it is current).
+    unsafe { pg_sys::superuser() }
+}
+
+/// The thread CPU clock, ns. A system call on Linux: read once per chunk of tuples,
+/// never per tuple (DESIGN.md §8).
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The pids of the processes that block process `pid`'s lock wait, as
+/// `pg_blocking_pids` computes them from the lock manager's shared state: no database
+/// connection, no transaction. Allocates in the current memory context.
+pub fn blocking_pids(pid: i32) -> Vec<i32> {
+    // SAFETY: pg_blocking_pids is a strict built-in function of one int4 returning a
+    // one-dimensional int4[] without NULLs, called through fmgr as SQL would call it
+    // (pgrx's wrapper turns an ERROR into a Rust panic). The array is taken apart with
+    // int4's known length, pass-by-value and alignment: a catalog lookup of the type
+    // would need a database, which the scheduler worker does not connect to.
+    unsafe {
+        let datum = pg_sys::DirectFunctionCall1Coll(
+            Some(ffi::pg_blocking_pids),
+            pg_sys::InvalidOid,
+            pg_sys::Datum::from(pid),
+        );
+        let mut elems: *mut pg_sys::Datum = std::ptr::null_mut();
+        let mut nelems: std::ffi::c_int = 0;
+        pg_sys::deconstruct_array(
+            datum.cast_mut_ptr(),
+            pg_sys::INT4OID,
+            4,
+            true,
+            pg_sys::TYPALIGN_INT as std::ffi::c_char,
+            &mut elems,
+            std::ptr::null_mut(),
+            &mut nelems,
+        );
+        (0..nelems.max(0) as usize)
+            .map(|i| (*elems.add(i)).value() as i32)
+            .collect()
+    }
+}
+
+/// Registers `callback` to run when this process exits (`before_shmem_exit`).
+pub fn on_exit(callback: unsafe extern "C-unwind" fn(i32, pg_sys::Datum)) {
+    // SAFETY: adds to this process's own exit list; PostgreSQL calls it with the
+    // arguments it documents.
+    unsafe { pg_sys::before_shmem_exit(Some(callback), pg_sys::Datum::from(0)) };
+}
