@@ -14,8 +14,16 @@ inclusive counts give what admission itself costs: the instructions spent in
 `pg_stride::admission::{admit, release, switch_group}` and everything they call.
 Needs valgrind; takes a few minutes.
 
-Writes bench/results/INSTRUCTIONS.md. Usage: bench/instructions.py
+A third workload counts a scan-heavy statement: count(*) over a table of 500
+partitions (100,000 rows), run serially, which has 500 wrapped scans whose yield
+points look their scan up for every row; for it the script also times both variants
+without valgrind (pgbench -T, interleaved rounds).
+
+Writes bench/results/INSTRUCTIONS.md. Usage: bench/instructions.py [--only WORKLOAD…]
+(-S, tpcb, partitions) [--out FILE]
 """
+
+import argparse
 
 import glob
 import os
@@ -26,15 +34,18 @@ import time
 
 from scheduling import write_report
 
-PGBIN = "/usr/lib/postgresql/15/bin"
+PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 PORT = 5495
 AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = (("not loaded", ""),
             ("loaded", "shared_preload_libraries = 'pg_stride'\npg_stride.exempt_superuser = off\n"))
+PARTITIONS_SCRIPT = "partitions.sql"
 WORKLOADS = (("pgbench -S (one primary-key SELECT)", ["-S"], 1000, 5000),
-             ("pgbench TPC-B (5 statements)", [], 500, 2500))
+             ("pgbench TPC-B (5 statements)", [], 500, 2500),
+             ("count(*) over 500 partitions, serial", ["-f", PARTITIONS_SCRIPT], 5, 25))
+KEYS = {"-S": WORKLOADS[0], "tpcb": WORKLOADS[1], "partitions": WORKLOADS[2]}
 
 
 def run(*args, **kw):
@@ -86,9 +97,10 @@ class Server:
         run(f"{PGBIN}/psql", "-X", "-q", "-h", self.dir, "-p", str(PORT), "-U", "postgres", "-d", "postgres",
             "-v", "ON_ERROR_STOP=1", "-c", sql, stdout=subprocess.DEVNULL)
 
-    def pgbench(self, *args):
-        run(f"{PGBIN}/pgbench", "-n", "-c", "1", "-M", "prepared", "-h", self.dir, "-p", str(PORT),
-            "-U", "r_plain", *args, "postgres", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def pgbench(self, *args, **kw):
+        args = [os.path.join(self.dir, a) if a == PARTITIONS_SCRIPT else a for a in args]
+        return run(f"{PGBIN}/pgbench", "-n", "-c", "1", "-M", "prepared", "-h", self.dir, "-p", str(PORT),
+                   "-U", "r_plain", *args, "postgres", stderr=subprocess.DEVNULL, **kw)
 
     def busiest_backend(self):
         """Instructions of the process that executed the most (the pgbench backend), and
@@ -119,16 +131,55 @@ ADMISSION_FUNCTIONS = ("pg_stride::admission::admit", "pg_stride::admission::rel
                        "pg_stride::admission::switch_group")
 
 
+def tps(s, settings, args, seconds=5):
+    """Transactions per second of `args` with `settings`: one round of `seconds`."""
+    s.start(settings, valgrind=False)
+    try:
+        out = s.pgbench(*args, "-T", str(seconds), stdout=subprocess.PIPE, text=True).stdout
+    finally:
+        s.stop()
+    return float(next(l for l in out.splitlines() if l.startswith("tps")).split()[2])
+
+
+def timing(s, args, rounds=5):
+    """Median tps of each variant over interleaved rounds (A B B A …), and the median
+    of the per-round ratios loaded / not loaded."""
+    runs = {v: [] for v, _ in VARIANTS}
+    for i in range(rounds):
+        order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]
+        for variant, settings in order:
+            runs[variant].append(tps(s, settings, args))
+    ratios = sorted(b / a for a, b in zip(runs["not loaded"], runs["loaded"]))
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    return median(runs["not loaded"]), median(runs["loaded"]), ratios[len(ratios) // 2]
+
+
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", nargs="+", choices=sorted(KEYS), default=sorted(KEYS))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "INSTRUCTIONS.md"))
+    options = parser.parse_args()
+    workloads = [w for w in WORKLOADS if any(KEYS[k] is w for k in options.only)]
     s = Server()
     results = {}
     try:
         s.start("", valgrind=False)
         run(f"{PGBIN}/pgbench", "-i", "-s", "1", "-q", "-h", s.dir, "-p", str(PORT), "-U", "postgres", "postgres",
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        s.psql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain")
+        s.psql("CREATE TABLE parts (id int, v int) PARTITION BY RANGE (id); "
+               "DO $$ BEGIN FOR i IN 0..499 LOOP EXECUTE format("
+               "'CREATE TABLE parts_%s PARTITION OF parts FOR VALUES FROM (%s) TO (%s)', "
+               "i, i * 200, (i + 1) * 200); END LOOP; END $$")
+        s.psql("INSERT INTO parts SELECT g, g % 7 FROM generate_series(0, 99999) g; VACUUM ANALYZE parts")
+        s.psql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain; "
+               "ALTER ROLE r_plain SET max_parallel_workers_per_gather = 0")
+        script = os.path.join(s.dir, PARTITIONS_SCRIPT)
+        with open(script, "w") as f:
+            f.write("SELECT count(*) FROM parts WHERE v >= 0;\n")
+        if AS_POSTGRES:
+            shutil.chown(script, "postgres")
         s.stop()
-        for label, args, n1, n2 in WORKLOADS:
+        for label, args, n1, n2 in workloads:
             for variant, settings in VARIANTS:
                 counts = []
                 for n in (n1, n2):
@@ -146,6 +197,9 @@ def main():
                 counts.append(admission_instructions(s.busiest_backend()[1]))
             results[(label, "admission")] = (counts[1] - counts[0]) / (n2 - n1)
             print(f"{label}, admission: {results[(label, 'admission')]:.0f} instructions per transaction", flush=True)
+            if args[:1] == ["-f"]:
+                results[(label, "timing")] = timing(s, args)
+                print(f"{label}, tps not loaded / loaded / ratio: {results[(label, 'timing')]}", flush=True)
     finally:
         if s.process and s.process.poll() is None:
             s.process.kill()
@@ -157,11 +211,18 @@ def main():
              "admission's entry points (`admit`, `release`, `switch_group`), from callgrind.", "",
              "| workload | not loaded | loaded | added | loaded / not loaded | admission | admission / not loaded |",
              "|---|---|---|---|---|---|---|"]
-    for label, _, _, _ in WORKLOADS:
+    for label, _, _, _ in workloads:
         a, b = results[(label, "not loaded")], results[(label, "loaded")]
         c = results[(label, "admission")]
         lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} | {c:.0f} | {100 * c / a:.2f} % |")
-    write_report(os.path.join(HERE, "results", "INSTRUCTIONS.md"), lines)
+    timed = [(label, results[(label, "timing")]) for label, _, _, _ in workloads if (label, "timing") in results]
+    if timed:
+        lines += ["", "Time, without valgrind: pgbench -T 5, 5 interleaved rounds per variant, medians.", "",
+                  "| workload | tps not loaded | tps loaded | loaded / not loaded (median of rounds) |",
+                  "|---|---|---|---|"]
+        for label, (a, b, ratio) in timed:
+            lines.append(f"| {label} | {a:.1f} | {b:.1f} | {ratio:.3f} |")
+    write_report(options.out, lines)
 
 
 if __name__ == "__main__":

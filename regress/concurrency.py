@@ -632,6 +632,40 @@ def a_session_that_survives_a_cancelled_pause_is_not_shown_paused(s):
         set_server(s, "pg_stride.cpu_slots", 0)
 
 
+@check
+def a_dump_restores_groups_and_role_assignments(s):
+    # DESIGN.md §4 rule 10: pg_dumpall restores roles (with their settings) before the
+    # database whose table defines the groups; the role's assignment must survive.
+    s.sql("SELECT pg_stride.create_group('restored', weight => 250)")
+    s.sql("CREATE ROLE regress_restored LOGIN; "
+          "ALTER ROLE regress_restored SET pg_stride.resource_group = 'restored'; "
+          "GRANT USAGE ON SCHEMA pg_stride TO regress_restored")
+    dump = os.path.join(s.dir, "dumpall.sql")
+    with open(dump, "w") as out:
+        subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_dumpall", "-h", s.dir, "-p", str(s.port), "-U", "postgres"],
+                       env=ENV, stdout=out, check=True)
+    fresh = Server(port=PORT + 2)
+    try:
+        fresh.start()
+        restore = subprocess.run(AS_POSTGRES + [f"{PGBIN}/psql", "-X", "-q", "-h", fresh.dir, "-p",
+                                                str(fresh.port), "-U", "postgres", "-d", "postgres", "-f", dump],
+                                 env=ENV, capture_output=True, text=True)
+        errors = [line for line in restore.stderr.splitlines()
+                  if "ERROR" in line and 'role "postgres" already exists' not in line]
+        assert not errors, errors
+        setting = fresh.sql("SELECT array_to_string(setconfig, ',') FROM pg_db_role_setting "
+                            "WHERE setrole = 'regress_restored'::regrole")
+        assert setting == "pg_stride.resource_group=restored", setting
+        fresh.wait_until("SELECT weight FROM pg_stride.groups WHERE name = 'restored'", "250")
+        group = fresh.sql("SELECT \"group\" FROM pg_stride.activity WHERE pid = pg_backend_pid()",
+                          user="regress_restored")
+        assert group == "restored", group
+    finally:
+        fresh.stop()
+        s.sql("DROP OWNED BY regress_restored; DROP ROLE regress_restored; "
+              "SELECT pg_stride.drop_group('restored')")
+
+
 NO_DATABASE_CHECKS = []
 
 

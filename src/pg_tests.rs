@@ -32,6 +32,40 @@ mod tests {
     }
 
     #[pg_test]
+    fn the_table_checks_agree_with_the_group_limits() {
+        // The limits are defined once, in pg_stride_sched::groups; the CHECK
+        // constraints of pg_stride.resource_groups must accept and reject at exactly
+        // the same values, or a restore could load rows the functions refuse.
+        Spi::run(
+            "CREATE FUNCTION pg_temp.accepts(col text, v bigint) RETURNS bool LANGUAGE plpgsql AS $$
+             BEGIN
+               EXECUTE format('INSERT INTO pg_stride.resource_groups (name, %I) VALUES (''probe'', %s)', col, v);
+               RAISE EXCEPTION USING ERRCODE = 'P0001';
+             EXCEPTION
+               WHEN check_violation THEN RETURN false;
+               WHEN raise_exception THEN RETURN true;
+             END $$",
+        )
+        .unwrap();
+        for limit in pg_stride_sched::groups::INTEGER_LIMITS {
+            for (value, accepted) in [
+                (limit.min, true),
+                (limit.max, true),
+                (limit.min - 1, false),
+                (limit.max + 1, false),
+            ] {
+                let sql = format!("SELECT pg_temp.accepts('{}', {value})", limit.name);
+                assert_eq!(
+                    Spi::get_one::<bool>(&sql).unwrap(),
+                    Some(accepted),
+                    "{} = {value}",
+                    limit.name
+                );
+            }
+        }
+    }
+
+    #[pg_test]
     fn version_is_the_crate_version() {
         let version = Spi::get_one::<&str>("SELECT pg_stride.version()").unwrap();
         assert_eq!(version, Some(env!("CARGO_PKG_VERSION")));
