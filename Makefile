@@ -3,11 +3,14 @@
 #   make test      install what is missing, then run every test suite
 #   make run       start a local PostgreSQL with pg_stride and run the demo
 #   make stop      stop that server
+#   make fuzz      random SQL (sqlsmith) against pg_stride for FUZZ_SECONDS (default 900)
 #   make install   build (release) and install the extension into the system PostgreSQL 15
 
 PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 
-.PHONY: setup build install test unit pgtest regress run stop clean
+.PHONY: setup build install test unit pgtest regress fuzz run stop clean
+
+FUZZ_SECONDS ?= 900
 
 setup:
 	scripts/setup
@@ -31,6 +34,10 @@ regress: setup
 
 test: setup
 	scripts/test
+
+fuzz: setup
+	scripts/install-extension
+	regress/fuzz --duration $(FUZZ_SECONDS)
 
 run: install
 	scripts/demo

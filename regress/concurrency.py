@@ -105,12 +105,16 @@ def finish(proc, timeout=30):
     return proc.returncode, out.strip(), err.strip()
 
 
+def collector(checks):
+    """A decorator that adds the function it decorates to `checks`."""
+    def add(fn):
+        checks.append(fn)
+        return fn
+    return add
+
+
 CHECKS = []
-
-
-def check(fn):
-    CHECKS.append(fn)
-    return fn
+check = collector(CHECKS)
 
 
 @check
@@ -667,11 +671,7 @@ def a_dump_restores_groups_and_role_assignments(s):
 
 
 NO_DATABASE_CHECKS = []
-
-
-def without_database(fn):
-    NO_DATABASE_CHECKS.append(fn)
-    return fn
+without_database = collector(NO_DATABASE_CHECKS)
 
 
 # DESIGN.md §4 rule 9: the safety net runs from shared memory alone. These checks run
