@@ -109,6 +109,9 @@ pub struct Counts {
     active: AtomicU32,
     /// Waiting statements; changed only under the queue's lock.
     waiting: AtomicU32,
+    /// Admissions given back that were not counted: always 0 unless a bug gave one
+    /// back twice (the counts saturate at 0 rather than wrap).
+    underflows: AtomicU32,
     groups: [GroupCount; MAX_GROUPS as usize],
 }
 
@@ -118,6 +121,7 @@ impl Counts {
             max_active: AtomicU32::new(max_active),
             active: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
+            underflows: AtomicU32::new(0),
             groups: std::array::from_fn(|_| GroupCount::default()),
         }
     }
@@ -158,8 +162,8 @@ impl Counts {
     /// An admitted statement of group `g` ends. Lock-free. Returns whether statements
     /// wait: then the caller takes the lock and calls [`Queue::dispatch`].
     pub fn leave(&self, g: usize) -> bool {
-        decrement(&self.groups[g].active);
-        decrement(&self.active);
+        self.decrement(&self.groups[g].active);
+        self.decrement(&self.active);
         self.waiting.load(SeqCst) > 0
     }
 
@@ -184,9 +188,23 @@ impl Counts {
         if !took {
             // A dispatch that saw this moment's count may have passed over the group's
             // waiters; the caller goes on to the locked path, which dispatches again.
-            decrement(&group.active);
+            self.decrement(&group.active);
         }
         took
+    }
+
+    /// Admissions given back twice; see `underflows`. Tests check it stays 0.
+    pub fn underflows(&self) -> u32 {
+        self.underflows.load(SeqCst)
+    }
+
+    fn decrement(&self, counter: &AtomicU32) {
+        if counter
+            .fetch_update(SeqCst, SeqCst, |v| v.checked_sub(1))
+            .is_err()
+        {
+            self.underflows.fetch_add(1, SeqCst);
+        }
     }
 
     /// Admits a statement of group `g` whatever the limits.
@@ -340,10 +358,6 @@ impl Lease {
     fn swap_state(&self, from: u32, to: u32) -> bool {
         self.0.compare_exchange(from, to, SeqCst, SeqCst).is_ok()
     }
-}
-
-fn decrement(counter: &AtomicU32) {
-    let _ = counter.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)));
 }
 
 /// Per-group queue state.
@@ -525,8 +539,8 @@ impl Queue {
             let Some(p) = first else {
                 // The counts say someone waits in g but no entry does: repair the count
                 // rather than spin (cannot happen while callers keep to the lock).
-                decrement(&c.groups[g].active);
-                decrement(&c.active);
+                c.decrement(&c.groups[g].active);
+                c.decrement(&c.active);
                 c.waiting.fetch_sub(self.groups[g].waiting, SeqCst);
                 self.groups[g].waiting = 0;
                 continue;

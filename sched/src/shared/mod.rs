@@ -491,10 +491,7 @@ mod region_tests {
         let mut buf = vec![0u8; SchedShared::region_size(&cap())];
         // SAFETY: a live buffer of the region's size; attach only reads its header.
         let attached = unsafe { SchedShared::attach(buf.as_mut_ptr()) };
-        assert_eq!(
-            attached.err(),
-            Some(SchedError::NotInitialized)
-        );
+        assert_eq!(attached.err(), Some(SchedError::NotInitialized));
     }
 
     #[test]
