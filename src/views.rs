@@ -202,6 +202,7 @@ mod pg_stride {
             name!(processes, Option<i32>),
             name!(workers_planned, i32),
             name!(workers_granted, i32),
+            name!(admission_lent, bool),
         ),
     > {
         let shared = require_shared();
@@ -251,6 +252,7 @@ mod pg_stride {
                 query.map(|q| q.members as i32),
                 entry.workers_planned.load(Ordering::Relaxed) as i32,
                 entry.workers_granted.load(Ordering::Relaxed) as i32,
+                entry.lease.is_lent(),
             ));
         }
         TableIterator::new(rows)
@@ -328,6 +330,7 @@ CREATE VIEW pg_stride.activity AS
            s.processes,
            s.workers_planned,
            s.workers_granted,
+           s.admission_lent,
            a.usename,
            a.datname,
            a.query
