@@ -170,7 +170,8 @@ def main():
                "DO $$ BEGIN FOR i IN 0..499 LOOP EXECUTE format("
                "'CREATE TABLE parts_%s PARTITION OF parts FOR VALUES FROM (%s) TO (%s)', "
                "i, i * 200, (i + 1) * 200); END LOOP; END $$")
-        s.psql("INSERT INTO parts SELECT g, g % 7 FROM generate_series(0, 99999) g; VACUUM ANALYZE parts")
+        s.psql("INSERT INTO parts SELECT g, g % 7 FROM generate_series(0, 99999) g")
+        s.psql("VACUUM ANALYZE parts")
         s.psql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain; "
                "ALTER ROLE r_plain SET max_parallel_workers_per_gather = 0")
         script = os.path.join(s.dir, PARTITIONS_SCRIPT)
@@ -202,6 +203,9 @@ def main():
                 print(f"{label}, tps not loaded / loaded / ratio: {results[(label, 'timing')]}", flush=True)
     finally:
         if s.process and s.process.poll() is None:
+            # The process is runuser (as root): stop the server itself.
+            subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", s.data, "-m", "immediate", "stop"],
+                           env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             s.process.kill()
         shutil.rmtree(s.dir, ignore_errors=True)
     lines = ["# Instructions per transaction, pg_stride not loaded and loaded", "",
