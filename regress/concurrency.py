@@ -535,6 +535,25 @@ def a_statement_waiting_on_a_lock_lends_its_admission(s):
 
 
 @check
+def a_statement_whose_parallel_worker_waits_on_a_lock_lends_its_admission(s):
+    # The leader waits for its worker (an IPC wait), the worker for S1's lock: the
+    # statement waits on the lock all the same (the shape of PostgreSQL's isolation
+    # test deadlock-parallel).
+    s1 = Session(s)
+    try:
+        s1.run(f"SET ROLE {ROLE}; SELECT pg_advisory_lock(9) IS NOT NULL")
+        s2 = s.client("pair", "SELECT stride_lock_shared(9)", "SET force_parallel_mode = on;")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                     "AND backend_type = 'parallel worker'", "1")
+        assert admitted_within(s, 2) == "admitted"
+        assert s1.run("SELECT pg_advisory_unlock(9)") == ["t"]
+        rc, out, err = finish(s2)
+        assert (rc, out) == (0, "1"), (rc, out, err)
+    finally:
+        s1.close()
+
+
+@check
 def an_idle_cursor_lends_its_admission_and_counts_again_when_fetched(s):
     s1 = Session(s)
     try:
@@ -774,7 +793,9 @@ def setup(s):
           "CREATE TABLE child (p int); INSERT INTO child VALUES (1); "
           "CREATE TABLE child_deferred (p int REFERENCES parent DEFERRABLE INITIALLY DEFERRED); "
           "CREATE MATERIALIZED VIEW parent_view AS SELECT * FROM parent; "
-          "CREATE PROCEDURE stride_proc() LANGUAGE sql AS 'SELECT 1'")
+          "CREATE PROCEDURE stride_proc() LANGUAGE sql AS 'SELECT 1'; "
+          "CREATE FUNCTION stride_lock_shared(int) RETURNS int LANGUAGE plpgsql PARALLEL SAFE "
+          "AS 'BEGIN PERFORM pg_advisory_xact_lock_shared($1); RETURN 1; END'")
     for table in ["uniq", "parent", "child", "child_deferred", "parent_view"]:
         s.sql(f"ALTER TABLE {table} OWNER TO {ROLE}")
     s.sql(f"GRANT CREATE ON SCHEMA public TO {ROLE}")

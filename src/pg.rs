@@ -128,6 +128,40 @@ pub fn proc_waiting(procno: usize) -> Waiting {
     }
 }
 
+/// The PGPROC number of the lock-group leader of process `procno` (itself when it leads
+/// its group or has none): a parallel worker's leader. Read without a lock.
+pub fn proc_lock_group_leader(procno: usize) -> usize {
+    let Some(proc) = proc_by_number(procno) else {
+        return procno;
+    };
+    // SAFETY: a PGPROC of allProcs; lockGroupLeader is null or a PGPROC of allProcs,
+    // read as a word its owner writes.
+    unsafe {
+        let leader = std::ptr::read_volatile(&raw const (*proc).lockGroupLeader);
+        if leader.is_null() {
+            return procno;
+        }
+        usize::try_from(leader.offset_from((*pg_sys::ProcGlobal).allProcs)).unwrap_or(procno)
+    }
+}
+
+/// For every PGPROC number below `n`, whether its process or a member of the lock group
+/// it leads (its parallel workers) waits on a heavyweight lock: a leader waiting for its
+/// workers waits, through them, for the lock.
+pub fn lock_waits_by_group(n: usize) -> Vec<bool> {
+    let mut waits = vec![false; n];
+    for procno in 0..n {
+        if proc_waiting(procno) == Waiting::Lock {
+            let leader = proc_lock_group_leader(procno);
+            if let Some(w) = waits.get_mut(leader) {
+                *w = true;
+            }
+            waits[procno] = true;
+        }
+    }
+    waits
+}
+
 /// The PGPROC number of this process's lock-group leader, if it is another process: in
 /// a parallel worker, its leader's (DESIGN.md §8).
 pub fn lock_group_leader() -> Option<usize> {

@@ -184,23 +184,22 @@ fn reload_groups(shared: &shmem::Shared) {
 }
 
 /// The admission watchdog (DESIGN.md §4 rule 5, psaroudakis2013 §5 applied to
-/// admission): an admitted statement that waits on a heavyweight lock, or for its
-/// client, at two consecutive rounds has its admission lent out, so that the statement
+/// admission): an admitted statement that waits on a heavyweight lock (itself, or one
+/// of its parallel workers while it waits for them), or for its client, at two
+/// consecutive rounds has its admission lent out, so that the statement
 /// that would end its wait can be admitted even when it comes from the session the lock
 /// holder's client waits on. It counts again as soon as it is seen running.
 /// `waited_before` carries the previous round.
 fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<bool>) {
     let procs = shared.procs();
     waited_before.resize(procs.len(), false);
+    let lock_waits = pg::lock_waits_by_group(procs.len());
     for (procno, (entry, before)) in procs.iter().zip(waited_before.iter_mut()).enumerate() {
         if entry.running.load(Ordering::Acquire) == 0 || !shared.is_live(procno) {
             *before = false;
             continue;
         }
-        let waits = matches!(
-            pg::proc_waiting(procno),
-            pg::Waiting::Lock | pg::Waiting::Client
-        );
+        let waits = lock_waits[procno] || pg::proc_waiting(procno) == pg::Waiting::Client;
         if waits && *before {
             admission::lend(shared, procno);
         } else if !waits {
@@ -234,6 +233,7 @@ fn admit_lock_holders(shared: &shmem::Shared) {
     }
     let mut running = Vec::new();
     let mut queued = Vec::new();
+    let lock_waits = pg::lock_waits_by_group(shared.procs().len());
     for (procno, entry) in shared.procs().iter().enumerate() {
         if !shared.is_live(procno) {
             continue;
@@ -241,9 +241,8 @@ fn admit_lock_holders(shared: &shmem::Shared) {
         let pid = entry.pid.load(Ordering::Acquire);
         if entry.queued.load(Ordering::Acquire) > 0 {
             queued.push((pid, procno));
-        } else if entry.running.load(Ordering::Acquire) > 0
-            && pg::proc_waiting(procno) == pg::Waiting::Lock
-        {
+        } else if entry.running.load(Ordering::Acquire) > 0 && lock_waits[procno] {
+            // For a leader, pg_blocking_pids counts its workers' waits too.
             running.push(pid);
         }
     }
