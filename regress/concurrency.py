@@ -602,7 +602,7 @@ def utilities_run_their_internal_queries_nested(s):
     try:
         tx.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; BEGIN; "
                "INSERT INTO child_deferred VALUES (1); SELECT 'inserted'")
-        holder = holder_running(s, 3)
+        holder = holder_running(s, 8)
         started = time.monotonic()
         # The deferred foreign-key check runs at COMMIT, with no portal. (A SELECT to
         # tell that COMMIT is done would queue: psql says it instead.)
@@ -611,6 +611,13 @@ def utilities_run_their_internal_queries_nested(s):
         # ALTER TABLE … ADD FOREIGN KEY validates with a query of its own.
         admitted_within(s, 1.5, sql="ALTER TABLE child ADD FOREIGN KEY (p) REFERENCES parent")
         admitted_within(s, 1.5, sql="REFRESH MATERIALIZED VIEW parent_view")
+        # A utility that commits on its way runs its later queries as its own too.
+        started = time.monotonic()
+        assert tx.run("ALTER TABLE ranges DETACH PARTITION ranges_1 CONCURRENTLY;\n"
+                      "\\echo detached", end="") == ["detached"]
+        assert time.monotonic() - started < 1.5, "DETACH … CONCURRENTLY queued"
+        tx.run("ALTER TABLE ranges ATTACH PARTITION ranges_1 FOR VALUES FROM (0) TO (10);\n"
+               "\\echo attached", end="")
         # The queries that utilities run at the client's request are scheduled: they
         # queue like any statement (and time out here).
         for sql in ["EXPLAIN ANALYZE SELECT 1", "COPY (SELECT 1) TO STDOUT",
@@ -796,7 +803,15 @@ def setup(s):
           "CREATE PROCEDURE stride_proc() LANGUAGE sql AS 'SELECT 1'; "
           "CREATE FUNCTION stride_lock_shared(int) RETURNS int LANGUAGE plpgsql PARALLEL SAFE "
           "AS 'BEGIN PERFORM pg_advisory_xact_lock_shared($1); RETURN 1; END'")
-    for table in ["uniq", "parent", "child", "child_deferred", "parent_view"]:
+    # DETACH … CONCURRENTLY of a referenced partitioned table checks the references
+    # with a query (as PostgreSQL's isolation test detach-partition-concurrently-4).
+    s.sql("CREATE TABLE ranges (id int PRIMARY KEY) PARTITION BY RANGE (id); "
+          "CREATE TABLE ranges_1 PARTITION OF ranges FOR VALUES FROM (0) TO (10); "
+          "CREATE TABLE ranges_2 PARTITION OF ranges FOR VALUES FROM (10) TO (20); "
+          "INSERT INTO ranges VALUES (1), (11); "
+          "CREATE TABLE ranges_ref (id int REFERENCES ranges); INSERT INTO ranges_ref VALUES (11)")
+    for table in ["uniq", "parent", "child", "child_deferred", "parent_view", "ranges", "ranges_1",
+                  "ranges_2", "ranges_ref"]:
         s.sql(f"ALTER TABLE {table} OWNER TO {ROLE}")
     s.sql(f"GRANT CREATE ON SCHEMA public TO {ROLE}")
 

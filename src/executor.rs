@@ -338,15 +338,21 @@ unsafe extern "C-unwind" fn end_statement(desc: *mut pg_sys::QueryDesc) {
     }
 }
 
-/// The one transaction callback of pg_stride. At the end of a transaction no statement
-/// runs: an ERROR that aborted it left the depth of the statements it interrupted
-/// behind. A transaction that changed the groups table has them reloaded. Cannot
-/// panic: it returns before pgrx's error boundary on every event.
+/// The one transaction callback of pg_stride. When a transaction aborts no statement
+/// runs any more: the ERROR that aborted it left the depth of the statements it
+/// interrupted behind. A commit leaves the depth alone: a utility that commits on its
+/// way (CREATE INDEX CONCURRENTLY, ALTER TABLE … DETACH PARTITION CONCURRENTLY, VACUUM)
+/// is still running, and its later queries are still its own. A transaction that
+/// changed the groups table has them reloaded. Cannot panic: it returns before pgrx's
+/// error boundary on every event.
 unsafe extern "C-unwind" fn on_xact_event(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
 ) {
     use pg_sys::XactEvent::*;
+    if matches!(event, XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {
+        NESTING.set(0);
+    }
     if matches!(
         event,
         XACT_EVENT_COMMIT
@@ -354,7 +360,6 @@ unsafe extern "C-unwind" fn on_xact_event(
             | XACT_EVENT_PARALLEL_COMMIT
             | XACT_EVENT_PARALLEL_ABORT
     ) {
-        NESTING.set(0);
         SUBXACT_DEPTHS.try_with_borrow_mut(|depths| depths.clear());
         groups::transaction_ended();
     }
