@@ -570,6 +570,15 @@ def an_idle_cursor_lends_its_admission_and_counts_again_when_fetched(s):
         s1.close()
 
 
+def advisory_lock_waiter(s, holder, group, key, settings=""):
+    """`holder` (a Session) takes advisory lock `key`; returns a client of `group` that
+    is admitted and waits for it, then unlocks."""
+    holder.run(f"{settings}SET ROLE {ROLE}; SELECT pg_advisory_lock({key}) IS NOT NULL")
+    waiter = s.client(group, f"SELECT pg_advisory_lock({key}) IS NOT NULL; SELECT pg_advisory_unlock({key})")
+    s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", "1")
+    return waiter
+
+
 @check
 def a_queued_lock_holder_is_admitted_ahead_of_its_turn(s):
     # S2 holds an advisory lock; S1, admitted, waits for it. Its admission is lent, but
@@ -577,9 +586,7 @@ def a_queued_lock_holder_is_admitted_ahead_of_its_turn(s):
     # watchdog (pg_blocking_pids, no SQL) lets S2 in before that statement ends.
     s2 = Session(s)
     try:
-        s2.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; SELECT pg_advisory_lock(7) IS NOT NULL")
-        s1 = s.client("pair", "SELECT pg_advisory_lock(7) IS NOT NULL; SELECT pg_advisory_unlock(7)")
-        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", "1")
+        s1 = advisory_lock_waiter(s, s2, "pair", 7, "SET pg_stride.resource_group = 'pair'; ")
         holder = holder_running(s, 0.5)  # takes the admission S1 lends; S2 not queued yet
         finish(holder)
         long = s.client("pair", "SET application_name = 'long'; SELECT pg_sleep(4)")
@@ -725,9 +732,7 @@ def an_admission_lock_cycle_resolves(s):
     # statement must get in (default queue_timeout 0: a hang otherwise).
     s2 = Session(s)
     try:
-        s2.run(f"SET ROLE {ROLE}; SELECT pg_advisory_lock(3) IS NOT NULL")
-        s1 = s.client("default", "SELECT pg_advisory_lock(3) IS NOT NULL; SELECT pg_advisory_unlock(3)")
-        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", "1")
+        s1 = advisory_lock_waiter(s, s2, "default", 3)
         assert s2.run("SELECT pg_advisory_unlock(3)", timeout=10) == ["t"]
         assert finish(s1)[0] == 0
     finally:
