@@ -20,7 +20,7 @@ points look their scan up for every row; for it the script also times both varia
 without valgrind (pgbench -T, interleaved rounds).
 
 Writes bench/results/INSTRUCTIONS.md. Usage: bench/instructions.py [--only WORKLOAD…]
-(-S, tpcb, partitions) [--out FILE]
+(select, tpcb, partitions) [--out FILE]
 """
 
 import argparse
@@ -45,7 +45,7 @@ PARTITIONS_SCRIPT = "partitions.sql"
 WORKLOADS = (("pgbench -S (one primary-key SELECT)", ["-S"], 1000, 5000),
              ("pgbench TPC-B (5 statements)", [], 500, 2500),
              ("count(*) over 500 partitions, serial", ["-f", PARTITIONS_SCRIPT], 5, 25))
-KEYS = {"-S": WORKLOADS[0], "tpcb": WORKLOADS[1], "partitions": WORKLOADS[2]}
+KEYS = {"select": WORKLOADS[0], "tpcb": WORKLOADS[1], "partitions": WORKLOADS[2]}
 
 
 def run(*args, **kw):
