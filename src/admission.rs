@@ -247,29 +247,16 @@ pub fn configure(
     });
 }
 
-/// Lends out the admission of process `procno`'s statement, which waits on a lock or
-/// on its client, and admits whoever that lets in (see `Lease`). Returns whether it
-/// was lent now.
-pub fn lend(shared: &shmem::Shared, procno: usize) -> bool {
-    let Some(entry) = shared.procs().get(procno) else {
-        return false;
-    };
-    match entry.lease.lend(&shared.admission) {
-        Some(waits) => {
-            if waits {
-                dispatch(shared);
-            }
-            true
-        }
-        None => false,
+/// Lends out the admission of `entry`'s statement, which waits on a lock or on its
+/// client, and admits whoever that lets in (see `Lease`).
+pub fn lend(shared: &shmem::Shared, entry: &ProcEntry) {
+    if entry.lease.lend(&shared.admission) == Some(true) {
+        dispatch(shared);
     }
 }
 
-/// Process `procno`'s statement, whose admission was lent, runs again: it counts
-/// against the limits again. Returns whether it had been lent.
-pub fn reclaim(shared: &shmem::Shared, procno: usize) -> bool {
-    shared
-        .procs()
-        .get(procno)
-        .is_some_and(|entry| entry.lease.reclaim(&shared.admission))
+/// `entry`'s statement, whose admission may have been lent, runs again: it counts
+/// against the limits again.
+pub fn reclaim(shared: &shmem::Shared, entry: &ProcEntry) {
+    entry.lease.reclaim(&shared.admission);
 }

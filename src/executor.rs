@@ -179,12 +179,7 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
         unsafe { register_statement(desc) };
     }
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
-    unsafe {
-        match PREV_EXECUTOR_START {
-            Some(prev) => prev(desc, eflags),
-            None => raw::standard_ExecutorStart(desc, eflags),
-        }
-    }
+    unsafe { PREV_EXECUTOR_START.unwrap_or(raw::standard_ExecutorStart)(desc, eflags) }
     // With the plan tree built, yield points can be placed in it: in a statement that
     // may be paused (DESIGN.md §4 rule 2: writes are never paused).
     if scheduled {
@@ -215,10 +210,7 @@ unsafe extern "C-unwind" fn executor_run(
     NESTING.set(NESTING.get().saturating_add(1));
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     unsafe {
-        match PREV_EXECUTOR_RUN {
-            Some(prev) => prev(desc, direction, count, execute_once),
-            None => raw::standard_ExecutorRun(desc, direction, count, execute_once),
-        }
+        PREV_EXECUTOR_RUN.unwrap_or(raw::standard_ExecutorRun)(desc, direction, count, execute_once)
     }
     NESTING.set(NESTING.get().saturating_sub(1));
     if on_cpu {
@@ -230,12 +222,7 @@ unsafe extern "C-unwind" fn executor_run(
 unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
     NESTING.set(NESTING.get().saturating_add(1));
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
-    unsafe {
-        match PREV_EXECUTOR_FINISH {
-            Some(prev) => prev(desc),
-            None => raw::standard_ExecutorFinish(desc),
-        }
-    }
+    unsafe { PREV_EXECUTOR_FINISH.unwrap_or(raw::standard_ExecutorFinish)(desc) }
     NESTING.set(NESTING.get().saturating_sub(1));
 }
 
@@ -245,12 +232,7 @@ unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
         unsafe { end_statement(desc) };
     }
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
-    unsafe {
-        match PREV_EXECUTOR_END {
-            Some(prev) => prev(desc),
-            None => raw::standard_ExecutorEnd(desc),
-        }
-    }
+    unsafe { PREV_EXECUTOR_END.unwrap_or(raw::standard_ExecutorEnd)(desc) }
 }
 
 /// Runs a utility. Unless it is one whose queries are the client's, it runs nested:
@@ -274,28 +256,16 @@ unsafe extern "C-unwind" fn process_utility(
     }
     // SAFETY: the hook's own arguments, passed on as PostgreSQL would.
     unsafe {
-        match PREV_PROCESS_UTILITY {
-            Some(prev) => prev(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-            None => raw::standard_ProcessUtility(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-        }
+        PREV_PROCESS_UTILITY.unwrap_or(raw::standard_ProcessUtility)(
+            pstmt,
+            query_string,
+            read_only_tree,
+            context,
+            params,
+            query_env,
+            dest,
+            qc,
+        )
     }
     if nested {
         NESTING.set(NESTING.get().saturating_sub(1));

@@ -165,16 +165,9 @@ pub fn lock_waits_by_group(n: usize) -> Vec<bool> {
 /// The PGPROC number of this process's lock-group leader, if it is another process: in
 /// a parallel worker, its leader's (DESIGN.md §8).
 pub fn lock_group_leader() -> Option<usize> {
-    // SAFETY: MyProc is this process's PGPROC (or null); lockGroupLeader is null or a
-    // PGPROC of allProcs, so the offset is its number.
-    unsafe {
-        let me = pg_sys::MyProc;
-        let leader = me.as_ref()?.lockGroupLeader;
-        if leader.is_null() || leader == me {
-            return None;
-        }
-        usize::try_from(leader.offset_from((*pg_sys::ProcGlobal).allProcs)).ok()
-    }
+    let me = my_procno()?;
+    let leader = proc_lock_group_leader(me);
+    (leader != me).then_some(leader)
 }
 
 /// Sets the latch of process `procno`, to wake it from a latch wait. The one way

@@ -71,9 +71,7 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
     // admission was lent while the backend waited for its client, it counts again.
     let holds_one = REGISTERED.with_borrow(|list| list.iter().any(|r| r.admitted));
     if holds_one {
-        if let Some(procno) = pg::my_procno() {
-            admission::reclaim(shared, procno);
-        }
+        admission::reclaim(shared, entry);
     }
     let exempt = || gucs::EXEMPT_SUPERUSER.get() && pg::is_superuser();
     let admitted = !holds_one && !exempt() && admission::admit(shared, entry, group);

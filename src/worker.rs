@@ -32,24 +32,23 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Registers both workers. Called from `_PG_init` while preloading.
 pub fn register() {
-    BackgroundWorkerBuilder::new(SCHEDULER_NAME)
-        .set_type(SCHEDULER_NAME)
+    // The scheduler connects to no database: that gives it a pg_stat_activity row,
+    // nothing else.
+    register_one(SCHEDULER_NAME, "pg_stride_scheduler_main", 5);
+    register_one(LOADER_NAME, "pg_stride_groups_main", 10);
+}
+
+/// Registers a static worker named `name` running `function`, restarted `restart_s`
+/// seconds after it exits. Both start as soon as the server accepts connections, not
+/// only after recovery: read-only queries on a hot standby are scheduled too.
+fn register_one(name: &str, function: &str, restart_s: u64) {
+    BackgroundWorkerBuilder::new(name)
+        .set_type(name)
         .set_library("pg_stride")
-        .set_function("pg_stride_scheduler_main")
-        // Connecting to no database gives it a pg_stat_activity row, nothing else.
-        .enable_spi_access()
-        // Read-only queries on a hot standby are scheduled too, so start as soon as
-        // the server accepts connections, not only after recovery.
-        .set_start_time(BgWorkerStartTime::ConsistentState)
-        .set_restart_time(Some(Duration::from_secs(5)))
-        .load();
-    BackgroundWorkerBuilder::new(LOADER_NAME)
-        .set_type(LOADER_NAME)
-        .set_library("pg_stride")
-        .set_function("pg_stride_groups_main")
+        .set_function(function)
         .enable_spi_access()
         .set_start_time(BgWorkerStartTime::ConsistentState)
-        .set_restart_time(Some(Duration::from_secs(10)))
+        .set_restart_time(Some(Duration::from_secs(restart_s)))
         .load();
 }
 
@@ -201,9 +200,9 @@ fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<bool>
         }
         let waits = lock_waits[procno] || pg::proc_waiting(procno) == pg::Waiting::Client;
         if waits && *before {
-            admission::lend(shared, procno);
+            admission::lend(shared, entry);
         } else if !waits {
-            admission::reclaim(shared, procno);
+            admission::reclaim(shared, entry);
         }
         *before = waits;
     }
