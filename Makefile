@@ -4,9 +4,16 @@
 #   make run       start a local PostgreSQL with pg_stride and run the demo
 #   make stop      stop that server
 #   make fuzz      random SQL (sqlsmith) against pg_stride for FUZZ_SECONDS (default 900)
-#   make install   build (release) and install the extension into the system PostgreSQL 15
+#   make install   build (release) and install the extension
+#   make build     build (debug) for one major
+#
+# PG=15 (default), 17 or 18 picks the PostgreSQL major: 15 is Debian 12's, 17 and 18 are
+# built from Debian's source packages on first use (scripts/build-postgres). PG_CONFIG=
+# /path/to/pg_config instead targets any installed server, e.g. for `make install`.
 
-PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
+SHELL := /bin/bash
+PG ?= 15
+export PG PG_CONFIG
 
 .PHONY: setup build install test unit pgtest regress fuzz run stop clean
 
@@ -16,7 +23,7 @@ setup:
 	scripts/setup
 
 build: setup
-	cargo build --features pg15
+	. scripts/pg-env && cargo build --no-default-features --features pg$$PG_MAJOR
 
 install: setup
 	PGRX_INSTALL_FLAGS=--release scripts/install-extension

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-PGBIN = "/usr/lib/postgresql/15/bin"
+PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 PORT = 5496
 AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}

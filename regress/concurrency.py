@@ -23,7 +23,10 @@ import sys
 import tempfile
 import time
 
+# The PostgreSQL under test, as scripts/pg-env exports it (default: Debian's 15).
 PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
+PGXS_TEST = os.environ.get("PGXS_TEST") or os.path.join(os.path.dirname(PGBIN), "lib", "pgxs", "src", "test")
+PG_SOURCE = os.environ.get("PG_SOURCE", "")
 PORT = int(os.environ.get("CONCURRENCY_PORT", "5497"))
 AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 ROLE = "regress_stride_user"
@@ -95,6 +98,12 @@ pg_stride.max_active_queries = 100
                 return value
             assert time.monotonic() < deadline, f"{sql!r} gave {value!r}, not {expected!r}, for {timeout} s"
             time.sleep(0.02)
+
+    def force_parallel_guc(self):
+        """force_parallel_mode, called debug_parallel_query from PostgreSQL 16 on."""
+        if int(self.sql("SHOW server_version_num")) >= 160000:
+            return "debug_parallel_query"
+        return "force_parallel_mode"
 
     def group_state(self, group):
         return self.sql(f"SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = '{group}'")
@@ -542,7 +551,7 @@ def a_statement_whose_parallel_worker_waits_on_a_lock_lends_its_admission(s):
     s1 = Session(s)
     try:
         s1.run(f"SET ROLE {ROLE}; SELECT pg_advisory_lock(9) IS NOT NULL")
-        s2 = s.client("pair", "SELECT stride_lock_shared(9)", "SET force_parallel_mode = on;")
+        s2 = s.client("pair", "SELECT stride_lock_shared(9)", f"SET {s.force_parallel_guc()} = on;")
         s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                      "AND backend_type = 'parallel worker'", "1")
         assert admitted_within(s, 2) == "admitted"

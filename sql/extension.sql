@@ -13,6 +13,11 @@ SELECT pg_describe_object(classid, objid, objsubid) AS member
  WHERE refclassid = 'pg_extension'::regclass
    AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_stride')
    AND deptype = 'e'
+   -- From PostgreSQL 18 on, the row types of the extension's tables and views (and their
+   -- array types) are members as well; they come and go with their relation.
+   AND NOT EXISTS (SELECT FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem
+                    WHERE classid = 'pg_type'::regclass AND t.oid = objid
+                      AND (t.typrelid <> 0 OR e.typrelid <> 0))
  ORDER BY 1;
 
 -- The views' columns and types.

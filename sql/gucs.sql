@@ -13,7 +13,8 @@ SET pg_stride.slice = '0.25s';
 SHOW pg_stride.slice;
 RESET pg_stride.slice;
 
--- Out-of-range and malformed values are refused and change nothing.
+-- Out-of-range and malformed values are refused and change nothing. (PostgreSQL 18
+-- prints the range with its unit: expected/gucs_1.out differs from gucs.out only there.)
 SET pg_stride.slice = '2s';
 SET pg_stride.slice = 0;
 SET pg_stride.enabled = maybe;

@@ -114,5 +114,5 @@ DROP FUNCTION running_after_caught_error();
 
 -- EXPLAIN, with and without ANALYZE, leaves nothing registered.
 EXPLAIN (COSTS OFF) SELECT running FROM pg_stride.scheduler;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT 1;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT 1 \g /dev/null
 SELECT running FROM pg_stride.scheduler;

@@ -51,11 +51,19 @@ mod raw {
 
     extern "C-unwind" {
         pub fn standard_ExecutorStart(desc: *mut pg_sys::QueryDesc, eflags: i32);
+        #[cfg(not(feature = "pg18"))]
         pub fn standard_ExecutorRun(
             desc: *mut pg_sys::QueryDesc,
             direction: pg_sys::ScanDirection::Type,
             count: u64,
             execute_once: bool,
+        );
+        // PostgreSQL 18 dropped the execute_once argument.
+        #[cfg(feature = "pg18")]
+        pub fn standard_ExecutorRun(
+            desc: *mut pg_sys::QueryDesc,
+            direction: pg_sys::ScanDirection::Type,
+            count: u64,
         );
         pub fn standard_ExecutorFinish(desc: *mut pg_sys::QueryDesc);
         pub fn standard_ExecutorEnd(desc: *mut pg_sys::QueryDesc);
@@ -193,12 +201,34 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     }
 }
 
+#[cfg(not(feature = "pg18"))]
 unsafe extern "C-unwind" fn executor_run(
     desc: *mut pg_sys::QueryDesc,
     direction: pg_sys::ScanDirection::Type,
     count: u64,
     execute_once: bool,
 ) {
+    // SAFETY: the previous hook, or the standard function, with the hook's arguments.
+    run_on_cpu_slot(desc, || unsafe {
+        PREV_EXECUTOR_RUN.unwrap_or(raw::standard_ExecutorRun)(desc, direction, count, execute_once)
+    })
+}
+
+#[cfg(feature = "pg18")]
+unsafe extern "C-unwind" fn executor_run(
+    desc: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+) {
+    // SAFETY: the previous hook, or the standard function, with the hook's arguments.
+    run_on_cpu_slot(desc, || unsafe {
+        PREV_EXECUTOR_RUN.unwrap_or(raw::standard_ExecutorRun)(desc, direction, count)
+    })
+}
+
+/// The body of the ExecutorRun hook, whose signature differs between majors: `run` calls
+/// the previous hook or the standard function.
+fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
     // A top-level scheduled statement holds a CPU slot while it runs, and only then:
     // between the FETCHes of a cursor it holds none. After an error the statement's
     // cleanup gives the slot back.
@@ -208,10 +238,7 @@ unsafe extern "C-unwind" fn executor_run(
         unsafe { begin_run() };
     }
     NESTING.set(NESTING.get().saturating_add(1));
-    // SAFETY: the previous hook, or the standard function, with the hook's arguments.
-    unsafe {
-        PREV_EXECUTOR_RUN.unwrap_or(raw::standard_ExecutorRun)(desc, direction, count, execute_once)
-    }
+    run();
     NESTING.set(NESTING.get().saturating_sub(1));
     if on_cpu {
         // SAFETY: a guarded function.

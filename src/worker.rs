@@ -141,7 +141,12 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
 /// start. At shutdown the postmaster starts nothing again.
 fn exit_to_be_restarted() -> ! {
     // SAFETY: the documented way for a background worker to exit.
-    unsafe { pg_sys::proc_exit(1) }
+    unsafe { pg_sys::proc_exit(1) };
+    // PostgreSQL 18's bindings lose proc_exit's noreturn attribute.
+    #[allow(unreachable_code)]
+    {
+        unreachable!("proc_exit returned")
+    }
 }
 
 #[pgrx::pg_guard]
