@@ -6,6 +6,7 @@
 #   make fuzz      random SQL (sqlsmith) against pg_stride for FUZZ_SECONDS (default 900)
 #   make install   build (release) and install the extension
 #   make build     build (debug) for one major
+#   make lint      module layers and clippy for one major
 #
 # PG=15 (default), 17 or 18 picks the PostgreSQL major: 15 is Debian 12's, 17 and 18 are
 # built from Debian's source packages on first use (scripts/build-postgres). PG_CONFIG=
@@ -15,7 +16,7 @@ SHELL := /bin/bash
 PG ?= 15
 export PG PG_CONFIG
 
-.PHONY: setup build install test unit pgtest regress fuzz run stop clean
+.PHONY: setup build lint install test unit pgtest regress fuzz run stop clean
 
 FUZZ_SECONDS ?= 900
 
@@ -24,6 +25,9 @@ setup:
 
 build: setup
 	. scripts/pg-env && cargo build --no-default-features --features pg$$PG_MAJOR
+
+lint: setup
+	scripts/lint
 
 install: setup
 	PGRX_INSTALL_FLAGS=--release scripts/install-extension
