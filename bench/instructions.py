@@ -20,7 +20,7 @@ points look their scan up for every row; for it the script also times both varia
 without valgrind (pgbench -T, interleaved rounds).
 
 Writes bench/results/INSTRUCTIONS.md. Usage: bench/instructions.py [--only WORKLOAD…]
-(select, tpcb, partitions) [--out FILE]
+(select, tpcb, partitions) [--out FILE]; PGBIN (scripts/pg-env) picks the server.
 """
 
 import argparse
@@ -208,8 +208,10 @@ def main():
                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             s.process.kill()
         shutil.rmtree(s.dir, ignore_errors=True)
+    version = subprocess.run([f"{PGBIN}/postgres", "--version"], capture_output=True, text=True).stdout.strip()
     lines = ["# Instructions per transaction, pg_stride not loaded and loaded", "",
-             f"Written by bench/instructions.py on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+             f"Written by bench/instructions.py on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+             f"against {version.replace('postgres (PostgreSQL) ', 'PostgreSQL ')}: "
              "valgrind cachegrind, one pgbench client, as an ordinary role (every statement "
              "goes through admission), release build. Admission: inclusive instructions of "
              "admission's entry points (`admit`, `release`, `switch_group`), from callgrind.", "",
