@@ -56,6 +56,12 @@ def pkglibdir() -> Path:
     return Path("/usr/lib/postgresql/15/lib")
 
 
+def major_version() -> str:
+    """The major version of the server binaries in PG_BIN ("15", "18")."""
+    res = run([PG_BIN / "pg_config", "--version"], capture=True, quiet=True)
+    return res.stdout.split()[1].split(".")[0]
+
+
 def stride_library_present() -> bool:
     return (pkglibdir() / "pg_stride.so").exists()
 
@@ -65,7 +71,8 @@ class Server:
 
     def __init__(self):
         server_data, server_out = _server_base()
-        self.pgdata = server_data / "pgdata"
+        # A data directory per major: one initialised by another major does not start.
+        self.pgdata = server_data / f"pgdata-{major_version()}"
         # bench/run's clean-up trap reads this to stop a server the runner could not stop
         (OUT / "pgdata.path").write_text(str(self.pgdata) + "\n")
         self.sock = socket_dir(server_out)
