@@ -12,6 +12,7 @@
 //! * [`histogram`] — the queue-time histogram and its quantiles.
 //! * [`shared`] — the lock-free shared-memory scheduler ([`SchedShared`]).
 //! * [`sim`] — discrete-event simulator and workload generator over [`SchedShared`].
+//! * [`trace_ring`] — the lock-free ring of per-statement records the tuner reads.
 //!
 //! # How the extension drives the shared form
 //!
@@ -85,6 +86,7 @@ pub mod shared;
 pub mod sim;
 pub mod slice;
 pub mod stride;
+pub mod trace_ring;
 
 pub use decay::DecayParams;
 pub use groups::GroupSettings;
