@@ -295,10 +295,8 @@ mod tests {
         assert_eq!(again.read(0), Ok(record(1)));
         let mut blank = vec![0u8; TraceRing::region_size(3)];
         // SAFETY: zeroed bytes of the right size, alive for the call.
-        assert_eq!(
-            unsafe { TraceRing::attach(blank.as_mut_ptr()) }.err(),
-            Some(RingError::NotInitialized)
-        );
+        let attached = unsafe { TraceRing::attach(blank.as_mut_ptr()) };
+        assert_eq!(attached.err(), Some(RingError::NotInitialized));
         assert_eq!(OwnedRing::new(0).err(), Some(RingError::BadCapacity));
     }
 
