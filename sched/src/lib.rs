@@ -37,7 +37,7 @@
 //! | `cpu_slots` GUC reload | [`SchedShared::set_cpu_slots`], then [`SchedShared::dispatch`] until `None` | lowering takes effect at slice ends |
 //! | scheduler worker, every 50 ms | [`SchedShared::sample_hint`], [`SchedShared::dispatch`] | hint = EMA of free slots |
 //! | Gather start / end | [`SchedShared::reserve_workers`] / [`SchedShared::return_workers`] | hint and group cap |
-//! | tuner | [`tuner::trace::workload`], [`tuner::Tuner::refresh`], [`SchedShared::set_decay`] | same decision code |
+//! | tuner | [`tuner::Trace::from_records`], [`tuner::Tuner::refresh`], [`SchedShared::set_decay`] | same decision code |
 //!
 //! Every call that hands a slot to another process returns that process
 //! ([`Outcome::wake`], or the `Option<ProcId>` of `release`, `leave`, `dispatch`): the

@@ -54,14 +54,14 @@ pub struct TunerSettings {
     /// from an empty system: it misses a backlog of queries that arrived before the
     /// window, and with one, faster decay sinks new queries down among old ones already
     /// at `p_min` — which the replay does not have. (In the closed-loop simulation such
-    /// windows were 1.3–8× off, after a shift back and at load 1.0, and the faster decay
-    /// adopted on them slowed short queries down by up to 70 %.)
+    /// windows were 1.3–8× off, after a shift back and at load 1.0; without this guard
+    /// short queries ended up 4–25 % slower than with fixed defaults there.)
     pub fidelity: f64,
     /// λ stays in these bounds (TUNER.md: [0.5, 1]). At 0.5 a query already falls from
     /// `p0` to `p_min` within 7 quanta past d_start.
     pub lambda_bounds: (f64, f64),
     /// [`Tuner::shifted`] reports a shift when the median quanta per query changed by
-    /// more than this factor against the last refresh's trace.
+    /// more than this factor against the last searched trace.
     pub shift_factor: f64,
 }
 
@@ -83,9 +83,9 @@ impl Default for TunerSettings {
 /// Those still running ([`Seen::Running`]) are replayed, with the CPU they had used, so
 /// that the load stays whole, but not counted: their CPU so far is not their demand, and
 /// a query caught after 2 ms of CPU turns a 60 ms wait in the replay into a slowdown of
-/// 30. Counting them lets the few newest queries of a window decide the search, and in
-/// the closed-loop simulation made short queries up to 28 % slower than fixed defaults
-/// in a stationary workload (sched/README.md, "Tuner").
+/// 30, so the newest queries of a window would decide the search. (In the closed-loop
+/// simulation at load 0.95–1.0, counting them left short queries 9–33 % slower than
+/// fixed defaults after a shift back, against 4–10 % without; sched/README.md, "Tuner".)
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Objective {
     /// Mean slowdown: Eq. 3, the tuner's objective.
