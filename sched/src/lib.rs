@@ -13,6 +13,7 @@
 //! * [`shared`] — the lock-free shared-memory scheduler ([`SchedShared`]).
 //! * [`sim`] — discrete-event simulator and workload generator over [`SchedShared`].
 //! * [`trace_ring`] — the lock-free ring of per-statement records the tuner reads.
+//! * [`tuner`] — the self-tuner's trace records and search over [`sim`] (wagner2021 §4).
 //!
 //! # How the extension drives the shared form
 //!
@@ -37,7 +38,7 @@
 //! | `cpu_slots` GUC reload | [`SchedShared::set_cpu_slots`], then [`SchedShared::dispatch`] until `None` | lowering takes effect at slice ends |
 //! | scheduler worker, every 50 ms | [`SchedShared::sample_hint`], [`SchedShared::dispatch`] | hint = EMA of free slots |
 //! | Gather start / end | [`SchedShared::reserve_workers`] / [`SchedShared::return_workers`] | hint and group cap |
-//! | tuner | [`SchedShared::set_decay`], [`sim::simulate`] | same decision code |
+//! | tuner | [`tuner::Trace::from_records`], [`tuner::Tuner::refresh`], [`SchedShared::set_decay`] | same decision code |
 //!
 //! Every call that hands a slot to another process returns that process
 //! ([`Outcome::wake`], or the `Option<ProcId>` of `release`, `leave`, `dispatch`): the
@@ -87,6 +88,7 @@ pub mod sim;
 pub mod slice;
 pub mod stride;
 pub mod trace_ring;
+pub mod tuner;
 
 pub use decay::DecayParams;
 pub use groups::GroupSettings;

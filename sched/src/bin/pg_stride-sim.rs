@@ -2,25 +2,34 @@
 //!
 //! ```text
 //! pg_stride-sim run   [options] FILE.csv|-     replay a CSV workload
+//! pg_stride-sim tune  [options] FILE.csv|-     search decay parameters for a workload
 //! pg_stride-sim gen   [options]                write a generated workload as CSV
 //! pg_stride-sim sweep [options]                generate and replay loads × slot counts
 //! ```
 //!
 //! Options: `--slots N` (`sweep`: list), `--policy fifo|fair|decay|all`, `--slice-ms F`,
 //! `--lambda F`, `--d-start N`, `--max-active N`, `--group-weight G=W` (repeatable),
-//! `--queries N`, `--load F` (`sweep`: list), `--seed N`, `--procs N`.
+//! `--queries N`, `--load F` (`sweep`: list), `--seed N`, `--procs N`; `run --tuner`
+//! with `--tuner-interval S`, `--tuner-window S`; `tune --margin F`.
 
 use std::collections::HashMap;
 use std::io::Read;
 use std::process::ExitCode;
 
-use pg_stride_sched::sim::{self, QuerySpec, Shape, SimConfig};
-use pg_stride_sched::{GroupConfig, Policy};
+use std::time::Instant;
 
-const USAGE: &str =
-    "usage: pg_stride-sim run [options] FILE.csv|- | gen [options] | sweep [options]
+use pg_stride_sched::sim::{self, QueryResult, QuerySpec, Shape, SimConfig};
+use pg_stride_sched::tuner::{self, LoopSettings, Trace, Tuner, TunerSettings};
+use pg_stride_sched::{DecayParams, GroupConfig, Policy};
+
+const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [options] FILE.csv|-
+       | gen [options] | sweep [options]
   --slots N          CPU slots (sweep: comma list, default 2,16)
   --policy P         fifo | fair | decay | all (default all)
+  --tuner            run: also replay with the self-tuner in the loop (policy tuned)
+  --tuner-interval S run --tuner: seconds between searches (default 60)
+  --tuner-window S   run --tuner: seconds of trace a search replays (default 20)
+  --margin F         tune, run --tuner: predicted gain needed to switch (default 0.03)
   --slice-ms F       slice length (default 2)
   --lambda F         decay factor per quantum (default 0.9)
   --d-start N        quanta before decay starts (default 8)
@@ -30,6 +39,9 @@ const USAGE: &str =
   --load F           load factor (sweep: comma list, default 0.8,0.9,1.0)
   --seed N           random seed (default 1)
   --procs N          processes per generated query (default 1)";
+
+/// Options that take no value.
+const FLAGS: [&str; 1] = ["tuner"];
 
 struct Args {
     command: String,
@@ -45,7 +57,11 @@ impl Args {
         let mut opts: HashMap<String, Vec<String>> = HashMap::new();
         while let Some(a) = it.next() {
             if let Some(name) = a.strip_prefix("--") {
-                let v = it.next().ok_or_else(|| format!("--{name} needs a value"))?;
+                let v = if FLAGS.contains(&name) {
+                    "true".to_string()
+                } else {
+                    it.next().ok_or_else(|| format!("--{name} needs a value"))?
+                };
                 opts.entry(name.to_string()).or_default().push(v);
             } else if file.is_none() {
                 file = Some(a);
@@ -130,26 +146,120 @@ fn shape(args: &Args, load: f64, slots: u32) -> Result<Shape, String> {
     })
 }
 
+fn print_rows(label: &str, results: &[QueryResult]) {
+    for c in sim::summarize(results) {
+        println!(
+            "| {label} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            c.class, c.count, c.mean, c.p50, c.p95, c.p99, c.max
+        );
+    }
+}
+
+fn tuner_settings(args: &Args) -> Result<TunerSettings, String> {
+    Ok(TunerSettings {
+        margin: args.get("margin", TunerSettings::default().margin)?,
+        ..TunerSettings::default()
+    })
+}
+
 fn print_run(workload: &[QuerySpec], args: &Args, slots: u32) -> Result<(), String> {
     println!("| policy | class | n | mean | p50 | p95 | p99 | max |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for policy in policies(args)? {
         let results = sim::simulate(workload, &sim_config(args, slots, policy)?);
-        for c in sim::summarize(&results) {
+        print_rows(policy_name(policy), &results);
+    }
+    if args.get("tuner", false)? {
+        let secs = |name, default: f64| -> Result<u64, String> {
+            Ok((args.get(name, default)? * 1e9) as u64)
+        };
+        let settings = LoopSettings {
+            interval_ns: secs("tuner-interval", 60.0)?,
+            window_ns: secs("tuner-window", 20.0)?,
+            tuner: tuner_settings(args)?,
+            ..LoopSettings::default()
+        };
+        let cfg = sim_config(args, slots, Policy::DecayingStride)?;
+        let run = tuner::simulate_tuned(workload, &cfg, &settings);
+        print_rows("tuned", &run.results);
+        println!();
+        println!("| at s | check | queries | finished | reason | λ | d_start | predicted gain |");
+        println!("|---:|---|---:|---:|---|---:|---:|---:|");
+        for r in &run.refreshes {
+            let f = &r.refresh;
             println!(
-                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-                policy_name(policy),
-                c.class,
-                c.count,
-                c.mean,
-                c.p50,
-                c.p95,
-                c.p99,
-                c.max
+                "| {:.1} | {:?} | {} | {} | {} | {:.3} | {} | {} |",
+                r.at_ns as f64 / 1e9,
+                f.check,
+                f.queries,
+                f.finished,
+                f.reason,
+                f.new.lambda,
+                f.new.d_start,
+                f.gain()
+                    .map_or("-".into(), |g| format!("{:.1} %", g * 100.0))
             );
         }
     }
     Ok(())
+}
+
+/// The search over a whole workload file taken as one trace, and what the choice does.
+fn tune(workload: Vec<QuerySpec>, args: &Args) -> Result<(), String> {
+    let slots = args.get("slots", 16)?;
+    let cfg = sim_config(args, slots, Policy::DecayingStride)?;
+    let mut tuner = Tuner::new(tuner_settings(args)?);
+    let started = Instant::now();
+    let refresh = tuner.refresh(&Trace::from_workload(workload.clone()), &cfg);
+    let elapsed = started.elapsed();
+    let Some(best) = refresh.best else {
+        return Err(format!("{} ({} queries)", refresh.reason, refresh.queries));
+    };
+    println!(
+        "{} queries, {} slots: λ = {:.3}, d_start = {} ({}; predicted mean slowdown {:.3} \
+         → {:.3}, {:+.1} %); {} simulations in {:.0} ms",
+        refresh.queries,
+        slots,
+        best.lambda,
+        best.d_start,
+        refresh.reason,
+        refresh.predicted_old.map_or(f64::NAN, |o| o.mean),
+        refresh.predicted_best.map_or(f64::NAN, |o| o.mean),
+        -refresh.gain().unwrap_or(0.0) * 100.0,
+        refresh.simulations,
+        elapsed.as_secs_f64() * 1e3
+    );
+    println!();
+    println!("| decay | class | n | mean | p50 | p95 | p99 | max |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    let label = |d: &DecayParams| format!("λ {:.3}, d_start {}", d.lambda, d.d_start);
+    for decay in [cfg.decay, best] {
+        let results = sim::simulate(
+            &workload,
+            &SimConfig {
+                decay,
+                ..cfg.clone()
+            },
+        );
+        print_rows(&label(&decay), &results);
+    }
+    Ok(())
+}
+
+fn read_workload(args: &Args) -> Result<Vec<QuerySpec>, String> {
+    let path = args
+        .file
+        .as_deref()
+        .ok_or(format!("{} needs a CSV file (or -)", args.command))?;
+    let mut text = String::new();
+    if path == "-" {
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| e.to_string())?;
+    } else {
+        text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    }
+    sim::parse_csv(&text)
 }
 
 fn sweep(args: &Args) -> Result<(), String> {
@@ -188,19 +298,8 @@ fn sweep(args: &Args) -> Result<(), String> {
 fn main_inner() -> Result<(), String> {
     let args = Args::parse()?;
     match args.command.as_str() {
-        "run" => {
-            let path = args.file.as_deref().ok_or("run needs a CSV file (or -)")?;
-            let mut text = String::new();
-            if path == "-" {
-                std::io::stdin()
-                    .read_to_string(&mut text)
-                    .map_err(|e| e.to_string())?;
-            } else {
-                text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-            }
-            let workload = sim::parse_csv(&text)?;
-            print_run(&workload, &args, args.get("slots", 16)?)
-        }
+        "run" => print_run(&read_workload(&args)?, &args, args.get("slots", 16)?),
+        "tune" => tune(read_workload(&args)?, &args),
         "gen" => {
             let slots = args.get("slots", 16)?;
             print!(

@@ -1,5 +1,7 @@
 //! The event loop: arrivals and slice ends in time order, every scheduling decision
-//! taken by [`crate::SchedShared`].
+//! taken by [`crate::SchedShared`]. [`simulate_with`] adds a periodic tick at which a
+//! caller sees the run so far and may install new decay parameters, as the tuner does
+//! with `set_decay` (wagner2021 §4).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -56,11 +58,14 @@ pub struct QueryResult {
     pub group: u32,
     /// Arrival time, ns.
     pub arrival_ns: u64,
+    /// When it got a query entry (admission), ns; `None` while it waits for one.
+    pub admitted_ns: Option<u64>,
     /// Completion time, ns; `None` if the horizon came first.
     pub finish_ns: Option<u64>,
     /// Latency it would have alone: its CPU demand spread over its processes.
     pub isolated_ns: u64,
-    /// CPU time it received.
+    /// CPU time it received (during a run: in the slices that have ended, which is what
+    /// the scheduler has charged).
     pub received_ns: u64,
     /// Longest time one of its processes waited for a slot.
     pub max_wait_ns: u64,
@@ -83,6 +88,17 @@ impl QueryResult {
 enum Event {
     Arrival(usize),
     SliceEnd { proc: u32, used_ns: u64 },
+    Tick,
+}
+
+/// The callback of [`simulate_with`]: given the time and every query's result so far, it
+/// may return decay parameters to install.
+pub type OnTick<'a> = dyn FnMut(u64, &[QueryResult]) -> Option<DecayParams> + 'a;
+
+/// A callback run every `every_ns` of simulated time.
+struct Ticker<'a, 'f> {
+    every_ns: u64,
+    on_tick: &'a mut OnTick<'f>,
 }
 
 struct Running {
@@ -90,8 +106,9 @@ struct Running {
     waiting_since: Option<u64>,
 }
 
-struct Engine<'a> {
+struct Engine<'a, 'f> {
     cfg: &'a SimConfig,
+    ticker: Option<Ticker<'a, 'f>>,
     sched: OwnedRegion,
     specs: &'a [QuerySpec],
     results: Vec<QueryResult>,
@@ -111,13 +128,33 @@ struct Engine<'a> {
 
 /// Runs `workload` under `cfg` and reports every query, in workload order.
 pub fn simulate(workload: &[QuerySpec], cfg: &SimConfig) -> Vec<QueryResult> {
-    let mut engine = Engine::new(workload, cfg);
+    let mut engine = Engine::new(workload, cfg, None);
     engine.run();
     engine.results
 }
 
-impl<'a> Engine<'a> {
-    fn new(workload: &'a [QuerySpec], cfg: &'a SimConfig) -> Self {
+/// Runs `workload` under `cfg` like [`simulate`], and every `every_ns` of simulated time
+/// (from `every_ns` on, while queries remain) calls `on_tick` with the time and the
+/// results so far: finish times of the finished queries, `None` for the others, and the
+/// CPU each has been charged. Decay parameters it returns are installed with
+/// [`crate::SchedShared::set_decay`] at that moment; queries keep the priority they have.
+pub fn simulate_with(
+    workload: &[QuerySpec],
+    cfg: &SimConfig,
+    every_ns: u64,
+    on_tick: &mut OnTick<'_>,
+) -> Vec<QueryResult> {
+    let ticker = Ticker {
+        every_ns: every_ns.max(1),
+        on_tick,
+    };
+    let mut engine = Engine::new(workload, cfg, Some(ticker));
+    engine.run();
+    engine.results
+}
+
+impl<'a, 'f> Engine<'a, 'f> {
+    fn new(workload: &'a [QuerySpec], cfg: &'a SimConfig, ticker: Option<Ticker<'a, 'f>>) -> Self {
         let max_members = workload
             .iter()
             .map(|q| q.procs)
@@ -139,8 +176,10 @@ impl<'a> Engine<'a> {
         for (g, gc) in cfg.groups.iter().enumerate().take(cap.max_groups as usize) {
             sched.configure_group(GroupId(g as u32), *gc);
         }
+        let first_tick = ticker.as_ref().map(|t| t.every_ns);
         let mut engine = Engine {
             cfg,
+            ticker,
             sched,
             specs: workload,
             results: workload
@@ -149,6 +188,7 @@ impl<'a> Engine<'a> {
                     class: q.class.clone(),
                     group: q.group.min(cap.max_groups - 1),
                     arrival_ns: q.arrival_ns,
+                    admitted_ns: None,
                     finish_ns: None,
                     isolated_ns: q.cpu_ns / q.procs.min(max_members).min(cfg.slots).max(1) as u64,
                     received_ns: 0,
@@ -168,6 +208,9 @@ impl<'a> Engine<'a> {
         };
         for (i, q) in workload.iter().enumerate() {
             engine.push(q.arrival_ns, Event::Arrival(i));
+        }
+        if let (Some(at), false) = (first_tick, workload.is_empty()) {
+            engine.push(at, Event::Tick);
         }
         engine
     }
@@ -192,7 +235,22 @@ impl<'a> Engine<'a> {
                     }
                 }
                 Event::SliceEnd { proc, used_ns } => self.slice_end(ProcId(proc), used_ns),
+                Event::Tick => self.tick(),
             }
+        }
+    }
+
+    /// Calls the ticker and schedules the next tick, unless the tick was the last event.
+    fn tick(&mut self) {
+        let Some(ticker) = self.ticker.as_mut() else {
+            return;
+        };
+        if let Some(decay) = (ticker.on_tick)(self.now, &self.results) {
+            self.sched.set_decay(decay);
+        }
+        let next = self.now + ticker.every_ns;
+        if !self.events.is_empty() {
+            self.push(next, Event::Tick);
         }
     }
 
@@ -208,6 +266,7 @@ impl<'a> Engine<'a> {
             .expect("query table sized to max_active");
         self.active += 1;
         self.ids[i] = Some(q);
+        self.results[i].admitted_ns = Some(self.now);
         let members = spec.procs.min(MAX_QUERY_MEMBERS as u32);
         self.procs_left[i] = members;
         for _ in 0..members {
@@ -392,13 +451,44 @@ mod tests {
     }
 
     #[test]
+    fn ticks_see_the_run_so_far_and_install_decay() {
+        // One slot: a 100 ms query, then at 50 ms a 40 ms one. With the default decay the
+        // first has sunk to a low priority by then and the second runs almost alone.
+        let w = [q(0, 100, "long"), q(50, 40, "short")];
+        let cfg = SimConfig::new(1, Policy::DecayingStride);
+        let plain = simulate(&w, &cfg);
+        let mut seen = Vec::new();
+        let no_decay = DecayParams {
+            lambda: 1.0,
+            ..cfg.decay
+        };
+        let ticked = simulate_with(&w, &cfg, 10_000_000, &mut |now, so_far| {
+            seen.push((now, so_far[0].received_ns, so_far[1].admitted_ns));
+            (now == 10_000_000).then_some(no_decay)
+        });
+        // Installed at 10 ms, before the long query's priority decayed: the two share
+        // the slot from 50 ms on, so the short one finishes later than under decay.
+        assert_eq!(plain[1].finish_ns, Some(98_000_000));
+        assert_eq!(ticked[1].finish_ns, Some(128_000_000));
+        // Every 10 ms until after the last event; charged CPU so far, admission once
+        // arrived.
+        let times: Vec<u64> = seen.iter().map(|s| s.0 / 1_000_000).collect();
+        assert_eq!(times, (1..=15).map(|i| i * 10).collect::<Vec<_>>());
+        // (The slice ending at 10 ms too is charged after the tick: ties go in the order
+        // the events were scheduled.)
+        assert_eq!(seen[0].1, 8_000_000);
+        assert_eq!((seen[3].2, seen[4].2), (None, Some(50_000_000)));
+        assert_eq!(ticked[1].admitted_ns, Some(50_000_000));
+    }
+
+    #[test]
     fn region_is_empty_after_a_run() {
         let w: Vec<_> = (0..30).map(|i| q(i, 3 + i % 7, "x")).collect();
         let cfg = SimConfig {
             max_active: 8,
             ..SimConfig::new(2, Policy::DecayingStride)
         };
-        let mut engine = Engine::new(&w, &cfg);
+        let mut engine = Engine::new(&w, &cfg, None);
         engine.run();
         assert!(engine.results.iter().all(|r| r.finish_ns.is_some()));
         assert_eq!(engine.sched.running(), 0);

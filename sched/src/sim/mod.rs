@@ -16,6 +16,6 @@ pub mod engine;
 pub mod report;
 pub mod workload;
 
-pub use engine::{simulate, QueryResult, SimConfig};
+pub use engine::{simulate, simulate_with, OnTick, QueryResult, SimConfig};
 pub use report::{summarize, ClassSummary};
 pub use workload::{generate, parse_csv, to_csv, QuerySpec, Shape};

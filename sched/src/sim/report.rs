@@ -81,6 +81,7 @@ mod tests {
             class: class.into(),
             group: 0,
             arrival_ns: 10,
+            admitted_ns: Some(10),
             finish_ns: Some(10 + latency),
             isolated_ns: isolated,
             received_ns: isolated,
