@@ -24,7 +24,7 @@ SELECT pg_describe_object(classid, objid, objsubid) AS member
 SELECT attrelid::regclass AS view, attname, format_type(atttypid, atttypmod)
   FROM pg_attribute
  WHERE attrelid IN ('pg_stride.scheduler'::regclass, 'pg_stride.groups'::regclass,
-                    'pg_stride.activity'::regclass)
+                    'pg_stride.activity'::regclass, 'pg_stride.tuner'::regclass)
    AND attnum > 0
  ORDER BY attrelid::regclass::text, attnum;
 
@@ -32,6 +32,8 @@ SELECT attrelid::regclass AS view, attname, format_type(atttypid, atttypmod)
 CREATE ROLE stride_reader LOGIN;
 SET ROLE stride_reader;
 SELECT cpu_slots > 0 AS has_slots FROM pg_stride.scheduler;
+-- With the tuner off (the default) no refresh has run.
+SELECT count(*) AS refreshes FROM pg_stride.tuner;
 RESET ROLE;
 DROP ROLE stride_reader;
 

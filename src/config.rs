@@ -20,7 +20,7 @@ pub fn apply(shared: &shmem::Shared) {
         },
     );
     if let Some(sched) = sched {
-        cpu::apply_settings(sched);
+        cpu::apply_settings(shared, sched);
     }
 }
 

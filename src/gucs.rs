@@ -44,6 +44,9 @@ pub static PRIORITY_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
 pub static WATCHDOG_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
 pub static HINT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
 pub static HINT_ALPHA: GucSetting<f64> = GucSetting::<f64>::new(0.5);
+pub static TUNER: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static TUNER_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(20);
+pub static TUNER_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 pub static PARALLEL_MODE: GucSetting<ParallelMode> =
     GucSetting::<ParallelMode>::new(ParallelMode::Native);
 pub static DATABASE: GucSetting<Option<CString>> =
@@ -156,6 +159,34 @@ pub fn register(group_exists: GroupExists) {
         MAX_PRIORITY,
         GucContext::Sighup,
         GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.tuner",
+        c"Lets the tuner worker choose decay_lambda and decay_start from the traced workload.",
+        c"Groups with their own decay settings keep them. A reload that changes pg_stride.decay_lambda, decay_start or slice installs the new values; see the view pg_stride.tuner.",
+        &TUNER,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.tuner_window",
+        c"Span of the most recent statements the tuner replays at each refresh.",
+        c"",
+        &TUNER_WINDOW_S,
+        1,
+        3_600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.tuner_interval",
+        c"How often the tuner searches decay parameters for the traced workload.",
+        c"It also checks every second whether the sizes of the newest statements have shifted.",
+        &TUNER_INTERVAL_S,
+        1,
+        86_400,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
     );
     GucRegistry::define_int_guc(
         c"pg_stride.watchdog_interval",

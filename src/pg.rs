@@ -72,6 +72,13 @@ pub fn my_pid() -> i32 {
     unsafe { pg_sys::MyProcPid }
 }
 
+/// Lowers this process's CPU priority to `niceness` (as `nice` does): for a worker
+/// whose work may wait while queries run. A failure leaves the priority as it was.
+pub fn lower_cpu_priority(niceness: i32) {
+    // SAFETY: setpriority on the calling process only changes its scheduling priority.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, niceness) };
+}
+
 /// Number of PGPROCs in ProcGlobal->allProcs: every process and prepared transaction.
 fn all_procs_count() -> usize {
     // SAFETY: ProcGlobal is set up before any process that runs pg_stride code exists.
@@ -256,13 +263,23 @@ pub fn is_superuser() -> bool {
 /// The thread CPU clock, ns. A system call on Linux: read once per chunk of tuples,
 /// never per tuple (DESIGN.md §8).
 pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CLOCK_MONOTONIC, ns: the same clock in every process of the machine, so statements'
+/// arrival and finish times from different backends compare (the tuner's trace).
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// The pids of the processes that block process `pid`'s lock wait, as

@@ -121,4 +121,61 @@ mod tests {
             Spi::get_one::<i32>("SELECT scheduler_pid FROM pg_stride.scheduler").unwrap();
         assert_eq!(published, Some(pid));
     }
+
+    /// Sets a reload-level setting in this backend, as a reload of the configuration
+    /// file would.
+    fn set_as_reload(name: &std::ffi::CStr, value: &str) {
+        let value = std::ffi::CString::new(value).unwrap();
+        // SAFETY: SetConfigOption copies both strings; PGC_SIGHUP from the file is what
+        // ProcessConfigFile uses.
+        unsafe {
+            pg_sys::SetConfigOption(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SIGHUP,
+                pg_sys::GucSource::PGC_S_FILE,
+            )
+        };
+    }
+
+    #[pg_test]
+    fn a_reload_keeps_the_tuned_decay_unless_the_decay_settings_change() {
+        let shared = shmem::shared().unwrap();
+        let sched = shared.sched().unwrap();
+        let d_start = crate::gucs::DECAY_START.get();
+        set_as_reload(c"pg_stride.tuner", "on");
+        crate::config::apply(shared);
+        let configured = sched.decay();
+        let tuned = pg_stride_sched::DecayParams {
+            lambda: 0.97,
+            d_start: 40,
+            ..configured
+        };
+        let generation = shared.tuner.choice().generation();
+        assert!(shared.tuner.adopt(sched, tuned, generation));
+        // A reload that changes nothing about decay (any SIGHUP, a groups change).
+        crate::config::apply(shared);
+        assert_eq!(sched.decay(), tuned);
+        let shown = Spi::get_one::<bool>("SELECT decay_tuned AND decay_start = 40 FROM pg_stride.scheduler");
+        assert_eq!(shown.unwrap(), Some(true));
+        // A DBA changes decay_start: it is in force at once, and a search that started
+        // before the change cannot install its result.
+        set_as_reload(c"pg_stride.decay_start", &(d_start + 4).to_string());
+        crate::config::apply(shared);
+        let changed = pg_stride_sched::DecayParams {
+            d_start: d_start as u32 + 4,
+            ..configured
+        };
+        assert_eq!(sched.decay(), changed);
+        assert!(!shared.tuner.adopt(sched, tuned, generation));
+        assert_eq!(sched.decay(), changed);
+        // Adopted again, then the tuner is switched off: the configuration is back.
+        assert!(shared.tuner.adopt(sched, tuned, shared.tuner.choice().generation()));
+        set_as_reload(c"pg_stride.tuner", "off");
+        crate::config::apply(shared);
+        assert_eq!(sched.decay(), changed);
+        set_as_reload(c"pg_stride.decay_start", &d_start.to_string());
+        crate::config::apply(shared);
+        assert_eq!(sched.decay(), configured);
+    }
 }

@@ -34,6 +34,8 @@ struct Registration {
     cpu: bool,
     /// Parallel workers its Gathers were granted, to give back when it ends.
     workers: Grant,
+    /// When it arrived and was admitted, for the tuner's trace.
+    arrival: cpu::Arrival,
 }
 
 static REGISTERED: BackendLocal<RefCell<Vec<Registration>>> =
@@ -74,7 +76,12 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
         admission::reclaim(shared, entry);
     }
     let exempt = || gucs::EXEMPT_SUPERUSER.get() && pg::is_superuser();
+    let arrival_ns = pg::monotonic_ns();
     let admitted = !holds_one && !exempt() && admission::admit(shared, entry, group);
+    let arrival = cpu::Arrival {
+        arrival_ns,
+        admit_ns: pg::monotonic_ns(),
+    };
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| {
@@ -85,6 +92,7 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
             admitted,
             cpu: false,
             workers: Grant::default(),
+            arrival,
         })
     });
     entry.running.fetch_add(1, Ordering::AcqRel);
@@ -110,13 +118,13 @@ pub fn started(desc: *const pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
     };
-    let group = REGISTERED.with_borrow_mut(|list| {
+    let registered = REGISTERED.with_borrow_mut(|list| {
         let r = list.iter_mut().find(|r| r.desc == desc)?;
         r.cpu = true;
-        Some(r.group)
+        Some((r.group, r.arrival))
     });
-    if let Some(group) = group {
-        cpu::start_statement(shared, desc, group);
+    if let Some((group, arrival)) = registered {
+        cpu::start_statement(shared, desc, group, arrival);
     }
 }
 
@@ -149,18 +157,19 @@ pub fn start_worker(desc: *const pg_sys::QueryDesc) {
 /// A parallel worker's part of a statement ends.
 pub fn end_worker(desc: *const pg_sys::QueryDesc) {
     if let Some(shared) = shmem::shared() {
-        cpu::end_statement(shared, Some(desc));
+        cpu::end_statement(shared, Some(desc), false);
     }
 }
 
 /// Forgets `desc` if it was registered; returns whether it was.
 pub fn unregister(desc: *const pg_sys::QueryDesc) -> bool {
-    unregister_where(|r| r.desc == desc) > 0
+    unregister_where(|r| r.desc == desc, false) > 0
 }
 
 /// Forgets every registration that matches, keeps the shared count in step, and
-/// returns how many there were.
-fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
+/// returns how many there were. `failed`: the statements ended with an error, or
+/// their process exits.
+fn unregister_where(matches: impl Fn(&Registration) -> bool, failed: bool) -> usize {
     let mut count = 0;
     // One at a time, allocating nothing: this runs at the end of every statement.
     while let Some(r) = REGISTERED.with_borrow_mut(|list| {
@@ -178,7 +187,7 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool) -> usize {
             entry.running.fetch_sub(1, Ordering::AcqRel);
         }
         if r.cpu {
-            cpu::end_statement(shared, Some(r.desc));
+            cpu::end_statement(shared, Some(r.desc), failed);
         }
         parallel::return_workers(shared, r.group, r.workers);
         if let (true, Some(entry)) = (r.admitted, entry) {
@@ -228,7 +237,7 @@ unsafe extern "C-unwind" fn release_owner_registrations() {
     // CurrentResourceOwner (ResourceOwnerReleaseInternal), so this names the owner
     // being released.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
-    unregister_where(|r| r.owner == owner);
+    unregister_where(|r| r.owner == owner, true);
 }
 
 #[pgrx::pg_guard]
@@ -237,9 +246,9 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     // scheduling (a parallel worker's part, passing on its slot), leaves the admission
     // queue (a FATAL error ends a wait without unwinding), gives back the idle lease,
     // counts its admissions in its group, then clears the entry.
-    unregister_where(|_| true);
+    unregister_where(|_| true, true);
     if let (Some(shared), Some(procno)) = (shmem::shared(), pg::my_procno()) {
-        cpu::end_statement(shared, None);
+        cpu::end_statement(shared, None, true);
         admission::leave_queue(shared, procno);
         if let Some(entry) = shared.my_entry() {
             admission::give_back_lease(shared, entry);

@@ -49,6 +49,15 @@ pub enum RingError {
     NotInitialized,
 }
 
+impl std::fmt::Display for RingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RingError::BadCapacity => "trace ring capacity is zero",
+            RingError::NotInitialized => "trace ring not initialised",
+        })
+    }
+}
+
 #[repr(C, align(64))]
 struct Slot {
     seq: AtomicU64,

@@ -27,6 +27,10 @@
 //! their parallel workers take part (rule 4); and a process that ends its statement, or
 //! fails, or exits, leaves its entry, passing on any slot it held (rule 8).
 
+mod trace;
+
+pub use trace::{read_window, Arrival};
+
 use crate::backend_local::BackendLocal;
 use crate::pg::{self, interrupts_can_be_processed, thread_cpu_ns};
 use crate::{gucs, shmem};
@@ -60,6 +64,12 @@ struct Member {
     slice_start_ns: u64,
     /// Top-level statements sharing the query (cursors open at once).
     statements: u32,
+    /// When the first of them arrived and was admitted.
+    arrival: Arrival,
+    /// PostgreSQL's query identifier of the first, 0 if none was computed.
+    query_id: u64,
+    /// Most processes that worked for them: the leader and its granted workers.
+    procs: u32,
 }
 
 impl Member {
@@ -73,6 +83,9 @@ impl Member {
             chunk_start_ns: 0,
             slice_start_ns: 0,
             statements: 1,
+            arrival: Arrival::default(),
+            query_id: 0,
+            procs: 1,
         }
     }
 
@@ -187,17 +200,35 @@ fn priority_range(settings: &GroupSettings) -> PriorityRange {
 /// `group`: becomes (or stays, with its open cursors) a member of CPU scheduling and
 /// wraps the statement's scans with yield points. The query entry is registered at the
 /// first check-in, or now for a parallel plan. Call after ExecutorStart.
-pub fn start_statement(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc, group: usize) {
+pub fn start_statement(
+    shared: &shmem::Shared,
+    desc: *const pg_sys::QueryDesc,
+    group: usize,
+    arrival: Arrival,
+) {
     let Some(sched) = shared.sched() else { return };
     let Some(procno) = pg::my_procno() else {
         return;
     };
-    MEMBER.with_borrow_mut(|member| match member.as_mut() {
-        Some(m) => m.statements += 1,
-        None => *member = Some(Member::new(ProcId(procno as u32), group, None, true)),
-    });
     // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
-    let parallel = unsafe { (*(*desc).plannedstmt).parallelModeNeeded };
+    let (parallel, query_id) = unsafe {
+        let stmt = (*desc).plannedstmt;
+        ((*stmt).parallelModeNeeded, (*stmt).queryId)
+    };
+    let procs = 1 + shared
+        .my_entry()
+        .map_or(0, |e| e.workers_granted.load(Ordering::Relaxed));
+    MEMBER.with_borrow_mut(|member| match member.as_mut() {
+        Some(m) => {
+            m.statements += 1;
+            m.procs = m.procs.max(procs);
+        }
+        None => {
+            let mut m = Member::new(ProcId(procno as u32), group, None, true);
+            (m.arrival, m.query_id, m.procs) = (arrival, query_id, procs);
+            *member = Some(m);
+        }
+    });
     if parallel && !join_query(shared, sched) {
         return;
     }
@@ -231,6 +262,12 @@ fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
             return false;
         }
         if let Some(entry) = shared.my_entry() {
+            entry
+                .query_arrival_ns
+                .store(m.arrival.arrival_ns, Ordering::Relaxed);
+            entry
+                .query_admit_ns
+                .store(m.arrival.admit_ns, Ordering::Relaxed);
             entry.cpu_query.store(query.0 + 1, Ordering::Release);
         }
         m.query = Some(query);
@@ -321,8 +358,8 @@ pub fn end_run(shared: &shmem::Shared) {
 
 /// A scheduled statement ends (or fails, or its process exits): forgets its wrapped
 /// scans and, with the last statement of the process, leaves the query, passing on any
-/// slot, and frees the entry when this process registered it.
-pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDesc>) {
+/// slot, and frees the entry when this process registered it, tracing it for the tuner.
+pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDesc>, failed: bool) {
     WRAPPED.with_borrow_mut(|w| w.retain(|_, x| desc.is_some_and(|d| x.desc != d)));
     // A pause that an error ended (cancel, statement_timeout) is over too.
     if let Some(entry) = shared.my_entry() {
@@ -342,6 +379,15 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     let Some(query) = m.query else { return };
     let snapshot = sched.query_snapshot(query);
     wake(sched.leave(m.proc));
+    if let (true, Some(s)) = (m.owner, &snapshot) {
+        let ended = trace::Ended {
+            arrival: m.arrival,
+            query_id: m.query_id,
+            procs: m.procs,
+            failed,
+        };
+        trace::record_end(shared, &ended, s);
+    }
     if m.owner {
         if let Some(entry) = shared.my_entry() {
             entry.cpu_query.store(0, Ordering::Release);
@@ -375,10 +421,13 @@ pub fn reclaim(shared: &shmem::Shared) {
     });
 }
 
-/// Applies the decay settings after a reload; the slot count follows at the
-/// watchdog's next round.
-pub fn apply_settings(sched: &SchedShared) {
-    sched.set_decay(gucs::decay_params());
+/// Applies the decay settings after a reload, unless the tuner's are in force and the
+/// configured ones did not change (`shmem::TunerState::apply_configured`); the slot
+/// count follows at the watchdog's next round.
+pub fn apply_settings(shared: &shmem::Shared, sched: &SchedShared) {
+    shared
+        .tuner
+        .apply_configured(sched, gucs::decay_params(), gucs::TUNER.get());
 }
 
 /// The watchdog (psaroudakis2013 §5): a slot holder that waits — on a lock, I/O, the

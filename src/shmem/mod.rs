@@ -11,11 +11,14 @@
 //! no pointers, so the layout is valid in every process whatever address it is mapped at.
 
 mod directory;
+mod tuner_state;
 
 pub use directory::{Group, GroupDirectory, MAX_GROUPS};
+pub use tuner_state::{RefreshRow, TunerState};
 
 use crate::{gucs, pg};
 use pg_stride_sched::admission::{Counts, Lease, Queue, Waiter};
+use pg_stride_sched::trace_ring::TraceRing;
 use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
 use std::cell::UnsafeCell;
@@ -57,6 +60,10 @@ pub struct ProcEntry {
     pub workers_granted: AtomicU32,
     /// Time the current statement spent paused at yield points, µs.
     pub paused_us: AtomicU64,
+    /// When the statement that registered `cpu_query` arrived (before admission) and
+    /// was admitted, CLOCK_MONOTONIC ns: the tuner traces statements still running.
+    pub query_arrival_ns: AtomicU64,
+    pub query_admit_ns: AtomicU64,
     /// The admission this process keeps between its statements while nobody waits.
     pub lease: Lease,
     /// Statements of group slot `group` admitted at once and not yet added to the
@@ -102,6 +109,8 @@ pub struct Shared {
     pub admission: Counts,
     /// Admission queue; read and written under the admission lock only.
     queue: UnsafeCell<Queue>,
+    /// Decay parameters in force and the tuner's refreshes.
+    pub tuner: TunerState,
 }
 
 // The region's interior mutability is either atomics or data changed only under an
@@ -178,6 +187,12 @@ impl Shared {
         unsafe { SCHED.load(Ordering::Acquire).as_ref() }
     }
 
+    /// The tuner's trace of CPU-scheduled statements, in its own block of shared memory.
+    pub fn trace(&self) -> Option<&'static TraceRing> {
+        // SAFETY: null, or the ring initialised at startup, which stays mapped.
+        unsafe { TRACE.load(Ordering::Acquire).as_ref() }
+    }
+
     /// Leaves query entry `q` of this process for the scheduler worker to free.
     pub fn orphan_query(&self, q: QueryId) {
         if let Some(entry) = self.my_entry() {
@@ -202,6 +217,11 @@ impl Shared {
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
 static SCHED: AtomicPtr<SchedShared> = AtomicPtr::new(std::ptr::null_mut());
 const SCHED_REGION_NAME: &CStr = c"pg_stride scheduler";
+static TRACE: AtomicPtr<TraceRing> = AtomicPtr::new(std::ptr::null_mut());
+const TRACE_REGION_NAME: &CStr = c"pg_stride trace";
+/// Statements the trace holds: 1 MiB of 64-byte records, minutes of a busy server's
+/// CPU-scheduled statements, more than a tuner window needs.
+const TRACE_CAPACITY: u32 = 16_384;
 static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(std::ptr::null_mut());
 
 /// pg_stride's LWLocks, one tranche named "pg_stride".
@@ -211,8 +231,10 @@ pub enum LockId {
     Directory = 0,
     /// The admission state and waiters.
     Admission = 1,
+    /// The decay parameters' owner and the tuner's history.
+    Tuner = 2,
 }
-const LOCK_COUNT: i32 = 2;
+const LOCK_COUNT: i32 = 3;
 
 /// One of pg_stride's LWLocks, held for as long as the guard lives. They are taken on
 /// the registration and admission paths and by group changes, never per slice
@@ -332,6 +354,7 @@ fn request_space() {
     unsafe {
         pg_sys::RequestAddinShmemSpace(Shared::size(process_capacity()));
         pg_sys::RequestAddinShmemSpace(SchedShared::region_size(&sched_capacity()));
+        pg_sys::RequestAddinShmemSpace(TraceRing::region_size(TRACE_CAPACITY));
         pg_sys::RequestNamedLWLockTranche(REGION_NAME.as_ptr(), LOCK_COUNT);
     }
 }
@@ -373,6 +396,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).admission)
                 .write(Counts::new(gucs::MAX_ACTIVE_QUERIES.get() as u32));
             (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
+            TunerState::init(&raw mut (*region).tuner, gucs::decay_params());
             let first = region.add(1).cast::<ProcEntry>();
             for i in 0..nprocs {
                 first.add(i).write(ProcEntry::default());
@@ -383,6 +407,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             }
         }
         init_sched();
+        init_trace();
         pg_sys::LWLockRelease(lock);
         LOCKS.store(
             pg_sys::GetNamedLWLockTranche(REGION_NAME.as_ptr()),
@@ -417,5 +442,30 @@ unsafe fn init_sched() {
     match sched {
         Ok(sched) => SCHED.store((sched as *const SchedShared).cast_mut(), Ordering::Release),
         Err(e) => pgrx::warning!("pg_stride: CPU scheduling is off: {e}"),
+    }
+}
+
+/// Creates the trace ring's block, or attaches to it when another process did. Caller
+/// holds AddinShmemInitLock.
+unsafe fn init_trace() {
+    let mut found = false;
+    // SAFETY: ShmemInitStruct returns the requested bytes of shared memory that stay
+    // mapped, initialised by whoever finds them new.
+    let ring = unsafe {
+        let ptr = pg_sys::ShmemInitStruct(
+            TRACE_REGION_NAME.as_ptr(),
+            TraceRing::region_size(TRACE_CAPACITY),
+            &mut found,
+        )
+        .cast::<u8>();
+        if found {
+            TraceRing::attach(ptr)
+        } else {
+            TraceRing::init_in(ptr, TRACE_CAPACITY)
+        }
+    };
+    match ring {
+        Ok(ring) => TRACE.store((ring as *const TraceRing).cast_mut(), Ordering::Release),
+        Err(e) => pgrx::warning!("pg_stride: the tuner's trace is off: {e}"),
     }
 }

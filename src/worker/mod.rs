@@ -1,4 +1,4 @@
-//! pg_stride's two static background workers (DESIGN.md §2).
+//! pg_stride's three static background workers (DESIGN.md §2).
 //!
 //! * `pg_stride scheduler` keeps the safety net (DESIGN.md §4 rule 9) from shared
 //!   memory alone: it connects to no database and never uses SPI, so it keeps working
@@ -8,9 +8,13 @@
 //!   concurrency hint (`pg_stride.hint_interval`), reclaims the shared entries of
 //!   processes that are gone (rule 8) and admits queued backends that block admitted
 //!   ones (rule 5).
+//! * `pg_stride tuner` (module [`tuner`]) chooses the decay parameters from the traced
+//!   workload while `pg_stride.tuner` is on; shared memory only, like the scheduler.
 //! * `pg_stride groups` connects to `pg_stride.database` and loads the resource groups
 //!   from its table at start and whenever they change. If it cannot connect, it fails
 //!   and is restarted later; meanwhile every session runs in `default`.
+
+mod tuner;
 
 use crate::{admission, config, cpu, gucs, pg, shmem};
 use pgrx::bgworkers::{
@@ -30,12 +34,13 @@ pub const LOADER_NAME: &str = "pg_stride groups";
 /// that block admitted ones.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Registers both workers. Called from `_PG_init` while preloading.
+/// Registers the workers. Called from `_PG_init` while preloading.
 pub fn register() {
     // The scheduler connects to no database: that gives it a pg_stat_activity row,
     // nothing else.
     register_one(SCHEDULER_NAME, "pg_stride_scheduler_main", 5);
     register_one(LOADER_NAME, "pg_stride_groups_main", 10);
+    register_one(tuner::TUNER_NAME, "pg_stride_tuner_main", 10);
 }
 
 /// Registers a static worker named `name` running `function`, restarted `restart_s`

@@ -15,6 +15,7 @@
 //! parameters and brings the next refresh forward to one window later.
 
 pub mod closed_loop;
+pub mod precedence;
 pub mod quanta;
 pub mod search;
 pub mod trace;
@@ -26,6 +27,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 pub use closed_loop::{simulate_tuned, LoopSettings, Refreshed, TunedRun};
+pub use precedence::DecayChoice;
 pub use quanta::QuantaProfile;
 pub use trace::{Seen, Trace, TraceRecord};
 
@@ -130,7 +132,7 @@ impl fmt::Display for Reason {
 }
 
 /// What one refresh did.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Refresh {
     /// Search or fallback check.
     pub check: Check,

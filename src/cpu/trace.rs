@@ -1,0 +1,151 @@
+//! The tuner's trace (wagner2021 §4 "Tracking"; TUNER.md "Ring"): a record per
+//! CPU-scheduled statement in a shared-memory ring, written by the backend that
+//! registered the statement's query when it ends, and the tuner's reading of a window
+//! of it together with the statements still running.
+//!
+//! Only statements that joined CPU scheduling are traced: a statement that ends before
+//! its first check-in never competes for a slot, so the scheduler's parameters do not
+//! touch it, and the simulator leaves it out the same way.
+
+use super::priority_range;
+use crate::{gucs, pg, shmem};
+use pg_stride_sched::trace_ring::Missing;
+use pg_stride_sched::tuner::TraceRecord;
+use pg_stride_sched::shared::QuerySnapshot;
+use pg_stride_sched::QueryId;
+use std::sync::atomic::Ordering;
+
+/// When a statement arrived (before admission) and was admitted, CLOCK_MONOTONIC ns.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Arrival {
+    pub arrival_ns: u64,
+    pub admit_ns: u64,
+}
+
+/// What the statement's record says beyond its query entry's snapshot.
+pub struct Ended {
+    pub arrival: Arrival,
+    pub query_id: u64,
+    /// Processes that worked for it: the leader and its granted parallel workers.
+    pub procs: u32,
+    /// Whether it ended with an error (cancel and timeouts included).
+    pub failed: bool,
+}
+
+/// Appends the record of a statement that ends, while the tuner is on. `snapshot` is
+/// its query entry as it leaves it.
+pub fn record_end(shared: &shmem::Shared, ended: &Ended, snapshot: &QuerySnapshot) {
+    if !gucs::TUNER.get() {
+        return;
+    }
+    let Some(ring) = shared.trace() else { return };
+    let record = TraceRecord {
+        arrival_ns: ended.arrival.arrival_ns,
+        admit_ns: ended.arrival.admit_ns,
+        finish_ns: pg::monotonic_ns(),
+        cpu_ns: snapshot.cpu_ns,
+        query_id: ended.query_id,
+        group: snapshot.group.0,
+        procs: ended.procs.max(1),
+        pinned_priority: pinned_priority(shared, snapshot.group.0 as usize),
+        flags: if ended.failed { TraceRecord::ERROR } else { 0 },
+    };
+    // A record dropped because its slot was still being written is counted by the
+    // ring and reported by the tuner.
+    let _ = ring.push(&record.to_words());
+}
+
+fn pinned_priority(shared: &shmem::Shared, group: usize) -> u32 {
+    shared
+        .groups
+        .settings_of(group)
+        .filter(|s| s.pinned)
+        .map_or(0, |s| priority_range(&s).p0)
+}
+
+/// A window of the trace as the tuner reads it.
+pub struct Window {
+    /// Statements that arrived in the window: finished ones from the ring, running
+    /// ones with the CPU they used so far.
+    pub records: Vec<TraceRecord>,
+    /// Records written since `from_ticket` that were overwritten before this reading.
+    pub overwritten: u64,
+    /// Records the ring's writers dropped so far (a slot still being written), in all.
+    pub dropped: u64,
+    /// The ring's head at this reading: pass it as `from_ticket` next time.
+    pub next_ticket: u64,
+}
+
+/// Reads the statements that arrived since `start_ns` (CLOCK_MONOTONIC): the ring's
+/// records and the statements still running. `from_ticket` is the previous reading's
+/// `next_ticket`, to count records lost in between.
+pub fn read_window(shared: &shmem::Shared, start_ns: u64, from_ticket: u64) -> Window {
+    let mut records = Vec::new();
+    let (mut overwritten, mut dropped) = (0, 0);
+    let mut next_ticket = from_ticket;
+    if let Some(ring) = shared.trace() {
+        let head = ring.head();
+        next_ticket = head;
+        dropped = ring.lost();
+        for ticket in head.saturating_sub(ring.capacity())..head {
+            match ring.read(ticket) {
+                Ok(words) => {
+                    let r = TraceRecord::from_words(&words);
+                    if r.arrival_ns >= start_ns {
+                        records.push(r);
+                    }
+                }
+                // Written after its slot was read, or still being written: the next
+                // reading has it.
+                Err(Missing::NotYetWritten | Missing::Incomplete) => {}
+                Err(Missing::Overwritten) if ticket >= from_ticket => overwritten += 1,
+                Err(Missing::Overwritten) => {}
+            }
+        }
+        // Tickets that were overwritten before this reading reached their slots.
+        overwritten += head
+            .saturating_sub(ring.capacity())
+            .saturating_sub(from_ticket);
+    }
+    records.extend(running(shared, start_ns));
+    Window {
+        records,
+        overwritten,
+        dropped,
+        next_ticket,
+    }
+}
+
+/// The CPU-scheduled statements running now that arrived since `start_ns`, with the CPU
+/// they used so far and no finish time.
+fn running(shared: &shmem::Shared, start_ns: u64) -> Vec<TraceRecord> {
+    let Some(sched) = shared.sched() else {
+        return Vec::new();
+    };
+    let mut records = Vec::new();
+    for (procno, entry) in shared.procs().iter().enumerate() {
+        let query = entry.cpu_query.load(Ordering::Acquire);
+        if query == 0 || !shared.is_live(procno) {
+            continue;
+        }
+        let arrival_ns = entry.query_arrival_ns.load(Ordering::Relaxed);
+        let Some(snapshot) = sched.query_snapshot(QueryId(query - 1)) else {
+            continue;
+        };
+        if arrival_ns < start_ns {
+            continue;
+        }
+        records.push(TraceRecord {
+            arrival_ns,
+            admit_ns: entry.query_admit_ns.load(Ordering::Relaxed),
+            finish_ns: TraceRecord::PENDING,
+            cpu_ns: snapshot.cpu_ns,
+            query_id: 0,
+            group: snapshot.group.0,
+            procs: 1 + entry.workers_granted.load(Ordering::Relaxed),
+            pinned_priority: pinned_priority(shared, snapshot.group.0 as usize),
+            flags: 0,
+        });
+    }
+    records
+}
