@@ -213,7 +213,10 @@ pub fn start_statement(
     // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
     let (parallel, query_id) = unsafe {
         let stmt = (*desc).plannedstmt;
-        ((*stmt).parallelModeNeeded, (*stmt).queryId)
+        // queryId is a uint64 before PostgreSQL 18 and an int64 from 18 on.
+        #[allow(clippy::unnecessary_cast)]
+        let query_id = (*stmt).queryId as u64;
+        ((*stmt).parallelModeNeeded, query_id)
     };
     let procs = 1 + shared
         .my_entry()
