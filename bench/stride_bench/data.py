@@ -23,12 +23,7 @@ def schema_name(sf: float) -> str:
 def tpchgen_bin() -> str:
     cand = os.environ.get("TPCHGEN_CLI") or shutil.which("tpchgen-cli")
     if not cand:
-        home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
-        p = home / "bin" / "tpchgen-cli"
-        if p.exists():
-            cand = str(p)
-    if not cand:
-        raise RuntimeError("tpchgen-cli not found: bench/run installs it with cargo")
+        raise RuntimeError("tpchgen-cli not found: bench/run installs it into its venv from PyPI")
     return cand
 
 
