@@ -14,6 +14,7 @@
 //! * [`sim`] — discrete-event simulator and workload generator over [`SchedShared`].
 //! * [`trace_ring`] — the lock-free ring of per-statement records the tuner reads.
 //! * [`tuner`] — the self-tuner's trace records and search over [`sim`] (wagner2021 §4).
+//! * [`numa`] — NUMA topology and placement rules (psaroudakis2016).
 //!
 //! # How the extension drives the shared form
 //!
@@ -83,6 +84,7 @@ pub mod groups;
 pub mod hint;
 pub mod histogram;
 pub mod ids;
+pub mod numa;
 pub mod shared;
 pub mod sim;
 pub mod slice;
