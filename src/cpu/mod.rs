@@ -382,18 +382,20 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     let Some(query) = m.query else { return };
     let snapshot = sched.query_snapshot(query);
     wake(sched.leave(m.proc));
-    if let (true, Some(s)) = (m.owner, &snapshot) {
-        let ended = trace::Ended {
-            arrival: m.arrival,
-            query_id: m.query_id,
-            procs: m.procs,
-            failed,
-        };
-        trace::record_end(shared, &ended, s);
-    }
     if m.owner {
         if let Some(entry) = shared.my_entry() {
             entry.cpu_query.store(0, Ordering::Release);
+        }
+        // After the entry stopped showing the statement as running, so that the tuner
+        // never reads it twice.
+        if let Some(s) = &snapshot {
+            let ended = trace::Ended {
+                arrival: m.arrival,
+                query_id: m.query_id,
+                procs: m.procs,
+                failed,
+            };
+            trace::record_end(shared, &ended, s);
         }
         // Parallel workers leave before the leader's ExecutorEnd; after an error they
         // may not have yet, and the scheduler worker frees the entry once they have.

@@ -9,9 +9,9 @@
 
 use super::priority_range;
 use crate::{gucs, pg, shmem};
+use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::trace_ring::Missing;
 use pg_stride_sched::tuner::TraceRecord;
-use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::QueryId;
 use std::sync::atomic::Ordering;
 

@@ -107,6 +107,8 @@ fn round(shared: &shmem::Shared, sched: &SchedShared, t: &mut Tracking) {
     let trace = Trace::from_records(&read.records, start_ns, now_ns);
     let choice = shared.tuner.choice();
     let sim = sim_config(sched);
+    // A shorter pg_stride.tuner_interval set by a reload applies at once.
+    t.due = t.due.min(started + interval());
     let refresh = if started >= t.due {
         t.due = started + interval();
         t.tuner.refresh(&trace, &sim)
