@@ -104,12 +104,12 @@ pub fn charge(shared: &shmem::Shared, used_ns: u64) {
     if !gucs::numa_stats() || used_ns == 0 {
         return;
     }
-    with_machine(|machine| {
-        if let Some(m) = machine {
-            let node = pg::current_cpu().and_then(|cpu| m.node_of(cpu));
-            shared.nodes.charge(node, used_ns);
-        }
+    // Without a topology the CPU still counts, on no node, so that the view's rows
+    // add up to the groups' CPU time.
+    let node = with_machine(|machine| {
+        machine.and_then(|m| pg::current_cpu().and_then(|cpu| m.node_of(cpu)))
     });
+    shared.nodes.charge(node, used_ns);
 }
 
 /// Where PostgreSQL's main shared-memory segment (the one holding pg_stride's region)

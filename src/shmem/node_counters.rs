@@ -16,7 +16,8 @@ pub const MAX_NODES: usize = 64;
 pub struct NodeCounters {
     cpu_ns: [AtomicU64; MAX_NODES],
     /// CPU charged on a CPU of no node of the topology (a `pg_stride.numa_topology`
-    /// that leaves CPUs out) or where the CPU could not be told.
+    /// that leaves CPUs out), where the CPU could not be told, or by a process that
+    /// could not read the topology.
     elsewhere_ns: AtomicU64,
     /// Whether a process already logged that it could not read the topology: one LOG
     /// line per server, not one per process.
