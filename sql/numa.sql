@@ -6,7 +6,7 @@
 SHOW pg_stride.numa;
 SHOW pg_stride.numa_topology;
 -- bind is not offered yet; the topology spec is checked.
-SET pg_stride.numa = bind;
+ALTER SYSTEM SET pg_stride.numa = bind;
 ALTER SYSTEM SET pg_stride.numa_topology = '0|0';
 ALTER SYSTEM SET pg_stride.numa_topology = '0-1|x';
 
@@ -16,13 +16,13 @@ WITH online AS (
                     THEN split_part(r, '-', 2)::int - split_part(r, '-', 1)::int + 1
                     ELSE 1 END) AS nodes
       FROM regexp_split_to_table(
-             btrim(coalesce(pg_read_file('/sys/devices/system/node/online', true), '0'),
+             btrim(coalesce(pg_read_file('/sys/devices/system/node/online', 0, 4096, true), '0'),
                    E' \n'), ',') r)
 SELECT (SELECT count(*) FROM pg_stride.numa WHERE node IS NOT NULL) = nodes AS a_row_per_node,
        (SELECT count(*) FROM pg_stride.numa WHERE node IS NULL) AS rows_of_no_node
   FROM online;
 SELECT bool_and(cpus = btrim(coalesce(
-                  pg_read_file(format('/sys/devices/system/node/node%s/cpulist', node), true),
+                  pg_read_file(format('/sys/devices/system/node/node%s/cpulist', node), 0, 4096, true),
                   pg_read_file('/sys/devices/system/cpu/online')), E' \n')) AS cpus_as_the_kernel_lists,
        sum(cpu_count) >= 1 AS has_cpus,
        bool_and(cpu_count = (SELECT count(*) FROM regexp_split_to_table(cpus, ',') r,
