@@ -24,7 +24,8 @@ SELECT pg_describe_object(classid, objid, objsubid) AS member
 SELECT attrelid::regclass AS view, attname, format_type(atttypid, atttypmod)
   FROM pg_attribute
  WHERE attrelid IN ('pg_stride.scheduler'::regclass, 'pg_stride.groups'::regclass,
-                    'pg_stride.activity'::regclass, 'pg_stride.tuner'::regclass)
+                    'pg_stride.activity'::regclass, 'pg_stride.tuner'::regclass,
+                    'pg_stride.numa'::regclass)
    AND attnum > 0
  ORDER BY attrelid::regclass::text, attnum;
 

@@ -12,7 +12,7 @@
 //! The accessors mirror those of `std::thread::LocalKey` for `Cell` and `RefCell`, so
 //! the code reads the same; a `RefCell` still catches a re-entrant mutable borrow.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 
 /// A value owned by the process's one thread (see the module comment).
 pub struct BackendLocal<T>(T);
@@ -68,5 +68,12 @@ impl<T> BackendLocal<RefCell<T>> {
 
     pub fn set(&self, value: T) {
         *self.0.borrow_mut() = value;
+    }
+}
+
+impl<T> BackendLocal<OnceCell<T>> {
+    /// The value, made by `init` at the first call.
+    pub fn get_or_init(&'static self, init: impl FnOnce() -> T) -> &'static T {
+        self.0.get_or_init(init)
     }
 }

@@ -24,6 +24,19 @@ pub enum ParallelMode {
     Native,
 }
 
+/// `pg_stride.numa`: what pg_stride does about NUMA (DESIGN.md §10). `bind` (a home
+/// node per query, its processes bound to the node's CPUs) is not offered yet.
+#[derive(PostgresGucEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumaMode {
+    /// Nothing: no per-node accounting.
+    #[name = c"off"]
+    Off,
+    /// Per-node accounting of the CPU charged to queries (psaroudakis2016 §4.2's
+    /// per-socket utilisation); the view `pg_stride.numa`.
+    #[name = c"stats"]
+    Stats,
+}
+
 /// Largest accepted `pg_stride.cpu_slots`; far above any core count PostgreSQL runs on.
 pub const MAX_CPU_SLOTS: i32 = 4096;
 /// Largest accepted priority (`priority_initial`, `priority_min`): the groups' limit.
@@ -49,6 +62,9 @@ pub static TUNER_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(20);
 pub static TUNER_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 pub static PARALLEL_MODE: GucSetting<ParallelMode> =
     GucSetting::<ParallelMode>::new(ParallelMode::Native);
+pub static NUMA: GucSetting<NumaMode> = GucSetting::<NumaMode>::new(NumaMode::Stats);
+pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
 pub static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
@@ -58,6 +74,23 @@ pub fn enabled() -> bool {
     // SAFETY: the variable PostgreSQL's GUC machinery stores the setting in; read on the
     // process's one thread, like every GUC variable in C.
     unsafe { *ENABLED.as_ptr() }
+}
+
+/// Whether `pg_stride.numa` is `stats`, read without pgrx's thread check and without
+/// converting the ordinal (which panics on an unknown one): asked at every slice end.
+pub fn numa_stats() -> bool {
+    // SAFETY: the variable PostgreSQL's GUC machinery stores the enum's ordinal in; read
+    // on the process's one thread, like every GUC variable in C.
+    unsafe { *NUMA.as_ptr() == NumaMode::Stats as i32 }
+}
+
+/// `pg_stride.numa_topology`: a spec of fake nodes (`0|1`), or `None` for the kernel's
+/// topology.
+pub fn numa_topology_spec() -> Option<String> {
+    NUMA_TOPOLOGY
+        .get()
+        .map(|s| s.to_string_lossy().trim().to_owned())
+        .filter(|s| !s.is_empty())
 }
 
 /// Whether a resource group of a name exists: `None` while that cannot be told (see
@@ -251,6 +284,28 @@ pub fn register(group_exists: GroupExists) {
             None,
         )
     };
+    GucRegistry::define_enum_guc(
+        c"pg_stride.numa",
+        c"What pg_stride does about NUMA nodes.",
+        c"off: nothing; stats: CPU time charged to queries is counted per node (view pg_stride.numa).",
+        &NUMA,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    // SAFETY: the check hook is guarded and only parses the value.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"pg_stride.numa_topology",
+            c"For tests: CPU lists of fake NUMA nodes, such as 0|1; empty means the kernel's nodes.",
+            c"Each |-separated CPU list in the kernel's format (0-3,8) is one node, numbered from 0.",
+            &NUMA_TOPOLOGY,
+            GucContext::Postmaster,
+            GucFlags::default(),
+            Some(check_numa_topology),
+            None,
+            None,
+        )
+    };
     GucRegistry::define_string_guc(
         c"pg_stride.database",
         c"Database whose pg_stride.resource_groups table defines the resource groups.",
@@ -354,6 +409,43 @@ unsafe extern "C-unwind" fn check_resource_group(
         pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
         pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(
             c"Create it with pg_stride.create_group(), or list groups in pg_stride.groups."
+                .as_ptr(),
+        );
+    }
+    false
+}
+
+/// Refuses a `pg_stride.numa_topology` that does not parse as node CPU lists (or that
+/// puts a CPU in two nodes), with the parser's reason.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_numa_topology(
+    newval: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the proposed value (NULL for none).
+    let spec = unsafe {
+        newval
+            .as_ref()
+            .filter(|p| !p.is_null())
+            .map(|&p| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+    }
+    .unwrap_or_default();
+    let spec = spec.trim();
+    let Err(e) = (match spec {
+        "" => Ok(()),
+        _ => pg_stride_sched::numa::Topology::from_spec(spec).map(|_| ()),
+    }) else {
+        return true;
+    };
+    let detail = CString::new(e.to_string()).unwrap_or_default();
+    // SAFETY: the documented way for a check hook to give its error's code, detail and
+    // hint: palloc'd strings in the GUC_check_* globals.
+    unsafe {
+        pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE as i32);
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(
+            c"Give one CPU list per node, separated by |, such as 0|1 or 0-3|4-7, each CPU in one node; or empty for the kernel's nodes."
                 .as_ptr(),
         );
     }

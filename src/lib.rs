@@ -9,14 +9,17 @@
 use pgrx::prelude::*;
 
 // Layers (DESIGN.md §7; `scripts/layers` checks that each module uses only layers
-// below its own): 1 helpers, 2 settings, 3 shared-memory layout, 4 mechanisms,
-// 5 coordination, 6 processes and SQL functions, 7 hooks and _PG_init.
+// below its own): 1 helpers, 2 settings, 3 shared-memory layout, 4 the machine (NUMA
+// topology and per-node accounting), 5 mechanisms, 6 coordination, 7 processes and SQL
+// functions, 8 hooks and _PG_init.
 mod backend_local;
 mod pg;
 
 mod gucs;
 
 mod shmem;
+
+mod numa;
 
 mod admission;
 mod cpu;

@@ -321,3 +321,38 @@ pub fn on_exit(callback: unsafe extern "C-unwind" fn(i32, pg_sys::Datum)) {
     // arguments it documents.
     unsafe { pg_sys::before_shmem_exit(Some(callback), pg_sys::Datum::from(0)) };
 }
+
+/// The pid of the postmaster.
+pub fn postmaster_pid() -> i32 {
+    // SAFETY: plain read of a global set before any child process starts.
+    unsafe { pg_sys::PostmasterPid }
+}
+
+/// The CPUs this process may run on (its affinity mask, `sched_getaffinity`),
+/// ascending; `None` if the mask cannot be read.
+pub fn allowed_cpus() -> Option<Vec<u32>> {
+    // SAFETY: a cpu_set_t is plain bits, valid zeroed.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most `size_of::<cpu_set_t>()` bytes into `set`
+    // for the calling process (pid 0).
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return None;
+    }
+    let mut cpus = Vec::new();
+    for cpu in 0..8 * size_of::<libc::cpu_set_t>() {
+        // SAFETY: CPU_ISSET reads bit `cpu` of the set, below its size.
+        if unsafe { libc::CPU_ISSET(cpu, &set) } {
+            cpus.push(cpu as u32);
+        }
+    }
+    Some(cpus)
+}
+
+/// The CPU this process runs on now (`sched_getcpu`: a vDSO read on Linux, tens of ns,
+/// no system call); it may have moved by the time the caller looks. `None` if the
+/// kernel cannot tell.
+pub fn current_cpu() -> Option<u32> {
+    // SAFETY: sched_getcpu takes no arguments and only returns a number.
+    u32::try_from(unsafe { libc::sched_getcpu() }).ok()
+}

@@ -33,7 +33,7 @@ pub use trace::{read_window, Arrival};
 
 use crate::backend_local::BackendLocal;
 use crate::pg::{self, interrupts_can_be_processed, thread_cpu_ns};
-use crate::{gucs, shmem};
+use crate::{gucs, numa, shmem};
 use pg_stride_sched::decay::PriorityRange;
 use pg_stride_sched::slice::{Checkpoint, SliceClock};
 use pg_stride_sched::{
@@ -356,6 +356,7 @@ pub fn end_run(shared: &shmem::Shared) {
     };
     if sched.is_running(proc) {
         wake(sched.release(proc, used));
+        numa::charge(shared, used);
     }
 }
 
@@ -627,6 +628,8 @@ unsafe extern "C-unwind" fn check_in() {
         return;
     }
     let outcome = sched.end_slice(proc, used_ns);
+    // Per node, on the CPU the slice ended on (before a pause moves the process).
+    numa::charge(shared, used_ns);
     wake(outcome.wake);
     if outcome.turn == Turn::Wait {
         pause(shared, sched, proc);

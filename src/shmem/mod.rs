@@ -11,9 +11,11 @@
 //! no pointers, so the layout is valid in every process whatever address it is mapped at.
 
 mod directory;
+mod node_counters;
 mod tuner_state;
 
 pub use directory::{Group, GroupDirectory, MAX_GROUPS};
+pub use node_counters::{NodeCounters, MAX_NODES};
 pub use tuner_state::{RefreshRow, TunerState};
 
 use crate::{gucs, pg};
@@ -111,6 +113,8 @@ pub struct Shared {
     queue: UnsafeCell<Queue>,
     /// Decay parameters in force and the tuner's refreshes.
     pub tuner: TunerState,
+    /// CPU charged per NUMA node (`pg_stride.numa = stats`).
+    pub nodes: NodeCounters,
 }
 
 // The region's interior mutability is either atomics or data changed only under an
@@ -397,6 +401,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
                 .write(Counts::new(gucs::MAX_ACTIVE_QUERIES.get() as u32));
             (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
             TunerState::init(&raw mut (*region).tuner, gucs::decay_params());
+            NodeCounters::init(&raw mut (*region).nodes);
             let first = region.add(1).cast::<ProcEntry>();
             for i in 0..nprocs {
                 first.add(i).write(ProcEntry::default());

@@ -8,12 +8,16 @@
 //!   several nodes).
 //! * [`placement`] — CPU slots split by node, a query's home node, and when a query may
 //!   run on another node (stealing).
+//! * [`maps`] — where a shared-memory segment's pages are, per node, from a process's
+//!   `/proc/<pid>/maps` and `numa_maps`, without touching a page.
 //!
 //! On a machine with one node everything comes down to one node holding every slot:
 //! nothing is bound and nothing is stolen.
 
+pub mod maps;
 pub mod placement;
 pub mod topology;
 
+pub use maps::{segment_containing, segment_placement, Placement};
 pub use placement::{choose_home, split_slots, NodeLoad, StealPolicy, UtilEma};
 pub use topology::{format_cpu_list, parse_cpu_list, Node, Topology, TopologyError};

@@ -1,0 +1,127 @@
+//! The machine's NUMA nodes as this process sees them, and per-node accounting
+//! (DESIGN.md §10, design/NUMA.md; psaroudakis2016 §4.2 keeps utilisation per socket).
+//!
+//! * The topology comes from the kernel (`sched`'s `Topology::from_sysfs("/sys")`) or
+//!   from `pg_stride.numa_topology` (fake nodes for tests), restricted to the CPUs this
+//!   process may run on. It is read once per process, at its first use; if it cannot be
+//!   read, NUMA statistics are off in that process and the first process to find out
+//!   says so in one LOG line for the server.
+//! * [`charge`] adds CPU charged to a query to the counter of the node of the CPU the
+//!   process is on at that moment (`sched_getcpu`, a vDSO read): a process that migrated
+//!   during the slice has its whole slice counted where it ended. It is called exactly
+//!   where the CPU scheduler charges a query (slice end, end of ExecutorRun), so that
+//!   the per-node totals add up to the groups' CPU time.
+//! * [`shared_memory_placement`] reads where PostgreSQL's main shared-memory segment
+//!   is, per node, from the postmaster's `/proc/<pid>/numa_maps`, touching no page.
+//!
+//! A layer of its own, between the shared-memory layout and the mechanisms: the CPU
+//! scheduler charges through it, the views read it, and it uses neither.
+
+use crate::backend_local::BackendLocal;
+use crate::{gucs, pg, shmem};
+use pg_stride_sched::numa::{segment_placement, Placement, Topology, TopologyError};
+use std::cell::OnceCell;
+use std::path::Path;
+
+/// `node_of_cpu` entry of a CPU on no node of the topology.
+const NO_NODE: u32 = u32::MAX;
+
+/// The topology of this process, with a table from CPU number to kernel node number.
+pub struct Machine {
+    pub topology: Topology,
+    /// Whether the nodes are fake ones from `pg_stride.numa_topology`.
+    pub from_spec: bool,
+    /// Kernel node number by CPU number (`NO_NODE` for CPUs of no node): one load at a
+    /// slice end instead of a search.
+    node_of_cpu: Vec<u32>,
+}
+
+impl Machine {
+    fn probe() -> Result<Machine, TopologyError> {
+        let spec = gucs::numa_topology_spec();
+        let topology = match &spec {
+            Some(spec) => Topology::from_spec(spec)?,
+            None => Topology::from_sysfs(Path::new("/sys"))?,
+        };
+        let topology = match pg::allowed_cpus() {
+            Some(allowed) => topology.restrict(&allowed)?,
+            None => topology,
+        };
+        let max_cpu = topology
+            .nodes
+            .iter()
+            .flat_map(|n| n.cpus.iter().copied())
+            .max()
+            .unwrap_or(0);
+        let mut node_of_cpu = vec![NO_NODE; max_cpu as usize + 1];
+        for node in &topology.nodes {
+            for &cpu in &node.cpus {
+                node_of_cpu[cpu as usize] = node.id;
+            }
+        }
+        Ok(Machine {
+            topology,
+            from_spec: spec.is_some(),
+            node_of_cpu,
+        })
+    }
+
+    /// The kernel node number of `cpu`, if it is on a node of the topology.
+    #[inline]
+    pub fn node_of(&self, cpu: u32) -> Option<u32> {
+        self.node_of_cpu
+            .get(cpu as usize)
+            .copied()
+            .filter(|&n| n != NO_NODE)
+    }
+}
+
+/// This process's topology: not probed yet, or the result of the probe (`None` when it
+/// failed).
+static MACHINE: BackendLocal<OnceCell<Option<Machine>>> = BackendLocal::new(OnceCell::new());
+
+/// Calls `f` with this process's topology, probing it at the first call; `None` when it
+/// cannot be read (then logged once per server).
+pub fn with_machine<R>(f: impl FnOnce(Option<&Machine>) -> R) -> R {
+    let machine = MACHINE.get_or_init(|| match Machine::probe() {
+        Ok(m) => Some(m),
+        Err(e) => {
+            if shmem::shared().is_none_or(|s| s.nodes.first_probe_failure()) {
+                pgrx::log!("pg_stride: NUMA statistics are off: cannot read the NUMA topology: {e}");
+            }
+            None
+        }
+    });
+    f(machine.as_ref())
+}
+
+/// Adds `used_ns` of CPU, just charged to a query, to the node of the CPU this process
+/// is on, when `pg_stride.numa = stats`. No allocation after the first call of the
+/// process (which reads the topology), no system call: a GUC read, `sched_getcpu` and
+/// an atomic add.
+#[inline]
+pub fn charge(shared: &shmem::Shared, used_ns: u64) {
+    if !gucs::numa_stats() || used_ns == 0 {
+        return;
+    }
+    // Without a topology the CPU still counts, on no node, so that the view's rows
+    // add up to the groups' CPU time.
+    let node = with_machine(|machine| {
+        machine.and_then(|m| pg::current_cpu().and_then(|cpu| m.node_of(cpu)))
+    });
+    shared.nodes.charge(node, used_ns);
+}
+
+/// Where PostgreSQL's main shared-memory segment (the one holding pg_stride's region)
+/// is, per node: the pages in the postmaster's page tables, by its `/proc/<pid>/maps`
+/// and `numa_maps`. Pages that only other processes touched (most shared buffers once
+/// backends have read into them) are not in the postmaster's page tables and count as
+/// not resident. `None` when the files cannot be read (a kernel without NUMA support
+/// has no `numa_maps`) or the region is not mapped.
+pub fn shared_memory_placement() -> Option<Placement> {
+    let address = shmem::shared()? as *const shmem::Shared as u64;
+    let pid = pg::postmaster_pid();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let numa_maps = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).ok()?;
+    segment_placement(&maps, &numa_maps, address)
+}
