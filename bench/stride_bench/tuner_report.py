@@ -112,8 +112,12 @@ def markdown(meta) -> str:
       "sequence on a freshly started server; configurations alternate order between "
       "repetitions.")
     w("")
-    cmd = (f"bench/run --tuner-phases --alphas {ph['alpha']} --phase-duration {ph['duration']} "
-           f"--reps {ph['reps']} --configs {','.join(cfgs)}")
+    major = "".join(ch for ch in m.get("postgres", "").split(")")[-1].strip().split(".")[0]
+                    if ch.isdigit())
+    env = f"PG={major} . scripts/pg-env && " if major and major != "15" else ""
+    cmd = (f"{env}bench/run --tuner-phases --alphas {ph['alpha']} --phase-duration {ph['duration']} "
+           f"--reps {ph['reps']} --configs {','.join(cfgs)}"
+           + (f" --prime {ph['prime_s']}" if ph["prime_s"] != 60 else ""))
     w(f"- command: `{cmd}` (α {ph['alpha']}, {ph['duration']} s per phase, "
       f"{ph['prime_s']} s of unmeasured phase-A arrivals before phase A)")
     w(f"- run: {meta.get('started', '?')} – {meta.get('finished', '?')}, "
