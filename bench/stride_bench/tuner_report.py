@@ -173,7 +173,15 @@ def markdown(meta) -> str:
     # ---- per repetition
     w("## Per repetition")
     w("")
-    w("Short and long mean / p99 slowdown of each sequence, in the order they ran.")
+    w("Short and long mean / p99 slowdown of each sequence, in the order they ran. "
+      "\"server CPU\" is the PostgreSQL processes' CPU over the sequence as a share of all "
+      "CPUs, \"machine\" the whole machine's: the difference is what other processes on "
+      "the shared machine took. \"max in system\" per phase: arrivals not yet finished at "
+      "once; at the client count (" + str(plan.get("clients", "?")) + ") pgbench ran out of "
+      "clients: later arrivals waited for a free client (max lag given). Their response "
+      "times still count from the scheduled arrival (the lag is in them), but while "
+      "clients ran out at most that many queries were in the server, with a FIFO queue in "
+      "front of it, so the scheduler saw fewer of the waiting queries.")
     w("")
     names = [p["name"] for p in ph["phases"]]
     w("| # | config | rep | " + " | ".join(f"{n} short | {n} long" for n in names) +
@@ -188,7 +196,10 @@ def markdown(meta) -> str:
             for cls in CLASSES:
                 s = c.get(cls, {}).get("slowdown", {})
                 cells.append(f"{f(s.get('mean'))} / {f(s.get('p99'))}")
-            mis.append(str(st.get("max_in_system", "–")))
+            mi = str(st.get("max_in_system", "–"))
+            if st.get("ran_out_of_clients"):
+                mi += f" (out of clients, lag ≤ {st.get('max_lag_s', 0):.1f} s)"
+            mis.append(mi)
             failed += st.get("failed", 0)
         bad = [s for s in r["steps"] if s.get("rc") or s.get("timed_out")]
         w(f"| {i + 1} | {r['config']} | {r['rep'] + 1} | " + " | ".join(cells) +
