@@ -89,6 +89,32 @@ def phase_table(meta) -> list:
     return rows
 
 
+def rep_ratios(meta) -> list:
+    """[(rep, {(phase, class): {"mean", "p99"} ratio of the second configuration to the
+    first})] for the repetitions in which both ran."""
+    cfgs = configs_of(meta)
+    if len(cfgs) < 2:
+        return []
+    by = {(r["config"], r["rep"]): r for r in meta["phases"]["runs"]}
+    out = []
+    for rep in sorted({r["rep"] for r in meta["phases"]["runs"]}):
+        a, b = by.get((cfgs[0], rep)), by.get((cfgs[1], rep))
+        if not a or not b:
+            continue
+        ratios = {}
+        for p in meta["phases"]["phases"]:
+            for cls in CLASSES:
+                sa = a["phases"].get(p["name"], {}).get("classes", {}).get(cls, {}).get(
+                    "slowdown", {})
+                sb = b["phases"].get(p["name"], {}).get("classes", {}).get(cls, {}).get(
+                    "slowdown", {})
+                ratios[(p["name"], cls)] = {k: analysis.ratio(sb.get(k, float("nan")),
+                                                              sa.get(k, float("nan")))
+                                            for k in ("mean", "p99")}
+        out.append((rep, ratios))
+    return out
+
+
 def rel(t, starts):
     """'B+37s' for epoch t given the phases' (name, start) list."""
     idx = analysis.phase_of(t, [s for _, s in starts])
@@ -206,6 +232,22 @@ def markdown(meta) -> str:
           f" | {r['cpu']['server_cpu_util'] * 100:.0f} % (machine {r['cpu']['machine_busy'] * 100:.0f} %)"
           f" | {'/'.join(mis)} | {failed}{' (pgbench failed: ' + ', '.join(s['name'] for s in bad) + ')' if bad else ''} |")
     w("")
+
+    # ---- ratios within each repetition
+    pairs = rep_ratios(meta)
+    if pairs:
+        base, other = cfgs[0], cfgs[1]
+        w(f"Within each repetition the two sequences ran back to back, so they shared the "
+          f"machine's conditions more than sequences of different repetitions: "
+          f"{other} ÷ {base} per repetition (mean / p99).")
+        w("")
+        w("| rep | " + " | ".join(f"{n} short | {n} long" for n in names) + " |")
+        w("|---|" + "---|---|" * len(names))
+        for rep, ratios in pairs:
+            w(f"| {rep + 1} | " + " | ".join(
+                f"{f(ratios[(n, cls)]['mean'], 3)} / {f(ratios[(n, cls)]['p99'], 3)}"
+                for n in names for cls in CLASSES) + " |")
+        w("")
 
     # ---- arrivals check
     w("## Same arrivals")

@@ -334,6 +334,10 @@ class TunerPhasesTest(unittest.TestCase):
         self.assertIn("0.100 %", md)                 # the tuner's CPU share
         self.assertIn("| A | 3:abcd | 3:abcd | 3:abcd | 3:abcd | yes |", md)
         self.assertIn("stride-tuner", tuner_report.compact(meta))
+        pairs = tuner_report.rep_ratios(meta)
+        self.assertEqual([rep for rep, _ in pairs], [0, 1])
+        self.assertAlmostEqual(pairs[0][1][("B", "long")]["mean"], 2.0)
+        self.assertIn("| 1 | 2.000 / 2.000 |", md)
 
     def test_tuner_config_starts_from_stride_decay(self):
         with open(BENCH / "configs.toml", "rb") as fh:
