@@ -261,6 +261,23 @@ def markdown(meta) -> str:
         fps = [r["phases"].get(n, {}).get("arrival_fingerprint", "–") for r in ph["runs"]]
         w(f"| {n} | " + " | ".join(fps) + f" | {'yes' if len(set(fps)) == 1 else '**no**'} |")
     w("")
+    short_runs = []
+    for n in names:
+        counts = [(r, r["phases"].get(n, {}).get("arrival_fingerprint", "0:").split(":")[0])
+                  for r in ph["runs"]]
+        most = max((int(c) for _, c in counts if c.isdigit()), default=0)
+        for r, c in counts:
+            if c.isdigit() and int(c) < most:
+                st = r["phases"][n]
+                short_runs.append(f"{r['config']} rep {r['rep'] + 1} phase {n}: {c} of {most} "
+                                  f"arrivals (max schedule lag {st.get('max_lag_s', 0):.1f} s)")
+    if short_runs:
+        w("Fewer arrivals: " + "; ".join(short_runs) + ". pgbench `-T` ends a run at its "
+          "end whatever the backlog: arrivals that were still waiting for a free client then "
+          "(schedule lag beyond the 5 % margin at the window's end) never run, so these "
+          "runs miss their last, most delayed arrivals, and their figures for the phase are "
+          "somewhat too good.")
+        w("")
 
     # ---- rolling view
     w(f"## Adaptation: short-class mean slowdown per {BUCKET_S:.0f} s of arrivals")
