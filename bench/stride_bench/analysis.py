@@ -200,3 +200,77 @@ def closed_loop_stats(txns, duration_s: float, script_info=None, isolated=None) 
 
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
+
+
+# ---- the tuner phases run (bench/run --tuner-phases) ---------------------------------
+
+def phase_isolated(isolated: dict, short_from: str) -> dict:
+    """Isolated latencies keyed (query, class) for a phase whose "short" arrivals run the
+    queries of class `short_from` ("short": the usual mix; "long": phase B, where the
+    short slot draws from the large scale).  The long class is unchanged."""
+    out = {}
+    for (q, cls), v in isolated.items():
+        if cls == "long":
+            out[(q, "long")] = v
+            out[(q, "short")] = isolated[(q, short_from)]
+    return out
+
+
+def pooled_summary(slowdown_lists) -> dict:
+    """summarize() of several runs' slowdowns taken together (the repetitions of a
+    point); `slowdown_lists` is an iterable of lists."""
+    xs = [v for lst in slowdown_lists for v in lst]
+    return summarize(xs)
+
+
+def rolling_mean(txns, script_info, isolated, cls: str, bucket_s: float, t0: float,
+                 end_s: float | None = None) -> list:
+    """Mean slowdown of class `cls` per `bucket_s`-second bucket of *arrival* time after
+    t0 (arrivals from end_s on are left out): [{"t": bucket start, "n", "mean"}], one
+    entry per bucket up to the last one with an arrival, empty buckets with n 0."""
+    buckets = {}
+    for t in txns:
+        if t.failed:
+            continue
+        q, c = script_info[t.script]
+        rel = t.arrival_s - t0
+        if c != cls or rel < 0 or (end_s is not None and rel >= end_s):
+            continue
+        buckets.setdefault(int(rel // bucket_s), []).append(t.latency_s / isolated[(q, c)])
+    if not buckets:
+        return []
+    return [{"t": b * bucket_s, "n": len(buckets.get(b, [])),
+             "mean": (sum(buckets[b]) / len(buckets[b])) if buckets.get(b) else float("nan")}
+            for b in range(max(buckets) + 1)]
+
+
+def proc_stat_cpu_s(text: str, clk_tck: int) -> float:
+    """utime + stime, in seconds, from the text of /proc/<pid>/stat (the process's own
+    CPU; the command name may hold spaces and parentheses)."""
+    rest = text[text.rindex(")") + 2:].split()
+    # rest[0] is field 3 (state); utime and stime are fields 14 and 15
+    return (int(rest[11]) + int(rest[12])) / clk_tck
+
+
+def cpu_share(cpu0_s: float, cpu1_s: float, wall_s: float) -> float:
+    """CPU seconds used between two readings as a share of one CPU over wall_s."""
+    return (cpu1_s - cpu0_s) / wall_s if wall_s > 0 else float("nan")
+
+
+def merge_refreshes(rows: list, new: list) -> list:
+    """Union of tuner-view readings (the view keeps the last 64 refreshes), one row per
+    (refreshed_at, action), in time order."""
+    seen = {(r["refreshed_at"], r["action"]): r for r in rows}
+    for r in new:
+        seen.setdefault((r["refreshed_at"], r["action"]), r)
+    return sorted(seen.values(), key=lambda r: (r["refreshed_at"], r["action"]))
+
+
+def phase_of(t: float, starts: list) -> int | None:
+    """Index of the phase running at epoch time t, given the phases' start times in
+    order (None before the first)."""
+    idx = None
+    for i, s in enumerate(starts):
+        if t >= s:
+            idx = i
+    return idx

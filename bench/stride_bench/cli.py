@@ -37,11 +37,20 @@ class Plan:
     overhead_clients: int = 4
     oltp_scale: int = 10
     parts: list = field(default_factory=lambda: ["open", "mixed", "overhead"])
+    # the tuner phases run (--tuner-phases)
+    phase_duration: int = 120
+    reps: int = 2
+    prime_s: int | None = None        # None: the largest prime_s of the configurations
+
+
+PHASES_CONFIGS = ["stride-decay", "stride-tuner"]
 
 
 def make_plan(mode: str) -> Plan:
     if mode == "quick":
         return Plan(mode="quick")
+    if mode == "phases":
+        return Plan(mode="phases", parts=["phases"])
     return Plan(mode="full", iso_runs=7, alphas=[0.5, 0.7, 0.8, 0.9, 0.95], ol_duration=90,
                 mixed_duration=60, overhead_rounds=5, overhead_duration=15)
 
@@ -144,6 +153,7 @@ class Runner:
         self.configs = [c for c in self.cfgfile["config"] if not only or c["name"] in only]
         self.run_dir = run_dir
         self.server = Server()
+        self.seed = SEED
         self.current = None          # name of the configuration the server runs now
         self.meta = {"plan": asdict(plan), "started": dt.datetime.now().isoformat(
             timespec="seconds"), "machine": machine_info(), "configs": {}, "open_loop": {},
@@ -354,6 +364,9 @@ class Runner:
         t0 = time.monotonic()
         self.setup()
         self.isolated()
+        if "phases" in self.plan.parts:
+            from . import phases
+            phases.run(self)
         if "open" in self.plan.parts:
             self.open_loop()
         if "mixed" in self.plan.parts:
@@ -382,6 +395,9 @@ def main(argv=None):
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--quick", action="store_true", help="one load point, short runs (minutes)")
     g.add_argument("--full", action="store_true", help="the full sweep (about an hour)")
+    g.add_argument("--tuner-phases", action="store_true",
+                   help="three-phase arrival sequence (mix, longer mix, mix) per configuration "
+                   "(default stride-decay,stride-tuner); writes bench/results/TUNER.md")
     g.add_argument("--report", metavar="RUN_DIR", help="rebuild the report of a finished run")
     ap.add_argument("--configs", help="comma-separated configuration names (default: all)")
     ap.add_argument("--parts", help="comma-separated subset of open,mixed,overhead")
@@ -390,19 +406,34 @@ def main(argv=None):
     ap.add_argument("--duration", type=int, help="seconds per open-loop point")
     ap.add_argument("--alphas", help="comma-separated load factors")
     ap.add_argument("--out", help="write RESULTS.md and plots here instead of the default")
+    ap.add_argument("--phase-duration", type=int,
+                    help="--tuner-phases: seconds per phase (default 120)")
+    ap.add_argument("--reps", type=int,
+                    help="--tuner-phases: repetitions, in alternating configuration order "
+                    "(default 2)")
+    ap.add_argument("--prime", type=int,
+                    help="--tuner-phases: seconds of unmeasured phase-A arrivals before phase A "
+                    "(default: the largest prime_s of the configurations)")
     args = ap.parse_args(argv)
 
     from . import report
     if args.report:
         rd = Path(args.report)
         meta = json.loads((rd / "results.json").read_text())
+        if meta["plan"]["mode"] == "phases":
+            from . import phases, tuner_report
+            phases.reanalyse(meta, rd)
+            (rd / "results.json").write_text(json.dumps(meta, indent=1))
+            tuner_report.write(meta, rd, publish=not args.out and tuner_report.publishable(meta),
+                               outdir=Path(args.out) if args.out else None)
+            return 0
         reanalyse(meta, rd)
         (rd / "results.json").write_text(json.dumps(meta, indent=1))
         report.write(meta, rd, publish=(meta["plan"]["mode"] == "full" and not args.out),
                      outdir=Path(args.out) if args.out else None)
         return 0
 
-    plan = make_plan("quick" if args.quick else "full")
+    plan = make_plan("quick" if args.quick else "phases" if args.tuner_phases else "full")
     if args.small_sf:
         plan.small_sf = args.small_sf
     if args.large_sf:
@@ -413,7 +444,19 @@ def main(argv=None):
         plan.alphas = [float(a) for a in args.alphas.split(",")]
     if args.parts:
         plan.parts = args.parts.split(",")
+    if args.phase_duration:
+        plan.phase_duration = args.phase_duration
+    if args.reps:
+        plan.reps = args.reps
+    if args.prime is not None:
+        plan.prime_s = args.prime
     only = args.configs.split(",") if args.configs else None
+    if plan.mode == "phases":
+        if args.parts:
+            ap.error("--parts does not apply to --tuner-phases")
+        if len(plan.alphas) != 1:
+            ap.error("--tuner-phases runs at one load: give one --alphas value")
+        only = only or PHASES_CONFIGS
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = OUT / "runs" / f"{stamp}-{plan.mode}"
@@ -437,7 +480,12 @@ def main(argv=None):
     finally:
         runner.server.shutdown()
         runner.save()
-    if ok:
+    if ok and plan.mode == "phases":
+        from . import tuner_report
+        tuner_report.write(runner.meta, run_dir,
+                           publish=not args.out and tuner_report.publishable(runner.meta),
+                           outdir=Path(args.out) if args.out else None)
+    elif ok:
         publish = plan.mode == "full" and not args.out and not only and not args.parts
         report.write(runner.meta, run_dir, publish=publish,
                      outdir=Path(args.out) if args.out else None)

@@ -179,3 +179,86 @@ def overhead_pair(server: Server, duration: int, clients: int, seed: int, outdir
                      "machine_busy": cpu.machine_busy}
         time.sleep(1)
     return res
+
+
+def phase_sequence(server: Server, conn: list, steps: list, clients: int, outdir: Path,
+                   on_tick=None) -> dict:
+    """Consecutive open-loop phases as one arrival sequence: the pgbench of step i is
+    started when the steps before it have had their durations (so the next phase's
+    arrivals begin as the previous phase's end, while its last queries still run).
+
+    steps: [{"name", "wl" (a Workload), "rate", "duration", "seed"}].  `on_tick()` is
+    called about every second while the sequence runs (e.g. to read the tuner view).
+    Returns per step its log prefix, exit status and start time, and the server CPU over
+    the whole sequence."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    logpos = server.log_size()
+    procs = []
+    t_start = time.monotonic()
+
+    def tick_until(deadline):
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            if on_tick:
+                on_tick()
+            time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
+
+    res_steps = []
+    with CpuMeter(server) as cpu:
+        try:
+            offset = 0.0
+            for st in steps:
+                tick_until(t_start + offset)
+                name = st["name"]
+                for old in outdir.glob(name + ".*"):      # logs of an earlier try
+                    if old.suffix.lstrip(".").isdigit():
+                        old.unlink()
+                prefix = outdir / name
+                cmd = [str(PG_BIN / "pgbench"), "-n", "-M", "simple", "-c", str(clients),
+                       "-j", "1", "-T", str(st["duration"]), "-R", f"{st['rate']:.4f}",
+                       f"--random-seed={st['seed']}", "-l", f"--log-prefix={prefix}",
+                       *st["wl"].pgbench_files(), *conn]
+                fh = open(outdir / f"{name}.out", "w")
+                fh.write("$ " + " ".join(cmd) + "\n")
+                fh.flush()
+                started = time.time()
+                procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                               cwd=outdir), fh))
+                res_steps.append({"name": name, "log_prefix": str(prefix), "started": started,
+                                  "duration": st["duration"], "rate": st["rate"],
+                                  "seed": st["seed"]})
+                offset += st["duration"]
+            # wait for the last pgbench runs to drain (bounded)
+            deadline = t_start + offset + max(120.0, offset)
+            for i, (p, fh) in enumerate(procs):
+                while p.poll() is None and time.monotonic() < deadline:
+                    if on_tick:
+                        on_tick()
+                    try:
+                        p.wait(timeout=1.0)
+                    except subprocess.TimeoutExpired:
+                        pass
+                timed_out = p.poll() is None
+                if timed_out:
+                    p.send_signal(signal.SIGINT)
+                    try:
+                        p.wait(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+                fh.close()
+                res_steps[i]["rc"] = p.returncode
+                res_steps[i]["timed_out"] = timed_out
+        except BaseException:
+            for p, fh in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                fh.close()
+            raise
+    if any(s["timed_out"] for s in res_steps):
+        server.cancel_all()
+    return {"steps": res_steps, "cpu": cpu.result(), "wall_s": time.monotonic() - t_start,
+            "server_crash": server.crashes_since(logpos)}

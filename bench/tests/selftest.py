@@ -183,6 +183,172 @@ class WorkloadTest(unittest.TestCase):
                 self.assertTrue(any("pg_stride" in s for s in c["settings"]), c["name"])
 
 
+class TunerPhasesTest(unittest.TestCase):
+    """The analysis and report of bench/run --tuner-phases."""
+
+    iso = {("q01", "short"): 0.1, ("q06", "short"): 0.01,
+           ("q01", "long"): 1.0, ("q06", "long"): 0.2}
+    script_info = {0: ("q01", "short"), 1: ("q06", "short"), 2: ("q01", "long"),
+                   3: ("q06", "long")}
+
+    def test_phase_isolated_short_slot_from_the_large_scale(self):
+        a = analysis.phase_isolated(self.iso, "short")
+        self.assertEqual(a, self.iso)
+        b = analysis.phase_isolated(self.iso, "long")
+        self.assertEqual(b[("q01", "short")], 1.0)
+        self.assertEqual(b[("q06", "short")], 0.2)
+        self.assertEqual(b[("q06", "long")], 0.2)
+
+    def test_phase_workloads_and_rates(self):
+        from stride_bench import phases
+        from stride_bench.workload import Workload
+        scripts = {("q01", "short"): "s1", ("q06", "short"): "s6", ("q01", "long"): "l1",
+                   ("q06", "long"): "l6"}
+        wl = Workload(scripts, ["q01", "q06"])
+        wls = phases.phase_workloads(wl, self.iso)
+        self.assertEqual([n for n, _, _ in phases.PHASES], ["A", "B", "C"])
+        self.assertIs(wls["A"][0], wl)
+        self.assertIs(wls["C"][0], wl)
+        wl_b, iso_b = wls["B"]
+        # B: every slot runs the large-scale scripts, weights still 3:1
+        self.assertEqual(wl_b.pgbench_files(), ["-f", "l1@3", "-f", "l6@3", "-f", "l1@1",
+                                                "-f", "l6@1"])
+        self.assertAlmostEqual(wl.mean_isolated(self.iso), 0.75 * 0.055 + 0.25 * 0.6)
+        self.assertAlmostEqual(wl_b.mean_isolated(iso_b), 0.6)
+        # same alpha: the rate falls by the ratio of the mean isolated latencies
+        self.assertEqual(phases.phase_window(180), (0.0, 171.0))
+        self.assertEqual(phases.phase_window(20), (0.0, 17.0))
+
+    def test_rolling_mean(self):
+        rows = [line(0, 0, 10000, 1, 100.01), line(1, 0, 30000, 1, 103.03),   # 1, 3
+                line(2, 0, 200000, 0, 125.2),                                  # 2 (bucket 2)
+                line(3, 0, 5000000, 2, 106.0),                                 # long
+                "0 9 failed 1 104 0 0",
+                line(4, 0, 10000, 1, 131.01)]                                  # past end
+        txns = analysis.parse_log_lines(rows)
+        r = analysis.rolling_mean(txns, self.script_info, self.iso, "short", 10.0, 100.0,
+                                  end_s=30.0)
+        self.assertEqual([b["t"] for b in r], [0.0, 10.0, 20.0])
+        self.assertEqual([b["n"] for b in r], [2, 0, 1])
+        self.assertAlmostEqual(r[0]["mean"], 2.0)
+        self.assertTrue(math.isnan(r[1]["mean"]))
+        self.assertAlmostEqual(r[2]["mean"], 2.0)
+        r = analysis.rolling_mean(txns, self.script_info, self.iso, "long", 10.0, 100.0)
+        self.assertEqual(len(r), 1)
+        self.assertAlmostEqual(r[0]["mean"], 5.0)
+        self.assertEqual(analysis.rolling_mean([], self.script_info, self.iso, "short",
+                                               10.0, 0.0), [])
+
+    def test_pooled_summary(self):
+        s = analysis.pooled_summary([[1.0, 3.0], [2.0], []])
+        self.assertEqual(s["n"], 3)
+        self.assertAlmostEqual(s["mean"], 2.0)
+        self.assertAlmostEqual(s["p50"], 2.0)
+
+    def test_proc_stat_cpu_and_share(self):
+        # the command name may hold spaces and parentheses
+        stat = "4242 (postgres: pg (x) tuner) S 1 4242 4242 0 -1 4194304 100 0 0 0 " \
+               "150 50 7 3 30 10 1 0 123 0 0"
+        self.assertAlmostEqual(analysis.proc_stat_cpu_s(stat, 100), 2.0)
+        self.assertAlmostEqual(analysis.cpu_share(2.0, 3.5, 300.0), 0.005)
+        self.assertTrue(math.isnan(analysis.cpu_share(0.0, 1.0, 0.0)))
+        from stride_bench.phases import proc_cpu
+        import os
+        self.assertIsNone(proc_cpu(None))
+        self.assertGreaterEqual(proc_cpu(os.getpid()), 0.0)
+
+    def test_merge_refreshes_and_phase_of(self):
+        a = [{"refreshed_at": 10.0, "action": "search", "x": 1},
+             {"refreshed_at": 20.0, "action": "shift check", "x": 2}]
+        b = [{"refreshed_at": 20.0, "action": "shift check", "x": 99},
+             {"refreshed_at": 15.0, "action": "search", "x": 3}]
+        m = analysis.merge_refreshes(a, b)
+        self.assertEqual([r["x"] for r in m], [1, 3, 2])
+        self.assertIsNone(analysis.phase_of(5.0, [10.0, 20.0, 30.0]))
+        self.assertEqual(analysis.phase_of(10.0, [10.0, 20.0, 30.0]), 0)
+        self.assertEqual(analysis.phase_of(25.0, [10.0, 20.0, 30.0]), 1)
+        self.assertEqual(analysis.phase_of(99.0, [10.0, 20.0, 30.0]), 2)
+
+    def synthetic_meta(self):
+        def phase(slow_short, slow_long, roll):
+            return {"classes": {"short": {"slowdown": analysis.summarize(slow_short),
+                                          "slowdowns": sorted(slow_short)},
+                                "long": {"slowdown": analysis.summarize(slow_long),
+                                         "slowdowns": sorted(slow_long)}},
+                    "arrival_fingerprint": "3:abcd", "max_in_system": 4, "failed": 0,
+                    "rolling_short": roll}
+
+        def run(config, rep, k, refreshes):
+            steps = [{"name": "p", "phase": None, "started": 1000.0},
+                     {"name": "a", "phase": "A", "started": 1060.0},
+                     {"name": "b", "phase": "B", "started": 1240.0},
+                     {"name": "c", "phase": "C", "started": 1420.0}]
+            roll = [{"t": 0.0, "n": 2, "mean": 2.0 * k}, {"t": 10.0, "n": 0,
+                                                            "mean": float("nan")}]
+            return {"config": config, "rep": rep, "steps": steps,
+                    "cpu": {"server_cpu_util": 0.5, "machine_busy": 0.6}, "wall_s": 600.0,
+                    "tuner": {"pid": 7, "pid_end": 7, "cpu_s": 0.6 * (k - 1),
+                              "share_of_one_cpu": 0.001 * (k - 1)},
+                    "scheduler_start": {"decay_lambda": 0.9, "decay_start": 0},
+                    "scheduler_end": {"decay_lambda": 0.9, "decay_start": 0},
+                    "refreshes": refreshes, "decay_timeline": [],
+                    "phases": {p: phase([1.0 * k, 3.0 * k], [2.0 * k], roll)
+                               for p in "ABC"}}
+        ref = [{"at": 1100.0, "action": "search", "statements": 100, "finished": 98,
+                "simulations": 100, "cpu_ms": 50.0, "old_lambda": 0.9, "old_decay_start": 0,
+                "best_lambda": 0.95, "best_decay_start": 2, "new_lambda": 0.9,
+                "new_decay_start": 0, "predicted_mean_before": 1.2,
+                "predicted_mean_after": 1.19, "adopted": False, "reason": "gain below margin"}]
+        return {"plan": {"mode": "phases"}, "machine": {}, "scales": {"short": 0.05,
+                                                                      "long": 0.5},
+                "phases": {"alpha": 0.95, "duration": 180, "prime_s": 60, "reps": 2,
+                           "rates": {"A": 6.0, "B": 2.0, "C": 6.0},
+                           "mean_isolated_s": {"A": 0.15, "B": 0.45, "C": 0.15},
+                           "phases": [{"name": "A", "short_from": "short", "seed": 1},
+                                      {"name": "B", "short_from": "long", "seed": 3},
+                                      {"name": "C", "short_from": "short", "seed": 1}],
+                           "runs": [run("stride-tuner", 0, 2, ref), run("stride-decay", 0, 1, []),
+                                    run("stride-decay", 1, 1, []), run("stride-tuner", 1, 2, ref)]}}
+
+    def test_report_tables(self):
+        from stride_bench import tuner_report
+        meta = self.synthetic_meta()
+        self.assertEqual(tuner_report.configs_of(meta), ["stride-decay", "stride-tuner"])
+        rows = tuner_report.phase_table(meta)
+        self.assertEqual([(r["phase"], r["class"]) for r in rows][:2],
+                         [("A", "short"), ("A", "long")])
+        short_a = rows[0]
+        # pooled over two repetitions: 4 slowdowns each
+        self.assertEqual(short_a["configs"]["stride-decay"]["n"], 4)
+        self.assertAlmostEqual(short_a["configs"]["stride-decay"]["mean"], 2.0)
+        self.assertAlmostEqual(short_a["ratios"]["stride-tuner"]["mean"], 2.0)
+        roll = tuner_report.pooled_rolling(meta, "B")
+        self.assertEqual(roll["stride-tuner"][0], (0.0, 4, 4.0))
+        self.assertEqual(roll["stride-decay"][1][1], 0)
+        self.assertTrue(tuner_report.publishable(meta))
+        meta["phases"]["duration"] = 20
+        self.assertFalse(tuner_report.publishable(meta))
+        md = tuner_report.markdown(meta)
+        self.assertIn("| A | short | 4/4 | 2.00 | 4.00 | 2.000 |", md)
+        self.assertIn("| A+40s | search | 100 (98) |", md)
+        self.assertIn("0.100 %", md)                 # the tuner's CPU share
+        self.assertIn("| A | 3:abcd | 3:abcd | 3:abcd | 3:abcd | yes |", md)
+        self.assertIn("stride-tuner", tuner_report.compact(meta))
+        pairs = tuner_report.rep_ratios(meta)
+        self.assertEqual([rep for rep, _ in pairs], [0, 1])
+        self.assertAlmostEqual(pairs[0][1][("B", "long")]["mean"], 2.0)
+        self.assertIn("| 1 | 2.000 / 2.000 |", md)
+
+    def test_tuner_config_starts_from_stride_decay(self):
+        with open(BENCH / "configs.toml", "rb") as fh:
+            cfg = {c["name"]: c for c in tomllib.load(fh)["config"]}
+        decay, tuner = cfg["stride-decay"], cfg["stride-tuner"]
+        self.assertEqual([s for s in tuner["settings"] if "pg_stride.tuner" not in s],
+                         decay["settings"])
+        self.assertIn("pg_stride.tuner = on", tuner["settings"])
+        self.assertGreater(tuner.get("prime_s", 0), 0)
+
+
 def main() -> int:
     suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
