@@ -107,9 +107,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         sweep: now,
     };
     while BackgroundWorker::wait_latch(Some(timers.sleep())) {
-        if BackgroundWorker::sighup_received() {
-            // SAFETY: the documented way for a background worker to reload its config.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        if reload_config_if_signalled() {
             config::apply(shared);
         }
         if Timers::take(
@@ -140,6 +138,17 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     exit_to_be_restarted();
 }
 
+/// Re-reads the configuration files if a SIGHUP arrived since the last call; returns
+/// whether it did.
+fn reload_config_if_signalled() -> bool {
+    if !BackgroundWorker::sighup_received() {
+        return false;
+    }
+    // SAFETY: the documented way for a background worker to reload its config.
+    unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+    true
+}
+
 /// Ends a worker that SIGTERM stopped. Exit code 1 has the postmaster start it again
 /// after its restart time (code 0 would unregister it for good): a DBA's
 /// `pg_terminate_backend` must not switch the safety net off until the next server
@@ -166,10 +175,7 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
     shared.groups.set_loader(pg::my_procno());
     reload_groups(shared);
     while BackgroundWorker::wait_latch(None) {
-        if BackgroundWorker::sighup_received() {
-            // SAFETY: the documented way for a background worker to reload its config.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-        }
+        reload_config_if_signalled();
         if shared.groups.pending_reload().is_some() {
             reload_groups(shared);
         }

@@ -79,10 +79,7 @@ pub extern "C-unwind" fn pg_stride_tuner_main(_arg: pg_sys::Datum) {
     let mut tracking: Option<Tracking> = None;
     let check = Duration::from_nanos(LoopSettings::default().check_ns);
     while BackgroundWorker::wait_latch(Some(check)) {
-        if BackgroundWorker::sighup_received() {
-            // SAFETY: the documented way for a background worker to reload its config.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-        }
+        super::reload_config_if_signalled();
         if !gucs::TUNER.get() {
             // Off: what was tracked is stale by the time it is switched on again.
             tracking = None;
