@@ -379,16 +379,8 @@ unsafe extern "C-unwind" fn check_resource_group(
     if restoring {
         return true;
     }
-    // SAFETY: PostgreSQL passes a valid pointer to the proposed value (NULL for none).
-    let name = unsafe {
-        newval
-            .as_ref()
-            .filter(|p| !p.is_null())
-            .map(|&p| std::ffi::CStr::from_ptr(p))
-    };
-    let name = name
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    // SAFETY: PostgreSQL passes the check hook a valid pointer to the proposed value.
+    let name = unsafe { proposed_string(newval) };
     match GROUP_EXISTS.get().and_then(|exists| exists(&name)) {
         Some(false) => {}
         Some(true) | None => return true,
@@ -415,6 +407,21 @@ unsafe extern "C-unwind" fn check_resource_group(
     false
 }
 
+/// The value a string GUC's check hook is asked about; empty for none.
+///
+/// # Safety
+/// `newval` is the hook's argument: null, or a pointer to null or to a C string.
+unsafe fn proposed_string(newval: *mut *mut std::ffi::c_char) -> String {
+    // SAFETY: the caller's promise.
+    unsafe {
+        newval
+            .as_ref()
+            .filter(|p| !p.is_null())
+            .map(|&p| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+    }
+    .unwrap_or_default()
+}
+
 /// Refuses a `pg_stride.numa_topology` that does not parse as node CPU lists (or that
 /// puts a CPU in two nodes), with the parser's reason.
 #[pgrx::pg_guard]
@@ -423,14 +430,8 @@ unsafe extern "C-unwind" fn check_numa_topology(
     _extra: *mut *mut std::ffi::c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
-    // SAFETY: PostgreSQL passes a valid pointer to the proposed value (NULL for none).
-    let spec = unsafe {
-        newval
-            .as_ref()
-            .filter(|p| !p.is_null())
-            .map(|&p| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
-    }
-    .unwrap_or_default();
+    // SAFETY: PostgreSQL passes the check hook a valid pointer to the proposed value.
+    let spec = unsafe { proposed_string(newval) };
     let spec = spec.trim();
     let Err(e) = (match spec {
         "" => Ok(()),
