@@ -70,6 +70,8 @@ struct Member {
     query_id: u64,
     /// Most processes that worked for them: the leader and its granted workers.
     procs: u32,
+    /// The static priority the query was registered with, if its group is pinned.
+    pinned_priority: Option<u32>,
 }
 
 impl Member {
@@ -86,6 +88,7 @@ impl Member {
             arrival: Arrival::default(),
             query_id: 0,
             procs: 1,
+            pinned_priority: None,
         }
     }
 
@@ -254,6 +257,7 @@ fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
             pinned_priority: pinned.map(|s| priority_range(&s).p0),
         };
         let group = GroupId(m.group as u32);
+        m.pinned_priority = options.pinned_priority;
         let registered = shared.with_admission(|_, _| sched.register_query(group, options));
         let Ok(query) = registered else {
             *member = None;
@@ -394,6 +398,7 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
                 arrival: m.arrival,
                 query_id: m.query_id,
                 procs: m.procs,
+                pinned_priority: m.pinned_priority,
                 failed,
             };
             trace::record_end(shared, &ended, s);

@@ -28,6 +28,8 @@ pub struct Ended {
     pub query_id: u64,
     /// Processes that worked for it: the leader and its granted parallel workers.
     pub procs: u32,
+    /// The static priority it ran with, if its group is pinned.
+    pub pinned_priority: Option<u32>,
     /// Whether it ended with an error (cancel and timeouts included).
     pub failed: bool,
 }
@@ -47,7 +49,7 @@ pub fn record_end(shared: &shmem::Shared, ended: &Ended, snapshot: &QuerySnapsho
         query_id: ended.query_id,
         group: snapshot.group.0,
         procs: ended.procs.max(1),
-        pinned_priority: pinned_priority(shared, snapshot.group.0 as usize),
+        pinned_priority: ended.pinned_priority.unwrap_or(0),
         flags: if ended.failed { TraceRecord::ERROR } else { 0 },
     };
     // A record dropped because its slot was still being written is counted by the
