@@ -102,21 +102,28 @@ fn round(shared: &shmem::Shared, sched: &SchedShared, t: &mut Tracking) {
     t.lost += read.overwritten + read.dropped.saturating_sub(t.dropped);
     (t.next_ticket, t.dropped) = (read.next_ticket, read.dropped);
     let trace = Trace::from_records(&read.records, start_ns, now_ns);
-    let choice = shared.tuner.choice();
-    let sim = sim_config(sched);
     // A shorter pg_stride.tuner_interval set by a reload applies at once.
     t.due = t.due.min(started + interval());
-    let refresh = if started >= t.due {
-        t.due = started + interval();
-        t.tuner.refresh(&trace, &sim)
-    } else {
-        let recent = trace.recent(t.loop_settings.shift_queries);
-        if !t.tuner.shifted(&recent, sim.decay.quantum_ns) {
+    let search = started >= t.due;
+    let recent = (!search).then(|| trace.recent(t.loop_settings.shift_queries));
+    if let Some(recent) = &recent {
+        if !t.tuner.shifted(recent, sched.decay().quantum_ns) {
             return;
         }
-        // The next search waits until the window holds only the new workload.
-        t.due = t.due.min(started + window());
-        t.tuner.fall_back(&recent, &sim, choice.configured())
+    }
+    // Read before the search: a configuration change during it makes `adopt` drop it.
+    let choice = shared.tuner.choice();
+    let sim = sim_config(sched);
+    let refresh = match &recent {
+        None => {
+            t.due = started + interval();
+            t.tuner.refresh(&trace, &sim)
+        }
+        Some(recent) => {
+            // The next search waits until the window holds only the new workload.
+            t.due = t.due.min(started + window());
+            t.tuner.fall_back(recent, &sim, choice.configured())
+        }
     };
     let installed = refresh.adopted && shared.tuner.adopt(sched, refresh.new, choice.generation());
     if refresh.adopted && !installed {
