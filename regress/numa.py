@@ -7,6 +7,10 @@ the groups (both are charged at the same two places, slice end and end of run); 
 main shared-memory segment, per node plus not resident, is the size PostgreSQL
 computed (shared_memory_size); and a second server with pg_stride.numa_topology = '0|1'
 (each of two CPUs a fake node) shows two nodes whose CPU times add up the same way.
+On that server, `pg_stride.numa = bind`: two parallel queries get different home
+nodes, each leader and its worker run bound to their home node's CPU (read from
+/proc/<pid>/status while they run), and each leader's own CPUs are back after its
+statement; a process takes the other node's slot only when it may steal.
 
 Starts its own temporary servers and prints one line per check, then
 "numa: N passed, N failed". Run as root, the servers run as postgres.
@@ -15,6 +19,7 @@ Starts its own temporary servers and prints one line per check, then
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import concurrency  # noqa: E402
@@ -111,6 +116,159 @@ def two_fake_nodes_add_up_the_same_way(s):
                  "|| (memory_total_kb IS NULL) FROM pg_stride.numa WHERE node IS NOT NULL")
     assert rows.splitlines() == ["0:0:1:true", "1:1:1:true"], rows
     nodes_add_up_to_groups(s)
+
+
+PARALLEL = ("SET max_parallel_workers_per_gather = 1; SET parallel_setup_cost = 0; "
+            "SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0;")
+# Long enough (seconds, in a debug build) to be sampled while it runs; parallel, with
+# one worker.
+BIND_QUERY = "SELECT count(*) FROM big, generate_series(1, 4)"
+
+
+def allowed_cpus(pid):
+    """The Cpus_allowed_list of process `pid`, or None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Cpus_allowed_list:"):
+                    return line.split(":", 1)[1].strip()
+    except FileNotFoundError:
+        return None
+    return None
+
+
+def set_bind(s, slots, steal_after):
+    """numa = bind with `slots` CPU slots split over the two fake nodes."""
+    for setting, value in [("pg_stride.numa", "bind"), ("pg_stride.cpu_slots", slots),
+                           ("pg_stride.numa_steal_after", steal_after)]:
+        s.sql(f"ALTER SYSTEM SET {setting} = {value}")
+    s.sql("SELECT pg_reload_conf()")
+    half = slots // 2
+    s.wait_until("SELECT string_agg(node || ':' || cpu_slots, ' ' ORDER BY node) "
+                 "FROM pg_stride.numa WHERE node IS NOT NULL", f"0:{half} 1:{slots - half}")
+    # The concurrency hint (free slots, averaged) grants the parallel workers: wait until
+    # it has seen the new slots.
+    s.wait_until(f"SELECT hint > {slots} - 1 FROM pg_stride.scheduler", "t")
+
+
+def reset_bind(s):
+    for setting in ["pg_stride.numa", "pg_stride.cpu_slots", "pg_stride.numa_steal_after"]:
+        s.sql(f"ALTER SYSTEM RESET {setting}")
+    s.sql("SELECT pg_reload_conf()")
+    s.wait_until("SHOW pg_stride.numa", "stats")
+
+
+def start_bound_queries(s, n):
+    """n sessions, each running BIND_QUERY with one parallel worker; returns (sessions,
+    their backend pids, each backend's CPUs before)."""
+    sessions = [concurrency.Session(s) for _ in range(n)]
+    pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
+    before = [allowed_cpus(pid) for pid in pids]
+    for x in sessions:
+        x.run(PARALLEL, lines=0)
+        x.proc.stdin.write(BIND_QUERY.encode() + b";\n")
+        x.proc.stdin.flush()
+    return sessions, pids, before
+
+
+def wait_for_bound_queries(sessions):
+    """Waits for each session's BIND_QUERY result; the sessions stay connected."""
+    for x in sessions:
+        # The query's result, then this statement's.
+        out = x.run("SELECT 'done'", lines=2, timeout=180)
+        assert out == ["12000000", "done"], out
+
+
+def finish_bound_queries(sessions):
+    wait_for_bound_queries(sessions)
+    for x in sessions:
+        x.close()
+
+
+def unscheduled(s, sql):
+    """Runs `sql` in a session pg_stride does not schedule, so that sampling the views
+    takes no slot and homes no query of its own."""
+    return s.sql(f"SET pg_stride.enabled = off; {sql}")
+
+
+def workers_of(s, leaders):
+    """{leader pid: [parallel worker pids]} from pg_stat_activity."""
+    rows = s.sql("SELECT leader_pid || ' ' || pid FROM pg_stat_activity "
+                 f"WHERE leader_pid IN ({','.join(map(str, leaders))}) AND pid <> leader_pid")
+    workers = {leader: [] for leader in leaders}
+    for row in rows.splitlines():
+        leader, pid = map(int, row.split())
+        workers[leader].append(pid)
+    return workers
+
+
+@fake_check
+def bind_keeps_each_query_and_its_worker_on_its_home_node(s):
+    set_bind(s, 4, -1)
+    try:
+        sessions, leaders, before = start_bound_queries(s, 2)
+        seen, view = None, None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            workers = workers_of(s, leaders)
+            if all(workers.values()):
+                seen = {leader: [allowed_cpus(leader)] + [allowed_cpus(w) for w in workers[leader]]
+                        for leader in leaders}
+                view = unscheduled(s, "SELECT string_agg(node || ':' || slots_in_use || ':' || queries_homed, ' ' "
+                                   "ORDER BY node) FROM pg_stride.numa WHERE node IS NOT NULL")
+                # Each process binds itself when it is first given a slot.
+                if all(len(set(cpus)) == 1 and cpus[0] in ("0", "1") for cpus in seen.values()):
+                    break
+            time.sleep(0.05)
+        print(f"    CPUs allowed (leader, worker) by query: {list(seen.values()) if seen else None}; "
+              f"view node:in_use:homed {view}; before {before}")
+        assert seen, "the queries never had their parallel workers running"
+        for leader, cpus in seen.items():
+            assert len(set(cpus)) == 1 and cpus[0] in ("0", "1"), \
+                f"leader {leader} and its worker are not bound to one node: {cpus}"
+        homes = sorted(cpus[0] for cpus in seen.values())
+        assert homes == ["0", "1"], f"both queries homed on one node: {homes}"
+        assert view == "0:2:1 1:2:1", view
+        wait_for_bound_queries(sessions)
+        after = [allowed_cpus(pid) for pid in leaders]
+        for x in sessions:
+            x.close()
+        assert after == before, f"leaders' CPUs after their statements {after}, before {before}"
+    finally:
+        reset_bind(s)
+
+
+def in_use_by_node(s, seconds):
+    """Samples slots in use of nodes 0 and 1 for `seconds`."""
+    samples = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        row = unscheduled(s, "SELECT string_agg(slots_in_use::text, ' ' ORDER BY node) "
+                          "FROM pg_stride.numa WHERE node IS NOT NULL")
+        samples.append(tuple(int(v) for v in row.split()))
+        time.sleep(0.05)
+    return samples
+
+
+@fake_check
+def a_process_takes_the_other_nodes_slot_only_when_it_may_steal(s):
+    # One slot per node; one query with a worker. Never stealing, its second process
+    # waits for its home node's slot while the other node's stays free; with stealing
+    # after 2 slices it takes the other node's.
+    result = {}
+    for steal_after in (-1, 2):
+        set_bind(s, 2, steal_after)
+        try:
+            sessions, _, _ = start_bound_queries(s, 1)
+            samples = in_use_by_node(s, 3)
+            finish_bound_queries(sessions)
+        finally:
+            reset_bind(s)
+        result[steal_after] = tuple(sorted((max(a for a, _ in samples), max(b for _, b in samples))))
+    print(f"    most slots in use on the two nodes, sampled for 3 s: never steal {result[-1]}, "
+          f"steal after 2 slices {result[2]}")
+    assert result[-1] == (0, 1), result
+    assert result[2] == (1, 1), result
 
 
 def setup(s):

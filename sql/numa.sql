@@ -5,8 +5,10 @@
 -- or one node when the kernel has no NUMA support).
 SHOW pg_stride.numa;
 SHOW pg_stride.numa_topology;
--- bind is not offered yet; the topology spec is checked.
-ALTER SYSTEM SET pg_stride.numa = bind;
+-- The modes, the stealing delay's range and the topology spec are checked.
+ALTER SYSTEM SET pg_stride.numa = interleave;
+ALTER SYSTEM SET pg_stride.numa_steal_after = -2;
+SHOW pg_stride.numa_steal_after;
 ALTER SYSTEM SET pg_stride.numa_topology = '0|0';
 ALTER SYSTEM SET pg_stride.numa_topology = '0-1|x';
 

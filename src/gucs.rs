@@ -24,8 +24,7 @@ pub enum ParallelMode {
     Native,
 }
 
-/// `pg_stride.numa`: what pg_stride does about NUMA (DESIGN.md §10). `bind` (a home
-/// node per query, its processes bound to the node's CPUs) is not offered yet.
+/// `pg_stride.numa`: what pg_stride does about NUMA (DESIGN.md §10).
 #[derive(PostgresGucEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NumaMode {
     /// Nothing: no per-node accounting.
@@ -35,6 +34,10 @@ pub enum NumaMode {
     /// per-socket utilisation); the view `pg_stride.numa`.
     #[name = c"stats"]
     Stats,
+    /// `stats`, and the CPU slots split by node: each query gets a home node, its
+    /// processes take that node's slots and run bound to its CPUs (psaroudakis2016 §4).
+    #[name = c"bind"]
+    Bind,
 }
 
 /// Largest accepted `pg_stride.cpu_slots`; far above any core count PostgreSQL runs on.
@@ -63,6 +66,7 @@ pub static TUNER_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 pub static PARALLEL_MODE: GucSetting<ParallelMode> =
     GucSetting::<ParallelMode>::new(ParallelMode::Native);
 pub static NUMA: GucSetting<NumaMode> = GucSetting::<NumaMode>::new(NumaMode::Stats);
+pub static NUMA_STEAL_AFTER: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
 pub static DATABASE: GucSetting<Option<CString>> =
@@ -76,12 +80,27 @@ pub fn enabled() -> bool {
     unsafe { *ENABLED.as_ptr() }
 }
 
-/// Whether `pg_stride.numa` is `stats`, read without pgrx's thread check and without
-/// converting the ordinal (which panics on an unknown one): asked at every slice end.
-pub fn numa_stats() -> bool {
+/// The ordinal of `pg_stride.numa`, read without pgrx's thread check and without
+/// converting it (which panics on an unknown one): asked at every slice end.
+fn numa_ordinal() -> i32 {
     // SAFETY: the variable PostgreSQL's GUC machinery stores the enum's ordinal in; read
     // on the process's one thread, like every GUC variable in C.
-    unsafe { *NUMA.as_ptr() == NumaMode::Stats as i32 }
+    unsafe { *NUMA.as_ptr() }
+}
+
+/// Whether CPU time is counted per node: `pg_stride.numa` is `stats` or `bind`.
+pub fn numa_stats() -> bool {
+    numa_ordinal() >= NumaMode::Stats as i32
+}
+
+/// Whether `pg_stride.numa` is `bind`.
+pub fn numa_bind() -> bool {
+    numa_ordinal() == NumaMode::Bind as i32
+}
+
+/// `pg_stride.numa_steal_after` in slices, `None` for -1 (never).
+pub fn numa_steal_after() -> Option<u32> {
+    u32::try_from(NUMA_STEAL_AFTER.get()).ok()
 }
 
 /// `pg_stride.numa_topology`: a spec of fake nodes (`0|1`), or `None` for the kernel's
@@ -287,8 +306,18 @@ pub fn register(group_exists: GroupExists) {
     GucRegistry::define_enum_guc(
         c"pg_stride.numa",
         c"What pg_stride does about NUMA nodes.",
-        c"off: nothing; stats: CPU time charged to queries is counted per node (view pg_stride.numa).",
+        c"off: nothing; stats: CPU time charged to queries is counted per node (view pg_stride.numa); bind: stats, and each query gets a home node whose CPU slots and CPUs its processes use.",
         &NUMA,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.numa_steal_after",
+        c"Slices a process of a query waits for a slot on its home node before it may take one on another node.",
+        c"Only with pg_stride.numa = bind; -1: never.",
+        &NUMA_STEAL_AFTER,
+        -1,
+        1_000_000,
         GucContext::Sighup,
         GucFlags::default(),
     );

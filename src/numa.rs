@@ -11,6 +11,12 @@
 //!   during the slice has its whole slice counted where it ended. It is called exactly
 //!   where the CPU scheduler charges a query (slice end, end of ExecutorRun), so that
 //!   the per-node totals add up to the groups' CPU time.
+//! * With `pg_stride.numa = bind`, [`slot_split`] splits the CPU slots over the nodes
+//!   in proportion to their CPUs, and a process holding a slot of node `i` runs bound
+//!   to the CPUs of the topology's `i`-th node ([`follow_slot`]) until its statement
+//!   ends ([`unbind`] puts its own mask back). Every process numbers the nodes the same
+//!   way because every process reads the same topology: the kernel's or the spec,
+//!   restricted to the CPUs the postmaster gave it, read before it binds itself.
 //! * [`shared_memory_placement`] reads where PostgreSQL's main shared-memory segment
 //!   is, per node, from the postmaster's `/proc/<pid>/numa_maps`, touching no page.
 //!
@@ -19,8 +25,10 @@
 
 use crate::backend_local::BackendLocal;
 use crate::{gucs, pg, shmem};
-use pg_stride_sched::numa::{segment_placement, Placement, Topology, TopologyError};
-use std::cell::OnceCell;
+use pg_stride_sched::numa::{
+    segment_placement, split_slots, Placement, Topology, TopologyError,
+};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::path::Path;
 
 /// `node_of_cpu` entry of a CPU on no node of the topology.
@@ -124,4 +132,63 @@ pub fn shared_memory_placement() -> Option<Placement> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
     let numa_maps = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).ok()?;
     segment_placement(&maps, &numa_maps, address)
+}
+
+/// How `total` CPU slots are split by node: with `pg_stride.numa = bind` and a topology
+/// of two or more nodes with CPUs, over the topology's nodes in proportion to their
+/// CPUs ([`split_slots`]); otherwise not split (one entry).
+pub fn slot_split(total: u32) -> Vec<u32> {
+    if !gucs::numa_bind() {
+        return vec![total];
+    }
+    with_machine(|machine| {
+        let Some(m) = machine else {
+            return vec![total];
+        };
+        let cpus: Vec<u32> = m.topology.nodes.iter().map(|n| n.cpus.len() as u32).collect();
+        if cpus.iter().filter(|&&c| c > 0).count() < 2 {
+            return vec![total];
+        }
+        split_slots(total, &cpus)
+    })
+}
+
+/// The node (topology index) this process is bound to, if it bound itself.
+static BOUND_NODE: BackendLocal<Cell<Option<u32>>> = BackendLocal::new(Cell::new(None));
+/// The CPUs this process was allowed before it bound itself for its statement.
+static OWN_CPUS: BackendLocal<RefCell<Option<Vec<u32>>>> = BackendLocal::new(RefCell::new(None));
+
+/// This process now holds a slot of node `node` (topology index): bind it to that
+/// node's CPUs unless it is already. One `sched_setaffinity` per change of node, none
+/// otherwise. A node without CPUs here, or a mask the kernel refuses, leaves the
+/// binding as it was.
+pub fn follow_slot(node: u32) {
+    if BOUND_NODE.get() == Some(node) {
+        return;
+    }
+    let Some(cpus) = with_machine(|m| {
+        m.and_then(|m| m.topology.nodes.get(node as usize))
+            .map(|n| n.cpus.clone())
+            .filter(|c| !c.is_empty())
+    }) else {
+        return;
+    };
+    if BOUND_NODE.get().is_none() {
+        let Some(own) = pg::allowed_cpus() else { return };
+        OWN_CPUS.set(Some(own));
+    }
+    if pg::set_allowed_cpus(&cpus) {
+        BOUND_NODE.set(Some(node));
+    }
+}
+
+/// Puts back the CPUs this process was allowed before [`follow_slot`] bound it (at the
+/// end of its statement). Nothing to do if it is not bound.
+pub fn unbind() {
+    if BOUND_NODE.replace(None).is_none() {
+        return;
+    }
+    if let Some(own) = OWN_CPUS.with_borrow_mut(Option::take) {
+        pg::set_allowed_cpus(&own);
+    }
 }

@@ -349,6 +349,23 @@ pub fn allowed_cpus() -> Option<Vec<u32>> {
     Some(cpus)
 }
 
+/// Restricts this process to `cpus` (`sched_setaffinity`). CPUs beyond the kernel's
+/// set size are ignored. Returns whether the kernel accepted the mask (it refuses one
+/// with no CPU this process may use, e.g. outside its cpuset).
+pub fn set_allowed_cpus(cpus: &[u32]) -> bool {
+    // SAFETY: a cpu_set_t is plain bits, valid zeroed.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if (cpu as usize) < 8 * size_of::<libc::cpu_set_t>() {
+            // SAFETY: CPU_SET sets bit `cpu` of the set, below its size.
+            unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+        }
+    }
+    // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set` for the
+    // calling process (pid 0).
+    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
 /// The CPU this process runs on now (`sched_getcpu`: a vDSO read on Linux, tens of ns,
 /// no system call); it may have moved by the time the caller looks. `None` if the
 /// kernel cannot tell.

@@ -348,6 +348,10 @@ mod pg_stride {
             name!(memory_total_kb, Option<i64>),
             name!(memory_free_kb, Option<i64>),
             name!(shared_memory_bytes, Option<i64>),
+            name!(cpu_slots, Option<i32>),
+            name!(slots_in_use, Option<i32>),
+            name!(queries_homed, Option<i32>),
+            name!(waiting, Option<i32>),
         ),
     > {
         use pg_stride_sched::numa::{format_cpu_list, Topology};
@@ -356,14 +360,19 @@ mod pg_stride {
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut rows = Vec::new();
         let mut on_listed_nodes = 0u64;
+        let slots = shared.sched().map(super::node_slot_state);
         crate::numa::with_machine(|machine| {
             let Some(m) = machine else { return };
+            // Slots by node: split (`numa = bind`) over the topology's nodes, or all on
+            // the one node there is; otherwise they belong to no node.
+            let slots = slots.filter(|s| s.len() == m.topology.nodes.len());
             // Free memory changes: read it now (a spec's fake nodes have none).
             let fresh = (!m.from_spec)
                 .then(|| Topology::from_sysfs(std::path::Path::new("/sys")).ok())
                 .flatten();
             let mut shared_counter_shown = false;
-            for node in &m.topology.nodes {
+            for (index, node) in m.topology.nodes.iter().enumerate() {
+                let node_slots = slots.as_ref().map(|s| s[index]);
                 // Nodes numbered MAX_NODES - 1 and above share a counter: shown once.
                 let cpu_ns = if shmem::NodeCounters::slot(node.id) < shmem::MAX_NODES - 1 {
                     Some(shared.nodes.cpu_ns(node.id))
@@ -387,6 +396,10 @@ mod pg_stride {
                     memory.mem_total_kb.map(|kb| kb as i64),
                     memory.mem_free_kb.map(|kb| kb as i64),
                     bytes.map(|b| b as i64),
+                    node_slots.map(|s| s.slots as i32),
+                    node_slots.map(|s| s.running as i32),
+                    node_slots.map(|s| s.homed as i32),
+                    node_slots.map(|s| s.waiting as i32),
                 ));
             }
         });
@@ -403,6 +416,10 @@ mod pg_stride {
             placement
                 .as_ref()
                 .map(|p| p.size.saturating_sub(on_listed_nodes) as i64),
+            None,
+            None,
+            None,
+            None,
         ));
         TableIterator::new(rows)
     }
@@ -522,9 +539,44 @@ extension_sql!(
 CREATE VIEW pg_stride.numa AS
     SELECT * FROM pg_stride.numa_state() ORDER BY node NULLS LAST;
 COMMENT ON VIEW pg_stride.numa IS
-    'pg_stride NUMA nodes: CPUs, CPU time charged to queries per node (pg_stride.numa = stats), memory, and bytes of the main shared-memory segment per node; the row with a NULL node holds what is on none';
+    'pg_stride NUMA nodes: CPUs, CPU time charged to queries per node (pg_stride.numa = stats or bind), memory, bytes of the main shared-memory segment per node, and CPU slots per node (split with pg_stride.numa = bind); the row with a NULL node holds what is on none';
 GRANT SELECT ON pg_stride.numa TO PUBLIC;
 "#,
     name = "numa_view",
     requires = [pg_stride::numa_state],
 );
+
+/// One node's CPU slots, as the `pg_stride.numa` view shows them.
+#[derive(Clone, Copy)]
+struct NodeSlots {
+    slots: u32,
+    running: u32,
+    homed: u32,
+    /// Processes waiting for a slot whose query is homed on the node.
+    waiting: u32,
+}
+
+/// The CPU slots of each node the scheduler splits them over (one entry when not split).
+fn node_slot_state(sched: &pg_stride_sched::SchedShared) -> Vec<NodeSlots> {
+    let mut nodes: Vec<NodeSlots> = sched
+        .node_loads()
+        .iter()
+        .map(|l| NodeSlots {
+            slots: l.slots,
+            running: l.running,
+            homed: l.homed,
+            waiting: 0,
+        })
+        .collect();
+    for p in 0..sched.capacity().max_procs {
+        let p = pg_stride_sched::ProcId(p);
+        if sched.proc_snapshot(p).waiting {
+            if let Some(home) = sched.home_node(p) {
+                if let Some(n) = nodes.get_mut(home as usize) {
+                    n.waiting += 1;
+                }
+            }
+        }
+    }
+    nodes
+}

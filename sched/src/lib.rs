@@ -36,8 +36,10 @@
 //! | before blocking (lock, I/O, client) | [`SchedShared::release`], later [`SchedShared::acquire`] | psaroudakis2013 §5 |
 //! | ExecutorEnd | [`SchedShared::release`], [`SchedShared::leave`], [`SchedShared::unregister_query`] | registration lock for `unregister_query` |
 //! | error, cancel, dead process | [`SchedShared::leave`] (then `unregister_query`) | passes on a held slot, withdraws a wait |
-//! | `cpu_slots` GUC reload | [`SchedShared::set_cpu_slots`], then [`SchedShared::dispatch`] until `None` | lowering takes effect at slice ends |
-//! | scheduler worker, every 50 ms | [`SchedShared::sample_hint`], [`SchedShared::dispatch`] | hint = EMA of free slots |
+//! | `cpu_slots` GUC reload | [`SchedShared::set_cpu_slots`] (`numa = bind`: [`SchedShared::set_node_slots`]), then [`SchedShared::dispatch`] until `None` | lowering takes effect at slice ends |
+//! | ExecutorStart, `numa = bind` | [`SchedShared::choose_home`] into [`QueryOptions::home`] | the query's processes take that node's slots |
+//! | paused at home for k slices | [`SchedShared::allow_steal`], then [`SchedShared::dispatch`] until `None` | psaroudakis2016 §4 stealing |
+//! | scheduler worker, every 50 ms | [`SchedShared::sample_hint`], [`SchedShared::sample_node_util`], [`SchedShared::dispatch`] | hint = EMA of free slots |
 //! | Gather start / end | [`SchedShared::reserve_workers`] / [`SchedShared::return_workers`] | hint and group cap |
 //! | tuner | [`tuner::Trace::from_records`], [`tuner::Tuner::refresh`], [`SchedShared::set_decay`] | same decision code |
 //!

@@ -255,6 +255,7 @@ fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
         let pinned = shared.groups.settings_of(m.group).filter(|s| s.pinned);
         let options = QueryOptions {
             pinned_priority: pinned.map(|s| priority_range(&s).p0),
+            home: sched.choose_home(),
         };
         let group = GroupId(m.group as u32);
         m.pinned_priority = options.pinned_priority;
@@ -344,6 +345,19 @@ fn take_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     wake(outcome.wake);
     if outcome.turn == Turn::Wait {
         pause(shared, sched, proc);
+    } else {
+        follow_slot(sched, proc);
+    }
+}
+
+/// With the slots split by node (`pg_stride.numa = bind`), runs this process on the
+/// CPUs of the node whose slot it was given. A process only changes node when it is
+/// given a slot, so this is asked after taking one and after a pause.
+fn follow_slot(sched: &SchedShared, proc: ProcId) {
+    if sched.node_count() > 1 {
+        if let Some(node) = sched.slot_node(proc) {
+            numa::follow_slot(node);
+        }
     }
 }
 
@@ -384,6 +398,7 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     });
     let Some(m) = last else { return };
     COUNTDOWN.set(u32::MAX);
+    numa::unbind();
     let Some(query) = m.query else { return };
     let snapshot = sched.query_snapshot(query);
     wake(sched.leave(m.proc));
@@ -451,18 +466,22 @@ pub fn watchdog(shared: &shmem::Shared, blocked_before: &mut Vec<bool>) {
     let Some(sched) = shared.sched() else { return };
     let procs = sched.capacity().max_procs as usize;
     blocked_before.resize(procs, false);
-    let mut blocked = 0;
+    // Split by node with `numa = bind`; a blocked holder's extra slot goes to the node
+    // whose slot it holds.
+    let mut slots = numa::slot_split(gucs::effective_cpu_slots());
+    let last = slots.len() - 1;
     for (procno, before) in blocked_before.iter_mut().enumerate() {
+        let proc = ProcId(procno as u32);
         // A stale read of the wait event only delays the decision by a round.
-        let waiting = sched.is_running(ProcId(procno as u32)) && pg::proc_wait_event(procno) != 0;
+        let waiting = sched.is_running(proc) && pg::proc_wait_event(procno) != 0;
         if waiting && *before {
-            blocked += 1;
+            let node = sched.slot_node(proc).unwrap_or(0) as usize;
+            slots[node.min(last)] += 1;
         }
         *before = waiting;
     }
-    let slots = gucs::effective_cpu_slots() + blocked;
-    if sched.cpu_slots() != slots {
-        sched.set_cpu_slots(slots);
+    if sched.node_slots() != slots {
+        sched.set_node_slots(&slots);
     }
     while let Some(p) = sched.dispatch() {
         wake(Some(p));
@@ -481,16 +500,37 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         entry.paused.store(1, Ordering::Release);
     }
     let paused_at = std::time::Instant::now();
-    pg::wait_until(
-        || {
-            let running = sched.is_running(proc);
-            if let Some(entry) = shared.my_entry() {
-                entry.paused.store(u32::from(!running), Ordering::Release);
+    let is_running = || {
+        let running = sched.is_running(proc);
+        if let Some(entry) = shared.my_entry() {
+            entry.paused.store(u32::from(!running), Ordering::Release);
+        }
+        running
+    };
+    // With the slots split by node, a process that waited `numa_steal_after` slices for
+    // a slot of its home node may take another node's (psaroudakis2016 §4), and offers
+    // itself to every node's free slots again after each further such wait.
+    let steal_after = gucs::numa_steal_after()
+        .filter(|_| sched.node_count() > 1)
+        .map(|k| {
+            let wait = std::time::Duration::from_nanos(gucs::slice_ns().saturating_mul(u64::from(k)));
+            // The latch wait's resolution; also keeps 0 from spinning.
+            wait.max(std::time::Duration::from_millis(1))
+        });
+    match steal_after {
+        None => {
+            pg::wait_until(is_running, None);
+        }
+        Some(wait) => {
+            while !pg::wait_until(is_running, Some(std::time::Instant::now() + wait)) {
+                sched.allow_steal(proc);
+                while let Some(p) = sched.dispatch() {
+                    wake(Some(p));
+                }
             }
-            running
-        },
-        None,
-    );
+        }
+    }
+    follow_slot(sched, proc);
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(0, Ordering::Release);
         let waited = paused_at.elapsed().as_micros().min(u64::MAX as u128) as u64;

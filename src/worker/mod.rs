@@ -120,6 +120,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         if Timers::take(&mut timers.hint, interval_ms(&gucs::HINT_INTERVAL_MS)) {
             if let Some(sched) = shared.sched() {
                 sched.sample_hint(gucs::HINT_ALPHA.get());
+                sched.sample_node_util();
             }
         }
         if Timers::take(&mut timers.sweep, SWEEP_INTERVAL) {

@@ -26,6 +26,20 @@ pub(crate) const OWN_DECAY_LAMBDA: u32 = 1;
 /// `GroupEntry::decay_overrides`: the group sets its own `d_start`.
 pub(crate) const OWN_DECAY_START: u32 = 2;
 
+/// The CPU slots of one node (one entry when slots are not split by node).
+#[repr(C, align(64))]
+#[derive(Default)]
+pub(crate) struct NodeEntry {
+    /// Slots of the node (target).
+    pub slots: AtomicU32,
+    /// Slots of the node held.
+    pub running: AtomicU32,
+    /// Registered queries whose home the node is.
+    pub homed: AtomicU32,
+    /// Moving average of `running` (f64 bits), sampled by the scheduler worker.
+    pub util_bits: AtomicU64,
+}
+
 /// Wraps a value onto its own cache line.
 #[repr(C, align(64))]
 #[derive(Default)]
@@ -81,6 +95,12 @@ pub(crate) struct QueryEntry {
     pub cursor: AtomicU32,
     /// Processes joined.
     pub members: AtomicU32,
+    /// Home node: the node whose slots the query's processes take (`numa = bind`,
+    /// psaroudakis2016 §4). A home at or beyond the region's node count is read modulo it.
+    pub home: AtomicU32,
+    /// One bit per member that has waited long enough to take a slot on another node
+    /// than the home ([`crate::numa::StealPolicy`]).
+    pub may_steal: AtomicU64,
     /// Pass in the stride over the group's queries (FIFO: arrival ticket).
     pub pass: AtomicU64,
     /// CPU time charged so far, ns.
@@ -105,7 +125,9 @@ pub(crate) struct ProcEntry {
     pub query: AtomicU32,
     /// Member index within the query.
     pub member: AtomicU32,
-    _pad: u32,
+    /// Node of the slot held (valid while `PROC_RUNNING`; written by the granter before
+    /// it stores the state).
+    pub node: AtomicU32,
     /// Slices charged (written by the owning process only).
     pub slices: AtomicU64,
     /// Times the process gave its slot to another at a slice end.

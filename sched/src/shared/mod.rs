@@ -36,6 +36,7 @@
 mod chaos;
 mod charge;
 mod entries;
+mod nodes;
 mod registry;
 mod slots;
 mod waitset;
@@ -48,6 +49,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub use entries::MAX_QUERY_MEMBERS;
+pub use nodes::MAX_SLOT_NODES;
 pub use registry::{GroupConfig, ProcSnapshot, QueryOptions, QuerySnapshot};
 pub use slots::{Outcome, Turn};
 
@@ -205,9 +207,10 @@ pub struct SchedShared {
     fifo_ticket: AtomicU64,
     /// Global pass of the stride over groups: where a group that gets work starts.
     group_vtime: Padded<AtomicU64>,
-    /// Slot accounting: `cpu_slots` (target) and `running` (held).
-    cpu_slots: Padded<AtomicU32>,
-    running: Padded<AtomicU32>,
+    /// Nodes the CPU slots are split over (1 when they are not split).
+    node_count: Padded<AtomicU32>,
+    /// Slot accounting per node: target and held.
+    nodes: [NodeEntry; MAX_SLOT_NODES],
     /// One bit per group with waiting processes.
     waiting_groups: Padded<AtomicU64>,
 }
@@ -275,7 +278,7 @@ impl SchedShared {
     fn init_contents(&self, config: &SchedConfig) {
         self.policy.store(config.policy as u32, Relaxed);
         self.set_decay(config.decay);
-        self.cpu_slots.0.store(config.cpu_slots, SeqCst);
+        self.set_node_slots(&[config.cpu_slots]);
         self.hint_bits
             .store((config.cpu_slots as f64).to_bits(), Relaxed);
         for g in 0..self.cap.max_groups {
@@ -314,14 +317,14 @@ impl SchedShared {
         self.quantum_ns.store(decay.quantum_ns.max(1), Relaxed);
     }
 
-    /// The target number of CPU slots.
+    /// The target number of CPU slots, over all nodes.
     pub fn cpu_slots(&self) -> u32 {
-        self.cpu_slots.0.load(SeqCst)
+        self.slot_nodes().iter().map(|n| n.slots.load(SeqCst)).sum()
     }
 
-    /// Slots held right now.
+    /// Slots held right now, over all nodes.
     pub fn running(&self) -> u32 {
-        self.running.0.load(SeqCst)
+        self.slot_nodes().iter().map(|n| n.running.load(SeqCst)).sum()
     }
 
     /// True when no process waits for a slot: one atomic load.

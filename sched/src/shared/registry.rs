@@ -9,7 +9,7 @@
 use std::sync::atomic::Ordering::*;
 
 use super::entries::*;
-use super::{SchedError, SchedShared};
+use super::{SchedError, SchedShared, MAX_SLOT_NODES};
 use crate::decay::PriorityRange;
 use crate::ids::{GroupId, ProcId, QueryId, NONE};
 use crate::stride::stride;
@@ -48,6 +48,9 @@ pub struct QueryOptions {
     /// A static priority instead of the decaying one (wagner2021 §3.2 custom priorities
     /// (1)), instead of its group's range.
     pub pinned_priority: Option<u32>,
+    /// Home node, whose CPU slots its processes take ([`SchedShared::choose_home`]; 0
+    /// when the slots are not split by node).
+    pub home: u32,
 }
 
 /// A read-only view of a query entry, for the extension's views.
@@ -65,6 +68,8 @@ pub struct QuerySnapshot {
     pub members: u32,
     /// Processes waiting for a slot.
     pub waiting: u32,
+    /// Home node.
+    pub home: u32,
 }
 
 /// A read-only view of a process entry.
@@ -80,6 +85,8 @@ pub struct ProcSnapshot {
     pub slices: u64,
     /// Slices after which it handed its slot to another process.
     pub switches: u64,
+    /// Node of the slot it holds, if it holds one.
+    pub node: Option<u32>,
 }
 
 impl SchedShared {
@@ -161,6 +168,10 @@ impl SchedShared {
         qe.members.store(0, Relaxed);
         qe.members_used.store(0, Relaxed);
         qe.waiting.store(0, SeqCst);
+        qe.may_steal.store(0, SeqCst);
+        let home = options.home as usize % MAX_SLOT_NODES;
+        qe.home.store(home as u32, Relaxed);
+        self.node(home).homed.fetch_add(1, Relaxed);
 
         if ge.active_queries.fetch_add(1, AcqRel) == 0 {
             ge.pass.store(self.group_vtime.0.load(Relaxed), Relaxed);
@@ -185,6 +196,9 @@ impl SchedShared {
         }
         let g = GroupId(qe.group.load(Relaxed));
         let ge = self.group(g);
+        self.node(qe.home.load(Relaxed) as usize)
+            .homed
+            .fetch_sub(1, Relaxed);
         ge.prio_sum
             .fetch_sub(qe.priority.load(Relaxed) as u64, Relaxed);
         if ge.active_queries.fetch_sub(1, AcqRel) == 1 {
@@ -270,6 +284,7 @@ impl SchedShared {
             cpu_ns: qe.cpu_ns.load(Relaxed),
             members: qe.members.load(Relaxed),
             waiting: qe.waiting.load(Relaxed).count_ones(),
+            home: self.home_of(qe) as u32,
         })
     }
 
@@ -283,6 +298,7 @@ impl SchedShared {
             waiting: state == PROC_WAITING,
             slices: pe.slices.load(Relaxed),
             switches: pe.switches.load(Relaxed),
+            node: (state == PROC_RUNNING).then(|| pe.node.load(Relaxed)),
         }
     }
 }

@@ -42,19 +42,22 @@ impl SchedShared {
     /// Process `p` (joined, idle) wants to run: it gets a free slot at once when nobody
     /// waits, or else queues and competes in stride order.
     pub fn acquire(&self, p: ProcId) -> Outcome {
+        let pe = self.proc(p);
+        let home = self.home_of(&self.queries()[pe.query.load(Relaxed) as usize]);
         if self.nobody_waits() {
             chaos::point();
-            if self.try_take_slot() {
-                self.proc(p).state.store(PROC_RUNNING, SeqCst);
+            if self.try_take_slot(home) {
+                pe.node.store(home as u32, Relaxed);
+                pe.state.store(PROC_RUNNING, SeqCst);
                 return Outcome {
                     turn: Turn::Run,
                     wake: None,
                 };
             }
         }
-        self.publish_waiter(p);
+        self.publish_waiter(p, false);
         chaos::point();
-        let granted = self.fill_free_slot();
+        let granted = self.fill_free_slot(home);
         self.outcome(p, granted)
     }
 
@@ -69,15 +72,21 @@ impl SchedShared {
     pub fn end_slice(&self, p: ProcId, used_ns: u64) -> Outcome {
         debug_assert!(self.is_running(p), "{p:?} ends a slice without a slot");
         self.charge(p, used_ns);
-        if self.nobody_waits() && self.running.0.load(SeqCst) <= self.cpu_slots.0.load(SeqCst) {
+        let pe = self.proc(p);
+        let n = pe.node.load(Relaxed) as usize;
+        let node = self.node(n);
+        if self.nobody_waits() && node.running.load(SeqCst) <= node.slots.load(SeqCst) {
             return Outcome {
                 turn: Turn::Run,
                 wake: None,
             };
         }
         self.rotate_past(p);
-        self.publish_waiter(p);
-        let granted = self.pass_slot_on();
+        // A process on a node other than its home got there by stealing: it keeps the
+        // right to, so that it competes for the slot it holds like the node's own.
+        let home = self.home_of(&self.queries()[pe.query.load(Relaxed) as usize]);
+        self.publish_waiter(p, n != home);
+        let granted = self.pass_slot_on(n);
         let outcome = self.outcome(p, granted);
         if outcome.turn == Turn::Wait {
             let pe = self.proc(p);
@@ -93,8 +102,10 @@ impl SchedShared {
     pub fn release(&self, p: ProcId, used_ns: u64) -> Option<ProcId> {
         debug_assert!(self.is_running(p), "{p:?} releases a slot it does not hold");
         self.charge(p, used_ns);
-        self.proc(p).state.store(PROC_IDLE, SeqCst);
-        self.pass_slot_on()
+        let pe = self.proc(p);
+        let n = pe.node.load(Relaxed) as usize;
+        pe.state.store(PROC_IDLE, SeqCst);
+        self.pass_slot_on(n)
     }
 
     /// Whether process `p` holds a slot: the condition a paused process checks after each
@@ -104,31 +115,30 @@ impl SchedShared {
         self.proc(p).state.load(SeqCst) == PROC_RUNNING
     }
 
-    /// Changes the number of CPU slots (GUC reload). Raising it frees slots: the caller
-    /// then calls [`SchedShared::dispatch`] until it returns `None`, waking each process
-    /// returned. Lowering it takes effect as holders end their slices.
-    pub fn set_cpu_slots(&self, slots: u32) {
-        self.cpu_slots.0.store(slots, SeqCst);
-    }
-
-    /// Hands one free slot, if any, to the best waiter and returns it for waking. Called
-    /// in a loop after raising `cpu_slots`, and periodically by the scheduler worker as a
-    /// safety net.
+    /// Hands one free slot, if any, to the best waiter that may take it and returns
+    /// that process for waking. Called in a loop after raising the slot counts or
+    /// allowing a process to steal, and periodically by the scheduler worker as a safety
+    /// net.
     pub fn dispatch(&self) -> Option<ProcId> {
-        if self.nobody_waits() {
-            return None;
+        for n in 0..self.node_count() {
+            if self.nobody_waits() {
+                return None;
+            }
+            if let Some(w) = self.fill_free_slot(n) {
+                return Some(w);
+            }
         }
-        self.fill_free_slot()
+        None
     }
 
-    /// Takes a free slot, if there is one.
-    fn try_take_slot(&self) -> bool {
-        let slots = self.cpu_slots.0.load(SeqCst);
-        let mut running = self.running.0.load(SeqCst);
+    /// Takes a free slot of node `n`, if there is one.
+    fn try_take_slot(&self, n: usize) -> bool {
+        let node = self.node(n);
+        let slots = node.slots.load(SeqCst);
+        let mut running = node.running.load(SeqCst);
         while running < slots {
-            match self
+            match node
                 .running
-                .0
                 .compare_exchange_weak(running, running + 1, SeqCst, SeqCst)
             {
                 Ok(_) => return true,
@@ -138,45 +148,47 @@ impl SchedShared {
         false
     }
 
-    /// After publishing a waiter (or raising the slot count): while a slot is free, take
-    /// it and give it to the best waiter. Returns the process served, which may be the
-    /// caller itself.
-    fn fill_free_slot(&self) -> Option<ProcId> {
+    /// After publishing a waiter (or raising the slot count): while a slot of node `n`
+    /// is free, take it and give it to the best waiter that may run there. Returns the
+    /// process served, which may be the caller itself.
+    fn fill_free_slot(&self, n: usize) -> Option<ProcId> {
         loop {
-            if !self.try_take_slot() {
+            if !self.try_take_slot(n) {
                 return None;
             }
             chaos::point();
-            if let Some(w) = self.claim_best() {
+            if let Some(w) = self.claim_best(n) {
                 return Some(w);
             }
-            // Nobody waits after all: give the slot back, then look once more, since a
-            // waiter may have published after our search and missed the slot we held.
+            // Nobody who may run on `n` waits after all: give the slot back, then look
+            // once more, since such a waiter may have published after our search and
+            // missed the slot we held.
             chaos::point();
-            self.running.0.fetch_sub(1, SeqCst);
+            self.node(n).running.fetch_sub(1, SeqCst);
             chaos::point();
-            if self.nobody_waits() {
+            if self.nobody_waits() || self.best_waiting_query(n).is_none() {
                 return None;
             }
         }
     }
 
-    /// The caller holds a slot it no longer needs (it released it, or it competes for it
-    /// as a waiter): hand it to the best waiter directly, or — over capacity, or with
-    /// nobody waiting — give it back.
-    fn pass_slot_on(&self) -> Option<ProcId> {
-        if self.running.0.load(SeqCst) <= self.cpu_slots.0.load(SeqCst) {
-            if let Some(w) = self.claim_best() {
+    /// The caller holds a slot of node `n` it no longer needs (it released it, or it
+    /// competes for it as a waiter): hand it to the best waiter that may run there, or —
+    /// over the node's capacity, or with nobody waiting for it — give it back.
+    fn pass_slot_on(&self, n: usize) -> Option<ProcId> {
+        let node = self.node(n);
+        if node.running.load(SeqCst) <= node.slots.load(SeqCst) {
+            if let Some(w) = self.claim_best(n) {
                 return Some(w);
             }
         }
         chaos::point();
-        self.running.0.fetch_sub(1, SeqCst);
+        node.running.fetch_sub(1, SeqCst);
         chaos::point();
         if self.nobody_waits() {
             return None;
         }
-        self.fill_free_slot()
+        self.fill_free_slot(n)
     }
 
     fn outcome(&self, p: ProcId, granted: Option<ProcId>) -> Outcome {

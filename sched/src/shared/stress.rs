@@ -8,6 +8,11 @@
 //! The protocol code yields at random at its [`chaos`](super::chaos) points in this test
 //! build, so that interleavings which would need an unlucky preemption happen often.
 //!
+//! With the slots split by node, each query has a home node, a waiter that has spun a
+//! while is allowed to steal (and dispatches, as the extension's waiter does), and a
+//! thread standing in for the scheduler worker dispatches every 200 µs; every node's
+//! holders must stay within its slots.
+//!
 //! The threads meet at a barrier every few statements. A slot lost in a race would
 //! otherwise be picked up again by the next thread that queues; at the barrier nobody
 //! else queues, so a waiter stranded beside a free slot waits for ever and fails the
@@ -32,6 +37,9 @@ struct World<'a> {
     /// Threads that are inside a slice: must never exceed the slot count.
     holders: AtomicU32,
     max_slots: u32,
+    /// Threads inside a slice by node of the slot, and each node's slots (when split).
+    node_holders: Vec<AtomicU32>,
+    node_slots: Vec<u32>,
     ops: AtomicU64,
     waits: AtomicU64,
     stop: AtomicBool,
@@ -92,6 +100,13 @@ impl World<'_> {
         while !self.sched.is_running(p) {
             while !self.latches[p.index()].swap(false, SeqCst) {
                 spins += 1;
+                if !self.node_slots.is_empty() && spins.is_multiple_of(4096) {
+                    // Waited "k slices" at home: may take another node's slot.
+                    self.sched.allow_steal(p);
+                    while let Some(w) = self.sched.dispatch() {
+                        self.wake(Some(w));
+                    }
+                }
                 if spins.is_multiple_of(64) {
                     std::thread::yield_now();
                     assert!(!self.stop.load(SeqCst), "another thread failed");
@@ -108,7 +123,7 @@ impl World<'_> {
         }
     }
 
-    fn enter_slice(&self) {
+    fn enter_slice(&self, p: ProcId) {
         let inside = self.holders.fetch_add(1, SeqCst) + 1;
         assert!(
             inside <= self.max_slots,
@@ -116,14 +131,27 @@ impl World<'_> {
             self.max_slots
         );
         assert!(self.sched.running() <= self.max_slots);
+        if !self.node_slots.is_empty() {
+            let n = self.sched.slot_node(p).expect("a holder has a node") as usize;
+            let on_node = self.node_holders[n].fetch_add(1, SeqCst) + 1;
+            assert!(
+                on_node <= self.node_slots[n],
+                "{on_node} holders on node {n} with {} slots",
+                self.node_slots[n]
+            );
+        }
         // A little work inside the slice, so that slices of different threads overlap.
         for _ in 0..50 {
             std::hint::spin_loop();
         }
     }
 
-    fn leave_slice(&self) {
+    fn leave_slice(&self, p: ProcId) {
         self.holders.fetch_sub(1, SeqCst);
+        if !self.node_slots.is_empty() {
+            let n = self.sched.slot_node(p).expect("a holder has a node") as usize;
+            self.node_holders[n].fetch_sub(1, SeqCst);
+        }
     }
 
     fn op(&self) -> u64 {
@@ -171,6 +199,7 @@ fn statement(world: &World, p: ProcId, shared_queries: &[QueryId], rng: &mut Rng
             let _lock = world.registration.lock().unwrap();
             let options = QueryOptions {
                 pinned_priority: (rng.below(4) == 0).then(|| 1 + rng.below(20_000) as u32),
+                home: rng.below(world.node_slots.len().max(1) as u64) as u32,
             };
             s.register_query(GroupId(rng.below(GROUPS as u64) as u32), options)
                 .unwrap()
@@ -185,11 +214,11 @@ fn statement(world: &World, p: ProcId, shared_queries: &[QueryId], rng: &mut Rng
         if out.turn == Turn::Wait {
             world.wait_for_slot(p);
         }
-        world.enter_slice();
+        world.enter_slice(p);
 
         let mut withdrew = false;
         for _ in 0..1 + rng.below(30) {
-            world.leave_slice();
+            world.leave_slice(p);
             let out = s.end_slice(p, rng.below(4_000_000));
             world.op();
             world.wake(out.wake);
@@ -202,10 +231,10 @@ fn statement(world: &World, p: ProcId, shared_queries: &[QueryId], rng: &mut Rng
                 }
                 world.wait_for_slot(p);
             }
-            world.enter_slice();
+            world.enter_slice(p);
         }
         if !withdrew {
-            world.leave_slice();
+            world.leave_slice(p);
             world.wake(s.release(p, rng.below(1_000_000)));
             world.op();
             world.wake(s.leave(p));
@@ -217,7 +246,8 @@ fn statement(world: &World, p: ProcId, shared_queries: &[QueryId], rng: &mut Rng
     }
 }
 
-fn run(slots: u32, ops_target: u64, change_slots: bool) -> (u64, u64) {
+/// `split`: the slots of each node (empty: not split; `slots` then applies).
+fn run(slots: u32, ops_target: u64, change_slots: bool, split: &[u32]) -> (u64, u64) {
     let cap = Capacity {
         max_procs: THREADS,
         max_queries: 2 * THREADS + 4,
@@ -232,6 +262,9 @@ fn run(slots: u32, ops_target: u64, change_slots: bool) -> (u64, u64) {
     )
     .unwrap();
     let s: &SchedShared = &region;
+    if !split.is_empty() {
+        s.set_node_slots(split);
+    }
     s.set_decay(DecayParams {
         lambda: 0.8,
         d_start: 2,
@@ -248,8 +281,15 @@ fn run(slots: u32, ops_target: u64, change_slots: bool) -> (u64, u64) {
     }
     let shared_queries: Vec<QueryId> = (0..3)
         .map(|g| {
-            s.register_query(GroupId(g), QueryOptions::default())
-                .unwrap()
+            let home = g % split.len().max(1) as u32;
+            s.register_query(
+                GroupId(g),
+                QueryOptions {
+                    home,
+                    ..QueryOptions::default()
+                },
+            )
+            .unwrap()
         })
         .collect();
     let world = World {
@@ -257,7 +297,15 @@ fn run(slots: u32, ops_target: u64, change_slots: bool) -> (u64, u64) {
         registration: Mutex::new(()),
         latches: (0..THREADS).map(|_| AtomicBool::new(false)).collect(),
         holders: AtomicU32::new(0),
-        max_slots: if change_slots { 4 } else { slots },
+        max_slots: if change_slots {
+            4
+        } else if split.is_empty() {
+            slots
+        } else {
+            split.iter().sum()
+        },
+        node_holders: split.iter().map(|_| AtomicU32::new(0)).collect(),
+        node_slots: split.to_vec(),
         ops: AtomicU64::new(0),
         waits: AtomicU64::new(0),
         stop: AtomicBool::new(false),
@@ -284,6 +332,14 @@ fn run(slots: u32, ops_target: u64, change_slots: bool) -> (u64, u64) {
             while !backends.iter().all(|b| b.is_finished()) {
                 n += 1;
                 s.set_cpu_slots(1 + n % 4);
+                while let Some(w) = s.dispatch() {
+                    world.wake(Some(w));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        } else if !split.is_empty() {
+            // The scheduler worker's round.
+            while !backends.iter().all(|b| b.is_finished()) {
                 while let Some(w) = s.dispatch() {
                     world.wake(Some(w));
                 }
@@ -326,7 +382,7 @@ const MILLION: u64 = 1_000_000;
 
 #[test]
 fn eight_threads_a_million_operations() {
-    let (ops, waits) = run(1, MILLION, false);
+    let (ops, waits) = run(1, MILLION, false, &[]);
     assert!(ops >= MILLION);
     // The test is only meaningful if processes really queued and were handed slots.
     assert!(waits > ops / 100, "only {waits} waits in {ops} operations");
@@ -334,7 +390,14 @@ fn eight_threads_a_million_operations() {
 
 #[test]
 fn slot_count_changes_under_load() {
-    let (ops, waits) = run(2, MILLION / 5, true);
+    let (ops, waits) = run(2, MILLION / 5, true, &[]);
     assert!(ops >= MILLION / 5);
     assert!(waits > 0);
+}
+
+#[test]
+fn slots_split_by_node_with_stealing() {
+    let (ops, waits) = run(0, MILLION / 2, false, &[1, 2, 1]);
+    assert!(ops >= MILLION / 2);
+    assert!(waits > ops / 100, "only {waits} waits in {ops} operations");
 }

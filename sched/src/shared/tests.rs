@@ -204,6 +204,7 @@ fn pinned_and_group_priorities() {
             GroupId(0),
             QueryOptions {
                 pinned_priority: Some(777),
+                ..Default::default()
             },
         )
         .unwrap();
@@ -389,4 +390,137 @@ fn worker_grants_follow_hint_and_cap() {
     s.return_workers(GroupId(1), 3);
     assert_eq!(s.workers_in_use(GroupId(1)), 2);
     assert_eq!(s.reserve_workers(GroupId(0), 100), 2); // no cap on group 0
+}
+
+/// Registers a query homed on node `home` in group 0 with processes `procs` joined.
+fn homed_query(s: &SchedShared, home: u32, procs: &[u32]) -> QueryId {
+    let q = s
+        .register_query(
+            GroupId(0),
+            QueryOptions {
+                home,
+                ..QueryOptions::default()
+            },
+        )
+        .unwrap();
+    for &p in procs {
+        s.join(ProcId(p), q).unwrap();
+    }
+    q
+}
+
+#[test]
+fn split_slots_keep_a_query_on_its_home_node_until_it_may_steal() {
+    let s = region(0, Policy::FairStride);
+    s.set_node_slots(&[1, 1]);
+    assert_eq!((s.node_count(), s.cpu_slots()), (2, 2));
+    let q = homed_query(&s, 0, &[0, 1]);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.slot_node(ProcId(0)), Some(0));
+    // Node 1 is free, but process 1 is homed on node 0: it waits.
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    assert_eq!(s.dispatch(), None);
+    assert_eq!(s.node_loads()[1].running, 0);
+    // After waiting long enough it may steal: the next dispatch gives it node 1.
+    s.allow_steal(ProcId(1));
+    assert_eq!(s.dispatch(), Some(ProcId(1)));
+    assert_eq!(s.slot_node(ProcId(1)), Some(1));
+    assert_eq!(s.dispatch(), None);
+    // A query homed on node 1 arrives: the stealer competes with it for node 1 at its
+    // slice end, by pass, and loses to the lower pass.
+    let home1 = homed_query(&s, 1, &[2]);
+    assert_eq!(s.acquire(ProcId(2)), WAIT);
+    assert_eq!(
+        s.end_slice(ProcId(1), 10 * SLICE),
+        Outcome {
+            turn: Turn::Wait,
+            wake: Some(ProcId(2)),
+        }
+    );
+    assert_eq!(s.slot_node(ProcId(2)), Some(1));
+    // Process 0 ends its slice on node 0: process 1 (still allowed to steal, and
+    // at home there) takes the home slot; at home its right to steal ends.
+    assert_eq!(
+        s.end_slice(ProcId(0), 10 * SLICE),
+        Outcome {
+            turn: Turn::Wait,
+            wake: Some(ProcId(1)),
+        }
+    );
+    assert_eq!(s.slot_node(ProcId(1)), Some(0));
+    assert_eq!(s.release(ProcId(1), 0), Some(ProcId(0)));
+    assert_eq!(s.release(ProcId(2), 0), None);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    assert_eq!(s.dispatch(), None, "a new wait starts at home");
+    assert_eq!(s.query_snapshot(q).unwrap().home, 0);
+    assert_eq!(s.query_snapshot(home1).unwrap().home, 1);
+    assert_eq!(s.leave(ProcId(1)), None);
+    assert_eq!(s.release(ProcId(0), 0), None);
+    assert_eq!(s.running(), 0);
+}
+
+#[test]
+fn homes_go_to_the_least_utilised_node_and_are_counted() {
+    let s = region(0, Policy::DecayingStride);
+    assert_eq!(s.choose_home(), 0, "slots not split: node 0");
+    s.set_node_slots(&[2, 2]);
+    let a = homed_query(&s, s.choose_home(), &[0]);
+    assert_eq!(s.query_snapshot(a).unwrap().home, 0);
+    // Equal utilisation: the node with fewer homed queries per slot.
+    let b = homed_query(&s, s.choose_home(), &[1]);
+    assert_eq!(s.query_snapshot(b).unwrap().home, 1);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), RUN);
+    let c = homed_query(&s, 0, &[2]);
+    assert_eq!(s.acquire(ProcId(2)), RUN);
+    for _ in 0..50 {
+        s.sample_node_util();
+    }
+    let loads = s.node_loads();
+    assert_eq!((loads[0].running, loads[0].homed), (2, 2));
+    assert_eq!((loads[1].running, loads[1].homed), (1, 1));
+    assert!(loads[0].util > 1.9 && loads[1].util < 1.1, "{loads:?}");
+    assert_eq!(s.choose_home(), 1);
+    for p in 0..3 {
+        assert_eq!(s.leave(ProcId(p)), None);
+    }
+    for q in [a, b, c] {
+        s.unregister_query(q).unwrap();
+    }
+    assert!(s.node_loads().iter().all(|l| l.homed == 0 && l.running == 0));
+}
+
+#[test]
+fn fewer_nodes_send_holders_of_removed_nodes_home() {
+    let s = region(0, Policy::FairStride);
+    s.set_node_slots(&[1, 1]);
+    homed_query(&s, 1, &[0]);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.slot_node(ProcId(0)), Some(1));
+    // Back to one node: its home reads as node 0 now, and the slot of node 1 is given
+    // up at the next slice end, for node 0's.
+    s.set_node_slots(&[2]);
+    assert_eq!(s.cpu_slots(), 2);
+    assert_eq!(s.end_slice(ProcId(0), SLICE), WAIT);
+    assert_eq!(s.running(), 0);
+    assert_eq!(s.dispatch(), Some(ProcId(0)));
+    assert_eq!(s.slot_node(ProcId(0)), Some(0));
+    assert_eq!(s.release(ProcId(0), 0), None);
+}
+
+#[test]
+fn a_waiter_at_home_takes_its_free_home_slot_while_others_wait_elsewhere() {
+    let s = region(0, Policy::FairStride);
+    s.set_node_slots(&[1, 1]);
+    homed_query(&s, 0, &[0, 1]);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    // Somebody waits, so this is the queueing path, not the free-slot shortcut.
+    homed_query(&s, 1, &[2]);
+    assert_eq!(s.acquire(ProcId(2)), RUN);
+    assert_eq!(s.slot_node(ProcId(2)), Some(1));
+    // Its release finds nobody homed on node 1 and frees the slot.
+    assert_eq!(s.release(ProcId(2), SLICE), None);
+    assert_eq!(s.node_loads()[1].running, 0);
+    assert!(!s.is_running(ProcId(1)));
 }

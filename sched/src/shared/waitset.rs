@@ -24,35 +24,41 @@ const SPINS_BEFORE_YIELD: u32 = 64;
 
 impl SchedShared {
     /// Publishes process `p` (joined to a query, holding no slot... or about to give one
-    /// up) as waiting.
-    pub(super) fn publish_waiter(&self, p: ProcId) {
+    /// up) as waiting. Unless `keep_steal`, a wait starts at home: `p` loses the right to
+    /// take other nodes' slots (see `nodes`).
+    pub(super) fn publish_waiter(&self, p: ProcId, keep_steal: bool) {
         let pe = self.proc(p);
         let q = pe.query.load(Relaxed) as usize;
         let qe = &self.queries()[q];
         let g = qe.group.load(Relaxed) as usize;
+        let bit = 1 << pe.member.load(Relaxed);
+        if !keep_steal && qe.may_steal.load(Relaxed) & bit != 0 {
+            qe.may_steal.fetch_and(!bit, SeqCst);
+        }
         pe.state.store(PROC_WAITING, SeqCst);
-        qe.waiting.fetch_or(1 << pe.member.load(Relaxed), SeqCst);
+        qe.waiting.fetch_or(bit, SeqCst);
         chaos::point();
         self.group_query_mask(g)[q / 64].fetch_or(1 << (q % 64), SeqCst);
         chaos::point();
         self.waiting_groups.0.fetch_or(1 << g, SeqCst);
     }
 
-    /// Picks the waiting process that should run next, claims it and marks it running.
-    /// The caller has a slot to give it. `None` when nobody waits.
-    pub(super) fn claim_best(&self) -> Option<ProcId> {
+    /// Picks the waiting process that should run next on node `n`, claims it and marks
+    /// it running there. The caller has a slot of `n` to give it. `None` when nobody
+    /// that may run on `n` waits.
+    pub(super) fn claim_best(&self, n: usize) -> Option<ProcId> {
         loop {
-            let (g, q) = self.best_waiting_query()?;
-            if let Some(p) = self.claim_in_query(g, q) {
+            let (g, q) = self.best_waiting_query(n)?;
+            if let Some(p) = self.claim_in_query(g, q, n) {
                 return Some(p);
             }
             // Its waiters were claimed or withdrew meanwhile: choose again.
         }
     }
 
-    /// The waiting query with the lowest `(group pass, query pass)`, cleaning stale hint
-    /// bits met on the way.
-    fn best_waiting_query(&self) -> Option<(usize, usize)> {
+    /// The waiting query with the lowest `(group pass, query pass)` among those with a
+    /// member that may run on node `n`, cleaning stale hint bits met on the way.
+    pub(super) fn best_waiting_query(&self, n: usize) -> Option<(usize, usize)> {
         let fifo = self.policy() == Policy::Fifo;
         let mut best: Option<(u64, u64, usize, usize)> = None;
         let mut groups = self.waiting_groups.0.load(SeqCst);
@@ -76,11 +82,15 @@ impl SchedShared {
                     let q = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     let qe = &self.queries()[q];
-                    if qe.waiting.load(SeqCst) == 0 || qe.group.load(Relaxed) as usize != g {
+                    let waiting = qe.waiting.load(SeqCst);
+                    if waiting == 0 || qe.group.load(Relaxed) as usize != g {
                         self.clear_query_hint(g, q);
                         continue;
                     }
                     found = true;
+                    if self.eligible(qe, waiting, n) == 0 {
+                        continue;
+                    }
                     let qkey = qe.pass.load(Relaxed);
                     let better = match best {
                         None => true,
@@ -102,8 +112,9 @@ impl SchedShared {
         best.map(|(.., g, q)| (g, q))
     }
 
-    /// Claims one waiting member of query `q` (group `g`) and marks its process running.
-    fn claim_in_query(&self, g: usize, q: usize) -> Option<ProcId> {
+    /// Claims one waiting member of query `q` (group `g`) that may run on node `n` and
+    /// marks its process running there.
+    fn claim_in_query(&self, g: usize, q: usize, n: usize) -> Option<ProcId> {
         let qe = &self.queries()[q];
         loop {
             let waiting = qe.waiting.load(SeqCst);
@@ -111,8 +122,12 @@ impl SchedShared {
                 self.clear_query_hint(g, q);
                 return None;
             }
+            let eligible = self.eligible(qe, waiting, n);
+            if eligible == 0 {
+                return None;
+            }
             let start = qe.cursor.load(Relaxed) % 64;
-            let member = (waiting.rotate_right(start).trailing_zeros() + start) % 64;
+            let member = (eligible.rotate_right(start).trailing_zeros() + start) % 64;
             let bit = 1u64 << member;
             let before = qe.waiting.fetch_and(!bit, SeqCst);
             if before & bit == 0 {
@@ -124,7 +139,9 @@ impl SchedShared {
                 self.clear_query_hint(g, q);
             }
             let p = ProcId(qe.member_proc[member as usize].load(Relaxed));
-            self.proc(p).state.store(PROC_RUNNING, SeqCst);
+            let pe = self.proc(p);
+            pe.node.store(n as u32, Relaxed);
+            pe.state.store(PROC_RUNNING, SeqCst);
             return Some(p);
         }
     }

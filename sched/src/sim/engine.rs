@@ -259,6 +259,7 @@ impl<'a, 'f> Engine<'a, 'f> {
         let group = GroupId(self.results[i].group);
         let options = QueryOptions {
             pinned_priority: spec.pinned_priority,
+            ..Default::default()
         };
         let q = self
             .sched
