@@ -141,17 +141,67 @@ def tps(s, settings, args, seconds=5):
     return float(next(l for l in out.splitlines() if l.startswith("tps")).split()[2])
 
 
-def timing(s, args, rounds=5):
-    """Median tps of each variant over interleaved rounds (A B B A …), and the median
-    of the per-round ratios loaded / not loaded."""
-    runs = {v: [] for v, _ in VARIANTS}
+def timing(s, args, variants=VARIANTS, rounds=5):
+    """Median tps of each of the two variants over interleaved rounds (A B B A …), and
+    the median of the per-round ratios second / first."""
+    runs = {v: [] for v, _ in variants}
     for i in range(rounds):
-        order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]
+        order = variants if i % 2 == 0 else variants[::-1]
         for variant, settings in order:
             runs[variant].append(tps(s, settings, args))
-    ratios = sorted(b / a for a, b in zip(runs["not loaded"], runs["loaded"]))
+    first, second = (runs[v] for v, _ in variants)
+    ratios = sorted(b / a for a, b in zip(first, second))
     median = lambda xs: sorted(xs)[len(xs) // 2]
-    return median(runs["not loaded"]), median(runs["loaded"]), ratios[len(ratios) // 2]
+    return median(first), median(second), ratios[len(ratios) // 2]
+
+
+def instructions_per_transaction(s, settings, args, n1, n2):
+    """Instructions of the busiest backend per transaction of `args`: the difference
+    between runs of n1 and n2 transactions, so that connection start-up cancels out."""
+    counts = []
+    for n in (n1, n2):
+        s.start(settings, valgrind=True)
+        s.pgbench(*args, "-t", str(n))
+        s.stop()
+        counts.append(s.busiest_backend()[0])
+    return (counts[1] - counts[0]) / (n2 - n1)
+
+
+def prepare(s):
+    """pgbench's tables at scale 1, the 500-partition table, the ordinary role and the
+    partitions script, in a fresh data directory."""
+    s.start("", valgrind=False)
+    run(f"{PGBIN}/pgbench", "-i", "-s", "1", "-q", "-h", s.dir, "-p", str(PORT), "-U", "postgres", "postgres",
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    s.psql("CREATE TABLE parts (id int, v int) PARTITION BY RANGE (id); "
+           "DO $$ BEGIN FOR i IN 0..499 LOOP EXECUTE format("
+           "'CREATE TABLE parts_%s PARTITION OF parts FOR VALUES FROM (%s) TO (%s)', "
+           "i, i * 200, (i + 1) * 200); END LOOP; END $$")
+    s.psql("INSERT INTO parts SELECT g, g % 7 FROM generate_series(0, 99999) g")
+    s.psql("VACUUM ANALYZE parts")
+    s.psql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain; "
+           "ALTER ROLE r_plain SET max_parallel_workers_per_gather = 0")
+    script = os.path.join(s.dir, PARTITIONS_SCRIPT)
+    with open(script, "w") as f:
+        f.write("SELECT count(*) FROM parts WHERE v >= 0;\n")
+    if AS_POSTGRES:
+        shutil.chown(script, "postgres")
+    s.stop()
+
+
+def stop_server(s):
+    """Stops the server if it still runs (after a failure) and removes its directory."""
+    if s.process and s.process.poll() is None:
+        # The process is runuser (as root): stop the server itself.
+        subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", s.data, "-m", "immediate", "stop"],
+                       env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        s.process.kill()
+    shutil.rmtree(s.dir, ignore_errors=True)
+
+
+def server_version():
+    version = subprocess.run([f"{PGBIN}/postgres", "--version"], capture_output=True, text=True).stdout.strip()
+    return version.replace("postgres (PostgreSQL) ", "PostgreSQL ")
 
 
 def main():
@@ -163,32 +213,10 @@ def main():
     s = Server()
     results = {}
     try:
-        s.start("", valgrind=False)
-        run(f"{PGBIN}/pgbench", "-i", "-s", "1", "-q", "-h", s.dir, "-p", str(PORT), "-U", "postgres", "postgres",
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        s.psql("CREATE TABLE parts (id int, v int) PARTITION BY RANGE (id); "
-               "DO $$ BEGIN FOR i IN 0..499 LOOP EXECUTE format("
-               "'CREATE TABLE parts_%s PARTITION OF parts FOR VALUES FROM (%s) TO (%s)', "
-               "i, i * 200, (i + 1) * 200); END LOOP; END $$")
-        s.psql("INSERT INTO parts SELECT g, g % 7 FROM generate_series(0, 99999) g")
-        s.psql("VACUUM ANALYZE parts")
-        s.psql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain; "
-               "ALTER ROLE r_plain SET max_parallel_workers_per_gather = 0")
-        script = os.path.join(s.dir, PARTITIONS_SCRIPT)
-        with open(script, "w") as f:
-            f.write("SELECT count(*) FROM parts WHERE v >= 0;\n")
-        if AS_POSTGRES:
-            shutil.chown(script, "postgres")
-        s.stop()
+        prepare(s)
         for label, args, n1, n2 in workloads:
             for variant, settings in VARIANTS:
-                counts = []
-                for n in (n1, n2):
-                    s.start(settings, valgrind=True)
-                    s.pgbench(*args, "-t", str(n))
-                    s.stop()
-                    counts.append(s.busiest_backend()[0])
-                results[(label, variant)] = (counts[1] - counts[0]) / (n2 - n1)
+                results[(label, variant)] = instructions_per_transaction(s, settings, args, n1, n2)
                 print(f"{label}, {variant}: {results[(label, variant)]:.0f} instructions per transaction", flush=True)
             counts = []
             for n in (n1, n2):
@@ -202,16 +230,11 @@ def main():
                 results[(label, "timing")] = timing(s, args)
                 print(f"{label}, tps not loaded / loaded / ratio: {results[(label, 'timing')]}", flush=True)
     finally:
-        if s.process and s.process.poll() is None:
-            # The process is runuser (as root): stop the server itself.
-            subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", s.data, "-m", "immediate", "stop"],
-                           env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            s.process.kill()
-        shutil.rmtree(s.dir, ignore_errors=True)
-    version = subprocess.run([f"{PGBIN}/postgres", "--version"], capture_output=True, text=True).stdout.strip()
+        stop_server(s)
+    version = server_version()
     lines = ["# Instructions per transaction, pg_stride not loaded and loaded", "",
              f"Written by bench/instructions.py on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
-             f"against {version.replace('postgres (PostgreSQL) ', 'PostgreSQL ')}: "
+             f"against {version}: "
              "valgrind cachegrind, one pgbench client, as an ordinary role (every statement "
              "goes through admission), release build. Admission: inclusive instructions of "
              "admission's entry points (`admit`, `release`, `switch_group`), from callgrind.", "",

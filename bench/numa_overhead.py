@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""What `pg_stride.numa = stats` costs against `pg_stride.numa = off`, pg_stride loaded
+in both: instructions per transaction under cachegrind (bench/instructions.py's method:
+one pgbench client as an ordinary role, the busiest backend's count, the difference of
+two run lengths), for pgbench -S, TPC-B and the serial count(*) over 500 partitions,
+whose scans reach slice ends, where `stats` does its work (a `sched_getcpu` and an
+atomic add per slice). The partitions workload is also timed without valgrind
+(pgbench -T 5, interleaved rounds).
+
+Writes bench/results/NUMA_OVERHEAD.md. Usage: bench/numa_overhead.py [--out FILE];
+PGBIN (scripts/pg-env) picks the server. Needs valgrind; takes a few minutes.
+"""
+
+import argparse
+import os
+import time
+
+from instructions import (HERE, WORKLOADS, Server, instructions_per_transaction, prepare,
+                          server_version, stop_server, timing, write_report)
+
+LOADED = "shared_preload_libraries = 'pg_stride'\npg_stride.exempt_superuser = off\n"
+VARIANTS = (("numa = off", LOADED + "pg_stride.numa = off\n"),
+            ("numa = stats", LOADED + "pg_stride.numa = stats\n"))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "NUMA_OVERHEAD.md"))
+    options = parser.parse_args()
+    s = Server()
+    results = {}
+    try:
+        prepare(s)
+        for label, args, n1, n2 in WORKLOADS:
+            for variant, settings in VARIANTS:
+                results[(label, variant)] = instructions_per_transaction(s, settings, args, n1, n2)
+                print(f"{label}, {variant}: {results[(label, variant)]:.0f} instructions per transaction",
+                      flush=True)
+            if args[:1] == ["-f"]:
+                results[(label, "timing")] = timing(s, args, VARIANTS)
+                print(f"{label}, tps off / stats / ratio: {results[(label, 'timing')]}", flush=True)
+    finally:
+        stop_server(s)
+    lines = ["# pg_stride.numa = stats against numa = off", "",
+             f"Written by bench/numa_overhead.py on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+             f"against {server_version()}: pg_stride loaded in both; valgrind cachegrind, one pgbench "
+             "client as an ordinary role, instructions of its backend per transaction, release build.", "",
+             "| workload | numa = off | numa = stats | added | stats / off |",
+             "|---|---|---|---|---|"]
+    for label, _, _, _ in WORKLOADS:
+        a, b = results[(label, "numa = off")], results[(label, "numa = stats")]
+        lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.4f} |")
+    timed = [(label, results[(label, "timing")]) for label, _, _, _ in WORKLOADS if (label, "timing") in results]
+    if timed:
+        lines += ["", "Time, without valgrind: pgbench -T 5, 5 interleaved rounds per variant, medians.", "",
+                  "| workload | tps numa = off | tps numa = stats | stats / off (median of rounds) |",
+                  "|---|---|---|---|"]
+        for label, (a, b, ratio) in timed:
+            lines.append(f"| {label} | {a:.1f} | {b:.1f} | {ratio:.3f} |")
+    write_report(options.out, lines)
+
+
+if __name__ == "__main__":
+    main()
