@@ -351,13 +351,16 @@ fn take_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
 }
 
 /// With the slots split by node (`pg_stride.numa = bind`), runs this process on the
-/// CPUs of the node whose slot it was given. A process only changes node when it is
-/// given a slot, so this is asked after taking one and after a pause.
+/// CPUs of the node whose slot it was given; once they are no longer split, on its own
+/// CPUs again. A process only changes node when it is given a slot, so this is asked
+/// after taking one and after a pause.
 fn follow_slot(sched: &SchedShared, proc: ProcId) {
     if sched.node_count() > 1 {
         if let Some(node) = sched.slot_node(proc) {
             numa::follow_slot(node);
         }
+    } else {
+        numa::unbind();
     }
 }
 
