@@ -160,8 +160,8 @@ static OWN_CPUS: BackendLocal<RefCell<Option<Vec<u32>>>> = BackendLocal::new(Ref
 
 /// This process now holds a slot of node `node` (topology index): bind it to that
 /// node's CPUs unless it is already. One `sched_setaffinity` per change of node, none
-/// otherwise. A node without CPUs here, or a mask the kernel refuses, leaves the
-/// binding as it was.
+/// otherwise. A node without CPUs here, or a mask the kernel refuses (said once per
+/// server in the log), leaves the binding as it was.
 pub fn follow_slot(node: u32) {
     if BOUND_NODE.get() == Some(node) {
         return;
@@ -177,8 +177,16 @@ pub fn follow_slot(node: u32) {
         let Some(own) = pg::allowed_cpus() else { return };
         OWN_CPUS.set(Some(own));
     }
-    if pg::set_allowed_cpus(&cpus) {
-        BOUND_NODE.set(Some(node));
+    match pg::set_allowed_cpus(&cpus) {
+        Ok(()) => BOUND_NODE.set(Some(node)),
+        Err(e) => {
+            if shmem::shared().is_some_and(|s| s.nodes.first_bind_failure()) {
+                pgrx::log!(
+                    "pg_stride: cannot bind a process to the CPUs {} of NUMA node index {node}: {e}; it runs unbound",
+                    pg_stride_sched::numa::format_cpu_list(&cpus)
+                );
+            }
+        }
     }
 }
 
@@ -189,6 +197,7 @@ pub fn unbind() {
         return;
     }
     if let Some(own) = OWN_CPUS.with_borrow_mut(Option::take) {
-        pg::set_allowed_cpus(&own);
+        // The mask the process had a moment ago: the kernel has no reason to refuse it.
+        let _ = pg::set_allowed_cpus(&own);
     }
 }

@@ -350,9 +350,9 @@ pub fn allowed_cpus() -> Option<Vec<u32>> {
 }
 
 /// Restricts this process to `cpus` (`sched_setaffinity`). CPUs beyond the kernel's
-/// set size are ignored. Returns whether the kernel accepted the mask (it refuses one
-/// with no CPU this process may use, e.g. outside its cpuset).
-pub fn set_allowed_cpus(cpus: &[u32]) -> bool {
+/// set size are ignored. The kernel refuses a mask with no CPU this process may use
+/// (e.g. outside its cpuset).
+pub fn set_allowed_cpus(cpus: &[u32]) -> std::io::Result<()> {
     // SAFETY: a cpu_set_t is plain bits, valid zeroed.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &cpu in cpus {
@@ -363,7 +363,11 @@ pub fn set_allowed_cpus(cpus: &[u32]) -> bool {
     }
     // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set` for the
     // calling process (pid 0).
-    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) == 0 }
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// The CPU this process runs on now (`sched_getcpu`: a vDSO read on Linux, tens of ns,

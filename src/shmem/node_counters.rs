@@ -22,6 +22,8 @@ pub struct NodeCounters {
     /// Whether a process already logged that it could not read the topology: one LOG
     /// line per server, not one per process.
     probe_failure_logged: AtomicBool,
+    /// Set by the first process whose binding to a node's CPUs the kernel refused.
+    bind_failure_logged: AtomicBool,
 }
 
 impl NodeCounters {
@@ -71,6 +73,11 @@ impl NodeCounters {
     pub fn first_probe_failure(&self) -> bool {
         !self.probe_failure_logged.swap(true, Ordering::Relaxed)
     }
+
+    /// Whether this is the first process to report that the kernel refused a binding.
+    pub fn first_bind_failure(&self) -> bool {
+        !self.bind_failure_logged.swap(true, Ordering::Relaxed)
+    }
 }
 
 impl Default for NodeCounters {
@@ -79,6 +86,7 @@ impl Default for NodeCounters {
             cpu_ns: std::array::from_fn(|_| AtomicU64::new(0)),
             elsewhere_ns: AtomicU64::new(0),
             probe_failure_logged: AtomicBool::new(false),
+            bind_failure_logged: AtomicBool::new(false),
         }
     }
 }
