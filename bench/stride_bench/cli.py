@@ -26,6 +26,9 @@ class Plan:
     large_sf: float = 0.5
     iso_runs: int = 5
     alphas: list = field(default_factory=lambda: [0.95])
+    # what α is a share of: "cpu" (the machine's CPU capacity) or "latency" (wagner2021's
+    # isolated-latency definition); see workload.arrival_rate
+    load_from: str = "cpu"
     ol_duration: int = 30
     warmup_frac: float = 0.1
     clients: int = 64
@@ -240,17 +243,21 @@ class Runner:
         self.iso = {k: v["median_s"] for k, v in iso.items()}
         self.meta["isolated"] = {f"{q}|{cls}": v for (q, cls), v in iso.items()}
         d = self.wl.mean_isolated(self.iso)
+        c = self.wl.mean_isolated({k: v["cpu_s"] for k, v in iso.items()})
         self.meta["mean_isolated_s"] = d
-        self.meta["rates"] = {str(a): a / d for a in self.plan.alphas}
-        log(f"mean isolated latency of an arrival d = {d * 1000:.1f} ms; rates: " +
-            ", ".join(f"alpha {a}: {a / d:.2f}/s" for a in self.plan.alphas))
+        self.meta["mean_cpu_s"] = c
+        self.meta["rates"] = {str(a): workload.arrival_rate(a, self.plan.load_from, d, c, ncpus())
+                              for a in self.plan.alphas}
+        log(f"mean isolated latency of an arrival d = {d * 1000:.1f} ms, mean CPU c = "
+            f"{c * 1000:.1f} ms on {ncpus()} CPUs; load from {self.plan.load_from}; rates: " +
+            ", ".join(f"alpha {a}: {r:.2f}/s" for a, r in self.meta["rates"].items()))
         self.save()
 
     def open_loop(self):
         p = self.plan
         order = list(self.configs)
         for i, alpha in enumerate(p.alphas):
-            rate = alpha / self.meta["mean_isolated_s"]
+            rate = self.meta["rates"][str(alpha)]
             # alternate the order between load points so no configuration always runs first
             for cfg in (order if i % 2 == 0 else list(reversed(order))):
                 if not self.use(cfg):
@@ -405,6 +412,9 @@ def main(argv=None):
     ap.add_argument("--large-sf", type=float)
     ap.add_argument("--duration", type=int, help="seconds per open-loop point")
     ap.add_argument("--alphas", help="comma-separated load factors")
+    ap.add_argument("--load-from", choices=["cpu", "latency"],
+                    help="α as a share of the machine's CPU capacity (cpu, the default) or "
+                    "as rate x mean isolated latency (latency, wagner2021 §5.1)")
     ap.add_argument("--out", help="write RESULTS.md and plots here instead of the default")
     ap.add_argument("--phase-duration", type=int,
                     help="--tuner-phases: seconds per phase (default 120)")
@@ -442,6 +452,8 @@ def main(argv=None):
         plan.ol_duration = args.duration
     if args.alphas:
         plan.alphas = [float(a) for a in args.alphas.split(",")]
+    if args.load_from:
+        plan.load_from = args.load_from
     if args.parts:
         plan.parts = args.parts.split(",")
     if args.phase_duration:

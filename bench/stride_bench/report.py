@@ -275,9 +275,15 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     w(f"- Queries ({len(inc)}): {', '.join(q.upper() for q in inc)}; parameters drawn per "
       "execution." + (" Left out: " + "; ".join(f"{q.upper()} ({r})" for q, r in exc.items())
                      if exc else ""))
+    if plan.get("load_from", "latency") == "cpu":
+        rate = (f"rate λ = α · CPUs / c with c = {meta['mean_cpu_s'] * 1000:.1f} ms, the mean server "
+                f"CPU of an arrival measured in the isolated runs ({meta['machine']['ncpus']} CPUs), "
+                "so that α is the share of the machine's CPU the offered work needs")
+    else:
+        rate = (f"rate λ = α / d with d = {meta['mean_isolated_s'] * 1000:.1f} ms, the mean isolated "
+                "latency of an arrival")
     w(f"- Arrivals: Poisson (pgbench --rate), 3 of 4 at SF {sf['short']:g}, uniform over the "
-      f"queries within a class; rate λ = α / d with d = {meta['mean_isolated_s'] * 1000:.1f} ms, "
-      "the mean isolated latency of an arrival. Same seed, so the same arrival times and query "
+      f"queries within a class; {rate}. Same seed, so the same arrival times and query "
       "sequence, for every configuration.")
     w(f"- {plan['ol_duration']} s of arrivals per point; the first {plan['warmup_frac'] * 100:.0f} % "
       f"are warm-up and not counted; {plan['clients']} pgbench clients (one thread); load points "

@@ -64,31 +64,49 @@ class Workload:
         return args
 
     def mean_isolated(self, iso: dict) -> float:
-        """d of wagner2021 §5.1: mean isolated latency of an arrival of the mix."""
+        """d of wagner2021 §5.1: mean isolated latency of an arrival of the mix.  With
+        `iso` holding CPU seconds per execution instead, the mean CPU an arrival needs."""
         total_w = sum(CLASS_WEIGHT[cls] for _, cls in self.order)
         return sum(CLASS_WEIGHT[cls] * iso[(q, cls)] for q, cls in self.order) / total_w
 
 
+def arrival_rate(alpha: float, load_from: str, mean_latency_s: float, mean_cpu_s: float,
+                 cpus: int) -> float:
+    """Arrivals per second for load α.  `cpu`: α is the share of the machine's CPU
+    capacity the offered work needs, λ = α · CPUs / c with c the mean CPU seconds of an
+    arrival (leader, parallel workers, planning, connection share), so that α = 0.95
+    keeps the machine 95 % busy.  `latency`: wagner2021 §5.1's λ = α / d with d the mean
+    isolated latency, which counts a parallel query's CPUs once and so offers less."""
+    if load_from == "cpu":
+        return alpha * cpus / mean_cpu_s
+    return alpha / mean_latency_s
+
+
 def measure_isolated(server: Server, wl: Workload, runs: int, outdir: Path, seed: int) -> dict:
     """Each query alone, one client, default parallelism: median of `runs` executions
-    (parameters drawn per execution), after one warm-up execution."""
+    (parameters drawn per execution), after one warm-up execution; and the server's CPU
+    seconds per execution (`cpu_s`: every server process, parallel workers included,
+    over the whole pgbench run, divided by its executions)."""
     outdir.mkdir(parents=True, exist_ok=True)
     iso = {}
     for q, cls in wl.order:
         prefix = outdir / f"iso_{cls}_{q}"
-        r = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", runs + 1,
-                     f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
-                     "-f", wl.scripts[(q, cls)]],
-                    server.conn_args(TPCH_DB), outdir / f"iso_{cls}_{q}.out",
-                    timeout=600, cwd=outdir)
+        with CpuMeter(server) as cpu:
+            r = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", runs + 1,
+                         f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
+                         "-f", wl.scripts[(q, cls)]],
+                        server.conn_args(TPCH_DB), outdir / f"iso_{cls}_{q}.out",
+                        timeout=600, cwd=outdir)
         txns = analysis.parse_logs(str(prefix))
         if r["rc"] != 0 or len(txns) < runs + 1 or any(t.failed for t in txns):
             raise RuntimeError(f"isolated run of {q} ({cls}) failed; see "
                                f"{outdir / f'iso_{cls}_{q}.out'}")
         res = analysis.isolated_latency(txns, skip_first=1)
+        res["cpu_s"] = cpu.result()["server_cpu_s"] / (runs + 1)
         iso[(q, cls)] = res
         log(f"  isolated {q} {cls:5s}: median {res['median_s'] * 1000:8.1f} ms "
-            f"(min {res['min_s'] * 1000:.1f}, max {res['max_s'] * 1000:.1f})")
+            f"(min {res['min_s'] * 1000:.1f}, max {res['max_s'] * 1000:.1f}), "
+            f"CPU {res['cpu_s'] * 1000:.1f} ms")
     return iso
 
 

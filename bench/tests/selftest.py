@@ -164,6 +164,13 @@ class WorkloadTest(unittest.TestCase):
         self.assertEqual(files[-1], "w@1")
         self.assertEqual(wl.script_info[2], ("a", "long"))
 
+    def test_arrival_rate_from_cpu_or_latency(self):
+        from stride_bench.workload import arrival_rate
+        # A parallel query: 100 ms alone, but 300 ms of CPU (leader and two workers).
+        # α = 0.9 of 2 CPUs is 1.8 CPU-s per s: 6 arrivals/s; by latency, 9/s.
+        self.assertAlmostEqual(arrival_rate(0.9, "cpu", 0.1, 0.3, 2), 6.0)
+        self.assertAlmostEqual(arrival_rate(0.9, "latency", 0.1, 0.3, 2), 9.0)
+
     def test_query_scripts_render(self):
         for q in queries.ALL:
             text = queries.render(q, "sf0_01", 0.01)
