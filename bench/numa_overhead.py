@@ -26,18 +26,23 @@ VARIANTS = (("numa = off", LOADED + "pg_stride.numa = off\n"),
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(HERE, "results", "NUMA_OVERHEAD.md"))
+    parser.add_argument("--aa", action="store_true",
+                        help="numa = off against itself: the method's run-to-run spread; "
+                        "prints the table only")
     options = parser.parse_args()
+    variants = ((VARIANTS[0], (VARIANTS[0][0] + " again", VARIANTS[0][1])) if options.aa
+                else VARIANTS)
     s = Server()
     results = {}
     try:
         prepare(s)
         for label, args, n1, n2 in WORKLOADS:
-            for variant, settings in VARIANTS:
+            for variant, settings in variants:
                 results[(label, variant)] = instructions_per_transaction(s, settings, args, n1, n2)
                 print(f"{label}, {variant}: {results[(label, variant)]:.0f} instructions per transaction",
                       flush=True)
             if args[:1] == ["-f"]:
-                results[(label, "timing")] = timing(s, args, VARIANTS)
+                results[(label, "timing")] = timing(s, args, variants)
                 print(f"{label}, tps off / stats / ratio: {results[(label, 'timing')]}", flush=True)
     finally:
         stop_server(s)
@@ -48,7 +53,7 @@ def main():
              "| workload | numa = off | numa = stats | added | stats / off |",
              "|---|---|---|---|---|"]
     for label, _, _, _ in WORKLOADS:
-        a, b = results[(label, "numa = off")], results[(label, "numa = stats")]
+        a, b = (results[(label, v)] for v, _ in variants)
         lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.4f} |")
     timed = [(label, results[(label, "timing")]) for label, _, _, _ in WORKLOADS if (label, "timing") in results]
     if timed:
@@ -57,6 +62,11 @@ def main():
                   "|---|---|---|---|"]
         for label, (a, b, ratio) in timed:
             lines.append(f"| {label} | {a:.1f} | {b:.1f} | {ratio:.3f} |")
+    if options.aa:
+        lines = [line.replace("numa = stats", "numa = off again").replace("stats / off", "ratio")
+                 for line in lines]
+        print("\n".join(lines[4:]))
+        return
     write_report(options.out, lines)
 
 
