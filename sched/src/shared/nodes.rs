@@ -166,8 +166,9 @@ impl SchedShared {
         }
     }
 
-    /// The home node for a query registering now: the least utilised per slot
-    /// ([`choose_home`]); node 0 when the slots are not split.
+    /// The home node for a query registering now: the one with the fewest homed queries
+    /// per slot, then the least utilised per slot ([`choose_home`]); node 0 when the
+    /// slots are not split.
     pub fn choose_home(&self) -> u32 {
         if self.node_count() <= 1 {
             return 0;
