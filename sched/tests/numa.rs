@@ -203,3 +203,64 @@ fn homes_spread_between_utilisation_samples() {
     let loads = s.node_loads();
     assert!(loads.iter().all(|l| l.running == 2), "{loads:?}");
 }
+
+/// A process that stole a slot keeps the right to steal while it runs there. When it
+/// loses that slot at a slice end it waits as a stealer, but `end_slice` only offers it
+/// the slot of the node it held: a free slot at its home stays free until a dispatch —
+/// which its caller runs at once (the extension's slice end, the simulator).
+#[test]
+fn a_stealer_that_loses_its_slot_is_offered_its_free_home_slot_by_dispatch() {
+    use pg_stride_sched::{
+        Capacity, GroupId, OwnedRegion, Policy, ProcId, QueryOptions, SchedConfig, Turn,
+    };
+    let s = OwnedRegion::new(
+        Capacity {
+            max_procs: 8,
+            max_queries: 4,
+            max_groups: 1,
+        },
+        &SchedConfig {
+            cpu_slots: 2,
+            policy: Policy::FairStride,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.set_node_slots(&[1, 1]);
+    let query = |home: u32, procs: &[u32]| {
+        let q = s
+            .register_query(
+                GroupId(0),
+                QueryOptions {
+                    home,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        for &p in procs {
+            s.join(ProcId(p), q).unwrap();
+        }
+    };
+    let slice = 2_000_000;
+    query(0, &[0, 1]);
+    assert_eq!(s.acquire(ProcId(0)).turn, Turn::Run);
+    assert_eq!(s.acquire(ProcId(1)).turn, Turn::Wait);
+    s.allow_steal(ProcId(1));
+    assert_eq!(s.dispatch(), Some(ProcId(1)));
+    assert_eq!(s.slot_node(ProcId(1)), Some(1));
+    // Process 0 stops (it blocks, or its statement ends): nobody waits for node 0.
+    assert_eq!(s.release(ProcId(0), slice), None);
+    // A query homed on node 1 queues there, and wins node 1's slot at the stealer's
+    // slice end by its lower pass.
+    query(1, &[2]);
+    assert_eq!(s.acquire(ProcId(2)).turn, Turn::Wait);
+    let out = s.end_slice(ProcId(1), 10 * slice);
+    assert_eq!((out.turn, out.wake), (Turn::Wait, Some(ProcId(2))));
+    // The stealer waits; its home's slot is free.
+    assert_eq!(s.node_loads()[0].running, 0);
+    assert!(!s.is_running(ProcId(1)));
+    // The caller's dispatch gives it that slot.
+    assert_eq!(s.dispatch(), Some(ProcId(1)));
+    assert_eq!(s.slot_node(ProcId(1)), Some(0));
+    assert_eq!(s.dispatch(), None);
+}

@@ -469,8 +469,20 @@ impl<'a, 'f> Engine<'a, 'f> {
             let wake = self.sched.release(p, used_ns);
             self.finish_proc(p, wake);
         } else {
+            // A process on a slot away from its home got there by stealing and keeps the
+            // right to; if it has to wait now, the other nodes' free slots are offered to
+            // it only by a dispatch, which it runs itself, as when it started stealing
+            // (shared/nodes.rs; the extension's slice end does the same).
+            let stealer = self.numa.is_some()
+                && self.sched.node_count() > 1
+                && self.sched.slot_node(p) != self.sched.home_node(p);
             let out = self.sched.end_slice(p, used_ns);
             self.apply(p, out);
+            if stealer && out.turn == Turn::Wait {
+                while let Some(w) = self.sched.dispatch() {
+                    self.woken(w);
+                }
+            }
         }
     }
 
@@ -949,6 +961,33 @@ mod tests {
         assert_eq!(report.steals, 1);
         assert!(report.nodes[1].remote_ns > 0);
         assert_eq!(report.nodes[1].remote_ns, report.nodes[1].cpu_ns);
+        assert_eq!(report.rescued, 0);
+    }
+
+    #[test]
+    fn a_stealer_that_has_to_wait_is_offered_the_free_slots_at_once() {
+        // A process that stole a slot and loses it at a slice end waits with the right to
+        // steal; end_slice offers it only the node it held. Without the dispatch that
+        // follows, it waited with its home's slot free until the next steal timer or
+        // worker round, whose dispatch counted it as rescued (seed 1: 8 times).
+        let w = crate::sim::generate(&crate::sim::Shape {
+            queries: 3_000,
+            slots: 4,
+            seed: 1,
+            ..Default::default()
+        });
+        let cfg = SimConfig {
+            numa: numa(
+                2,
+                1.3,
+                NumaPlacement::Affine {
+                    steal_after: Some(4),
+                },
+            ),
+            ..SimConfig::new(4, Policy::DecayingStride)
+        };
+        let report = simulate_run(&w, &cfg).numa.unwrap();
+        assert!(report.steals > 0);
         assert_eq!(report.rescued, 0);
     }
 }
