@@ -8,14 +8,18 @@
 //!
 //! * [`NumaPlacement::Affine`] — pg_stride's `numa = bind`: the region's slots are split
 //!   by node ([`crate::SchedShared::set_node_slots`] with [`split_slots`]); a query
-//!   registers with the home [`crate::SchedShared::choose_home`] picks (least utilised
-//!   per slot, by the moving average [`crate::SchedShared::sample_node_util`] keeps,
-//!   sampled every [`NumaSim::sample_ns`] like the extension's scheduler worker), and its
-//!   memory is on that node. Its processes take home slots only, until one has waited
-//!   `steal_after` slices: then it may steal a slot of any node
-//!   ([`crate::SchedShared::allow_steal`], then `dispatch` until `None`), as the
-//!   extension's `pause` does, and again after each further such wait. Stealing keeps
-//!   slots busy at the cost of remote memory accesses (psaroudakis2016 §4, §7).
+//!   registers with the home [`crate::SchedShared::choose_home`] picks (fewest homed
+//!   queries per slot, then least utilised per slot by the moving average
+//!   [`crate::SchedShared::sample_node_util`] keeps, sampled every
+//!   [`NumaSim::sample_ns`] like the extension's scheduler worker), and its memory is on
+//!   that node. Its processes take home slots only, until one has waited `steal_after`
+//!   slices: then it may steal a slot of any node ([`crate::SchedShared::allow_steal`],
+//!   then `dispatch` until `None`), as the extension's `pause` does, and again after
+//!   each further such wait; one that loses a stolen slot at a slice end dispatches at
+//!   once, as the extension's slice end does. Stealing keeps slots busy at the cost of
+//!   remote memory accesses (psaroudakis2016 §4, §7). The memory-intensity limit on
+//!   stealing ([`crate::numa::StealPolicy::max_intensity`]) is not modelled (nor applied
+//!   by the extension yet): every query is equally sensitive to remote memory.
 //! * [`NumaPlacement::Oblivious`] — `numa = off`, the operating system's placement: the
 //!   region has one pool of slots, and the simulator places each process that is handed
 //!   a slot on a free physical slot: the one it last ran on if that is free, else the
