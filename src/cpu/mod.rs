@@ -675,11 +675,23 @@ unsafe extern "C-unwind" fn check_in() {
         // Rule 2: keep the slot rather than pause while holding row locks.
         return;
     }
+    // A process on a slot away from its home got there by stealing and keeps the right
+    // to. If it has to wait now, the other nodes' free slots (its home's among them) are
+    // offered to it only by a dispatch, which it runs itself, as when it started
+    // stealing (sched/src/shared/nodes.rs); else it would wait with a slot it may take
+    // free until its next steal timeout or the watchdog's dispatch.
+    let stealer = sched.node_count() > 1 && sched.slot_node(proc) != sched.home_node(proc);
     let outcome = sched.end_slice(proc, used_ns);
     // Per node, on the CPU the slice ended on (before a pause moves the process).
     numa::charge(shared, used_ns);
     wake(outcome.wake);
     if outcome.turn == Turn::Wait {
+        if stealer {
+            // May hand this process itself a slot: pause then returns at once.
+            while let Some(p) = sched.dispatch() {
+                wake(Some(p));
+            }
+        }
         pause(shared, sched, proc);
     }
 }

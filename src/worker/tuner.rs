@@ -157,6 +157,8 @@ fn sim_config(sched: &SchedShared) -> SimConfig {
             .collect(),
         max_active: gucs::MAX_ACTIVE_QUERIES.get().max(1) as u32,
         horizon_ns: None,
+        // The tuner replays the decision rule; its replay has no NUMA nodes.
+        numa: None,
     }
 }
 

@@ -5,12 +5,15 @@
 //! pg_stride-sim tune  [options] FILE.csv|-     search decay parameters for a workload
 //! pg_stride-sim gen   [options]                write a generated workload as CSV
 //! pg_stride-sim sweep [options]                generate and replay loads × slot counts
+//! pg_stride-sim numa  [options]                oblivious vs affine NUMA placement
 //! ```
 //!
-//! Options: `--slots N` (`sweep`: list), `--policy fifo|fair|decay|all`, `--slice-ms F`,
-//! `--lambda F`, `--d-start N`, `--max-active N`, `--group-weight G=W` (repeatable),
-//! `--queries N`, `--load F` (`sweep`: list), `--seed N`, `--procs N`; `run --tuner`
-//! with `--tuner-interval S`, `--tuner-window S`; `tune --margin F`.
+//! Options: `--slots N` (`sweep`, `numa`: list), `--policy fifo|fair|decay|all`,
+//! `--slice-ms F`, `--lambda F`, `--d-start N`, `--max-active N`, `--group-weight G=W`
+//! (repeatable), `--queries N`, `--load F` (`sweep`, `numa`: list), `--seed N`,
+//! `--procs N`; `run --tuner` with `--tuner-interval S`, `--tuner-window S`;
+//! `tune --margin F`; NUMA (`run`, `numa`): `--nodes N`, `--penalty F`,
+//! `--placement affine|oblivious` (`run`), `--steal-after K|never` (`numa`: list).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -18,14 +21,16 @@ use std::process::ExitCode;
 
 use std::time::Instant;
 
-use pg_stride_sched::sim::{self, QueryResult, QuerySpec, Shape, SimConfig};
+use pg_stride_sched::sim::{
+    self, NumaPlacement, NumaReport, NumaSim, QueryResult, QuerySpec, Shape, SimConfig,
+};
 use pg_stride_sched::tuner::{self, LoopSettings, Trace, Tuner, TunerSettings};
 use pg_stride_sched::{DecayParams, GroupConfig, Policy};
 
 const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [options] FILE.csv|-
-       | gen [options] | sweep [options]
-  --slots N          CPU slots (sweep: comma list, default 2,16)
-  --policy P         fifo | fair | decay | all (default all)
+       | gen [options] | sweep [options] | numa [options]
+  --slots N          CPU slots (sweep: comma list, default 2,16; numa: list, default 4,16)
+  --policy P         fifo | fair | decay | all (default all; numa: one, default decay)
   --tuner            run: also replay with the self-tuner in the loop (policy tuned)
   --tuner-interval S run --tuner: seconds between searches (default 60)
   --tuner-window S   run --tuner: seconds of trace a search replays (default 20)
@@ -36,9 +41,16 @@ const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [optio
   --max-active N     query table size; more queries wait for admission (default 4096)
   --group-weight G=W CPU weight of group G (repeatable)
   --queries N        generated queries (default 4000)
-  --load F           load factor (sweep: comma list, default 0.8,0.9,1.0)
+  --load F           load factor (sweep: comma list, default 0.8,0.9,1.0; numa: list,
+                     default 0.7,0.9,1.0)
   --seed N           random seed (default 1)
-  --procs N          processes per generated query (default 1)";
+  --procs N          processes per generated query (default 1)
+  --nodes N          run, numa: NUMA nodes with equal CPUs, slots split over them
+                     (default 2; run simulates NUMA only given one of these four)
+  --penalty F        run, numa: CPU time factor away from the query's memory (default 1.3)
+  --placement P      run: affine (numa = bind) | oblivious (numa = off) (default affine)
+  --steal-after K    run, numa: slices a process waits at home before it may steal, or
+                     never (run: default 4; numa: comma list, default never,1,4)";
 
 /// Options that take no value.
 const FLAGS: [&str; 1] = ["tuner"];
@@ -162,12 +174,108 @@ fn tuner_settings(args: &Args) -> Result<TunerSettings, String> {
     })
 }
 
+/// `--steal-after K|never`.
+fn parse_steal(s: &str) -> Result<Option<u32>, String> {
+    match s.trim() {
+        "never" | "-1" => Ok(None),
+        k => k
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("bad --steal-after {s}")),
+    }
+}
+
+fn placement_name(p: NumaPlacement) -> String {
+    match p {
+        NumaPlacement::Oblivious => "oblivious".into(),
+        NumaPlacement::Affine { steal_after: None } => "affine, never steal".into(),
+        NumaPlacement::Affine {
+            steal_after: Some(k),
+        } => format!("affine, steal after {k}"),
+    }
+}
+
+/// `run`'s NUMA setup: `None` unless `--nodes`, `--placement`, `--penalty` or
+/// `--steal-after` is given.
+fn run_numa(args: &Args) -> Result<Option<NumaSim>, String> {
+    let given = ["nodes", "placement", "penalty", "steal-after"]
+        .iter()
+        .any(|o| args.opts.contains_key(*o));
+    if !given {
+        return Ok(None);
+    }
+    let steal_after = parse_steal(&args.get("steal-after", "4".to_string())?)?;
+    let placement = match args.get("placement", "affine".to_string())?.as_str() {
+        "affine" | "bind" => NumaPlacement::Affine { steal_after },
+        "oblivious" | "off" => NumaPlacement::Oblivious,
+        other => return Err(format!("unknown placement {other}")),
+    };
+    Ok(Some(numa_sim(args, args.get("nodes", 2)?, placement)?))
+}
+
+fn numa_sim(args: &Args, nodes: usize, placement: NumaPlacement) -> Result<NumaSim, String> {
+    let penalty: f64 = args.get("penalty", 1.3)?;
+    if !(penalty.is_finite() && penalty >= 1.0) {
+        return Err(format!("--penalty must be at least 1, not {penalty}"));
+    }
+    if !(1..=64).contains(&nodes) {
+        return Err(format!("--nodes must be 1 to 64, not {nodes}"));
+    }
+    Ok(NumaSim::new(nodes, penalty, placement))
+}
+
+fn print_numa(label: &str, r: &NumaReport) {
+    for (n, u) in r.nodes.iter().enumerate() {
+        println!(
+            "| {label} | {n} | {} | {:.2} | {:.2} |",
+            u.slots,
+            u.cpu_ns as f64 / 1e9,
+            u.remote_ns as f64 / 1e9
+        );
+    }
+    println!(
+        "| {label} | all | {} | {:.2} | {:.2} ({:.1} %); makespan {:.2} s, {:.2} queries/s, \
+         idle slots {:.1} %, stranded {:.1} %, steals {} |",
+        r.slots(),
+        r.cpu_ns() as f64 / 1e9,
+        r.nodes.iter().map(|u| u.remote_ns).sum::<u64>() as f64 / 1e9,
+        r.remote_share() * 100.0,
+        r.makespan_ns() as f64 / 1e9,
+        r.throughput(),
+        r.idle_share() * 100.0,
+        r.stranded_share() * 100.0,
+        r.steals
+    );
+}
+
 fn print_run(workload: &[QuerySpec], args: &Args, slots: u32) -> Result<(), String> {
+    let numa = run_numa(args)?;
     println!("| policy | class | n | mean | p50 | p95 | p99 | max |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    let mut numa_reports = Vec::new();
     for policy in policies(args)? {
-        let results = sim::simulate(workload, &sim_config(args, slots, policy)?);
-        print_rows(policy_name(policy), &results);
+        let cfg = SimConfig {
+            numa: numa.clone(),
+            ..sim_config(args, slots, policy)?
+        };
+        let run = sim::simulate_run(workload, &cfg);
+        print_rows(policy_name(policy), &run.results);
+        numa_reports.extend(run.numa.map(|r| (policy, r)));
+    }
+    if let (Some(n), false) = (&numa, numa_reports.is_empty()) {
+        println!();
+        println!(
+            "{}, {} node(s), remote penalty {}×",
+            placement_name(n.placement),
+            n.node_cpus.len(),
+            n.remote_penalty
+        );
+        println!();
+        println!("| policy | node | slots | CPU s | remote CPU s |");
+        println!("|---|---|---:|---:|---:|");
+        for (policy, r) in &numa_reports {
+            print_numa(policy_name(*policy), r);
+        }
     }
     if args.get("tuner", false)? {
         let secs = |name, default: f64| -> Result<u64, String> {
@@ -295,6 +403,76 @@ fn sweep(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// Oblivious against affine placement (never stealing, and stealing after each `k` of
+/// `--steal-after`) on the paper's workload shape, per slot count and load.
+fn numa_table(args: &Args) -> Result<(), String> {
+    let slot_counts: Vec<u32> = args.list("slots", "4,16")?;
+    let loads: Vec<f64> = args.list("load", "0.7,0.9,1.0")?;
+    let nodes: usize = args.get("nodes", 2)?;
+    let raw = args
+        .opts
+        .get("steal-after")
+        .and_then(|v| v.last())
+        .map_or("never,1,4", |s| s.as_str());
+    let steals = raw
+        .split(',')
+        .map(parse_steal)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut placements = vec![NumaPlacement::Oblivious];
+    placements.extend(
+        steals
+            .iter()
+            .map(|&steal_after| NumaPlacement::Affine { steal_after }),
+    );
+    let policy = match policies(args)?.as_slice() {
+        [p] => *p,
+        _ => Policy::DecayingStride,
+    };
+    println!(
+        "{nodes} nodes, remote penalty {}×, policy {}; slowdowns mean / p99",
+        numa_sim(args, nodes, NumaPlacement::Oblivious)?.remote_penalty,
+        policy_name(policy)
+    );
+    println!();
+    println!("| slots | load | placement | short | long | all mean | makespan s | queries/s | remote CPU | idle slots | stranded | steals |");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &slots in &slot_counts {
+        for &load in &loads {
+            let workload = sim::generate(&shape(args, load, slots)?);
+            for &placement in &placements {
+                let cfg = SimConfig {
+                    numa: Some(numa_sim(args, nodes, placement)?),
+                    ..sim_config(args, slots, policy)?
+                };
+                let run = sim::simulate_run(&workload, &cfg);
+                let summaries = sim::summarize(&run.results);
+                let find = |class: &str| summaries.iter().find(|c| c.class == class).cloned();
+                let (Some(s), Some(l), Some(all)) = (find("short"), find("long"), find("all"))
+                else {
+                    return Err("workload lacks a short or long class".into());
+                };
+                let r = run.numa.expect("a NUMA run reports NUMA");
+                println!(
+                    "| {slots} | {load:.1} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} | {:.2} | {:.2} | {:.1} % | {:.1} % | {:.1} % | {} |",
+                    placement_name(placement),
+                    s.mean,
+                    s.p99,
+                    l.mean,
+                    l.p99,
+                    all.mean,
+                    r.makespan_ns() as f64 / 1e9,
+                    r.throughput(),
+                    r.remote_share() * 100.0,
+                    r.idle_share() * 100.0,
+                    r.stranded_share() * 100.0,
+                    r.steals
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main_inner() -> Result<(), String> {
     let args = Args::parse()?;
     match args.command.as_str() {
@@ -313,6 +491,7 @@ fn main_inner() -> Result<(), String> {
             Ok(())
         }
         "sweep" => sweep(&args),
+        "numa" => numa_table(&args),
         other => Err(format!("unknown command {other}")),
     }
 }

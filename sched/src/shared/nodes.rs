@@ -11,7 +11,11 @@
 //! except that a process which becomes eligible for further nodes (it is allowed to
 //! steal, or the node count changed under it) is only offered their free slots by the
 //! next [`SchedShared::dispatch`]. The waiter runs that itself when it starts stealing,
-//! and the scheduler worker runs it every round.
+//! and the scheduler worker runs it every round. A process that ends a slice on a slot
+//! away from its home (it stole it) and has to wait keeps the right to steal, so it
+//! waits as such a process: [`SchedShared::end_slice`] only offers it the slots of the
+//! node it held, and its caller runs the dispatch (else it waits with its home's slot
+//! free until its next steal timeout; found by the simulator, `tests/numa_sim.rs`).
 
 use std::sync::atomic::Ordering::*;
 
@@ -166,8 +170,9 @@ impl SchedShared {
         }
     }
 
-    /// The home node for a query registering now: the least utilised per slot
-    /// ([`choose_home`]); node 0 when the slots are not split.
+    /// The home node for a query registering now: the one with the fewest homed queries
+    /// per slot, then the least utilised per slot ([`choose_home`]); node 0 when the
+    /// slots are not split.
     pub fn choose_home(&self) -> u32 {
         if self.node_count() <= 1 {
             return 0;

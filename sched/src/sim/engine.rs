@@ -6,12 +6,14 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use super::numa::MIN_STEAL_WAIT_NS;
+use super::numa::{slice_work, NodeUsage, NumaPlacement, NumaReport, NumaSim, PhysSlots};
 use super::workload::QuerySpec;
 use crate::decay::DecayParams;
 use crate::ids::{GroupId, ProcId, QueryId};
 use crate::shared::{
-    Capacity, GroupConfig, Outcome, OwnedRegion, Policy, QueryOptions, SchedConfig, Turn,
-    MAX_GROUPS, MAX_QUERY_MEMBERS,
+    Capacity, GroupConfig, Outcome, OwnedRegion, Policy, QueryOptions, SchedConfig, SchedShared,
+    Turn, MAX_GROUPS, MAX_QUERY_MEMBERS,
 };
 
 /// Simulator settings.
@@ -32,6 +34,8 @@ pub struct SimConfig {
     pub max_active: u32,
     /// Stop at this time (unfinished queries are reported without a finish time).
     pub horizon_ns: Option<u64>,
+    /// NUMA nodes, remote penalty and placement; `None`: one node, every slot local.
+    pub numa: Option<NumaSim>,
 }
 
 impl SimConfig {
@@ -45,6 +49,7 @@ impl SimConfig {
             groups: Vec::new(),
             max_active: 4_096,
             horizon_ns: None,
+            numa: None,
         }
     }
 }
@@ -69,6 +74,9 @@ pub struct QueryResult {
     pub received_ns: u64,
     /// Longest time one of its processes waited for a slot.
     pub max_wait_ns: u64,
+    /// Of `received_ns`, the CPU time run on a node other than its memory's (0 without
+    /// [`SimConfig::numa`]).
+    pub remote_ns: u64,
 }
 
 impl QueryResult {
@@ -87,8 +95,26 @@ impl QueryResult {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Arrival(usize),
-    SliceEnd { proc: u32, used_ns: u64 },
+    SliceEnd {
+        proc: u32,
+        used_ns: u64,
+    },
     Tick,
+    /// Affine NUMA placement: a waiting process has waited long enough to steal, unless
+    /// the wait `wait` ended (a stale timer).
+    StealTimer {
+        proc: u32,
+        wait: u64,
+    },
+    /// Affine NUMA placement: the scheduler worker's round.
+    NodeSample,
+}
+
+impl Event {
+    /// Events that repeat for as long as others remain.
+    fn periodic(&self) -> bool {
+        matches!(self, Event::Tick | Event::NodeSample)
+    }
 }
 
 /// The callback of [`simulate_with`]: given the time and every query's result so far, it
@@ -104,6 +130,31 @@ struct Ticker<'a, 'f> {
 struct Running {
     query: usize,
     waiting_since: Option<u64>,
+    /// NUMA: the current wait (to tell stale steal timers), the physical slot held and
+    /// the one last held (oblivious placement), and the running slice's node and whether
+    /// it is remote.
+    wait: u64,
+    phys: Option<u32>,
+    last_phys: Option<u32>,
+    slice_on: Option<(u32, bool)>,
+}
+
+/// NUMA state of a run ([`SimConfig::numa`]).
+struct NumaState {
+    penalty: f64,
+    placement: NumaPlacement,
+    sample_ns: u64,
+    /// Oblivious: the physical slots.
+    phys: Option<PhysSlots>,
+    /// Per query: the node its memory is on, once known.
+    mem_node: Vec<Option<u32>>,
+    /// Processes waiting for a slot.
+    waiting: u32,
+    /// Waits started (numbers them).
+    waits: u64,
+    /// Time up to which the idle integrals are summed.
+    summed_to: u64,
+    report: NumaReport,
 }
 
 struct Engine<'a, 'f> {
@@ -122,15 +173,35 @@ struct Engine<'a, 'f> {
     pending: VecDeque<usize>,
     active: u32,
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    /// Periodic events in `events`.
+    periodic: usize,
     seq: u64,
     now: u64,
+    numa: Option<NumaState>,
+}
+
+/// A run's per-query results and, with [`SimConfig::numa`], what NUMA did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimRun {
+    /// Every query, in workload order.
+    pub results: Vec<QueryResult>,
+    /// Per node CPU, remote share, idle slots; `None` without [`SimConfig::numa`].
+    pub numa: Option<NumaReport>,
 }
 
 /// Runs `workload` under `cfg` and reports every query, in workload order.
 pub fn simulate(workload: &[QuerySpec], cfg: &SimConfig) -> Vec<QueryResult> {
+    simulate_run(workload, cfg).results
+}
+
+/// Runs `workload` under `cfg` like [`simulate`], and reports what NUMA did as well.
+pub fn simulate_run(workload: &[QuerySpec], cfg: &SimConfig) -> SimRun {
     let mut engine = Engine::new(workload, cfg, None);
     engine.run();
-    engine.results
+    SimRun {
+        numa: engine.numa.map(|n| n.report),
+        results: engine.results,
+    }
 }
 
 /// Runs `workload` under `cfg` like [`simulate`], and every `every_ns` of simulated time
@@ -176,6 +247,10 @@ impl<'a, 'f> Engine<'a, 'f> {
         for (g, gc) in cfg.groups.iter().enumerate().take(cap.max_groups as usize) {
             sched.configure_group(GroupId(g as u32), *gc);
         }
+        let numa = cfg
+            .numa
+            .as_ref()
+            .map(|n| NumaState::new(n, cfg, &sched, workload));
         let first_tick = ticker.as_ref().map(|t| t.every_ns);
         let mut engine = Engine {
             cfg,
@@ -193,6 +268,7 @@ impl<'a, 'f> Engine<'a, 'f> {
                     isolated_ns: q.cpu_ns / q.procs.min(max_members).min(cfg.slots).max(1) as u64,
                     received_ns: 0,
                     max_wait_ns: 0,
+                    remote_ns: 0,
                 })
                 .collect(),
             ids: vec![None; workload.len()],
@@ -203,8 +279,10 @@ impl<'a, 'f> Engine<'a, 'f> {
             pending: VecDeque::new(),
             active: 0,
             events: BinaryHeap::new(),
+            periodic: 0,
             seq: 0,
             now: 0,
+            numa,
         };
         for (i, q) in workload.iter().enumerate() {
             engine.push(q.arrival_ns, Event::Arrival(i));
@@ -212,19 +290,32 @@ impl<'a, 'f> Engine<'a, 'f> {
         if let (Some(at), false) = (first_tick, workload.is_empty()) {
             engine.push(at, Event::Tick);
         }
+        if let Some(n) = &engine.numa {
+            if matches!(n.placement, NumaPlacement::Affine { .. }) && !workload.is_empty() {
+                engine.push(n.sample_ns, Event::NodeSample);
+            }
+        }
         engine
     }
 
     fn push(&mut self, at: u64, ev: Event) {
         self.seq += 1;
+        self.periodic += ev.periodic() as usize;
         self.events.push(Reverse((at, self.seq, ev)));
+    }
+
+    /// Whether events other than periodic ones remain.
+    fn work_remains(&self) -> bool {
+        self.events.len() > self.periodic
     }
 
     fn run(&mut self) {
         while let Some(Reverse((at, _, ev))) = self.events.pop() {
+            self.periodic -= ev.periodic() as usize;
             if self.cfg.horizon_ns.is_some_and(|h| at > h) {
                 break;
             }
+            self.sum_idle(at);
             self.now = at;
             match ev {
                 Event::Arrival(i) => {
@@ -236,6 +327,8 @@ impl<'a, 'f> Engine<'a, 'f> {
                 }
                 Event::SliceEnd { proc, used_ns } => self.slice_end(ProcId(proc), used_ns),
                 Event::Tick => self.tick(),
+                Event::StealTimer { proc, wait } => self.steal_timer(ProcId(proc), wait),
+                Event::NodeSample => self.node_sample(),
             }
         }
     }
@@ -249,7 +342,7 @@ impl<'a, 'f> Engine<'a, 'f> {
             self.sched.set_decay(decay);
         }
         let next = self.now + ticker.every_ns;
-        if !self.events.is_empty() {
+        if self.work_remains() {
             self.push(next, Event::Tick);
         }
     }
@@ -257,14 +350,22 @@ impl<'a, 'f> Engine<'a, 'f> {
     fn admit(&mut self, i: usize) {
         let spec = &self.specs[i];
         let group = GroupId(self.results[i].group);
+        let home = self.numa.as_ref().and_then(|n| match n.placement {
+            NumaPlacement::Affine { .. } => Some(self.sched.choose_home()),
+            NumaPlacement::Oblivious => None,
+        });
         let options = QueryOptions {
             pinned_priority: spec.pinned_priority,
-            ..Default::default()
+            home: home.unwrap_or(0),
         };
         let q = self
             .sched
             .register_query(group, options)
             .expect("query table sized to max_active");
+        if let (Some(n), Some(home)) = (self.numa.as_mut(), home) {
+            // Bound to its home node, the query's memory is there (first touch).
+            n.mem_node[i] = Some(home);
+        }
         self.active += 1;
         self.ids[i] = Some(q);
         self.results[i].admitted_ns = Some(self.now);
@@ -282,6 +383,10 @@ impl<'a, 'f> Engine<'a, 'f> {
             self.procs[p.index()] = Some(Running {
                 query: i,
                 waiting_since: None,
+                wait: 0,
+                phys: None,
+                last_phys: None,
+                slice_on: None,
             });
             let out = self.sched.acquire(p);
             self.apply(p, out);
@@ -293,7 +398,12 @@ impl<'a, 'f> Engine<'a, 'f> {
     fn apply(&mut self, p: ProcId, out: Outcome) {
         match out.turn {
             Turn::Run => self.start_slice(p),
-            Turn::Wait => self.running_mut(p).waiting_since = Some(self.now),
+            Turn::Wait => {
+                self.running_mut(p).waiting_since = Some(self.now);
+                if self.numa.is_some() {
+                    self.numa_wait(p);
+                }
+            }
         }
         if let Some(w) = out.wake {
             self.woken(w);
@@ -312,6 +422,9 @@ impl<'a, 'f> Engine<'a, 'f> {
         let waited = now - since;
         let res = &mut self.results[query];
         res.max_wait_ns = res.max_wait_ns.max(waited);
+        if let Some(n) = self.numa.as_mut() {
+            n.waiting -= 1;
+        }
         self.start_slice(w);
     }
 
@@ -324,12 +437,17 @@ impl<'a, 'f> Engine<'a, 'f> {
             self.finish_proc(p, wake);
             return;
         }
-        self.unassigned_ns[i] -= chunk;
+        let (work, used) = if self.numa.is_some() {
+            self.numa_slice(p, i)
+        } else {
+            (chunk, chunk)
+        };
+        self.unassigned_ns[i] -= work;
         self.push(
-            self.now + chunk,
+            self.now + used,
             Event::SliceEnd {
                 proc: p.0,
-                used_ns: chunk,
+                used_ns: used,
             },
         );
     }
@@ -337,22 +455,47 @@ impl<'a, 'f> Engine<'a, 'f> {
     fn slice_end(&mut self, p: ProcId, used_ns: u64) {
         let i = self.running_mut(p).query;
         self.results[i].received_ns += used_ns;
+        if let Some(n) = self.numa.as_mut() {
+            let r = self.procs[p.index()].as_mut().expect("known process");
+            let (node, remote) = r.slice_on.take().expect("a slice was running");
+            let usage = &mut n.report.nodes[node as usize];
+            usage.cpu_ns += used_ns;
+            if remote {
+                usage.remote_ns += used_ns;
+                self.results[i].remote_ns += used_ns;
+            }
+        }
         if self.unassigned_ns[i] == 0 {
             let wake = self.sched.release(p, used_ns);
             self.finish_proc(p, wake);
         } else {
+            // A process on a slot away from its home got there by stealing and keeps the
+            // right to; if it has to wait now, the other nodes' free slots are offered to
+            // it only by a dispatch, which it runs itself, as when it started stealing
+            // (shared/nodes.rs; the extension's slice end does the same).
+            let stealer = self.numa.is_some()
+                && self.sched.node_count() > 1
+                && self.sched.slot_node(p) != self.sched.home_node(p);
             let out = self.sched.end_slice(p, used_ns);
             self.apply(p, out);
+            if stealer && out.turn == Turn::Wait {
+                while let Some(w) = self.sched.dispatch() {
+                    self.woken(w);
+                }
+            }
         }
     }
 
     fn finish_proc(&mut self, p: ProcId, wake: Option<ProcId>) {
         let extra = self.sched.leave(p);
         debug_assert!(extra.is_none(), "an idle process has no slot to pass on");
-        let i = self.procs[p.index()]
+        let r = self.procs[p.index()]
             .take()
-            .expect("finishing a known process")
-            .query;
+            .expect("finishing a known process");
+        let i = r.query;
+        if let (Some(s), Some(phys)) = (r.phys, self.numa.as_mut().and_then(|n| n.phys.as_mut())) {
+            phys.free(s);
+        }
         self.free_procs.push(p.0);
         if let Some(w) = wake {
             self.woken(w);
@@ -360,6 +503,10 @@ impl<'a, 'f> Engine<'a, 'f> {
         self.procs_left[i] -= 1;
         if self.procs_left[i] == 0 {
             self.results[i].finish_ns = Some(self.now);
+            if let Some(n) = self.numa.as_mut() {
+                n.report.finished += 1;
+                n.report.last_finish_ns = self.now;
+            }
             let q = self.ids[i].take().expect("finishing an admitted query");
             self.sched.unregister_query(q).expect("all processes left");
             self.active -= 1;
@@ -371,6 +518,176 @@ impl<'a, 'f> Engine<'a, 'f> {
 
     fn running_mut(&mut self, p: ProcId) -> &mut Running {
         self.procs[p.index()].as_mut().expect("known process")
+    }
+
+    // ---- NUMA (SimConfig::numa) ----
+
+    /// Adds the free slots from the last event up to `at` to the idle integrals.
+    fn sum_idle(&mut self, at: u64) {
+        let Some(n) = self.numa.as_mut() else {
+            return;
+        };
+        if at <= n.summed_to {
+            return;
+        }
+        // Only up to the last completion: a later completion adds the span before it.
+        if n.report.finished < self.specs.len() {
+            let span = u128::from(at - n.summed_to);
+            let free = n.report.slots().saturating_sub(self.sched.running());
+            n.report.idle_slot_ns += span * u128::from(free);
+            n.report.stranded_slot_ns += span * u128::from(free.min(n.waiting));
+        }
+        n.summed_to = at;
+    }
+
+    /// Process `p` started waiting: it gives up its physical slot (oblivious), or may
+    /// steal after `steal_after` slices (affine).
+    fn numa_wait(&mut self, p: ProcId) {
+        let slice_ns = self.cfg.slice_ns;
+        let nodes = self.sched.node_count();
+        let n = self.numa.as_mut().expect("NUMA run");
+        let r = self.procs[p.index()].as_mut().expect("known process");
+        n.waiting += 1;
+        n.waits += 1;
+        r.wait = n.waits;
+        if let (Some(phys), Some(s)) = (n.phys.as_mut(), r.phys.take()) {
+            phys.free(s);
+        }
+        if let NumaPlacement::Affine {
+            steal_after: Some(k),
+        } = n.placement
+        {
+            if nodes > 1 {
+                let wait = r.wait;
+                let after = slice_ns.saturating_mul(u64::from(k)).max(MIN_STEAL_WAIT_NS);
+                self.push(
+                    self.now.saturating_add(after),
+                    Event::StealTimer { proc: p.0, wait },
+                );
+            }
+        }
+    }
+
+    /// A steal timer went off: if its wait goes on, the process may take any node's
+    /// slot now (psaroudakis2016 §4: stealing keeps slots busy, at the price of remote
+    /// accesses), and the free slots are dispatched, as the extension's `pause` does;
+    /// then it waits another `steal_after` slices.
+    fn steal_timer(&mut self, p: ProcId, wait: u64) {
+        let waits_on = |e: &Self| {
+            e.procs[p.index()]
+                .as_ref()
+                .is_some_and(|r| r.wait == wait && r.waiting_since.is_some())
+        };
+        if !waits_on(self) {
+            return; // stale: that wait ended
+        }
+        self.sched.allow_steal(p);
+        self.numa.as_mut().expect("NUMA run").report.steals += 1;
+        while let Some(w) = self.sched.dispatch() {
+            self.woken(w);
+        }
+        if waits_on(self) {
+            let NumaPlacement::Affine {
+                steal_after: Some(k),
+            } = self.numa.as_ref().expect("NUMA run").placement
+            else {
+                unreachable!("steal timers belong to the affine placement");
+            };
+            let after = self
+                .cfg
+                .slice_ns
+                .saturating_mul(u64::from(k))
+                .max(MIN_STEAL_WAIT_NS);
+            self.push(
+                self.now.saturating_add(after),
+                Event::StealTimer { proc: p.0, wait },
+            );
+        }
+    }
+
+    /// The scheduler worker's round: sample node utilisation (for the home choice), and
+    /// run `dispatch` as a safety net (the extension does every 20 ms; here a process it
+    /// finds would be a lost hand-off, so they are counted).
+    fn node_sample(&mut self) {
+        self.sched.sample_node_util();
+        while let Some(w) = self.sched.dispatch() {
+            self.numa.as_mut().expect("NUMA run").report.rescued += 1;
+            self.woken(w);
+        }
+        if self.work_remains() {
+            let every = self.numa.as_ref().expect("NUMA run").sample_ns.max(1);
+            self.push(self.now + every, Event::NodeSample);
+        }
+    }
+
+    /// Process `p` of query `i`, holding a slot, starts a slice: on which node it runs,
+    /// whether that is remote from the query's memory, and the work done and CPU used.
+    fn numa_slice(&mut self, p: ProcId, i: usize) -> (u64, u64) {
+        let slot_node = self.sched.slot_node(p);
+        let slice_ns = self.cfg.slice_ns;
+        let left = self.unassigned_ns[i];
+        let n = self.numa.as_mut().expect("NUMA run");
+        let r = self.procs[p.index()].as_mut().expect("known process");
+        let node = match n.phys.as_mut() {
+            Some(phys) => {
+                let s = match r.phys {
+                    Some(s) => s,
+                    None => {
+                        let s = phys.take(r.last_phys);
+                        r.phys = Some(s);
+                        r.last_phys = Some(s);
+                        s
+                    }
+                };
+                phys.node(s)
+            }
+            None => slot_node.expect("a process starting a slice holds a slot"),
+        };
+        let mem = *n.mem_node[i].get_or_insert(node);
+        let remote = node != mem;
+        r.slice_on = Some((node, remote));
+        slice_work(slice_ns, left, if remote { n.penalty } else { 1.0 })
+    }
+}
+
+impl NumaState {
+    fn new(spec: &NumaSim, cfg: &SimConfig, sched: &SchedShared, workload: &[QuerySpec]) -> Self {
+        assert!(
+            spec.remote_penalty.is_finite() && spec.remote_penalty >= 1.0,
+            "remote_penalty must be finite and at least 1, not {}",
+            spec.remote_penalty
+        );
+        let node_slots = spec.node_slots(cfg.slots);
+        let phys = match spec.placement {
+            NumaPlacement::Affine { .. } => {
+                sched.set_node_slots(&node_slots);
+                None
+            }
+            NumaPlacement::Oblivious => Some(PhysSlots::new(&node_slots)),
+        };
+        let first = workload.iter().map(|q| q.arrival_ns).min().unwrap_or(0);
+        NumaState {
+            penalty: spec.remote_penalty,
+            placement: spec.placement,
+            sample_ns: spec.sample_ns,
+            phys,
+            mem_node: vec![None; workload.len()],
+            waiting: 0,
+            waits: 0,
+            summed_to: first,
+            report: NumaReport {
+                nodes: node_slots
+                    .iter()
+                    .map(|&slots| NodeUsage {
+                        slots,
+                        ..NodeUsage::default()
+                    })
+                    .collect(),
+                first_arrival_ns: first,
+                last_finish_ns: first,
+                ..NumaReport::default()
+            },
+        }
     }
 }
 
@@ -496,5 +813,181 @@ mod tests {
         assert!(engine.sched.nobody_waits());
         assert_eq!(engine.active, 0);
         assert_eq!(engine.free_procs.len(), engine.procs.len());
+    }
+
+    fn numa(nodes: usize, penalty: f64, placement: NumaPlacement) -> Option<NumaSim> {
+        Some(NumaSim::new(nodes, penalty, placement))
+    }
+
+    /// Everything but `remote_ns`.
+    fn timing(r: &[QueryResult]) -> Vec<(Option<u64>, Option<u64>, u64, u64)> {
+        r.iter()
+            .map(|r| (r.admitted_ns, r.finish_ns, r.received_ns, r.max_wait_ns))
+            .collect()
+    }
+
+    #[test]
+    fn one_node_or_no_penalty_decides_as_without_numa() {
+        for procs in [1, 3] {
+            let w = crate::sim::generate(&crate::sim::Shape {
+                queries: 400,
+                slots: 4,
+                procs,
+                seed: 5,
+                ..Default::default()
+            });
+            let plain = SimConfig {
+                max_active: 30,
+                ..SimConfig::new(4, Policy::DecayingStride)
+            };
+            let base = simulate(&w, &plain);
+            // One node: every slot is the home's, nothing is remote.
+            let one = simulate_run(
+                &w,
+                &SimConfig {
+                    numa: numa(
+                        1,
+                        1.3,
+                        NumaPlacement::Affine {
+                            steal_after: Some(0),
+                        },
+                    ),
+                    ..plain.clone()
+                },
+            );
+            assert_eq!(one.results, base);
+            let report = one.numa.unwrap();
+            assert_eq!(report.remote_share(), 0.0);
+            assert_eq!(
+                report.cpu_ns(),
+                base.iter().map(|r| r.received_ns).sum::<u64>()
+            );
+            // Oblivious at penalty 1: one pool, as without NUMA; what runs remote does
+            // not run slower.
+            let flat = simulate_run(
+                &w,
+                &SimConfig {
+                    numa: numa(2, 1.0, NumaPlacement::Oblivious),
+                    ..plain.clone()
+                },
+            );
+            assert_eq!(timing(&flat.results), timing(&base));
+            let report = flat.numa.unwrap();
+            assert!(report.remote_share() > 0.05, "{report:?}");
+            assert_eq!(report.stranded_slot_ns, 0, "one pool is work-conserving");
+            let remote: u64 = flat.results.iter().map(|r| r.remote_ns).sum();
+            assert_eq!(
+                remote,
+                report.nodes.iter().map(|n| n.remote_ns).sum::<u64>()
+            );
+        }
+    }
+
+    #[test]
+    fn a_remote_process_runs_at_the_penalised_rate_and_is_charged_its_cpu() {
+        // One query alone on 2 nodes × 1 slot, its memory placed on node 1 beforehand:
+        // its process takes the lowest free slot (node 0) and runs remote throughout.
+        let w = [q(0, 100, "a")];
+        let cfg = SimConfig {
+            numa: numa(2, 1.25, NumaPlacement::Oblivious),
+            ..SimConfig::new(2, Policy::DecayingStride)
+        };
+        let run = |mem: Option<u32>| {
+            let mut engine = Engine::new(&w, &cfg, None);
+            engine.numa.as_mut().unwrap().mem_node[0] = mem;
+            engine.run();
+            (engine.results, engine.numa.unwrap().report)
+        };
+        let (r, report) = run(Some(1));
+        assert_eq!(r[0].finish_ns, Some(125_000_000));
+        assert_eq!(r[0].received_ns, 125_000_000);
+        assert_eq!(r[0].remote_ns, 125_000_000);
+        assert_eq!(r[0].slowdown(), Some(1.25));
+        assert_eq!(report.nodes[0].cpu_ns, 125_000_000);
+        assert_eq!(report.nodes[0].remote_ns, 125_000_000);
+        assert_eq!(
+            report.nodes[1],
+            NodeUsage {
+                slots: 1,
+                ..Default::default()
+            }
+        );
+        assert_eq!(report.remote_share(), 1.0);
+        // Idle: node 1's slot all along.
+        assert_eq!(report.idle_share(), 0.5);
+        // First touch: local.
+        let (r, report) = run(None);
+        assert_eq!((r[0].finish_ns, r[0].remote_ns), (Some(100_000_000), 0));
+        assert_eq!(report.remote_share(), 0.0);
+    }
+
+    #[test]
+    fn a_wait_that_ended_leaves_its_steal_timer_stale() {
+        // One query with 2 processes homed on node 0 of 2 × 1 slots: they take turns on
+        // node 0's slot, each waiting 2 ms at a time, so a steal after 3 slices (6 ms)
+        // never comes. The timer of a wait that ended goes off while a later wait of the
+        // same process is under way: it must not let the process steal.
+        let mut spec = q(0, 20, "pair");
+        spec.procs = 2;
+        let cfg = SimConfig {
+            numa: numa(
+                2,
+                1.3,
+                NumaPlacement::Affine {
+                    steal_after: Some(3),
+                },
+            ),
+            ..SimConfig::new(2, Policy::DecayingStride)
+        };
+        let run = simulate_run(std::slice::from_ref(&spec), &cfg);
+        let report = run.numa.unwrap();
+        assert_eq!(report.steals, 0);
+        assert_eq!(run.results[0].finish_ns, Some(20_000_000));
+        assert_eq!(report.nodes[1].cpu_ns, 0);
+        // Allowed to steal after 0 slices (1 ms, the extension's floor), the second
+        // process takes node 1's slot during its first wait and keeps it.
+        let cfg = SimConfig {
+            numa: numa(
+                2,
+                1.3,
+                NumaPlacement::Affine {
+                    steal_after: Some(0),
+                },
+            ),
+            ..cfg
+        };
+        let run = simulate_run(&[spec], &cfg);
+        let report = run.numa.unwrap();
+        assert_eq!(report.steals, 1);
+        assert!(report.nodes[1].remote_ns > 0);
+        assert_eq!(report.nodes[1].remote_ns, report.nodes[1].cpu_ns);
+        assert_eq!(report.rescued, 0);
+    }
+
+    #[test]
+    fn a_stealer_that_has_to_wait_is_offered_the_free_slots_at_once() {
+        // A process that stole a slot and loses it at a slice end waits with the right to
+        // steal; end_slice offers it only the node it held. Without the dispatch that
+        // follows, it waited with its home's slot free until the next steal timer or
+        // worker round, whose dispatch counted it as rescued (seed 1: 8 times).
+        let w = crate::sim::generate(&crate::sim::Shape {
+            queries: 3_000,
+            slots: 4,
+            seed: 1,
+            ..Default::default()
+        });
+        let cfg = SimConfig {
+            numa: numa(
+                2,
+                1.3,
+                NumaPlacement::Affine {
+                    steal_after: Some(4),
+                },
+            ),
+            ..SimConfig::new(4, Policy::DecayingStride)
+        };
+        let report = simulate_run(&w, &cfg).numa.unwrap();
+        assert!(report.steals > 0);
+        assert_eq!(report.rescued, 0);
     }
 }

@@ -11,11 +11,15 @@
 //! * [`workload`] — query specs, CSV reading and writing, the paper's workload generator.
 //! * [`engine`] — the event loop.
 //! * [`report`] — slowdown statistics per query class.
+//! * [`numa`] — NUMA nodes: slots labelled with nodes, a remote penalty, affine
+//!   (`numa = bind`) or oblivious placement, and what they did.
 
 pub mod engine;
+pub mod numa;
 pub mod report;
 pub mod workload;
 
-pub use engine::{simulate, simulate_with, OnTick, QueryResult, SimConfig};
+pub use engine::{simulate, simulate_run, simulate_with, OnTick, QueryResult, SimConfig, SimRun};
+pub use numa::{NodeUsage, NumaPlacement, NumaReport, NumaSim};
 pub use report::{summarize, ClassSummary};
 pub use workload::{generate, parse_csv, to_csv, QuerySpec, Shape};

@@ -86,6 +86,7 @@ mod tests {
             isolated_ns: isolated,
             received_ns: isolated,
             max_wait_ns: 0,
+            remote_ns: 0,
         }
     }
 
