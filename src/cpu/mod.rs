@@ -253,13 +253,18 @@ fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
             return true;
         }
         let pinned = shared.groups.settings_of(m.group).filter(|s| s.pinned);
-        let options = QueryOptions {
-            pinned_priority: pinned.map(|s| priority_range(&s).p0),
-            home: sched.choose_home(),
-        };
+        let pinned_priority = pinned.map(|s| priority_range(&s).p0);
         let group = GroupId(m.group as u32);
-        m.pinned_priority = options.pinned_priority;
-        let registered = shared.with_admission(|_, _| sched.register_query(group, options));
+        m.pinned_priority = pinned_priority;
+        // The home is chosen under the registration lock, so that statements registering
+        // at once see each other's homes (`numa = bind`).
+        let registered = shared.with_admission(|_, _| {
+            let options = QueryOptions {
+                pinned_priority,
+                home: sched.choose_home(),
+            };
+            sched.register_query(group, options)
+        });
         let Ok(query) = registered else {
             *member = None;
             return false;
