@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import analysis, data, queries, workload
-from .common import BENCH, OUT, PG_BIN, PGBOUNCER, log, ncpus, run
+from .common import BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, log, ncpus, run
 from .pgserver import Server, pkglibdir, stride_library_present
 
 SEED = 20210
@@ -181,8 +181,14 @@ class Runner:
             return False
         if self.current != name or not self.server.running():
             self.server.stop_bouncer()
+            if cfg.get("prioritize") and not IS_ROOT:
+                state.update(status="skipped", reason="giving the server CAP_SYS_NICE "
+                             "needs root")
+                log(f"SKIP {name}: {state['reason']}")
+                return False
             try:
-                self.server.start(expand(cfg.get("settings", [])), name)
+                self.server.start(expand(cfg.get("settings", [])), name,
+                                  renice=bool(cfg.get("prioritize")))
             except RuntimeError as e:
                 if not cfg.get("library"):
                     raise
@@ -193,6 +199,12 @@ class Runner:
                 log(f"SKIP {name}: {state['reason']}")
                 return False
             self.current = name
+            if cfg.get("prioritize") and not self.server.create_extension(workload.TPCH_DB,
+                                                                           "prioritize"):
+                state.update(status="skipped", reason="the prioritize extension is not installed "
+                             "(Debian: postgresql-NN-prioritize)")
+                log(f"SKIP {name}: {state['reason']}")
+                return False
             missing = [g for g in cfg.get("requires", []) if not self.server.guc_exists(g)]
             if missing:
                 state.update(status="skipped", reason="the installed pg_stride does not define "
@@ -209,6 +221,9 @@ class Runner:
         state["status"] = "ran"
         return True
 
+    def workload_for(self, cfg: dict) -> workload.Workload:
+        return self.wl_niced if cfg.get("prioritize") else self.wl
+
     def conn(self, cfg: dict, db: str) -> list:
         return self.server.conn_args(db, through_bouncer=bool(cfg.get("pgbouncer")))
 
@@ -222,13 +237,20 @@ class Runner:
         data.load(self.server, workload.TPCH_DB, p.large_sf)
         data.load_pgbench(self.server, workload.OLTP_DB, p.oltp_scale)
         self.schemas = [data.schema_name(p.small_sf), data.schema_name(p.large_sf)]
-        scripts = {}
+        scripts, niced = {}, {}
         sdir = self.run_dir / "scripts"
         for cls, sf in (("short", p.small_sf), ("long", p.large_sf)):
             for q, path in queries.write_scripts(sdir, queries.INCLUDED,
                                                  data.schema_name(sf), sf).items():
                 scripts[(q, cls)] = path
+            for q, path in queries.write_scripts(sdir / "prioritize", queries.INCLUDED,
+                                                 data.schema_name(sf), sf,
+                                                 queries.nice_prefix(cls)).items():
+                niced[(q, cls)] = path
         self.wl = workload.Workload(scripts, queries.INCLUDED)
+        # the `prioritize` configuration's scripts: the same queries, each after setting
+        # its backend's nice value by class
+        self.wl_niced = workload.Workload(niced, queries.INCLUDED)
         self.meta["queries"] = {"included": queries.INCLUDED, "excluded": queries.EXCLUDED}
         self.meta["scales"] = {"short": p.small_sf, "long": p.large_sf}
         self.meta["script_info"] = {str(k): list(v) for k, v in self.wl.script_info.items()}
@@ -267,12 +289,13 @@ class Runner:
                     # a configuration that learns from the workload (the tuner) first sees
                     # `prime_s` seconds of the same arrivals, not measured
                     log(f"open loop: {cfg['name']}, alpha {alpha}: {cfg['prime_s']} s to prime")
-                    workload.open_loop(self.server, self.wl, self.conn(cfg, workload.TPCH_DB),
-                                       rate, int(cfg["prime_s"]), p.clients, SEED + 1,
+                    workload.open_loop(self.server, self.workload_for(cfg),
+                                       self.conn(cfg, workload.TPCH_DB), rate, int(cfg["prime_s"]), p.clients, SEED + 1,
                                        self.run_dir / "open_loop", name + "_prime")
                 log(f"open loop: {cfg['name']}, alpha {alpha}, {rate:.2f} arrivals/s, "
                     f"{p.ol_duration} s")
-                r = workload.open_loop(self.server, self.wl, self.conn(cfg, workload.TPCH_DB),
+                r = workload.open_loop(self.server, self.workload_for(cfg),
+                                       self.conn(cfg, workload.TPCH_DB),
                                        rate, p.ol_duration, p.clients, SEED,
                                        self.run_dir / "open_loop", name)
                 retried = None
@@ -284,7 +307,8 @@ class Runner:
                     self.current = None
                     if not self.use(cfg):
                         continue
-                    r = workload.open_loop(self.server, self.wl, self.conn(cfg, workload.TPCH_DB),
+                    r = workload.open_loop(self.server, self.workload_for(cfg),
+                                           self.conn(cfg, workload.TPCH_DB),
                                            rate, p.ol_duration, p.clients, SEED,
                                            self.run_dir / "open_loop", name)
                 st = {"rate": rate, "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
@@ -306,7 +330,7 @@ class Runner:
             if not self.use(cfg):
                 continue
             log(f"mixed OLTP + analytics: {cfg['name']}, {p.mixed_duration} s")
-            r = workload.mixed(self.server, self.wl, self.conn(cfg, workload.TPCH_DB),
+            r = workload.mixed(self.server, self.workload_for(cfg), self.conn(cfg, workload.TPCH_DB),
                                self.conn(cfg, workload.OLTP_DB), p.mixed_duration,
                                p.mixed_tpch_clients, p.mixed_oltp_clients, SEED,
                                self.run_dir / "mixed", f"mx_{cfg['name']}")

@@ -131,17 +131,26 @@ class Server:
                   check=False, capture=True, quiet=True)
         return res.returncode == 0
 
-    def start(self, settings: list, name: str):
-        """(Re)start the server with `settings` as bench_config.conf."""
+    def start(self, settings: list, name: str, renice: bool = False):
+        """(Re)start the server with `settings` as bench_config.conf.  `renice` (root
+        only): its processes get the CAP_SYS_NICE capability (ambient), so that a backend
+        may lower its nice value back to 0 after raising it; setpriority refuses that to
+        an ordinary process (raising RLIMIT_NICE instead would need CAP_SYS_RESOURCE,
+        which containers often lack)."""
         if self.running():
             self.stop()
         self._write(self.pgdata / "bench_config.conf",
                     f"# configuration {name}, written by bench/run\n" + "\n".join(settings) + "\n")
         logfile = self.logdir / f"server-{name}.log"
         log(f"starting PostgreSQL ({name})")
-        res = run(as_server_user([PG_BIN / "pg_ctl", "-D", self.pgdata, "-l", logfile, "-w", "-t", "120",
-                                  "-o", f"-p {PG_PORT} -k {self.sock} -c listen_addresses=''",
-                                  "start"]), check=False, capture=True, quiet=True)
+        pg_ctl = [PG_BIN / "pg_ctl", "-D", self.pgdata, "-l", logfile, "-w", "-t", "120", "-o",
+                  f"-p {PG_PORT} -k {self.sock} -c listen_addresses=''", "start"]
+        if renice:
+            cmd = ["setpriv", f"--reuid={SERVER_USER}", f"--regid={SERVER_USER}", "--init-groups",
+                   "--inh-caps=+sys_nice", "--ambient-caps=+sys_nice", "--", *pg_ctl]
+        else:
+            cmd = as_server_user(pg_ctl)
+        res = run(cmd, check=False, capture=True, quiet=True)
         if res.returncode != 0:
             tail = logfile.read_text()[-2000:] if logfile.exists() else ""
             raise RuntimeError(f"PostgreSQL did not start with configuration {name}:\n{tail}")
@@ -270,6 +279,12 @@ log_disconnections = 0
         self.psql("select sum(pg_prewarm(c.oid)) from pg_class c join pg_namespace n "
                   f"on n.oid = c.relnamespace where n.nspname in ({names}) "
                   "and c.relkind in ('r', 'i')", db=db)
+
+    def create_extension(self, db: str, name: str) -> bool:
+        """CREATE EXTENSION IF NOT EXISTS `name` in `db`; False when it is not available."""
+        cmd = [PG_BIN / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", *self.conn_args(db),
+               "-c", f"CREATE EXTENSION IF NOT EXISTS {name}"]
+        return run(cmd, capture=True, check=False, quiet=True).returncode == 0
 
     def guc_exists(self, name: str) -> bool:
         out = self.psql(f"select count(*) from pg_settings where name = '{name}'")

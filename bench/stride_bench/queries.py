@@ -34,12 +34,22 @@ def render(query: str, schema: str, sf: float) -> str:
             .replace("@COLORS@", colors))
 
 
-def write_scripts(outdir: Path, queries, schema: str, sf: float) -> dict:
-    """Write one pgbench script per query; returns query -> path."""
+def write_scripts(outdir: Path, queries, schema: str, sf: float, prefix: str = "") -> dict:
+    """Write one pgbench script per query, each starting with `prefix` (SQL, may be
+    empty); returns query -> path."""
     outdir.mkdir(parents=True, exist_ok=True)
     paths = {}
     for q in queries:
         p = outdir / f"{schema}_{q}.sql"
-        p.write_text(render(q, schema, sf))
+        p.write_text(prefix + render(q, schema, sf))
         paths[q] = p
     return paths
+
+
+# The nice value of a query's backend in the `prioritize` configuration, by class.
+NICE = {"short": 0, "long": 19}
+
+
+def nice_prefix(cls: str) -> str:
+    """The statement a `prioritize` script starts with: set this backend's nice value."""
+    return f"SELECT set_backend_priority(pg_backend_pid(), {NICE[cls]});\n"
