@@ -313,7 +313,7 @@ pub fn register(group_exists: GroupExists) {
     );
     GucRegistry::define_int_guc(
         c"pg_stride.numa_steal_after",
-        c"Slices a process of a query waits for a slot on its home node before it may take one on another node.",
+        c"Slices a process of a query waits at a stretch for a slot on its home node before it may take one on another node.",
         c"Only with pg_stride.numa = bind; -1: never.",
         &NUMA_STEAL_AFTER,
         -1,
