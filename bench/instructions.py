@@ -155,6 +155,20 @@ def timing(s, args, variants=VARIANTS, rounds=5):
     return median(first), median(second), ratios[len(ratios) // 2]
 
 
+def timing_table(workloads, results, first, second, ratio):
+    """The report's lines for the workloads that were also timed (`results[(label,
+    "timing")]` from `timing`), their columns named after the two variants."""
+    timed = [(label, results[(label, "timing")]) for label, _, _, _ in workloads if (label, "timing") in results]
+    if not timed:
+        return []
+    lines = ["", "Time, without valgrind: pgbench -T 5, 5 interleaved rounds per variant, medians.", "",
+             f"| workload | tps {first} | tps {second} | {ratio} (median of rounds) |",
+             "|---|---|---|---|"]
+    for label, (a, b, r) in timed:
+        lines.append(f"| {label} | {a:.1f} | {b:.1f} | {r:.3f} |")
+    return lines
+
+
 def instructions_per_transaction(s, settings, args, n1, n2):
     """Instructions of the busiest backend per transaction of `args`: the difference
     between runs of n1 and n2 transactions, so that connection start-up cancels out."""
@@ -244,13 +258,7 @@ def main():
         a, b = results[(label, "not loaded")], results[(label, "loaded")]
         c = results[(label, "admission")]
         lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} | {c:.0f} | {100 * c / a:.2f} % |")
-    timed = [(label, results[(label, "timing")]) for label, _, _, _ in workloads if (label, "timing") in results]
-    if timed:
-        lines += ["", "Time, without valgrind: pgbench -T 5, 5 interleaved rounds per variant, medians.", "",
-                  "| workload | tps not loaded | tps loaded | loaded / not loaded (median of rounds) |",
-                  "|---|---|---|---|"]
-        for label, (a, b, ratio) in timed:
-            lines.append(f"| {label} | {a:.1f} | {b:.1f} | {ratio:.3f} |")
+    lines += timing_table(workloads, results, "not loaded", "loaded", "loaded / not loaded")
     write_report(options.out, lines)
 
 

@@ -16,7 +16,7 @@ import os
 import time
 
 from instructions import (HERE, WORKLOADS, Server, instructions_per_transaction, prepare,
-                          server_version, stop_server, timing, write_report)
+                          server_version, stop_server, timing, timing_table, write_report)
 
 LOADED = "shared_preload_libraries = 'pg_stride'\npg_stride.exempt_superuser = off\n"
 VARIANTS = (("numa = off", LOADED + "pg_stride.numa = off\n"),
@@ -55,13 +55,7 @@ def main():
     for label, _, _, _ in WORKLOADS:
         a, b = (results[(label, v)] for v, _ in variants)
         lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.4f} |")
-    timed = [(label, results[(label, "timing")]) for label, _, _, _ in WORKLOADS if (label, "timing") in results]
-    if timed:
-        lines += ["", "Time, without valgrind: pgbench -T 5, 5 interleaved rounds per variant, medians.", "",
-                  "| workload | tps numa = off | tps numa = stats | stats / off (median of rounds) |",
-                  "|---|---|---|---|"]
-        for label, (a, b, ratio) in timed:
-            lines.append(f"| {label} | {a:.1f} | {b:.1f} | {ratio:.3f} |")
+    lines += timing_table(WORKLOADS, results, "numa = off", "numa = stats", "stats / off")
     if options.aa:
         lines = [line.replace("numa = stats", "numa = off again").replace("stats / off", "ratio")
                  for line in lines]

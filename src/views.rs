@@ -558,25 +558,15 @@ struct NodeSlots {
 
 /// The CPU slots of each node the scheduler splits them over (one entry when not split).
 fn node_slot_state(sched: &pg_stride_sched::SchedShared) -> Vec<NodeSlots> {
-    let mut nodes: Vec<NodeSlots> = sched
+    sched
         .node_loads()
         .iter()
-        .map(|l| NodeSlots {
+        .zip(sched.waiting_by_node())
+        .map(|(l, waiting)| NodeSlots {
             slots: l.slots,
             running: l.running,
             homed: l.homed,
-            waiting: 0,
+            waiting,
         })
-        .collect();
-    for p in 0..sched.capacity().max_procs {
-        let p = pg_stride_sched::ProcId(p);
-        if sched.proc_snapshot(p).waiting {
-            if let Some(home) = sched.home_node(p) {
-                if let Some(n) = nodes.get_mut(home as usize) {
-                    n.waiting += 1;
-                }
-            }
-        }
-    }
-    nodes
+        .collect()
 }

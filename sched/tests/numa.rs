@@ -148,6 +148,23 @@ proptest! {
     }
 }
 
+/// Registers a query homed on node `home` in group 0 and joins processes `procs` to it.
+fn register_homed(s: &pg_stride_sched::SchedShared, home: u32, procs: &[u32]) {
+    use pg_stride_sched::{GroupId, ProcId, QueryOptions};
+    let q = s
+        .register_query(
+            GroupId(0),
+            QueryOptions {
+                home,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    for &p in procs {
+        s.join(ProcId(p), q).unwrap();
+    }
+}
+
 /// Homes are chosen at every registration, but the utilisation average moves only when
 /// the scheduler worker samples it (every 50 ms, by a tenth). Queries registering
 /// between two samples must still spread over the nodes: a rule that ranks by the
@@ -156,9 +173,7 @@ proptest! {
 /// affine placement then lost to oblivious placement (`tests/numa_sim.rs`).
 #[test]
 fn homes_spread_between_utilisation_samples() {
-    use pg_stride_sched::{
-        Capacity, GroupId, OwnedRegion, ProcId, QueryOptions, SchedConfig, Turn,
-    };
+    use pg_stride_sched::{Capacity, OwnedRegion, ProcId, SchedConfig, Turn};
     let cap = Capacity {
         max_procs: 16,
         max_queries: 16,
@@ -174,16 +189,7 @@ fn homes_spread_between_utilisation_samples() {
     .unwrap();
     s.set_node_slots(&[2, 2]);
     let start = |p: u32, home: u32| {
-        let q = s
-            .register_query(
-                GroupId(0),
-                QueryOptions {
-                    home,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-        s.join(ProcId(p), q).unwrap();
+        register_homed(&s, home, &[p]);
         s.acquire(ProcId(p)).turn
     };
     // A query runs on node 1 while the worker samples: node 1 looks a little busier.
@@ -210,9 +216,7 @@ fn homes_spread_between_utilisation_samples() {
 /// which its caller runs at once (the extension's slice end, the simulator).
 #[test]
 fn a_stealer_that_loses_its_slot_is_offered_its_free_home_slot_by_dispatch() {
-    use pg_stride_sched::{
-        Capacity, GroupId, OwnedRegion, Policy, ProcId, QueryOptions, SchedConfig, Turn,
-    };
+    use pg_stride_sched::{Capacity, OwnedRegion, Policy, ProcId, SchedConfig, Turn};
     let s = OwnedRegion::new(
         Capacity {
             max_procs: 8,
@@ -227,20 +231,7 @@ fn a_stealer_that_loses_its_slot_is_offered_its_free_home_slot_by_dispatch() {
     )
     .unwrap();
     s.set_node_slots(&[1, 1]);
-    let query = |home: u32, procs: &[u32]| {
-        let q = s
-            .register_query(
-                GroupId(0),
-                QueryOptions {
-                    home,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-        for &p in procs {
-            s.join(ProcId(p), q).unwrap();
-        }
-    };
+    let query = |home: u32, procs: &[u32]| register_homed(&s, home, procs);
     let slice = 2_000_000;
     query(0, &[0, 1]);
     assert_eq!(s.acquire(ProcId(0)).turn, Turn::Run);
@@ -248,6 +239,7 @@ fn a_stealer_that_loses_its_slot_is_offered_its_free_home_slot_by_dispatch() {
     s.allow_steal(ProcId(1));
     assert_eq!(s.dispatch(), Some(ProcId(1)));
     assert_eq!(s.slot_node(ProcId(1)), Some(1));
+    assert!(s.away_from_home(ProcId(1)) && !s.away_from_home(ProcId(0)));
     // Process 0 stops (it blocks, or its statement ends): nobody waits for node 0.
     assert_eq!(s.release(ProcId(0), slice), None);
     // A query homed on node 1 queues there, and wins node 1's slot at the stealer's

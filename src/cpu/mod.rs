@@ -148,6 +148,13 @@ fn wake(proc: Option<ProcId>) {
     }
 }
 
+/// Hands every free slot to a waiter that may take it, waking each.
+fn dispatch_free_slots(sched: &SchedShared) {
+    while let Some(p) = sched.dispatch() {
+        wake(Some(p));
+    }
+}
+
 /// Whether a statement may be paused (DESIGN.md §4 rule 2): it only reads, and its
 /// transaction has not written or locked rows (see [`transaction_wrote`]).
 /// Cannot panic: the executor hooks ask it outside pgrx's error boundary.
@@ -491,9 +498,7 @@ pub fn watchdog(shared: &shmem::Shared, blocked_before: &mut Vec<bool>) {
     if sched.node_slots() != slots {
         sched.set_node_slots(&slots);
     }
-    while let Some(p) = sched.dispatch() {
-        wake(Some(p));
-    }
+    dispatch_free_slots(sched);
 }
 
 /// Sleeps on the latch until the scheduler gives this process a slot again. Serves
@@ -532,9 +537,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         Some(wait) => {
             while !pg::wait_until(is_running, Some(std::time::Instant::now() + wait)) {
                 sched.allow_steal(proc);
-                while let Some(p) = sched.dispatch() {
-                    wake(Some(p));
-                }
+                dispatch_free_slots(sched);
             }
         }
     }
@@ -685,7 +688,7 @@ unsafe extern "C-unwind" fn check_in() {
     // offered to it only by a dispatch, which it runs itself, as when it started
     // stealing (sched/src/shared/nodes.rs); else it would wait with a slot it may take
     // free until its next steal timeout or the watchdog's dispatch.
-    let stealer = sched.node_count() > 1 && sched.slot_node(proc) != sched.home_node(proc);
+    let stealer = sched.away_from_home(proc);
     let outcome = sched.end_slice(proc, used_ns);
     // Per node, on the CPU the slice ended on (before a pause moves the process).
     numa::charge(shared, used_ns);
@@ -693,9 +696,7 @@ unsafe extern "C-unwind" fn check_in() {
     if outcome.turn == Turn::Wait {
         if stealer {
             // May hand this process itself a slot: pause then returns at once.
-            while let Some(p) = sched.dispatch() {
-                wake(Some(p));
-            }
+            dispatch_free_slots(sched);
         }
         pause(shared, sched, proc);
     }

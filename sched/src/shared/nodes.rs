@@ -113,8 +113,7 @@ impl SchedShared {
             return;
         }
         let qe = &self.queries()[pe.query.load(Relaxed) as usize];
-        qe.may_steal
-            .fetch_or(1 << pe.member.load(Relaxed), SeqCst);
+        qe.may_steal.fetch_or(1 << pe.member.load(Relaxed), SeqCst);
     }
 
     /// The node of the slot `p` holds, if it holds one.
@@ -127,6 +126,28 @@ impl SchedShared {
     pub fn home_node(&self, p: ProcId) -> Option<u32> {
         let q = self.query_of(p)?;
         Some(self.home_of(self.query(q)) as u32)
+    }
+
+    /// Whether `p` holds a slot of another node than its home, with the slots split: it
+    /// got there by stealing. If it has to wait at that slot's end, its caller runs
+    /// [`SchedShared::dispatch`] (see the module comment).
+    pub fn away_from_home(&self, p: ProcId) -> bool {
+        self.node_count() > 1 && self.slot_node(p) != self.home_node(p)
+    }
+
+    /// Processes waiting for a slot, by the home node of their query (one entry per
+    /// node the slots are split over). Reads every process entry.
+    pub fn waiting_by_node(&self) -> Vec<u32> {
+        let mut waiting = vec![0u32; self.node_count()];
+        for pe in self.procs() {
+            if pe.state.load(Relaxed) == PROC_WAITING {
+                let q = pe.query.load(Relaxed) as usize;
+                if let Some(qe) = self.queries().get(q) {
+                    waiting[self.home_of(qe)] += 1;
+                }
+            }
+        }
+        waiting
     }
 
     /// Each node's load: slots, slots held, queries homed, utilisation average.
@@ -149,23 +170,16 @@ impl SchedShared {
     /// process entry.
     pub fn sample_node_util(&self) {
         let count = self.node_count();
-        let mut demand = [0u32; MAX_SLOT_NODES];
-        for (n, node) in self.nodes[..count].iter().enumerate() {
-            demand[n] = node.running.load(Relaxed);
-        }
-        if count > 1 {
-            for pe in self.procs() {
-                if pe.state.load(Relaxed) == PROC_WAITING {
-                    let q = pe.query.load(Relaxed) as usize;
-                    if let Some(qe) = self.queries().get(q) {
-                        demand[self.home_of(qe)] += 1;
-                    }
-                }
-            }
-        }
-        for (n, node) in self.nodes[..count].iter().enumerate() {
+        // Unsplit, the one average is never asked: spare the scan.
+        let waiting = if count > 1 {
+            self.waiting_by_node()
+        } else {
+            vec![0]
+        };
+        for (node, waiting) in self.nodes[..count].iter().zip(waiting) {
+            let demand = node.running.load(Relaxed) + waiting;
             let mut ema = UtilEma(f64::from_bits(node.util_bits.load(Relaxed)));
-            ema.sample(f64::from(demand[n]));
+            ema.sample(f64::from(demand));
             node.util_bits.store(ema.0.to_bits(), Relaxed);
         }
     }

@@ -473,9 +473,7 @@ impl<'a, 'f> Engine<'a, 'f> {
             // right to; if it has to wait now, the other nodes' free slots are offered to
             // it only by a dispatch, which it runs itself, as when it started stealing
             // (shared/nodes.rs; the extension's slice end does the same).
-            let stealer = self.numa.is_some()
-                && self.sched.node_count() > 1
-                && self.sched.slot_node(p) != self.sched.home_node(p);
+            let stealer = self.numa.is_some() && self.sched.away_from_home(p);
             let out = self.sched.end_slice(p, used_ns);
             self.apply(p, out);
             if stealer && out.turn == Turn::Wait {
