@@ -61,6 +61,7 @@ pub static WATCHDOG_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
 pub static HINT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
 pub static HINT_ALPHA: GucSetting<f64> = GucSetting::<f64>::new(0.5);
 pub static TUNER: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static TRACE: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static TUNER_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(20);
 pub static TUNER_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 pub static PARALLEL_MODE: GucSetting<ParallelMode> =
@@ -218,6 +219,14 @@ pub fn register(group_exists: GroupExists) {
         c"Groups with their own decay settings keep them. A reload that changes pg_stride.decay_lambda, decay_start or slice installs the new values; see the view pg_stride.tuner.",
         &TUNER,
         GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.trace",
+        c"Records every CPU-scheduled statement in the trace that pg_stride.trace() reads.",
+        c"The tuner records them too while it is on. A record holds the statement's arrival, admission and finish times, its CPU in and outside CPU slots, and its waits for slots.",
+        &TRACE,
+        GucContext::Suset,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(

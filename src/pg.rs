@@ -266,6 +266,16 @@ pub fn thread_cpu_ns() -> u64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
+/// Time this thread has spent runnable but waiting for a CPU, ns: the second field of
+/// /proc/thread-self/schedstat (the kernel's `run_delay`). 0 where the file is missing
+/// (a kernel without schedstats). A file read: for tracing, not for every slice.
+pub fn thread_run_delay_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

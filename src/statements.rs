@@ -77,10 +77,12 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
     }
     let exempt = || gucs::EXEMPT_SUPERUSER.get() && pg::is_superuser();
     let arrival_ns = pg::monotonic_ns();
+    let arrival_cpu_ns = pg::thread_cpu_ns();
     let admitted = !holds_one && !exempt() && admission::admit(shared, entry, group);
     let arrival = cpu::Arrival {
         arrival_ns,
         admit_ns: pg::monotonic_ns(),
+        cpu_ns: arrival_cpu_ns,
     };
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };

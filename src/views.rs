@@ -20,7 +20,7 @@ extension_sql!(
 #[pg_schema]
 mod pg_stride {
     use crate::{gucs, shmem};
-    use pg_stride_sched::tuner::Check;
+    use pg_stride_sched::tuner::{Check, TraceRecord};
     use pgrx::pg_sys::panic::ErrorReport;
     use pgrx::prelude::*;
     use std::sync::atomic::Ordering;
@@ -266,6 +266,68 @@ mod pg_stride {
                 entry.lease.is_lent(),
             ));
         }
+        TableIterator::new(rows)
+    }
+
+    /// One row per finished statement in the trace (`pg_stride.trace = on`, or the
+    /// tuner on), oldest first; the `pg_stride.trace` view. Times are CLOCK_MONOTONIC
+    /// readings turned into TimestampTz µs by today's offset between the two clocks.
+    #[pg_extern(parallel_restricted)]
+    #[allow(clippy::type_complexity)]
+    fn trace_records() -> TableIterator<
+        'static,
+        (
+            name!(arrival_us, i64),
+            name!(admitted_ms, f64),
+            name!(finished_ms, f64),
+            name!(first_slot_ms, Option<f64>),
+            name!(query_id, i64),
+            name!(group_name, String),
+            name!(processes, i32),
+            name!(workers_planned, i32),
+            name!(cpu_ms, f64),
+            name!(cpu_total_ms, f64),
+            name!(paused_ms, f64),
+            name!(handoff_ms, f64),
+            name!(handoffs, i64),
+            name!(held_ms, f64),
+            name!(held_runqueue_ms, f64),
+            name!(long_slice_ms, f64),
+            name!(failed, bool),
+        ),
+    > {
+        let shared = require_shared();
+        let offset_us = crate::pg::now_timestamp() - (crate::pg::monotonic_ns() / 1_000) as i64;
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let since = move |t: u64, arrival: u64| ms(t.saturating_sub(arrival));
+        let mut records: Vec<_> = crate::cpu::read_window(shared, 0, 0)
+            .records
+            .into_iter()
+            .filter(|r| r.finished().is_some())
+            .collect();
+        records.sort_by_key(|r| r.arrival_ns);
+        let rows = records.into_iter().map(move |r| {
+            let a = r.acct;
+            (
+                offset_us + (r.arrival_ns / 1_000) as i64,
+                since(r.admit_ns, r.arrival_ns),
+                since(r.finish_ns, r.arrival_ns),
+                (a.first_slot_ns != TraceRecord::PENDING).then(|| since(a.first_slot_ns, r.arrival_ns)),
+                r.query_id as i64,
+                shared.groups.name_of(r.group as usize),
+                r.procs as i32,
+                a.workers_planned as i32,
+                ms(r.cpu_ns),
+                ms(a.cpu_total_ns),
+                ms(a.paused_ns),
+                ms(a.handoff_ns),
+                i64::from(a.handoffs),
+                ms(a.held_ns),
+                ms(a.held_runqueue_ns),
+                ms(a.long_slice_ns),
+                r.flags & TraceRecord::ERROR != 0,
+            )
+        });
         TableIterator::new(rows)
     }
 
@@ -532,6 +594,23 @@ GRANT SELECT ON pg_stride.tuner TO PUBLIC;
 "#,
     name = "tuner_view",
     requires = [pg_stride::tuner_state],
+);
+
+extension_sql!(
+    r#"
+CREATE VIEW pg_stride.trace AS
+    SELECT timestamptz '2000-01-01 00:00:00+00' + t.arrival_us * interval '1 microsecond' AS arrival,
+           t.admitted_ms, t.first_slot_ms, t.finished_ms, t.query_id, t.group_name,
+           t.processes, t.workers_planned, t.cpu_ms, t.cpu_total_ms, t.paused_ms,
+           t.handoff_ms, t.handoffs, t.held_ms, t.held_runqueue_ms, t.long_slice_ms, t.failed
+      FROM pg_stride.trace_records() t
+     ORDER BY t.arrival_us;
+COMMENT ON VIEW pg_stride.trace IS
+    'pg_stride trace: the most recent CPU-scheduled statements that finished while pg_stride.trace (or the tuner) was on, with their times after arrival, CPU in and outside CPU slots, and waits for slots';
+GRANT SELECT ON pg_stride.trace TO PUBLIC;
+"#,
+    name = "trace_view",
+    requires = [pg_stride::trace_records],
 );
 
 extension_sql!(

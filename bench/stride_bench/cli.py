@@ -12,7 +12,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import analysis, data, queries, workload
+from . import analysis, data, queries, simgap, workload
 from .common import BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, log, ncpus, run
 from .pgserver import Server, pkglibdir, stride_library_present
 
@@ -315,6 +315,9 @@ class Runner:
                       "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
                       "retried_after": retried}
                 st.update(analyse_open_loop(self.meta, self.run_dir, cfg["name"], alpha))
+                if cfg.get("library") and self.server.guc_exists("pg_stride.trace"):
+                    # what bench/sim_gap.py replays in the simulator
+                    simgap.dump_trace(self.server, self.run_dir / "open_loop" / f"{name}.trace.csv")
                 self.meta["open_loop"].setdefault(cfg["name"], {})[str(alpha)] = st
                 c = st["classes"]
                 log("  " + "  ".join(

@@ -20,8 +20,8 @@ use std::ops::Deref;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering::*};
 
-/// Words of one record; with its sequence word a slot is 64 bytes, one cache line.
-pub const RECORD_WORDS: usize = 7;
+/// Words of one record; with its sequence word a slot is 128 bytes, two cache lines.
+pub const RECORD_WORDS: usize = 15;
 
 /// One record's payload.
 pub type Words = [u64; RECORD_WORDS];
@@ -259,7 +259,7 @@ mod tests {
     use std::sync::Arc;
 
     fn record(n: u64) -> Words {
-        [n, n ^ 0xdead, n.wrapping_mul(3), n + 7, !n, n << 1, n >> 1]
+        std::array::from_fn(|i| n.rotate_left(i as u32 * 5) ^ (i as u64).wrapping_mul(0x9E37_79B9))
     }
 
     #[test]

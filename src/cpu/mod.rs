@@ -36,6 +36,7 @@ use crate::pg::{self, interrupts_can_be_processed, thread_cpu_ns};
 use crate::{gucs, numa, shmem};
 use pg_stride_sched::decay::PriorityRange;
 use pg_stride_sched::slice::{Checkpoint, SliceClock};
+use pg_stride_sched::tuner::{Accounting, TraceRecord};
 use pg_stride_sched::{
     GroupConfig, GroupId, GroupSettings, ProcId, QueryId, QueryOptions, SchedShared, Turn,
 };
@@ -72,6 +73,15 @@ struct Member {
     procs: u32,
     /// The static priority the query was registered with, if its group is pinned.
     pinned_priority: Option<u32>,
+    /// For a parallel worker, its leader's process number: the worker adds what it
+    /// measured to the leader's entry when it ends.
+    leader: Option<usize>,
+    /// What this process measured for the statement's trace record.
+    acct: Accounting,
+    /// Since when this process holds its slot (CLOCK_MONOTONIC ns).
+    held_since_ns: Option<u64>,
+    /// The thread's run delay when it took the slot, while statements are traced.
+    held_run_delay_ns: Option<u64>,
 }
 
 impl Member {
@@ -89,7 +99,40 @@ impl Member {
             query_id: 0,
             procs: 1,
             pinned_priority: None,
+            leader: None,
+            acct: Accounting {
+                first_slot_ns: TraceRecord::PENDING,
+                ..Accounting::default()
+            },
+            held_since_ns: None,
+            held_run_delay_ns: None,
         }
+    }
+
+    /// The process runs on a slot from now on.
+    fn holds_slot(&mut self) {
+        let now = pg::monotonic_ns();
+        self.held_since_ns = Some(now);
+        self.held_run_delay_ns = trace::enabled().then(pg::thread_run_delay_ns);
+        if self.acct.first_slot_ns == TraceRecord::PENDING {
+            self.acct.first_slot_ns = now;
+        }
+    }
+
+    /// The process gave its slot back (or is about to).
+    fn left_slot(&mut self) {
+        if let Some(since) = self.held_since_ns.take() {
+            self.acct.held_ns += pg::monotonic_ns().saturating_sub(since);
+        }
+        if let Some(before) = self.held_run_delay_ns.take() {
+            self.acct.held_runqueue_ns += pg::thread_run_delay_ns().saturating_sub(before);
+        }
+    }
+
+    /// A slice (or the tail of a run) used `used_ns` of CPU between two check-ins.
+    fn slice_used(&mut self, used_ns: u64) {
+        let limit = self.clock.target_ns().saturating_mul(2);
+        self.acct.long_slice_ns += used_ns.saturating_sub(limit);
     }
 
     /// Charging starts afresh now: CPU used before (not scheduled yet, or paused) is not
@@ -142,8 +185,13 @@ impl Hasher for AddressHasher {
     }
 }
 
+/// Wakes the process that was just handed a slot, noting when, for the hand-off's
+/// latency in its statement's trace record.
 fn wake(proc: Option<ProcId>) {
     if let Some(p) = proc {
+        if let Some(entry) = shmem::shared().and_then(|s| s.procs().get(p.0 as usize)) {
+            entry.slot_given_ns.store(pg::monotonic_ns(), Ordering::Relaxed);
+        }
         pg::set_latch(p.0 as usize);
     }
 }
@@ -318,7 +366,9 @@ pub fn start_worker(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) -> b
         return false;
     }
     let group = leader_entry.group.load(Ordering::Acquire) as usize;
-    MEMBER.set(Some(Member::new(proc, group, Some(query), false)));
+    let mut member = Member::new(proc, group, Some(query), false);
+    member.leader = Some(leader);
+    MEMBER.set(Some(member));
     wrap_scans(desc);
     true
 }
@@ -359,6 +409,7 @@ fn take_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         pause(shared, sched, proc);
     } else {
         follow_slot(sched, proc);
+        MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::holds_slot));
     }
 }
 
@@ -380,10 +431,15 @@ fn follow_slot(sched: &SchedShared, proc: ProcId) {
 pub fn end_run(shared: &shmem::Shared) {
     COUNTDOWN.set(u32::MAX);
     let Some(sched) = shared.sched() else { return };
-    let Some((proc, used)) = MEMBER.with_borrow(|m| {
-        let m = m.as_ref()?;
+    let Some((proc, used)) = MEMBER.with_borrow_mut(|m| {
+        let m = m.as_mut()?;
         m.query?;
-        Some((m.proc, thread_cpu_ns().saturating_sub(m.slice_start_ns)))
+        let used = thread_cpu_ns().saturating_sub(m.slice_start_ns);
+        if m.held_since_ns.is_some() {
+            m.slice_used(used);
+            m.left_slot();
+        }
+        Some((m.proc, used))
     }) else {
         return;
     };
@@ -411,12 +467,21 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         }
         member.take()
     });
-    let Some(m) = last else { return };
+    let Some(mut m) = last else { return };
     COUNTDOWN.set(u32::MAX);
     numa::unbind();
     let Some(query) = m.query else { return };
     let snapshot = sched.query_snapshot(query);
     wake(sched.leave(m.proc));
+    m.left_slot();
+    if let Some(leader) = m.leader {
+        // A parallel worker's CPU clock started with the process, so its whole CPU is
+        // this statement's: the fork, attaching and restoring the leader's state count.
+        m.acct.cpu_total_ns = thread_cpu_ns();
+        if let Some(entry) = shared.procs().get(leader) {
+            entry.workers_acct.add(&m.acct);
+        }
+    }
     if m.owner {
         if let Some(entry) = shared.my_entry() {
             entry.cpu_query.store(0, Ordering::Release);
@@ -424,12 +489,28 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         // After the entry stopped showing the statement as running, so that the tuner
         // never reads it twice.
         if let Some(s) = &snapshot {
+            let mut acct = shared
+                .my_entry()
+                .map(|e| e.workers_acct.take())
+                .unwrap_or_default();
+            acct.cpu_total_ns += thread_cpu_ns().saturating_sub(m.arrival.cpu_ns);
+            acct.paused_ns += m.acct.paused_ns;
+            acct.handoff_ns += m.acct.handoff_ns;
+            acct.held_ns += m.acct.held_ns;
+            acct.held_runqueue_ns += m.acct.held_runqueue_ns;
+            acct.long_slice_ns += m.acct.long_slice_ns;
+            acct.handoffs += m.acct.handoffs;
+            acct.first_slot_ns = m.acct.first_slot_ns;
+            acct.workers_planned = shared
+                .my_entry()
+                .map_or(0, |e| e.workers_planned.load(Ordering::Relaxed));
             let ended = trace::Ended {
                 arrival: m.arrival,
                 query_id: m.query_id,
                 procs: m.procs,
                 pinned_priority: m.pinned_priority,
                 failed,
+                acct,
             };
             trace::record_end(shared, &ended, s);
         }
@@ -513,6 +594,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         entry.paused.store(1, Ordering::Release);
     }
     let paused_at = std::time::Instant::now();
+    let paused_at_ns = pg::monotonic_ns();
     let is_running = || {
         let running = sched.is_running(proc);
         if let Some(entry) = shared.my_entry() {
@@ -542,15 +624,25 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         }
     }
     follow_slot(sched, proc);
+    let now = pg::monotonic_ns();
+    // The slot was handed over while this process was paused, or before it got there.
+    let given = shared
+        .my_entry()
+        .map_or(paused_at_ns, |e| e.slot_given_ns.load(Ordering::Relaxed))
+        .max(paused_at_ns);
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(0, Ordering::Release);
         let waited = paused_at.elapsed().as_micros().min(u64::MAX as u128) as u64;
         entry.paused_us.fetch_add(waited, Ordering::Relaxed);
     }
-    // CPU spent paused (latch waits) is not the query's.
     MEMBER.with_borrow_mut(|m| {
         if let Some(m) = m.as_mut() {
+            // CPU spent paused (latch waits) is not the query's.
             m.restart_charging();
+            m.acct.paused_ns += now.saturating_sub(paused_at_ns);
+            m.acct.handoff_ns += now.saturating_sub(given);
+            m.acct.handoffs += 1;
+            m.holds_slot();
         }
     });
 }
@@ -664,6 +756,7 @@ unsafe extern "C-unwind" fn check_in() {
             Checkpoint::Continue => None,
             Checkpoint::SliceEnd { used_ns } => {
                 m.slice_start_ns = now;
+                m.slice_used(used_ns);
                 Some((m.proc, used_ns))
             }
         }
@@ -694,6 +787,7 @@ unsafe extern "C-unwind" fn check_in() {
     numa::charge(shared, used_ns);
     wake(outcome.wake);
     if outcome.turn == Turn::Wait {
+        MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot));
         if stealer {
             // May hand this process itself a slot: pause then returns at once.
             dispatch_free_slots(sched);

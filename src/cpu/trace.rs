@@ -11,15 +11,17 @@ use super::priority_range;
 use crate::{gucs, pg, shmem};
 use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::trace_ring::Missing;
-use pg_stride_sched::tuner::TraceRecord;
+use pg_stride_sched::tuner::{Accounting, TraceRecord};
 use pg_stride_sched::QueryId;
 use std::sync::atomic::Ordering;
 
-/// When a statement arrived (before admission) and was admitted, CLOCK_MONOTONIC ns.
+/// When a statement arrived (before admission) and was admitted, CLOCK_MONOTONIC ns,
+/// and the thread CPU clock at its arrival.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Arrival {
     pub arrival_ns: u64,
     pub admit_ns: u64,
+    pub cpu_ns: u64,
 }
 
 /// What the statement's record says beyond its query entry's snapshot.
@@ -32,12 +34,19 @@ pub struct Ended {
     pub pinned_priority: Option<u32>,
     /// Whether it ended with an error (cancel and timeouts included).
     pub failed: bool,
+    /// What its processes measured.
+    pub acct: Accounting,
 }
 
-/// Appends the record of a statement that ends, while the tuner is on. `snapshot` is
-/// its query entry as it leaves it.
+/// Whether statements are traced: `pg_stride.trace` or the tuner is on.
+pub fn enabled() -> bool {
+    gucs::TUNER.get() || gucs::TRACE.get()
+}
+
+/// Appends the record of a statement that ends, while statements are traced.
+/// `snapshot` is its query entry as it leaves it.
 pub fn record_end(shared: &shmem::Shared, ended: &Ended, snapshot: &QuerySnapshot) {
-    if !gucs::TUNER.get() {
+    if !enabled() {
         return;
     }
     let Some(ring) = shared.trace() else { return };
@@ -51,6 +60,7 @@ pub fn record_end(shared: &shmem::Shared, ended: &Ended, snapshot: &QuerySnapsho
         procs: ended.procs.max(1),
         pinned_priority: ended.pinned_priority.unwrap_or(0),
         flags: if ended.failed { TraceRecord::ERROR } else { 0 },
+        acct: ended.acct,
     };
     // A record dropped because its slot was still being written is counted by the
     // ring and reported by the tuner.
@@ -147,6 +157,7 @@ fn running(shared: &shmem::Shared, start_ns: u64) -> Vec<TraceRecord> {
             procs: 1 + entry.workers_granted.load(Ordering::Relaxed),
             pinned_priority: pinned_priority(shared, snapshot.group.0 as usize),
             flags: 0,
+            acct: Accounting::default(),
         });
     }
     records

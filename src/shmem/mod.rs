@@ -21,6 +21,7 @@ pub use tuner_state::{RefreshRow, TunerState};
 use crate::{gucs, pg};
 use pg_stride_sched::admission::{Counts, Lease, Queue, Waiter};
 use pg_stride_sched::trace_ring::TraceRing;
+use pg_stride_sched::tuner::Accounting;
 use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
 use std::cell::UnsafeCell;
@@ -62,6 +63,12 @@ pub struct ProcEntry {
     pub workers_granted: AtomicU32,
     /// Time the current statement spent paused at yield points, µs.
     pub paused_us: AtomicU64,
+    /// When a slot was last handed to this process (CLOCK_MONOTONIC ns), written by the
+    /// process that hands it over just before setting the latch: the hand-off's latency.
+    pub slot_given_ns: AtomicU64,
+    /// What the parallel workers of this process's current statement measured (they add
+    /// theirs when they end; the leader takes the sum into its trace record).
+    pub workers_acct: SharedAccounting,
     /// When the statement that registered `cpu_query` arrived (before admission) and
     /// was admitted, CLOCK_MONOTONIC ns: the tuner traces statements still running.
     pub query_arrival_ns: AtomicU64,
@@ -73,6 +80,45 @@ pub struct ProcEntry {
     /// statement; counted for the slot's incarnation `pending_incarnation`.
     pub admitted_pending: AtomicU64,
     pub pending_incarnation: AtomicU32,
+}
+
+/// [`Accounting`] as sums that several processes add to.
+#[derive(Default)]
+pub struct SharedAccounting {
+    cpu_total_ns: AtomicU64,
+    paused_ns: AtomicU64,
+    handoff_ns: AtomicU64,
+    held_ns: AtomicU64,
+    held_runqueue_ns: AtomicU64,
+    long_slice_ns: AtomicU64,
+    handoffs: AtomicU64,
+}
+
+impl SharedAccounting {
+    /// Adds one process's measurements.
+    pub fn add(&self, a: &Accounting) {
+        self.cpu_total_ns.fetch_add(a.cpu_total_ns, Ordering::Relaxed);
+        self.paused_ns.fetch_add(a.paused_ns, Ordering::Relaxed);
+        self.handoff_ns.fetch_add(a.handoff_ns, Ordering::Relaxed);
+        self.held_ns.fetch_add(a.held_ns, Ordering::Relaxed);
+        self.held_runqueue_ns.fetch_add(a.held_runqueue_ns, Ordering::Relaxed);
+        self.long_slice_ns.fetch_add(a.long_slice_ns, Ordering::Relaxed);
+        self.handoffs.fetch_add(u64::from(a.handoffs), Ordering::Relaxed);
+    }
+
+    /// The sums so far, reset to zero.
+    pub fn take(&self) -> Accounting {
+        Accounting {
+            cpu_total_ns: self.cpu_total_ns.swap(0, Ordering::Relaxed),
+            paused_ns: self.paused_ns.swap(0, Ordering::Relaxed),
+            handoff_ns: self.handoff_ns.swap(0, Ordering::Relaxed),
+            held_ns: self.held_ns.swap(0, Ordering::Relaxed),
+            held_runqueue_ns: self.held_runqueue_ns.swap(0, Ordering::Relaxed),
+            long_slice_ns: self.long_slice_ns.swap(0, Ordering::Relaxed),
+            handoffs: self.handoffs.swap(0, Ordering::Relaxed).min(u64::from(u32::MAX)) as u32,
+            ..Accounting::default()
+        }
+    }
 }
 
 impl ProcEntry {
@@ -95,6 +141,7 @@ impl ProcEntry {
         self.workers_planned.store(0, Ordering::Relaxed);
         self.workers_granted.store(0, Ordering::Relaxed);
         self.paused_us.store(0, Ordering::Relaxed);
+        self.workers_acct.take();
     }
 }
 
@@ -223,7 +270,7 @@ static SCHED: AtomicPtr<SchedShared> = AtomicPtr::new(std::ptr::null_mut());
 const SCHED_REGION_NAME: &CStr = c"pg_stride scheduler";
 static TRACE: AtomicPtr<TraceRing> = AtomicPtr::new(std::ptr::null_mut());
 const TRACE_REGION_NAME: &CStr = c"pg_stride trace";
-/// Statements the trace holds: 1 MiB of 64-byte records, minutes of a busy server's
+/// Statements the trace holds: 2 MiB of 128-byte records, minutes of a busy server's
 /// CPU-scheduled statements, more than a tuner window needs.
 const TRACE_CAPACITY: u32 = 16_384;
 static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(std::ptr::null_mut());

@@ -11,7 +11,8 @@
 //! Options: `--slots N` (`sweep`, `numa`: list), `--policy fifo|fair|decay|all`,
 //! `--slice-ms F`, `--lambda F`, `--d-start N`, `--max-active N`, `--group-weight G=W`
 //! (repeatable), `--queries N`, `--load F` (`sweep`, `numa`: list), `--seed N`,
-//! `--procs N`; `run --tuner` with `--tuner-interval S`, `--tuner-window S`;
+//! `--procs N`; `run --results FILE` (one policy: each query's times as CSV, in the
+//! workload's arrival order); `run --tuner` with `--tuner-interval S`, `--tuner-window S`;
 //! `tune --margin F`; NUMA (`run`, `numa`): `--nodes N`, `--penalty F`,
 //! `--placement affine|oblivious` (`run`), `--steal-after K|never` (`numa`: list).
 
@@ -31,6 +32,7 @@ const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [optio
        | gen [options] | sweep [options] | numa [options]
   --slots N          CPU slots (sweep: comma list, default 2,16; numa: list, default 4,16)
   --policy P         fifo | fair | decay | all (default all; numa: one, default decay)
+  --results FILE     run, one policy: write each query's times as CSV, in arrival order
   --tuner            run: also replay with the self-tuner in the loop (policy tuned)
   --tuner-interval S run --tuner: seconds between searches (default 60)
   --tuner-window S   run --tuner: seconds of trace a search replays (default 20)
@@ -248,6 +250,28 @@ fn print_numa(label: &str, r: &NumaReport) {
     );
 }
 
+/// Each query's times, ms, in the workload's order (by arrival): what a comparison
+/// with a real run's trace needs per query.
+fn results_csv(results: &[QueryResult]) -> String {
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let opt = |ns: Option<u64>| ns.map_or(String::new(), |v| format!("{:.6}", ms(v)));
+    let mut out = String::from("arrival_ms,admitted_ms,finish_ms,latency_ms,isolated_ms,cpu_ms,max_wait_ms,class\n");
+    for r in results {
+        out += &format!(
+            "{:.6},{},{},{},{:.6},{:.6},{:.6},{}\n",
+            ms(r.arrival_ns),
+            opt(r.admitted_ns),
+            opt(r.finish_ns),
+            opt(r.latency_ns()),
+            ms(r.isolated_ns),
+            ms(r.received_ns),
+            ms(r.max_wait_ns),
+            r.class
+        );
+    }
+    out
+}
+
 fn print_run(workload: &[QuerySpec], args: &Args, slots: u32) -> Result<(), String> {
     let numa = run_numa(args)?;
     println!("| policy | class | n | mean | p50 | p95 | p99 | max |");
@@ -260,6 +284,12 @@ fn print_run(workload: &[QuerySpec], args: &Args, slots: u32) -> Result<(), Stri
         };
         let run = sim::simulate_run(workload, &cfg);
         print_rows(policy_name(policy), &run.results);
+        if let Some(path) = args.opts.get("results").and_then(|v| v.last()) {
+            if policies(args)?.len() != 1 {
+                return Err("--results needs one --policy".into());
+            }
+            std::fs::write(path, results_csv(&run.results)).map_err(|e| format!("{path}: {e}"))?;
+        }
         numa_reports.extend(run.numa.map(|r| (policy, r)));
     }
     if let (Some(n), false) = (&numa, numa_reports.is_empty()) {

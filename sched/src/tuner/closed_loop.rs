@@ -7,7 +7,7 @@
 //! the window, finished ones with their CPU, running ones with the CPU charged so far
 //! (not their future demand), and none of the queries still waiting for admission.
 
-use super::trace::{Trace, TraceRecord};
+use super::trace::{Accounting, Trace, TraceRecord};
 use super::{Refresh, Tuner, TunerSettings};
 use crate::sim::{simulate_with, QueryResult, QuerySpec, SimConfig};
 
@@ -125,6 +125,7 @@ fn traced(workload: &[QuerySpec], so_far: &[QueryResult], now: u64, window_ns: u
             procs: q.procs,
             pinned_priority: q.pinned_priority.unwrap_or(0),
             flags: 0,
+            acct: Accounting::default(),
         })
         .collect();
     Trace::from_records(&records, start, now)

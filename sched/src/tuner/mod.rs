@@ -29,7 +29,7 @@ use std::fmt;
 pub use closed_loop::{simulate_tuned, LoopSettings, Refreshed, TunedRun};
 pub use precedence::DecayChoice;
 pub use quanta::QuantaProfile;
-pub use trace::{Seen, Trace, TraceRecord};
+pub use trace::{Accounting, Seen, Trace, TraceRecord};
 
 use crate::decay::DecayParams;
 use crate::shared::Policy;

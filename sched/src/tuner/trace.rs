@@ -15,9 +15,9 @@ use crate::trace_ring::{Words, RECORD_WORDS};
 const _: () = assert!(std::mem::size_of::<TraceRecord>() == RECORD_WORDS * 8);
 
 /// One statement as the tracer saw it. Plain integers, `#[repr(C)]`, fixed size and
-/// `Copy`, so the extension can keep records in a shared-memory ring: 56 bytes, so with
+/// `Copy`, so the extension can keep records in a shared-memory ring: 120 bytes, so with
 /// a sequence word per slot (a seqlock, to detect torn or overwritten records) a slot
-/// is 64 bytes.
+/// is two cache lines.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceRecord {
@@ -41,6 +41,48 @@ pub struct TraceRecord {
     pub pinned_priority: u32,
     /// [`TraceRecord::ERROR`], [`TraceRecord::CANCELED`].
     pub flags: u32,
+    /// Where the statement's time went beyond the CPU it was charged: what a replay in
+    /// the simulator does not see (`bench/sim_gap.py`).
+    pub acct: Accounting,
+}
+
+/// What a statement's processes did besides running charged slices, summed over the
+/// leader and its parallel workers: the measurements behind the comparison of a real
+/// run with its replay in the simulator, which knows only arrival, charged CPU and
+/// processes. Times in ns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Accounting {
+    /// All the CPU the processes used for the statement: the leader from its arrival
+    /// (before admission) to its end, a parallel worker from its start (fork, attach,
+    /// restoring the leader's state) to its end. Minus `cpu_ns`: CPU used outside CPU
+    /// slots, which the slots do not bound and the simulator does not replay.
+    pub cpu_total_ns: u64,
+    /// Time the processes waited for a slot (paused at a yield point or before their
+    /// first slice).
+    pub paused_ns: u64,
+    /// Of `paused_ns`, the time between a slot being handed to a process and the process
+    /// running: the hand-off's latency (latch, wake-up, the kernel's scheduling).
+    pub handoff_ns: u64,
+    /// Wall time the processes held slots. Minus the CPU they used in them: time a slot
+    /// holder did not run, either runnable (`held_runqueue_ns`) or asleep (a lock, the
+    /// client, a Gather waiting for its workers).
+    pub held_ns: u64,
+    /// Of `held_ns`, the time the processes were runnable but waited for a CPU, because
+    /// processes without a slot (or the rest of the machine) had it (the kernel's
+    /// schedstat `run_delay`; 0 without schedstats).
+    pub held_runqueue_ns: u64,
+    /// CPU of slices beyond twice the target slice, summed: work the yield points did
+    /// not cut, during which a waiting query cannot get the slot.
+    pub long_slice_ns: u64,
+    /// When the leader first held a slot (CLOCK_MONOTONIC ns), [`TraceRecord::PENDING`]
+    /// if it never did.
+    pub first_slot_ns: u64,
+    /// Parallel workers the plan asked for, over all its Gathers (`procs` counts the
+    /// granted ones).
+    pub workers_planned: u32,
+    /// Hand-offs counted in `handoff_ns`.
+    pub handoffs: u32,
 }
 
 impl TraceRecord {
@@ -71,12 +113,21 @@ impl TraceRecord {
             self.query_id,
             (u64::from(self.group) << 32) | u64::from(self.procs),
             (u64::from(self.pinned_priority) << 32) | u64::from(self.flags),
+            self.acct.cpu_total_ns,
+            self.acct.paused_ns,
+            self.acct.handoff_ns,
+            self.acct.held_ns,
+            self.acct.held_runqueue_ns,
+            self.acct.long_slice_ns,
+            self.acct.first_slot_ns,
+            (u64::from(self.acct.workers_planned) << 32) | u64::from(self.acct.handoffs),
         ]
     }
 
     /// The record a [`TraceRecord::to_words`] payload holds.
     pub fn from_words(words: &Words) -> TraceRecord {
-        let [arrival_ns, admit_ns, finish_ns, cpu_ns, query_id, group_procs, pinned_flags] = *words;
+        let [arrival_ns, admit_ns, finish_ns, cpu_ns, query_id, group_procs, pinned_flags, cpu_total_ns, paused_ns, handoff_ns, held_ns, held_runqueue_ns, long_slice_ns, first_slot_ns, planned_handoffs] =
+            *words;
         TraceRecord {
             arrival_ns,
             admit_ns,
@@ -87,6 +138,17 @@ impl TraceRecord {
             procs: group_procs as u32,
             pinned_priority: (pinned_flags >> 32) as u32,
             flags: pinned_flags as u32,
+            acct: Accounting {
+                cpu_total_ns,
+                paused_ns,
+                handoff_ns,
+                held_ns,
+                held_runqueue_ns,
+                long_slice_ns,
+                first_slot_ns,
+                workers_planned: (planned_handoffs >> 32) as u32,
+                handoffs: planned_handoffs as u32,
+            },
         }
     }
 }
@@ -205,6 +267,17 @@ mod tests {
             procs: 3,
             pinned_priority: 10_000,
             flags: TraceRecord::ERROR | TraceRecord::CANCELED,
+            acct: Accounting {
+                cpu_total_ns: 5,
+                paused_ns: 6,
+                handoff_ns: 7,
+                held_ns: 8,
+                held_runqueue_ns: 12,
+                long_slice_ns: 9,
+                first_slot_ns: TraceRecord::PENDING,
+                workers_planned: u32::MAX,
+                handoffs: 11,
+            },
         };
         let ticket = ring.push(&record.to_words()).unwrap();
         assert_eq!(TraceRecord::from_words(&ring.read(ticket).unwrap()), record);
@@ -221,12 +294,13 @@ mod tests {
             procs: 1,
             pinned_priority: 0,
             flags: 0,
+            acct: Accounting::default(),
         }
     }
 
     #[test]
-    fn a_record_is_plain_and_fits_a_64_byte_slot() {
-        assert_eq!(std::mem::size_of::<TraceRecord>(), 56);
+    fn a_record_is_plain_and_fills_its_slot() {
+        assert_eq!(std::mem::size_of::<TraceRecord>(), 120);
         assert_eq!(std::mem::align_of::<TraceRecord>(), 8);
         let r = rec(1, 2, None);
         assert_eq!((r.admitted(), r.finished()), (Some(1_000_000), None));

@@ -1,0 +1,302 @@
+"""Where the real system loses against its simulator (bench/sim_gap.py).
+
+A pg_stride configuration with `pg_stride.trace = on` records, per CPU-scheduled
+statement, its arrival, admission and finish times, the CPU it was charged in CPU slots
+and the CPU it used in all, its waits for slots and their hand-offs, the wall time its
+processes held slots and the CPU of slices the yield points did not cut
+(`pg_stride.trace`).  This module dumps that trace after an open-loop point, matches its
+records with pgbench's transactions, replays the statements (arrival, charged CPU,
+processes) in `pg_stride-sim` with the configuration's scheduler settings, and accounts
+for the difference between the real and the simulated response time of each query."""
+
+from .common import PG_BIN, run
+
+
+def dump_trace(server, path):
+    """Writes the server's trace (every finished statement the ring still holds) as CSV,
+    arrival as Unix epoch seconds."""
+    server.create_extension("postgres", "pg_stride")
+    sql = ("COPY (SELECT extract(epoch FROM arrival) AS arrival_epoch, * "
+           "FROM pg_stride.trace) TO STDOUT WITH (FORMAT csv, HEADER)")
+    cmd = [PG_BIN / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
+           *server.conn_args("postgres"), "-c", sql]
+    res = run(cmd, capture=True, quiet=True)
+    path.write_text(res.stdout)
+
+
+import bisect
+import csv
+import json
+import subprocess
+import tomllib
+from pathlib import Path
+
+from . import analysis
+from .common import BENCH, ncpus
+
+REPO = BENCH.parent
+
+
+def read_trace(path: Path) -> list:
+    """The rows dump_trace wrote, numbers as floats."""
+    rows = []
+    with open(path) as fh:
+        for r in csv.DictReader(fh):
+            row = dict(r)
+            for k, v in r.items():
+                if k not in ("arrival", "group_name", "failed"):
+                    row[k] = float(v) if v != "" else None
+            row["failed"] = r["failed"] == "t"
+            row["finish_epoch"] = row["arrival_epoch"] + row["finished_ms"] / 1000
+            rows.append(row)
+    rows.sort(key=lambda r: r["arrival_epoch"])
+    return rows
+
+
+def match(txns: list, rows: list, tolerance_s: float = 0.02) -> dict:
+    """pgbench transaction index -> trace row index.  A statement ends (its ExecutorEnd,
+    where the trace takes its finish time) a fraction of a millisecond before pgbench
+    sees its result, and after pgbench sent it; completions rarely fall within a
+    millisecond of each other at these rates, so each transaction takes the unused
+    record whose finish is nearest its completion, closest pairs first."""
+    cands = []
+    order = sorted(range(len(rows)), key=lambda j: rows[j]["finish_epoch"])
+    finishes = [rows[j]["finish_epoch"] for j in order]
+    for i, t in enumerate(txns):
+        if t.failed:
+            continue
+        lo = bisect.bisect_left(finishes, t.end_s - tolerance_s)
+        hi = bisect.bisect_right(finishes, t.end_s + tolerance_s)
+        for k in range(lo, hi):
+            j = order[k]
+            r = rows[j]
+            # the statement arrived after pgbench scheduled it (small clock slack)
+            if r["arrival_epoch"] >= t.arrival_s - 0.002:
+                cands.append((abs(t.end_s - r["finish_epoch"]), i, j))
+    cands.sort()
+    used_t, used_r, pairs = set(), set(), {}
+    for _, i, j in cands:
+        if i in used_t or j in used_r:
+            continue
+        used_t.add(i)
+        used_r.add(j)
+        pairs[i] = j
+    return pairs
+
+
+def sim_settings(cfg: dict) -> dict:
+    """pg_stride-sim options for a configuration's scheduler settings."""
+    s = {}
+    for line in cfg.get("settings", []):
+        if "=" not in line:
+            continue
+        k, v = (x.strip().strip("'") for x in line.split("=", 1))
+        s[k] = v
+    slots = int(s.get("pg_stride.cpu_slots", "0")) or ncpus()
+    lam = float(s.get("pg_stride.decay_lambda", "0.9"))
+    return {"slots": slots, "policy": "decay" if lam < 1.0 else "fair", "lambda": lam,
+            "d-start": int(s.get("pg_stride.decay_start", "0")),
+            "slice-ms": float(s.get("pg_stride.slice", "2").rstrip("ms")),
+            "max-active": int(s.get("pg_stride.max_active_queries", "128"))}
+
+
+def replay(rows: list, classes: list, t0: float, settings: dict, workdir: Path) -> list:
+    """Replays the traced statements (arrival, charged CPU, processes) in pg_stride-sim;
+    returns each one's simulated times (dicts in the rows' order)."""
+    wl = workdir / "replay_workload.csv"
+    res = workdir / "replay_results.csv"
+    with open(wl, "w") as fh:
+        fh.write("arrival_ms,cpu_ms,group,class,procs,priority\n")
+        for r, cls in zip(rows, classes):
+            fh.write(f"{max(0.0, r['arrival_epoch'] - t0) * 1000:.6f},{max(r['cpu_ms'], 0.001):.6f},0,"
+                     f"{cls},{int(r['processes'])},0\n")
+    opts = []
+    for k, v in settings.items():
+        opts += [f"--{k}", str(v)]
+    subprocess.run(["cargo", "run", "-q", "--release", "--manifest-path",
+                    str(REPO / "sched" / "Cargo.toml"), "--bin", "pg_stride-sim", "--",
+                    "run", str(wl), *opts, "--results", str(res)],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(res) as fh:
+        out = [{k: (float(v) if v not in ("",) and k != "class" else v)
+                for k, v in r.items()} for r in csv.DictReader(fh)]
+    # pg_stride-sim sorts by arrival; the rows are sorted by arrival too
+    return out
+
+
+# The parts of a query's real response time that the simulator's replay does not have,
+# in the order the report lists them; each is a latency in ms on the query's critical
+# path, per process for the parts its processes add up.
+PARTS = [
+    ("pre", "before the executor: pgbench's send, parse, plan (client response − server time)"),
+    ("admission", "waiting for admission"),
+    ("outside", "CPU outside CPU slots (ExecutorStart, worker start-up, output), per process"),
+    ("desched", "holding a slot but not running (another process had the CPU), per process"),
+    ("handoff", "hand-off latency: slot given → process running, per process"),
+    ("extra_wait", "more waiting for slots than the simulator's (paused − hand-off − simulated wait), per process"),
+    ("residual", "the rest (leader alone before and after its workers, rounding of per-process means)"),
+]
+
+
+def account(txns: list, rows: list, pairs: dict, sim: list, classes_by_row: list,
+            script_info: dict, iso: dict, window: tuple) -> dict:
+    """Per class, the mean real and simulated response and slowdown, and each part of
+    the difference (PARTS), as ms and as its share of the slowdown (ms / isolated)."""
+    per = {}
+    for i, j in pairs.items():
+        t = txns[i]
+        if not (window[0] <= t.arrival_s < window[1]):
+            continue
+        q, cls = script_info[t.script]
+        r, s = rows[j], sim[j]
+        procs = max(1.0, r["processes"])
+        client = t.latency_s * 1000
+        server = r["finished_ms"]
+        sim_lat = s["latency_ms"]
+        sim_wait = max(0.0, sim_lat - s["isolated_ms"])
+        paused = r["paused_ms"] / procs
+        handoff = r["handoff_ms"] / procs
+        parts = {
+            "pre": client - server,
+            "admission": r["admitted_ms"],
+            "outside": max(0.0, r["cpu_total_ms"] - r["cpu_ms"]) / procs,
+            "desched": max(0.0, r["held_ms"] - r["cpu_ms"]) / procs,
+            "handoff": handoff,
+            "extra_wait": paused - handoff - sim_wait,
+        }
+        parts["residual"] = client - sim_lat - sum(parts.values())
+        iso_ms = iso[(q, cls)] * 1000
+        d = per.setdefault(cls, {"n": 0, "client": [], "sim": [], "sd_real": [], "sd_sim": [],
+                                 "parts": {k: [] for k, _ in PARTS},
+                                 "sd_parts": {k: [] for k, _ in PARTS},
+                                 "serial": 0})
+        d["n"] += 1
+        d["client"].append(client)
+        d["sim"].append(sim_lat)
+        d["sd_real"].append(client / iso_ms)
+        d["sd_sim"].append(sim_lat / iso_ms)
+        d["serial"] += r["processes"] < 1 + r["workers_planned"]
+        for k, v in parts.items():
+            d["parts"][k].append(v)
+            d["sd_parts"][k].append(v / iso_ms)
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+    out = {}
+    for cls, d in per.items():
+        out[cls] = {
+            "n": d["n"], "client_ms": mean(d["client"]), "sim_ms": mean(d["sim"]),
+            "sd_real": mean(d["sd_real"]), "sd_sim": mean(d["sd_sim"]),
+            "sd_real_p99": analysis.percentile(d["sd_real"], 99),
+            "sd_sim_p99": analysis.percentile(d["sd_sim"], 99),
+            "fewer_workers": d["serial"],
+            "parts_ms": {k: mean(v) for k, v in d["parts"].items()},
+            "parts_sd": {k: mean(v) for k, v in d["sd_parts"].items()},
+        }
+    return out
+
+
+def machine(rows: list, t_lo: float, t_hi: float, server_cpu_s: float) -> dict:
+    """CPU of the run: the server's, the traced statements' in all and in slots, and the
+    CPU of slices longer than twice the target."""
+    inrun = [r for r in rows if t_lo <= r["arrival_epoch"] < t_hi]
+    total = sum(r["cpu_total_ms"] for r in inrun) / 1000
+    slots = sum(r["cpu_ms"] for r in inrun) / 1000
+    long_ = sum(r["long_slice_ms"] for r in inrun) / 1000
+    return {"statements": len(inrun), "server_cpu_s": server_cpu_s,
+            "statement_cpu_s": total, "slot_cpu_s": slots, "long_slice_cpu_s": long_,
+            "handoffs": sum(r["handoffs"] for r in inrun),
+            "handoff_s": sum(r["handoff_ms"] for r in inrun) / 1000}
+
+
+def analyse(run_dir: Path, config: str, alpha: str, workdir: Path) -> dict:
+    """The whole comparison for one open-loop point of a finished run."""
+    meta = json.loads((run_dir / "results.json").read_text())
+    with open(BENCH / "configs.toml", "rb") as fh:
+        cfg = next(c for c in tomllib.load(fh)["config"] if c["name"] == config)
+    script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
+    iso = {tuple(k.split("|")): v["median_s"] for k, v in meta["isolated"].items()}
+    name = f"ol_{config}_a{alpha}"
+    txns = analysis.parse_logs(str(run_dir / "open_loop" / name))
+    rows = read_trace(run_dir / "open_loop" / f"{name}.trace.csv")
+    t0 = min(t.arrival_s for t in txns)
+    t_end = max(t.end_s for t in txns)
+    # the run's statements only (the ring may hold earlier ones, a prime phase's)
+    rows = [r for r in rows if t0 - 0.01 <= r["arrival_epoch"] <= t_end]
+    pairs = match(txns, rows)
+    classes = ["other"] * len(rows)
+    for i, j in pairs.items():
+        classes[j] = script_info[txns[i].script][1]
+    settings = sim_settings(cfg)
+    workdir.mkdir(parents=True, exist_ok=True)
+    sim = replay(rows, classes, t0, settings, workdir)
+    plan = meta["plan"]
+    d = plan["ol_duration"]
+    window = (t0 + d * plan["warmup_frac"], t0 + d - max(3.0, 0.05 * d))
+    point = meta["open_loop"][config][alpha]
+    return {
+        "config": config, "alpha": alpha, "settings": settings,
+        "transactions": sum(1 for t in txns if not t.failed), "traced": len(rows),
+        "matched": len(pairs),
+        "classes": account(txns, rows, pairs, sim, classes, script_info, iso, window),
+        "machine": machine(rows, t0, t_end, point["cpu"]["server_cpu_s"]),
+        "wall_s": point["cpu"]["wall_s"],
+    }
+
+
+def report(res: dict, run_dir: Path) -> str:
+    """The comparison as Markdown."""
+    st = res["settings"]
+    out = [f"# Real run against its replay in the simulator: {res['config']}, α = {res['alpha']}",
+           "",
+           f"Run `{run_dir}`. Written by `bench/sim_gap.py` (method in bench/README.md, "
+           "\"Real against simulated\"). The simulator replayed every traced statement of "
+           "the run (arrival, the CPU it was charged in CPU slots, its processes) with "
+           f"{st['slots']} slots, policy {st['policy']}, λ = {st['lambda']}, "
+           f"d_start = {st['d-start']}, slice {st['slice-ms']} ms, "
+           f"{st['max-active']} active statements at most.",
+           "",
+           f"- pgbench transactions {res['transactions']}, traced statements "
+           f"{res['traced']}, matched {res['matched']}.",
+           "- Slowdowns are relative to the suite's isolated latencies (parallel, pg_stride "
+           "not loaded), for the real and the simulated response alike.",
+           "",
+           "| class | n | real mean | sim mean | real p99 | sim p99 | real mean ms | sim mean ms | ran with fewer workers than planned |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for cls in ("short", "long"):
+        c = res["classes"].get(cls)
+        if not c:
+            continue
+        out.append(f"| {cls} | {c['n']} | {c['sd_real']:.2f} | {c['sd_sim']:.2f} | "
+                   f"{c['sd_real_p99']:.2f} | {c['sd_sim_p99']:.2f} | {c['client_ms']:.1f} | "
+                   f"{c['sim_ms']:.1f} | {c['fewer_workers']} |")
+    out += ["", "Where the difference goes (means over the class; ms of response time, and "
+            "the same divided by each query's isolated latency, which adds up to the "
+            "difference of the mean slowdowns):", "",
+            "| part | short ms | short slowdown | long ms | long slowdown |",
+            "|---|---:|---:|---:|---:|"]
+    for key, label in PARTS:
+        cells = []
+        for cls in ("short", "long"):
+            c = res["classes"].get(cls)
+            cells += ([f"{c['parts_ms'][key]:.2f}", f"{c['parts_sd'][key]:+.3f}"] if c
+                      else ["–", "–"])
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    tot = []
+    for cls in ("short", "long"):
+        c = res["classes"].get(cls)
+        tot += ([f"{c['client_ms'] - c['sim_ms']:.2f}", f"{c['sd_real'] - c['sd_sim']:+.3f}"]
+                if c else ["–", "–"])
+    out.append("| **real − simulated** | " + " | ".join(tot) + " |")
+    m = res["machine"]
+    share = lambda x: f"{100 * x / m['server_cpu_s']:.1f} %" if m["server_cpu_s"] else "–"
+    out += ["", "CPU of the run (server processes, from /proc; statements, from the trace):",
+            "", "| | CPU s | share of the server's |", "|---|---:|---:|",
+            f"| server processes, whole run ({res['wall_s']:.0f} s wall) | {m['server_cpu_s']:.1f} | 100 % |",
+            f"| traced statements, in all | {m['statement_cpu_s']:.1f} | {share(m['statement_cpu_s'])} |",
+            f"| of which in CPU slots (what the simulator replays) | {m['slot_cpu_s']:.1f} | {share(m['slot_cpu_s'])} |",
+            f"| of which outside CPU slots | {m['statement_cpu_s'] - m['slot_cpu_s']:.1f} | {share(m['statement_cpu_s'] - m['slot_cpu_s'])} |",
+            f"| outside traced statements (parse, plan, connections, background, untraced statements) | {m['server_cpu_s'] - m['statement_cpu_s']:.1f} | {share(m['server_cpu_s'] - m['statement_cpu_s'])} |",
+            f"| slices beyond twice the target (CPU past 2× slice, in slots) | {m['long_slice_cpu_s']:.1f} | {share(m['long_slice_cpu_s'])} |",
+            "",
+            f"Hand-offs: {int(m['handoffs'])}, {m['handoff_s'] * 1000 / max(1, m['handoffs']):.3f} ms "
+            "each on average.", ""]
+    return "\n".join(out)
