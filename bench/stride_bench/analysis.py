@@ -177,6 +177,108 @@ def open_loop_stats(txns, script_info, isolated, warmup_s: float = 0.0,
     }
 
 
+# ---- the offered load of an arrival sequence (rate calibration) -------------------------
+#
+# pgbench (one thread, --rate) draws each arrival's script and its Poisson gap from two
+# per-thread random streams, in arrival order: for a given seed, client count and -f list
+# the scripts form one fixed sequence whatever the rate, and arrival k comes S_k / rate
+# after the start, S_k a sum of standard exponential draws.  A "dry" run at any rate gives
+# both; the functions below find the rate at which that sequence offers a given share of
+# the machine's CPU.
+
+def arrival_sequence(txns, rate: float) -> list:
+    """[(s, script)] per arrival in arrival order, s = (arrival - first arrival) x rate:
+    the arrival's position in units of the mean gap, the same at every rate.  A failed
+    arrival has no logged latency and is placed at its completion."""
+    arr = sorted((t.arrival_s, t.script) for t in txns)
+    if not arr:
+        return []
+    t0 = arr[0][0]
+    return [((a - t0) * rate, s) for a, s in arr]
+
+
+def offered_share(seq: list, cost: dict, rate: float, window: tuple, cpus: int) -> float:
+    """CPU the arrivals of `seq` (from arrival_sequence) that fall in `window` (seconds
+    after the first arrival, [start, end)) need at `rate`, as a share of the machine's
+    capacity over the window: sum of cost[script] / ((end - start) x cpus)."""
+    lo, hi = window
+    if hi <= lo or rate <= 0:
+        return float("nan")
+    need = sum(cost[sc] for s, sc in seq if lo <= s / rate < hi)
+    return need / ((hi - lo) * cpus)
+
+
+def calibrate_rate(seq: list, cost: dict, alpha: float, window: tuple, cpus: int,
+                   guess: float, rel_tol: float = 1e-6) -> float | None:
+    """The rate at which the arrivals of `seq` in `window` offer the share α of the
+    machine (offered_share = α), found by bisection from `guess`.  The share is a step
+    function of the rate (an arrival enters the window at each step; with a warm-up
+    before the window an early one may also leave it, so it is not quite monotone):
+    the bisection keeps share(lo) < α <= share(hi) and returns whichever end is nearer to
+    α, so the share is α to within one arrival's CPU.  None when `seq` ends before the
+    window does at the rate needed: the dry run was too short."""
+    if not seq or alpha <= 0:
+        return None
+    cover = seq[-1][0] / window[1]       # highest rate whose window `seq` covers
+
+    def share(r):
+        return offered_share(seq, cost, r, window, cpus)
+
+    hi = min(guess, cover)
+    while share(hi) < alpha:
+        if hi >= cover:
+            return None
+        hi = min(hi * 1.5, cover)
+    lo = hi
+    for _ in range(200):
+        if share(lo) < alpha:
+            break
+        lo /= 1.5
+    else:
+        return lo
+    while hi - lo > rel_tol * hi:
+        mid = (lo + hi) / 2
+        if share(mid) < alpha:
+            lo = mid
+        else:
+            hi = mid
+    return min((lo, hi), key=lambda r: abs(share(r) - alpha))
+
+
+def compare_sequences(dry: list, real: list, rate: float, max_swap: int = 8) -> dict:
+    """Does a run send the arrivals the dry run predicted?  `dry` and `real` are
+    arrival_sequence()s (the real one at the rate it ran).  Compares the scripts of the
+    first min(len) arrivals in order, allowing arrivals to trade places within groups of
+    at most `max_swap`: the logs give a scheduled arrival only as completion - latency,
+    and when pgbench handles a whole transaction in one pass of its state machine (SELECT
+    1 answered before pgbench looks; 10-20 % of the dry run's) it measures the latency
+    from a clock reading taken at the start, so that arrival shows up late by the
+    transaction's time: usually 0.1 ms, a few ms when pgbench was preempted.  Two
+    different sequences stop agreeing as multisets at once, so the groups grow past
+    `max_swap` within a few arrivals.  Also the arrival times: median and max |dry -
+    real| in seconds at `rate`."""
+    n = min(len(dry), len(real))
+    diff, start, largest, first_bad = {}, 0, 1, None
+    for k in range(n):
+        for sc, d in ((dry[k][1], 1), (real[k][1], -1)):
+            diff[sc] = diff.get(sc, 0) + d
+            if diff[sc] == 0:
+                del diff[sc]
+        if not diff:
+            largest = max(largest, k - start + 1)
+            start = k + 1
+        elif k - start + 1 > max_swap:
+            first_bad = start
+            break
+    err = sorted(abs(dry[k][0] - real[k][0]) / rate for k in range(n))
+    return {"compared": n, "real_arrivals": len(real), "dry_arrivals": len(dry),
+            "equal": first_bad is None and n == len(real), "first_mismatch": first_bad,
+            "in_place": sum(1 for k in range(n) if dry[k][1] == real[k][1]),
+            "largest_swap": largest,
+            "median_time_error_s": median(err) if err else float("nan"),
+            "max_time_error_s": err[-1] if err else float("nan")}
+
+
 def closed_loop_stats(txns, duration_s: float, script_info=None, isolated=None) -> dict:
     """Throughput and latency of a closed-loop run (mixed workload, overhead runs)."""
     ok = [t for t in txns if not t.failed]

@@ -4,6 +4,7 @@ the results to the report."""
 import argparse
 import datetime as dt
 import json
+import math
 import platform
 import signal
 import sys
@@ -26,8 +27,10 @@ class Plan:
     large_sf: float = 0.5
     iso_runs: int = 5
     alphas: list = field(default_factory=lambda: [0.95])
-    # what α is a share of: "cpu" (the machine's CPU capacity) or "latency" (wagner2021's
-    # isolated-latency definition); see workload.arrival_rate
+    # what α is a share of: "cpu" (the machine's CPU capacity, the rate calibrated to the
+    # arrivals pgbench sends), "cpu-mean" (the same from the mix's mean CPU per arrival,
+    # not calibrated) or "latency" (wagner2021's isolated-latency definition); see
+    # workload.arrival_rate and Runner.calibrate
     load_from: str = "cpu"
     ol_duration: int = 30
     warmup_frac: float = 0.1
@@ -104,8 +107,43 @@ def measured_window(plan: dict) -> tuple:
     return d * plan["warmup_frac"], d - max(3.0, 0.05 * d)
 
 
-def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float) -> dict:
-    """Statistics of one open-loop point, from its pgbench logs."""
+def script_cpu(meta: dict) -> dict | None:
+    """pgbench script number -> server CPU seconds of one execution, measured in the
+    isolated runs (None for a run from before they were measured)."""
+    iso = meta.get("isolated", {})
+    try:
+        return {int(k): iso[f"{q}|{cls}"]["cpu_s"] for k, (q, cls) in meta["script_info"].items()}
+    except KeyError:
+        return None
+
+
+def sent_rate(rate: float) -> float:
+    """The rate as pgbench got it (-R with four decimals)."""
+    return float(f"{rate:.4f}")
+
+
+def dry_sequence(meta: dict, run_dir: Path) -> list | None:
+    """The dry run's arrival sequence (Runner.calibrate), or None when the run had none."""
+    cal = meta.get("calibration")
+    if not cal:
+        return None
+    txns = analysis.parse_logs(str(run_dir / "calibration" / "dry"))
+    return analysis.arrival_sequence(txns, cal["dry_rate"]) if txns else None
+
+
+def offered(meta: dict, seq: list, cost: dict, rate: float) -> dict:
+    """Share of the machine's CPU the arrivals of `seq` need at `rate`: over the measured
+    window (what α is calibrated on) and over the whole run (all its arrivals / (T ·
+    CPUs), the span that "server CPU" and "machine busy" cover)."""
+    cpus = meta["machine"]["ncpus"]
+    return {"window": analysis.offered_share(seq, cost, rate, measured_window(meta["plan"]), cpus),
+            "run": analysis.offered_share(seq, cost, rate, (0.0, meta["plan"]["ol_duration"]), cpus)}
+
+
+def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float,
+                      dry: list | None = None) -> dict:
+    """Statistics of one open-loop point, from its pgbench logs; with the dry run's
+    sequence `dry`, whether the point sent the arrivals the calibration counted on."""
     script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
     iso = {tuple(k.split("|")): v["median_s"] for k, v in meta["isolated"].items()}
     txns = analysis.parse_logs(str(run_dir / "open_loop" / f"ol_{config}_a{alpha}"))
@@ -113,6 +151,14 @@ def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float) -> d
     st = analysis.open_loop_stats(txns, script_info, iso, warmup_s=start, end_s=end)
     st["arrivals"] = len(txns)
     st["ran_out_of_clients"] = st.get("max_in_system", 0) >= meta["plan"]["clients"]
+    rate = sent_rate(meta["rates"][str(alpha)])
+    seq = analysis.arrival_sequence(txns, rate)
+    cost = script_cpu(meta)
+    if cost and seq:
+        # what the arrivals this run really sent needed, against what α promised
+        st["offered"] = offered(meta, seq, cost, rate)
+    if dry and seq:
+        st["sequence_check"] = analysis.compare_sequences(dry, seq, rate)
     return st
 
 
@@ -140,9 +186,10 @@ def crashes_in_server_log(config: str, t0: float, t1: float) -> list:
 def reanalyse(meta: dict, run_dir: Path):
     """Recompute the open-loop statistics of a run from its logs (after a change to the
     analysis, or to check a run)."""
+    dry = dry_sequence(meta, run_dir)
     for config, points in meta.get("open_loop", {}).items():
         for alpha, st in points.items():
-            st.update(analyse_open_loop(meta, run_dir, config, float(alpha)))
+            st.update(analyse_open_loop(meta, run_dir, config, float(alpha), dry))
             if st.get("rc", 0) != 0 and not st.get("server_crash"):
                 st["server_crash"] = crashes_in_server_log(
                     config, st["first_arrival"] - 5, st["last_completion"] + 5)
@@ -268,16 +315,76 @@ class Runner:
         c = self.wl.mean_isolated({k: v["cpu_s"] for k, v in iso.items()})
         self.meta["mean_isolated_s"] = d
         self.meta["mean_cpu_s"] = c
-        self.meta["rates"] = {str(a): workload.arrival_rate(a, self.plan.load_from, d, c, ncpus())
-                              for a in self.plan.alphas}
+        # the rates from the mix's means; with load_from "cpu", calibrate() replaces them
+        self.meta["nominal_rates"] = {
+            str(a): workload.arrival_rate(a, self.plan.load_from, d, c, ncpus())
+            for a in self.plan.alphas}
+        self.meta["rates"] = dict(self.meta["nominal_rates"])
         log(f"mean isolated latency of an arrival d = {d * 1000:.1f} ms, mean CPU c = "
-            f"{c * 1000:.1f} ms on {ncpus()} CPUs; load from {self.plan.load_from}; rates: " +
-            ", ".join(f"alpha {a}: {r:.2f}/s" for a, r in self.meta["rates"].items()))
+            f"{c * 1000:.1f} ms on {ncpus()} CPUs; load from {self.plan.load_from}; nominal "
+            "rates: " + ", ".join(f"alpha {a}: {r:.2f}/s" for a, r in self.meta["rates"].items()))
+        self.save()
+
+    def calibrate(self):
+        """The arrivals pgbench will send, and the rate at which they offer α of the CPU.
+
+        pgbench (-j 1) draws each arrival's script from one per-thread random stream
+        (chooseScript) and its Poisson gap from another (getPoissonRand), in arrival
+        order, so with the same seed, client count and -f weights the script sequence is
+        the same at every rate and arrival k comes at S_k / rate.  The mix's mean CPU per
+        arrival c is a poor guide to the few hundred arrivals of one 30-90 s run (the
+        long queries' CPU varies 50-fold): a run at λ = α · CPUs / c offered 0.76 of
+        the machine at α = 0.95.  So a dry run with trivial scripts (workload.dry_run)
+        gives the sequence, and per α the rate is chosen so that the arrivals in the
+        measured window need α of the CPUs over it (analysis.calibrate_rate).  With
+        load_from "cpu-mean" or "latency" the nominal rates stay; the dry run still
+        serves the check that every point sent the arrivals it predicts."""
+        p = self.plan
+        cost = script_cpu(self.meta)
+        window = measured_window(asdict(p))
+        nominal = dict(self.meta["nominal_rates"])
+        want = math.ceil(p.ol_duration * max(nominal.values()) * 1.5)
+        stock = next(c for c in self.cfgfile["config"] if c["name"] == "stock")
+        self.use(stock)
+        outdir = self.run_dir / "calibration"
+        for _ in range(3):
+            log(f"calibration: dry run of about {want} arrivals at {workload.DRY_RATE:.0f}/s "
+                f"(same seed, {p.clients} clients, the -f list with `SELECT 1;` scripts)")
+            r = workload.dry_run(self.server.conn_args(workload.TPCH_DB), self.wl, p.clients,
+                                 SEED, want, outdir)
+            if r["rc"] != 0 or r["timed_out"]:
+                raise RuntimeError(f"the calibration's dry run failed; see {outdir / 'dry.out'}")
+            seq = analysis.arrival_sequence(analysis.parse_logs(r["log_prefix"]), r["rate"])
+            calibrated = {a: analysis.calibrate_rate(seq, cost, float(a), window, ncpus(), nr)
+                          for a, nr in nominal.items()}
+            if p.load_from != "cpu" or all(v is not None for v in calibrated.values()):
+                break
+            want *= 2                       # the sequence ended before a window did
+        if p.load_from == "cpu" and None in calibrated.values():
+            log("calibration: the dry run's sequence ended before the window at the rate "
+                "needed; those load points keep their nominal rates")
+        points = {}
+        for a, nr in nominal.items():
+            used = nr
+            if p.load_from == "cpu" and calibrated[a] is not None:
+                used = calibrated[a]
+            self.meta["rates"][a] = used
+            points[a] = {"nominal": nr, "calibrated": calibrated[a], "rate": used,
+                         "predicted": offered(self.meta, seq, cost, sent_rate(used))}
+        self.meta["calibration"] = {"dry_rate": r["rate"], "dry_arrivals": len(seq),
+                                    "dry_duration": r["duration"], "window": list(window),
+                                    "points": points}
+        log("calibrated rates: " + "; ".join(
+            f"alpha {a}: {v['rate']:.2f}/s (nominal {v['nominal']:.2f}), offers "
+            f"{v['predicted']['window'] * 100:.1f} % of the CPUs in the window" for a, v in
+            points.items()) + ("" if p.load_from == "cpu" else f" (load from {p.load_from}: "
+                               "nominal rates used)"))
         self.save()
 
     def open_loop(self):
         p = self.plan
         order = list(self.configs)
+        dry = dry_sequence(self.meta, self.run_dir)
         for i, alpha in enumerate(p.alphas):
             rate = self.meta["rates"][str(alpha)]
             # alternate the order between load points so no configuration always runs first
@@ -311,10 +418,11 @@ class Runner:
                                            self.conn(cfg, workload.TPCH_DB),
                                            rate, p.ol_duration, p.clients, SEED,
                                            self.run_dir / "open_loop", name)
-                st = {"rate": rate, "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
+                st = {"rate": rate, "nominal_rate": self.meta["nominal_rates"][str(alpha)],
+                      "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
                       "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
                       "retried_after": retried}
-                st.update(analyse_open_loop(self.meta, self.run_dir, cfg["name"], alpha))
+                st.update(analyse_open_loop(self.meta, self.run_dir, cfg["name"], alpha, dry))
                 if cfg.get("library") and self.server.guc_exists("pg_stride.trace"):
                     # what bench/sim_gap.py replays in the simulator
                     simgap.dump_trace(self.server, self.run_dir / "open_loop" / f"{name}.trace.csv")
@@ -402,6 +510,7 @@ class Runner:
             from . import phases
             phases.run(self)
         if "open" in self.plan.parts:
+            self.calibrate()
             self.open_loop()
         if "mixed" in self.plan.parts:
             self.mixed()
@@ -439,9 +548,11 @@ def main(argv=None):
     ap.add_argument("--large-sf", type=float)
     ap.add_argument("--duration", type=int, help="seconds per open-loop point")
     ap.add_argument("--alphas", help="comma-separated load factors")
-    ap.add_argument("--load-from", choices=["cpu", "latency"],
-                    help="α as a share of the machine's CPU capacity (cpu, the default) or "
-                    "as rate x mean isolated latency (latency, wagner2021 §5.1)")
+    ap.add_argument("--load-from", choices=["cpu", "cpu-mean", "latency"],
+                    help="α as the share of the machine's CPU capacity that the arrivals "
+                    "pgbench sends need (cpu, the default: rate calibrated by a dry run), "
+                    "the same from the mix's mean CPU per arrival (cpu-mean, not calibrated) "
+                    "or as rate x mean isolated latency (latency, wagner2021 §5.1)")
     ap.add_argument("--out", help="write RESULTS.md and plots here instead of the default")
     ap.add_argument("--phase-duration", type=int,
                     help="--tuner-phases: seconds per phase (default 120)")

@@ -36,6 +36,50 @@ def cpu_share(st) -> float:
     return v if v >= 0 else float("nan")
 
 
+def offered_share(st, span: str = "run") -> float:
+    """Share of the machine's CPU the arrivals a point really sent needed (their
+    isolated CPU), over the whole run or the measured window; nan when not known."""
+    return (st.get("offered") or {}).get(span, float("nan"))
+
+
+def sequence_note(st) -> str:
+    """Whether a point sent the arrivals of the calibration's dry run, in a few words."""
+    chk = st.get("sequence_check")
+    if not chk:
+        return "–"
+    if chk["equal"]:
+        return f"same {chk['compared']}"
+    if chk["first_mismatch"] is not None:
+        return f"**differs from arrival {chk['first_mismatch'] + 1}**"
+    return f"**only {chk['compared']} of {chk['real_arrivals']} in the dry run**"
+
+
+def load_rows(meta) -> list:
+    """Per open-loop point, the load it was meant to offer and the load it offered:
+    nominal and calibrated rate, the CPU share its arrivals needed (measured window,
+    whole run) beside the server CPU and machine busy measured, and the check that it
+    sent the dry run's arrivals."""
+    ol = meta.get("open_loop", {})
+    cal = (meta.get("calibration") or {}).get("points", {})
+    rows = []
+    for al in sorted({al for n in ran_configs(meta) for al in ol[n]}, key=float):
+        for n in ran_configs(meta):
+            st = ol[n].get(al)
+            if not st:
+                continue
+            rows.append({"alpha": al, "config": n,
+                         # a run from before the calibration used the nominal rate
+                         "nominal": st.get("nominal_rate", st["rate"]),
+                         "calibrated": cal.get(al, {}).get("calibrated") == st["rate"],
+                         "rate": st["rate"],
+                         "offered_window": offered_share(st, "window"),
+                         "offered_run": offered_share(st, "run"),
+                         "cpu": cpu_share(st), "machine": st["cpu"]["machine_busy"],
+                         "sequence": sequence_note(st),
+                         "time_error": (st.get("sequence_check") or {}).get("max_time_error_s")})
+    return rows
+
+
 def point_problem(st) -> str | None:
     """Why an open-loop point is not a clean measurement, or None."""
     if st.get("server_crash") and st.get("rc", 0) != 0:
@@ -80,6 +124,7 @@ def headline_rows(meta):
             "long_tput": lt,
             "long_tput_rel": lt / lt_stock if lt_stock else float("nan"),
             "mixed_long_rel": mlt / mlt_stock if mlt_stock else float("nan"),
+            "offered": offered_share(st),
             "cpu": cpu_share(st),
             "machine": st["cpu"]["machine_busy"],
             "max_in_system": st.get("max_in_system"),
@@ -124,11 +169,12 @@ def compact_table(meta) -> str:
              f"load alpha = {a}, SF {meta['scales']['short']:g} (short) + "
              f"SF {meta['scales']['long']:g} (long), 3:1 arrivals",
              f"{'configuration':{width}s} {'short mean':>10s} {'short p99':>10s} {'long mean':>10s} "
-             f"{'long p99':>9s} {'long q/s':>9s} {'vs stock':>8s} {'CPU':>5s}"]
+             f"{'long p99':>9s} {'long q/s':>9s} {'vs stock':>8s} {'offered':>7s} {'CPU':>5s}"]
     for r in rows:
         lines.append(f"{r['config']:{width}s} {f(r['short_mean']):>10s} {f(r['short_p99']):>10s} "
                      f"{f(r['long_mean']):>10s} {f(r['long_p99']):>9s} {f(r['long_tput'], 3):>9s} "
-                     f"{f(r['long_tput_rel'] * 100, 0) + '%':>8s} {f(r['cpu'] * 100, 0) + '%':>5s}")
+                     f"{f(r['long_tput_rel'] * 100, 0) + '%':>8s} {f(r['offered'] * 100, 0) + '%':>7s} "
+                     f"{f(r['cpu'] * 100, 0) + '%':>5s}")
     for name, c in meta["configs"].items():
         if c.get("status") == "skipped":
             lines.append(f"{name:{width}s} skipped: {c.get('reason')}")
@@ -183,7 +229,7 @@ def plots(meta, img_dir: Path) -> dict:
             ax.grid(True, which="both", alpha=0.3)
             ax.set_title(f"{cls} queries (SF {sf[cls]:g}): {stat} slowdown")
             if row == 1:
-                ax.set_xlabel("load α = λ·d")
+                ax.set_xlabel("load α")
             ax.set_ylabel(f"{stat} slowdown (log)")
     axes[0][0].legend()
     fig.suptitle("Slowdown against load, per class (same arrivals for every configuration; "
@@ -275,10 +321,22 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     w(f"- Queries ({len(inc)}): {', '.join(q.upper() for q in inc)}; parameters drawn per "
       "execution." + (" Left out: " + "; ".join(f"{q.upper()} ({r})" for q, r in exc.items())
                      if exc else ""))
-    if plan.get("load_from", "latency") == "cpu":
+    cal = meta.get("calibration")
+    if plan.get("load_from", "latency") == "cpu" and cal:
+        lo, hi = cal["window"]
+        rate = (f"rate calibrated so that α is the share of the machine's CPU ({meta['machine']['ncpus']} "
+                "CPUs) that the arrivals pgbench sends need: a dry run with the same seed, "
+                f"clients and -f weights but `SELECT 1;` scripts ({cal['dry_arrivals']} arrivals at "
+                f"{cal['dry_rate']:g}/s) gives the script sequence, and the rate is the one at which "
+                f"the arrivals in the measured window ({lo:g}–{hi:g} s after the first) need α of "
+                "the machine's CPU time over the window, each arrival counted at its query's server "
+                f"CPU in the isolated runs (the mix's mean, c = {meta['mean_cpu_s'] * 1000:.1f} ms, "
+                "gives the nominal rate α · CPUs / c)")
+    elif plan.get("load_from", "latency") in ("cpu", "cpu-mean"):
         rate = (f"rate λ = α · CPUs / c with c = {meta['mean_cpu_s'] * 1000:.1f} ms, the mean server "
                 f"CPU of an arrival measured in the isolated runs ({meta['machine']['ncpus']} CPUs), "
-                "so that α is the share of the machine's CPU the offered work needs")
+                "so that α is the share of the machine's CPU the mix's mean arrival needs (not "
+                "calibrated to the arrivals drawn: see the offered CPU per point)")
     else:
         rate = (f"rate λ = α / d with d = {meta['mean_isolated_s'] * 1000:.1f} ms, the mean isolated "
                 "latency of an arrival")
@@ -301,6 +359,13 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
       + ("identical (checked)" if same else "**differ** between configurations: " +
          "; ".join(f"α {al}: {sorted(v)}" for al, v in fps.items() if len(v) > 1))
       + (f", failed runs left out of the check: {', '.join(failed_pts)}." if failed_pts else "."))
+    if cal:
+        bad = [f"{r['config']} at α = {r['alpha']} ({r['sequence']})" for r in load_rows(meta)
+               if r["sequence"].startswith("**")]
+        w("- Every point's arrivals against the dry run's (scripts in order, near-simultaneous "
+          "ones may trade places; see the load table): " +
+          ("**not the same**: " + "; ".join(bad) + ". The calibration counted on other "
+           "arrivals than these points sent." if bad else "the same at every point."))
     if m.get("pg_stride_so_changed"):
         import datetime as dt
         changed = dt.datetime.fromisoformat(m["pg_stride_so_changed"]).timestamp()
@@ -330,13 +395,13 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     w(f"## Headline (α = {a})\n")
     w("| configuration | short mean slowdown | short p99 slowdown | stock p99 / this p99 | "
       "long mean slowdown | long p99 slowdown | long throughput (q/s) | long throughput vs stock "
-      "| mixed: long work vs stock | server CPU | machine busy |")
-    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| mixed: long work vs stock | offered CPU | server CPU | machine busy |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         w(f"| {r['config']} | {f(r['short_mean'])} | {f(r['short_p99'])} | {f(r['p99_gain'])}× | "
           f"{f(r['long_mean'])} | {f(r['long_p99'])} | {f(r['long_tput'], 3)} | "
           f"{f(r['long_tput_rel'] * 100, 1)} % | {f(r['mixed_long_rel'] * 100, 1)} % | "
-          f"{f(r['cpu'] * 100, 0)} % | {f(r['machine'] * 100, 0)} % |")
+          f"{f(r['offered'] * 100, 0)} % | {f(r['cpu'] * 100, 0)} % | {f(r['machine'] * 100, 0)} % |")
     for r in rows:
         if r["problem"]:
             w(f"\n{r['config']}: {r['problem']}.")
@@ -393,6 +458,22 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     w("")
 
     w("## Open-loop sweep: all points\n")
+    w("Load per point: the rate from the mix's mean (nominal) and the one used, the share of "
+      "the machine's CPU that the arrivals the point really sent need (each at its query's "
+      "isolated CPU, from the point's pgbench log) over the measured window and over the "
+      "whole run, beside the CPU measured over the run, and whether the point sent the "
+      "dry run's arrivals (max arrival-time difference in ms).\n")
+    w("| α | configuration | nominal rate/s | rate/s | offered CPU, window | offered CPU, run | "
+      "server CPU | machine busy | arrivals as the dry run |")
+    w("|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in load_rows(meta):
+        te = r["time_error"]
+        w(f"| {r['alpha']} | {r['config']} | {f(r['nominal'])} | {f(r['rate'])}"
+          f"{' (calibrated)' if r['calibrated'] else ''} | "
+          f"{f(r['offered_window'] * 100, 1)} % | {f(r['offered_run'] * 100, 1)} % | "
+          f"{f(r['cpu'] * 100, 0)} % | {f(r['machine'] * 100, 0)} % | {r['sequence']}"
+          f"{'' if te is None else f' (Δt ≤ {te * 1000:.0f} ms)'} |")
+    w("")
     w("| configuration | α | rate/s | class | n | mean | p50 | p95 | p99 | max | geomean | "
       "throughput q/s | server CPU | machine busy | max in system | failed |")
     w("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

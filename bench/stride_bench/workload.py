@@ -2,6 +2,7 @@
 workload and the overhead runs.  Each one drives pgbench and keeps its per-transaction
 logs under the run directory."""
 
+import math
 import re
 import signal
 import subprocess
@@ -72,14 +73,58 @@ class Workload:
 
 def arrival_rate(alpha: float, load_from: str, mean_latency_s: float, mean_cpu_s: float,
                  cpus: int) -> float:
-    """Arrivals per second for load α.  `cpu`: α is the share of the machine's CPU
-    capacity the offered work needs, λ = α · CPUs / c with c the mean CPU seconds of an
-    arrival (leader, parallel workers, planning, connection share), so that α = 0.95
-    keeps the machine 95 % busy.  `latency`: wagner2021 §5.1's λ = α / d with d the mean
-    isolated latency, which counts a parallel query's CPUs once and so offers less."""
-    if load_from == "cpu":
+    """Nominal arrivals per second for load α.  `cpu` / `cpu-mean`: α is the share of the
+    machine's CPU capacity the offered work needs, λ = α · CPUs / c with c the mean CPU
+    seconds of an arrival of the mix (leader, parallel workers, planning, connection
+    share); `cpu` then calibrates this to the arrivals pgbench actually sends (cli.py,
+    analysis.calibrate_rate), because in 30-90 s the drawn sequence's mean CPU is far
+    from c.  `latency`: wagner2021 §5.1's λ = α / d with d the mean isolated latency,
+    which counts a parallel query's CPUs once and so offers less."""
+    if load_from in ("cpu", "cpu-mean"):
         return alpha * cpus / mean_cpu_s
     return alpha / mean_latency_s
+
+
+# Rate of the dry run: fast enough to take seconds (≈ 2000 arrivals in 10 s), slow
+# enough that the log's error on an arrival time (µs, a few ms when pgbench is
+# preempted; see analysis.compare_sequences) stays a small part of the mean gap.
+DRY_RATE = 200.0
+
+
+def dry_workload(wl: Workload, outdir: Path) -> Workload:
+    """`wl`'s scripts in the same number, order and weights, each `SELECT 1;`.  pgbench
+    chooses a script from the weights alone (chooseScript: a draw in [0, total weight)
+    from the thread's own stream), so a run of these at the same seed and client count
+    draws the same script numbers in the same order as the real workload, while the
+    server does next to nothing."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    scripts = {}
+    for q, cls in wl.order:
+        path = outdir / f"dry_{cls}_{q}.sql"
+        path.write_text("SELECT 1;\n")
+        scripts[(q, cls)] = path
+    return Workload(scripts, wl.queries)
+
+
+def dry_run(conn: list, wl: Workload, clients: int, seed: int, arrivals: int,
+            outdir: Path, name: str = "dry", rate: float = DRY_RATE) -> dict:
+    """The arrival sequence pgbench will send: open loop at `rate` with `wl`'s trivial
+    twins (dry_workload), the same seed, clients and one thread as open_loop, for about
+    `arrivals` arrivals.  Returns the log prefix and exit status; the log gives each
+    arrival's script and scheduled time (analysis.arrival_sequence)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    prefix = outdir / name
+    for old in outdir.glob(name + ".*"):
+        if old.suffix.lstrip(".").isdigit():
+            old.unlink()
+    duration = max(2, math.ceil(arrivals / rate) + 1)   # + the clients' connecting
+    dry = dry_workload(wl, outdir / "scripts")
+    r = pgbench(["-n", "-M", "simple", "-c", clients, "-j", 1, "-T", duration,
+                 "-R", f"{rate:.4f}", f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
+                 *dry.pgbench_files()], conn, outdir / f"{name}.out",
+                timeout=duration * 4 + 60, cwd=outdir)
+    return {"rc": r["rc"], "timed_out": r["timed_out"], "log_prefix": str(prefix),
+            "rate": float(f"{rate:.4f}"), "duration": duration}
 
 
 def measure_isolated(server: Server, wl: Workload, runs: int, outdir: Path, seed: int) -> dict:

@@ -170,6 +170,8 @@ class WorkloadTest(unittest.TestCase):
         # α = 0.9 of 2 CPUs is 1.8 CPU-s per s: 6 arrivals/s; by latency, 9/s.
         self.assertAlmostEqual(arrival_rate(0.9, "cpu", 0.1, 0.3, 2), 6.0)
         self.assertAlmostEqual(arrival_rate(0.9, "latency", 0.1, 0.3, 2), 9.0)
+        # cpu-mean: the same nominal rate, which `cpu` then calibrates
+        self.assertAlmostEqual(arrival_rate(0.9, "cpu-mean", 0.1, 0.3, 2), 6.0)
 
     def test_query_scripts_render(self):
         for q in queries.ALL:
@@ -188,6 +190,157 @@ class WorkloadTest(unittest.TestCase):
         for c in cfg["config"]:
             if c.get("library"):
                 self.assertTrue(any("pg_stride" in s for s in c["settings"]), c["name"])
+
+
+class CalibrationTest(unittest.TestCase):
+    """The rate calibration: the offered CPU share of an arrival sequence, the bisection
+    for the rate, the check that a run sent the dry run's arrivals."""
+
+    cost = {0: 0.01, 1: 0.05, 2: 2.5}          # script -> CPU seconds
+
+    def synthetic(self, n=4000, seed=7):
+        """A pgbench-like sequence: standard exponential gaps, scripts 3:3:1 (cheap,
+        medium, one expensive long query)."""
+        import random
+        rnd = random.Random(seed)
+        s, seq = 0.0, []
+        for _ in range(n):
+            seq.append((s, rnd.choice((0, 0, 0, 1, 1, 1, 2))))
+            s += rnd.expovariate(1.0)
+        return seq
+
+    def test_arrival_sequence_in_mean_gaps(self):
+        # scheduled arrivals at 100.0, 100.5, 101.25 s at rate 2/s: s = 0, 1, 2.5
+        txns = analysis.parse_log_lines([line(0, 0, 250000, 1, 101.5), line(1, 0, 100000, 0, 100.1),
+                                         line(2, 0, 50000, 2, 100.55)])
+        seq = analysis.arrival_sequence(txns, 2.0)
+        self.assertEqual([sc for _, sc in seq], [0, 2, 1])
+        for (s, _), want in zip(seq, (0.0, 1.0, 2.5)):
+            self.assertAlmostEqual(s, want, places=5)
+        self.assertEqual(analysis.arrival_sequence([], 2.0), [])
+
+    def test_offered_share(self):
+        seq = [(0.0, 0), (1.0, 2), (2.0, 1), (3.0, 2), (4.5, 0)]
+        # rate 1/s, window [0, 4): 0.01 + 2.5 + 0.05 + 2.5 over 4 s of 2 CPUs
+        self.assertAlmostEqual(analysis.offered_share(seq, self.cost, 1.0, (0, 4), 2),
+                               5.06 / 8)
+        # window [1, 3): the arrivals at 1 and 2 s only
+        self.assertAlmostEqual(analysis.offered_share(seq, self.cost, 1.0, (1, 3), 2),
+                               2.55 / 4)
+        # twice the rate: every arrival comes at half the time, all five within [0, 4)
+        self.assertAlmostEqual(analysis.offered_share(seq, self.cost, 2.0, (0, 4), 2),
+                               5.07 / 8)
+        self.assertTrue(math.isnan(analysis.offered_share(seq, self.cost, 1.0, (3, 3), 2)))
+
+    def test_calibrate_rate_regular_sequence(self):
+        # one arrival per mean gap, each 0.5 CPU-s, 2 CPUs, window 10 s: share = r / 4
+        seq = [(float(k), 0) for k in range(200)]
+        cost = {0: 0.5}
+        r = analysis.calibrate_rate(seq, cost, 0.9, (0.0, 10.0), 2, guess=1.0)
+        self.assertAlmostEqual(r, 3.6, delta=0.1)
+        self.assertAlmostEqual(analysis.offered_share(seq, cost, r, (0.0, 10.0), 2), 0.9,
+                               delta=0.5 / 20)
+
+    def test_calibrate_rate_follows_the_drawn_sequence(self):
+        seq = self.synthetic()
+        mean_c = (3 * 0.01 + 3 * 0.05 + 2.5) / 7
+        for window in ((0.0, 60.0), (6.0, 57.0)):      # [0, T) and the measured window
+            for alpha in (0.5, 0.95):
+                nominal = alpha * 2 / mean_c
+                r = analysis.calibrate_rate(seq, self.cost, alpha, window, 2, nominal)
+                share = analysis.offered_share(seq, self.cost, r, window, 2)
+                # within one long query of α (a step of the share)
+                self.assertLessEqual(abs(share - alpha), 2.5 / ((window[1] - window[0]) * 2),
+                                     (window, alpha, r, share))
+                # the nominal rate offers what this sequence happens to need, not α
+                self.assertNotAlmostEqual(
+                    analysis.offered_share(seq, self.cost, nominal, window, 2), alpha, places=3)
+        # a sequence that ends before the window does at the rate needed
+        self.assertIsNone(analysis.calibrate_rate(seq[:100], self.cost, 0.95, (0.0, 60.0), 2,
+                                                  5.0))
+
+    def test_compare_sequences(self):
+        dry = [(float(k), k % 5) for k in range(40)]
+        real = [(s * 1.0001, sc) for s, sc in dry[:30]]         # a shorter run, same arrivals
+        c = analysis.compare_sequences(dry, real, 10.0)
+        self.assertTrue(c["equal"])
+        self.assertEqual((c["compared"], c["in_place"], c["largest_swap"]), (30, 30, 1))
+        self.assertAlmostEqual(c["max_time_error_s"], 29 * 0.0001 / 10)
+        # two near-simultaneous arrivals in the other order: still the same arrivals
+        swapped = list(real)
+        swapped[7], swapped[8] = real[8], real[7]
+        c = analysis.compare_sequences(dry, swapped, 10.0)
+        self.assertTrue(c["equal"])
+        self.assertEqual((c["in_place"], c["largest_swap"]), (28, 2))
+        # another script at arrival 12: not the same sequence
+        other = list(real)
+        other[12] = (other[12][0], 4 if other[12][1] != 4 else 3)
+        c = analysis.compare_sequences(dry, other, 10.0)
+        self.assertFalse(c["equal"])
+        self.assertEqual(c["first_mismatch"], 12)
+        # a run longer than the dry run is not verified
+        c = analysis.compare_sequences(dry[:20], real, 10.0)
+        self.assertFalse(c["equal"])
+        self.assertIsNone(c["first_mismatch"])
+
+    def test_dry_workload_keeps_order_and_weights(self):
+        from stride_bench.workload import Workload, dry_workload
+        wl = Workload({("a", "short"): "x", ("b", "short"): "y", ("a", "long"): "z",
+                       ("b", "long"): "w"}, ["a", "b"])
+        with tempfile.TemporaryDirectory() as d:
+            dry = dry_workload(wl, Path(d))
+            self.assertEqual(dry.script_info, wl.script_info)
+            weights = [f.rsplit("@", 1)[1] for f in wl.pgbench_files()[1::2]]
+            self.assertEqual([f.rsplit("@", 1)[1] for f in dry.pgbench_files()[1::2]], weights)
+            for f in dry.pgbench_files()[1::2]:
+                self.assertEqual(Path(f.rsplit("@", 1)[0]).read_text(), "SELECT 1;\n")
+
+    def test_point_analysis_and_load_table(self):
+        """A point's offered share and dry-run check from its logs, and the load table."""
+        from stride_bench import cli, report
+        seq = self.synthetic(n=300, seed=3)
+        rate, t0 = 5.0, 1000.0
+        meta = {"plan": {"ol_duration": 20, "warmup_frac": 0.1, "clients": 64},
+                "machine": {"ncpus": 2}, "rates": {"0.95": rate},
+                "nominal_rates": {"0.95": 4.0},
+                "script_info": {"0": ["q01", "short"], "1": ["q06", "short"],
+                                "2": ["q01", "long"]},
+                "isolated": {"q01|short": {"median_s": 0.01, "cpu_s": 0.01},
+                             "q06|short": {"median_s": 0.05, "cpu_s": 0.05},
+                             "q01|long": {"median_s": 1.0, "cpu_s": 2.5}},
+                "calibration": {"dry_rate": 200.0, "window": [2.0, 17.0],
+                                "points": {"0.95": {"calibrated": rate}}}}
+        with tempfile.TemporaryDirectory() as d:
+            rd = Path(d)
+            (rd / "open_loop").mkdir()
+            (rd / "calibration").mkdir()
+            sent = [(s, sc) for s, sc in seq if s / rate < 19.0]
+            (rd / "open_loop" / "ol_stock_a0.95.42").write_text("".join(
+                line(k % 64, k, 20000, sc, t0 + s / rate + 0.02) + " 0\n"
+                for k, (s, sc) in enumerate(sent)))
+            (rd / "calibration" / "dry.43").write_text("".join(
+                line(k % 64, k, 100, sc, t0 + s / 200.0 + 0.0001) + " 0\n"
+                for k, (s, sc) in enumerate(seq)))
+            dry = cli.dry_sequence(meta, rd)
+            st = cli.analyse_open_loop(meta, rd, "stock", 0.95, dry)
+        self.assertTrue(st["sequence_check"]["equal"])
+        self.assertEqual(st["sequence_check"]["compared"], len(sent))
+        self.assertLess(st["sequence_check"]["max_time_error_s"], 0.001)
+        cost = self.cost
+        self.assertAlmostEqual(st["offered"]["run"], sum(cost[sc] for _, sc in sent) / 40,
+                               places=6)
+        self.assertAlmostEqual(st["offered"]["window"], analysis.offered_share(
+            seq, cost, rate, (2.0, 17.0), 2), places=4)
+        st.update({"rate": rate, "nominal_rate": 4.0,
+                   "cpu": {"server_cpu_util": 0.9, "machine_busy": 0.93}})
+        meta.update(configs={"stock": {"status": "ran"}}, open_loop={"stock": {"0.95": st}})
+        rows = report.load_rows(meta)
+        self.assertEqual(len(rows), 1)
+        self.assertTrue(rows[0]["calibrated"])
+        self.assertEqual(rows[0]["sequence"], f"same {len(sent)}")
+        st["sequence_check"]["equal"] = False
+        st["sequence_check"]["first_mismatch"] = 4
+        self.assertIn("differs from arrival 5", report.sequence_note(st))
 
 
 class TunerPhasesTest(unittest.TestCase):
