@@ -25,7 +25,7 @@ SELECT attrelid::regclass AS view, attname, format_type(atttypid, atttypmod)
   FROM pg_attribute
  WHERE attrelid IN ('pg_stride.scheduler'::regclass, 'pg_stride.groups'::regclass,
                     'pg_stride.activity'::regclass, 'pg_stride.tuner'::regclass,
-                    'pg_stride.numa'::regclass)
+                    'pg_stride.numa'::regclass, 'pg_stride.trace'::regclass)
    AND attnum > 0
  ORDER BY attrelid::regclass::text, attnum;
 
@@ -35,6 +35,8 @@ SET ROLE stride_reader;
 SELECT cpu_slots > 0 AS has_slots FROM pg_stride.scheduler;
 -- With the tuner off (the default) no refresh has run.
 SELECT count(*) AS refreshes FROM pg_stride.tuner;
+-- With pg_stride.trace off (the default) nothing is traced.
+SELECT count(*) AS traced FROM pg_stride.trace;
 RESET ROLE;
 DROP ROLE stride_reader;
 

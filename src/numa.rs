@@ -25,9 +25,7 @@
 
 use crate::backend_local::BackendLocal;
 use crate::{gucs, pg, shmem};
-use pg_stride_sched::numa::{
-    segment_placement, split_slots, Placement, Topology, TopologyError,
-};
+use pg_stride_sched::numa::{segment_placement, split_slots, Placement, Topology, TopologyError};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::path::Path;
 
@@ -95,7 +93,9 @@ pub fn with_machine<R>(f: impl FnOnce(Option<&Machine>) -> R) -> R {
         Ok(m) => Some(m),
         Err(e) => {
             if shmem::shared().is_none_or(|s| s.nodes.first_probe_failure()) {
-                pgrx::log!("pg_stride: NUMA statistics are off: cannot read the NUMA topology: {e}");
+                pgrx::log!(
+                    "pg_stride: NUMA statistics are off: cannot read the NUMA topology: {e}"
+                );
             }
             None
         }
@@ -145,7 +145,12 @@ pub fn slot_split(total: u32) -> Vec<u32> {
         let Some(m) = machine else {
             return vec![total];
         };
-        let cpus: Vec<u32> = m.topology.nodes.iter().map(|n| n.cpus.len() as u32).collect();
+        let cpus: Vec<u32> = m
+            .topology
+            .nodes
+            .iter()
+            .map(|n| n.cpus.len() as u32)
+            .collect();
         if cpus.iter().filter(|&&c| c > 0).count() < 2 {
             return vec![total];
         }
@@ -174,7 +179,9 @@ pub fn follow_slot(node: u32) {
         return;
     };
     if BOUND_NODE.get().is_none() {
-        let Some(own) = pg::allowed_cpus() else { return };
+        let Some(own) = pg::allowed_cpus() else {
+            return;
+        };
         OWN_CPUS.set(Some(own));
     }
     match pg::set_allowed_cpus(&cpus) {

@@ -156,7 +156,9 @@ mod tests {
         // A reload that changes nothing about decay (any SIGHUP, a groups change).
         crate::config::apply(shared);
         assert_eq!(sched.decay(), tuned);
-        let shown = Spi::get_one::<bool>("SELECT decay_tuned AND decay_start = 40 FROM pg_stride.scheduler");
+        let shown = Spi::get_one::<bool>(
+            "SELECT decay_tuned AND decay_start = 40 FROM pg_stride.scheduler",
+        );
         assert_eq!(shown.unwrap(), Some(true));
         // A DBA changes decay_start: it is in force at once, and a search that started
         // before the change cannot install its result.
@@ -170,7 +172,9 @@ mod tests {
         assert!(!shared.tuner.adopt(sched, tuned, generation));
         assert_eq!(sched.decay(), changed);
         // Adopted again, then the tuner is switched off: the configuration is back.
-        assert!(shared.tuner.adopt(sched, tuned, shared.tuner.choice().generation()));
+        assert!(shared
+            .tuner
+            .adopt(sched, tuned, shared.tuner.choice().generation()));
         set_as_reload(c"pg_stride.tuner", "off");
         crate::config::apply(shared);
         assert_eq!(sched.decay(), changed);

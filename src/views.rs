@@ -312,7 +312,8 @@ mod pg_stride {
                 offset_us + (r.arrival_ns / 1_000) as i64,
                 since(r.admit_ns, r.arrival_ns),
                 since(r.finish_ns, r.arrival_ns),
-                (a.first_slot_ns != TraceRecord::PENDING).then(|| since(a.first_slot_ns, r.arrival_ns)),
+                (a.first_slot_ns != TraceRecord::PENDING)
+                    .then(|| since(a.first_slot_ns, r.arrival_ns)),
                 r.query_id as i64,
                 shared.groups.name_of(r.group as usize),
                 r.procs as i32,

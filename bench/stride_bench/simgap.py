@@ -15,6 +15,9 @@ from .common import PG_BIN, run
 def dump_trace(server, path):
     """Writes the server's trace (every finished statement the ring still holds) as CSV,
     arrival as Unix epoch seconds."""
+    # The view comes from the extension's SQL, which a data directory keeps from the
+    # CREATE EXTENSION of an earlier build: create it afresh for the installed one.
+    server.psql("DROP EXTENSION IF EXISTS pg_stride")
     server.create_extension("postgres", "pg_stride")
     sql = ("COPY (SELECT extract(epoch FROM arrival) AS arrival_epoch, * "
            "FROM pg_stride.trace) TO STDOUT WITH (FORMAT csv, HEADER)")
@@ -131,7 +134,8 @@ PARTS = [
     ("pre", "before the executor: pgbench's send, parse, plan (client response − server time)"),
     ("admission", "waiting for admission"),
     ("outside", "CPU outside CPU slots (ExecutorStart, worker start-up, output), per process"),
-    ("desched", "holding a slot but not running (another process had the CPU), per process"),
+    ("runqueue", "holding a slot, runnable but not running (another process had the CPU), per process"),
+    ("asleep", "holding a slot but asleep (a lock, the client, a Gather waiting for its workers), per process"),
     ("handoff", "hand-off latency: slot given → process running, per process"),
     ("extra_wait", "more waiting for slots than the simulator's (paused − hand-off − simulated wait), per process"),
     ("residual", "the rest (leader alone before and after its workers, rounding of per-process means)"),
@@ -160,7 +164,8 @@ def account(txns: list, rows: list, pairs: dict, sim: list, classes_by_row: list
             "pre": client - server,
             "admission": r["admitted_ms"],
             "outside": max(0.0, r["cpu_total_ms"] - r["cpu_ms"]) / procs,
-            "desched": max(0.0, r["held_ms"] - r["cpu_ms"]) / procs,
+            "runqueue": r["held_runqueue_ms"] / procs,
+            "asleep": max(0.0, r["held_ms"] - r["cpu_ms"] - r["held_runqueue_ms"]) / procs,
             "handoff": handoff,
             "extra_wait": paused - handoff - sim_wait,
         }

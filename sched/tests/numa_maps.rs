@@ -39,8 +39,12 @@ fn the_main_segment_spans_both_parts_of_its_split_mapping() {
 
 #[test]
 fn bytes_per_node_and_not_resident_add_up_to_the_segment() {
-    let p = segment_placement(&fixture("maps"), &fixture("numa_maps"), SEGMENT_START + 4096)
-        .expect("the segment is mapped");
+    let p = segment_placement(
+        &fixture("maps"),
+        &fixture("numa_maps"),
+        SEGMENT_START + 4096,
+    )
+    .expect("the segment is mapped");
     assert_eq!(p.size, SEGMENT_END - SEGMENT_START);
     assert_eq!(p.size, 2_249_809_920);
     // Pages of other mappings (heap, DSM, System V, libraries) are not counted.

@@ -190,7 +190,9 @@ impl Hasher for AddressHasher {
 fn wake(proc: Option<ProcId>) {
     if let Some(p) = proc {
         if let Some(entry) = shmem::shared().and_then(|s| s.procs().get(p.0 as usize)) {
-            entry.slot_given_ns.store(pg::monotonic_ns(), Ordering::Relaxed);
+            entry
+                .slot_given_ns
+                .store(pg::monotonic_ns(), Ordering::Relaxed);
         }
         pg::set_latch(p.0 as usize);
     }
@@ -608,7 +610,8 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     let steal_after = gucs::numa_steal_after()
         .filter(|_| sched.node_count() > 1)
         .map(|k| {
-            let wait = std::time::Duration::from_nanos(gucs::slice_ns().saturating_mul(u64::from(k)));
+            let wait =
+                std::time::Duration::from_nanos(gucs::slice_ns().saturating_mul(u64::from(k)));
             // The latch wait's resolution; also keeps 0 from spinning.
             wait.max(std::time::Duration::from_millis(1))
         });

@@ -97,13 +97,17 @@ pub struct SharedAccounting {
 impl SharedAccounting {
     /// Adds one process's measurements.
     pub fn add(&self, a: &Accounting) {
-        self.cpu_total_ns.fetch_add(a.cpu_total_ns, Ordering::Relaxed);
+        self.cpu_total_ns
+            .fetch_add(a.cpu_total_ns, Ordering::Relaxed);
         self.paused_ns.fetch_add(a.paused_ns, Ordering::Relaxed);
         self.handoff_ns.fetch_add(a.handoff_ns, Ordering::Relaxed);
         self.held_ns.fetch_add(a.held_ns, Ordering::Relaxed);
-        self.held_runqueue_ns.fetch_add(a.held_runqueue_ns, Ordering::Relaxed);
-        self.long_slice_ns.fetch_add(a.long_slice_ns, Ordering::Relaxed);
-        self.handoffs.fetch_add(u64::from(a.handoffs), Ordering::Relaxed);
+        self.held_runqueue_ns
+            .fetch_add(a.held_runqueue_ns, Ordering::Relaxed);
+        self.long_slice_ns
+            .fetch_add(a.long_slice_ns, Ordering::Relaxed);
+        self.handoffs
+            .fetch_add(u64::from(a.handoffs), Ordering::Relaxed);
     }
 
     /// The sums so far, reset to zero.
@@ -115,7 +119,10 @@ impl SharedAccounting {
             held_ns: self.held_ns.swap(0, Ordering::Relaxed),
             held_runqueue_ns: self.held_runqueue_ns.swap(0, Ordering::Relaxed),
             long_slice_ns: self.long_slice_ns.swap(0, Ordering::Relaxed),
-            handoffs: self.handoffs.swap(0, Ordering::Relaxed).min(u64::from(u32::MAX)) as u32,
+            handoffs: self
+                .handoffs
+                .swap(0, Ordering::Relaxed)
+                .min(u64::from(u32::MAX)) as u32,
             ..Accounting::default()
         }
     }

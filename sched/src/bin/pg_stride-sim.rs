@@ -255,7 +255,9 @@ fn print_numa(label: &str, r: &NumaReport) {
 fn results_csv(results: &[QueryResult]) -> String {
     let ms = |ns: u64| ns as f64 / 1e6;
     let opt = |ns: Option<u64>| ns.map_or(String::new(), |v| format!("{:.6}", ms(v)));
-    let mut out = String::from("arrival_ms,admitted_ms,finish_ms,latency_ms,isolated_ms,cpu_ms,max_wait_ms,class\n");
+    let mut out = String::from(
+        "arrival_ms,admitted_ms,finish_ms,latency_ms,isolated_ms,cpu_ms,max_wait_ms,class\n",
+    );
     for r in results {
         out += &format!(
             "{:.6},{},{},{},{:.6},{:.6},{:.6},{}\n",

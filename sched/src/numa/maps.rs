@@ -165,8 +165,7 @@ mod tests {
             })
         );
         assert_eq!(
-            parse_maps_line("55bfc7d27000-55bfc7d5e000 rw-p 00000000 00:00 0 ")
-                .map(|m| m.backing),
+            parse_maps_line("55bfc7d27000-55bfc7d5e000 rw-p 00000000 00:00 0 ").map(|m| m.backing),
             Some("00:00 0".into())
         );
         for bad in ["", "zz-10 rw-p 0 00:00 0", "10-5 rw-p 0 00:00 0", "10 rw-p"] {

@@ -324,7 +324,10 @@ impl SchedShared {
 
     /// Slots held right now, over all nodes.
     pub fn running(&self) -> u32 {
-        self.slot_nodes().iter().map(|n| n.running.load(SeqCst)).sum()
+        self.slot_nodes()
+            .iter()
+            .map(|n| n.running.load(SeqCst))
+            .sum()
     }
 
     /// True when no process waits for a slot: one atomic load.

@@ -71,7 +71,10 @@ impl SchedShared {
 
     /// Nodes the slots are split over (1: not split).
     pub fn node_count(&self) -> usize {
-        self.node_count.0.load(Relaxed).clamp(1, MAX_SLOT_NODES as u32) as usize
+        self.node_count
+            .0
+            .load(Relaxed)
+            .clamp(1, MAX_SLOT_NODES as u32) as usize
     }
 
     /// Every node entry, including those beyond the node count (whose slots are 0 but

@@ -487,7 +487,10 @@ fn homes_go_to_the_least_utilised_node_and_are_counted() {
     for q in [a, b, c] {
         s.unregister_query(q).unwrap();
     }
-    assert!(s.node_loads().iter().all(|l| l.homed == 0 && l.running == 0));
+    assert!(s
+        .node_loads()
+        .iter()
+        .all(|l| l.homed == 0 && l.running == 0));
 }
 
 #[test]

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The statement trace (`pg_stride.trace`, view `pg_stride.trace`; README "Views and
+functions") on a real server.
+
+Each check runs real statements and reads their records back: with tracing off nothing
+is recorded; two scans sharing one CPU slot are each recorded once, with CPU charged in
+the slot, waits and hand-offs that add up, and times in order; a parallel scan records
+its workers (processes, planned workers, their start-up CPU outside the slots); a sort
+whose output phase has no yield point shows up as CPU in slices beyond twice the
+target, a plain scan does not; a statement that fails is recorded as failed.
+
+Starts its own temporary server and prints one line per check, then
+"trace: N passed, N failed". Run as root, the server runs as postgres.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import concurrency  # noqa: E402
+from concurrency import finish  # noqa: E402
+
+CONF = """
+pg_stride.exempt_superuser = off
+max_parallel_workers_per_gather = 0
+"""
+
+COLUMNS = ["admitted_ms", "first_slot_ms", "finished_ms", "processes", "workers_planned",
+           "cpu_ms", "cpu_total_ms", "paused_ms", "handoff_ms", "handoffs", "held_ms",
+           "held_runqueue_ms", "long_slice_ms", "failed"]
+
+CHECKS = []
+check = concurrency.collector(CHECKS)
+
+
+def records(s, since):
+    """The trace's rows that arrived after `since` (a timestamptz literal), as dicts."""
+    out = s.sql(f"SELECT {', '.join(COLUMNS)} FROM pg_stride.trace "
+                f"WHERE arrival > '{since}' ORDER BY arrival")
+    rows = []
+    for line in out.splitlines():
+        values = dict(zip(COLUMNS, line.split("|")))
+        for k, v in values.items():
+            if k == "failed":
+                values[k] = v == "t"
+            else:
+                values[k] = float(v) if v != "" else None
+        rows.append(values)
+    return rows
+
+
+def traced(s, sql, settings="SET pg_stride.trace = on;", clients=1):
+    """Runs `sql` from `clients` sessions at once (pg_stride.trace set in each) and
+    returns the records of statements that arrived meanwhile."""
+    since = s.sql("SELECT now()")
+    procs = [concurrency.subprocess.Popen(s.psql_args(settings + sql), env=concurrency.ENV,
+                                          text=True, stdout=concurrency.subprocess.PIPE,
+                                          stderr=concurrency.subprocess.PIPE)
+             for _ in range(clients)]
+    results = [finish(p, timeout=120) for p in procs]
+    return results, records(s, since)
+
+
+def set_server(s, setting, value):
+    s.sql(f"ALTER SYSTEM SET {setting} = {value}")
+    s.sql("SELECT pg_reload_conf()")
+    s.wait_until(f"SELECT current_setting('{setting}')", str(value))
+
+
+@check
+def nothing_is_recorded_with_tracing_off(s):
+    results, rows = traced(s, "SELECT count(*) FROM big", settings="")
+    assert results[0][0] == 0, results
+    assert rows == [], f"records with pg_stride.trace off: {rows}"
+
+
+@check
+def two_scans_on_one_slot_are_recorded_with_their_waits(s):
+    set_server(s, "pg_stride.cpu_slots", 1)
+    try:
+        results, rows = traced(s, "SELECT count(*) FROM big", clients=2)
+    finally:
+        set_server(s, "pg_stride.cpu_slots", 0)
+    assert all(r[0] == 0 for r in results), results
+    assert len(rows) == 2, f"two statements, {len(rows)} records: {rows}"
+    for r in rows:
+        print(f"    cpu {r['cpu_ms']:.1f} ms of {r['cpu_total_ms']:.1f}, held {r['held_ms']:.1f} "
+              f"(runqueue {r['held_runqueue_ms']:.1f}), paused {r['paused_ms']:.1f} "
+              f"(hand-offs {r['handoffs']:.0f}, {r['handoff_ms']:.2f} ms), finished {r['finished_ms']:.1f}")
+        assert r["processes"] == 1 and r["workers_planned"] == 0, r
+        assert r["cpu_ms"] > 50, f"a 3,000,000-row count charged {r['cpu_ms']} ms: {r}"
+        assert r["cpu_total_ms"] >= r["cpu_ms"], r
+        # the slot was held while the charged CPU ran (1 ms of slack for clock reads)
+        assert r["held_ms"] + 1 >= r["cpu_ms"], r
+        assert r["held_runqueue_ms"] <= r["held_ms"] + 1, r
+        assert r["handoff_ms"] <= r["paused_ms"] + 0.01, r
+        assert 0 <= r["admitted_ms"] <= r["first_slot_ms"] <= r["finished_ms"], r
+        assert r["held_ms"] + r["paused_ms"] <= r["finished_ms"] + 1, r
+        assert not r["failed"], r
+    # with one slot, the two took turns: both waited, and were handed the slot
+    assert all(r["handoffs"] >= 1 and r["paused_ms"] > 0 for r in rows), rows
+
+
+@check
+def a_parallel_scan_records_its_workers(s):
+    settings = ("SET pg_stride.trace = on; SET max_parallel_workers_per_gather = 2; "
+                "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; "
+                "SET min_parallel_table_scan_size = 0;")
+    results, rows = traced(s, "SELECT count(*) FROM big", settings=settings)
+    assert results[0][0] == 0, results
+    assert len(rows) == 1, rows
+    r = rows[0]
+    print(f"    processes {r['processes']:.0f}, planned workers {r['workers_planned']:.0f}, "
+          f"cpu {r['cpu_ms']:.1f} ms, in all {r['cpu_total_ms']:.1f} ms")
+    assert r["workers_planned"] == 2, r
+    assert r["processes"] == 3, f"two workers granted on an idle server: {r}"
+    # each worker's CPU from its start counts: start-up happens outside the slots
+    assert r["cpu_total_ms"] > r["cpu_ms"], r
+
+
+@check
+def output_without_yield_points_shows_as_long_slices(s):
+    _, plain = traced(s, "SELECT count(*) FROM big")
+    _, sorted_ = traced(s, "SELECT count(*) FROM (SELECT a FROM big ORDER BY a DESC OFFSET 0) t",
+                        settings="SET pg_stride.trace = on; SET work_mem = '512MB';")
+    assert len(plain) == 1 and len(sorted_) == 1, (plain, sorted_)
+    p, o = plain[0], sorted_[0]
+    print(f"    plain scan: {p['long_slice_ms']:.1f} of {p['cpu_ms']:.1f} ms in long slices; "
+          f"sort: {o['long_slice_ms']:.1f} of {o['cpu_ms']:.1f} ms")
+    # a scan checks in every slice; the sort's output (3,000,000 tuples) has no scan
+    # under it, so it runs as one slice
+    assert p["long_slice_ms"] < 0.1 * p["cpu_ms"], p
+    assert o["long_slice_ms"] > 20, o
+
+
+@check
+def a_failed_statement_is_recorded_as_failed(s):
+    results, rows = traced(s, "SELECT count(*) FROM big",
+                           settings="SET pg_stride.trace = on; SET statement_timeout = '30ms';")
+    assert results[0][0] != 0 and "statement timeout" in results[0][2], results
+    assert len(rows) == 1 and rows[0]["failed"], rows
+
+
+def setup(s):
+    s.sql("CREATE EXTENSION pg_stride")
+    s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 3000000) g")
+    s.sql("VACUUM ANALYZE big")
+
+
+def main():
+    server = concurrency.Server(port=concurrency.PORT + 10, extra_conf=CONF)
+    passed, failed = concurrency.run_checks(server, CHECKS, setup)
+    print(f"trace: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
