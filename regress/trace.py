@@ -113,7 +113,8 @@ def a_parallel_scan_records_its_workers(s):
     print(f"    processes {r['processes']:.0f}, planned workers {r['workers_planned']:.0f}, "
           f"cpu {r['cpu_ms']:.1f} ms, in all {r['cpu_total_ms']:.1f} ms")
     assert r["workers_planned"] == 2, r
-    assert r["processes"] == 3, f"two workers granted on an idle server: {r}"
+    # the concurrency hint grants the free slots but the leader's: on two CPUs, one
+    assert 2 <= r["processes"] <= 3, f"no worker granted on an idle server: {r}"
     # each worker's CPU from its start counts: start-up happens outside the slots
     assert r["cpu_total_ms"] > r["cpu_ms"], r
 
