@@ -12,7 +12,7 @@ import tomllib
 import unittest
 from pathlib import Path
 
-from stride_bench import analysis, queries
+from stride_bench import analysis, queries, simgap
 from stride_bench.common import BENCH
 
 
@@ -341,6 +341,47 @@ class CalibrationTest(unittest.TestCase):
         st["sequence_check"]["equal"] = False
         st["sequence_check"]["first_mismatch"] = 4
         self.assertIn("differs from arrival 5", report.sequence_note(st))
+
+
+class SimGapTest(unittest.TestCase):
+    """bench/sim_gap.py: matching pgbench transactions with trace records, and the parts
+    of the real-minus-simulated response adding up."""
+
+    @staticmethod
+    def row(arrival, finished_ms, **kw):
+        r = {"arrival_epoch": arrival, "finished_ms": finished_ms, "admitted_ms": 0.0,
+             "processes": 1.0, "workers_planned": 0.0, "cpu_ms": finished_ms / 2,
+             "cpu_total_ms": finished_ms / 2 + 1, "paused_ms": 3.0, "handoff_ms": 0.5,
+             "handoffs": 2.0, "held_ms": finished_ms / 2 + 2, "held_runqueue_ms": 1.0,
+             "long_slice_ms": 0.0, "failed": False}
+        r.update(kw)
+        r["finish_epoch"] = r["arrival_epoch"] + r["finished_ms"] / 1000
+        return r
+
+    def test_each_transaction_takes_the_record_finishing_nearest_its_completion(self):
+        # two statements finishing 3 ms apart, listed in the other order
+        rows = [self.row(100.010, 50.0), self.row(100.001, 56.0)]
+        txns = [analysis.Txn(0, 0, 0.0600, 100.0601, 0.0),
+                analysis.Txn(1, 1, 0.0571, 100.0571, 0.0)]
+        pairs = simgap.match(txns, rows)
+        self.assertEqual(pairs, {0: 0, 1: 1})
+        # a record that arrived before pgbench scheduled the transaction is not it
+        early = [self.row(99.9, 160.0)]
+        self.assertEqual(simgap.match(txns[:1], early), {})
+
+    def test_parts_add_up_to_the_difference(self):
+        rows = [self.row(100.0, 40.0)]
+        txns = [analysis.Txn(0, 0, 0.045, 100.045, 0.0)]
+        sim = [{"latency_ms": 25.0, "isolated_ms": 20.0}]
+        res = simgap.account(txns, rows, {0: 0}, sim, ["short"], {0: ("q01", "short")},
+                             {("q01", "short"): 0.020}, (99.0, 101.0))
+        c = res["short"]
+        self.assertAlmostEqual(sum(c["parts_ms"].values()), 45.0 - 25.0)
+        self.assertAlmostEqual(sum(c["parts_sd"].values()), c["sd_real"] - c["sd_sim"])
+        self.assertAlmostEqual(c["parts_ms"]["pre"], 5.0)
+        self.assertAlmostEqual(c["parts_ms"]["runqueue"], 1.0)
+        self.assertAlmostEqual(c["parts_ms"]["asleep"], 1.0)    # held 22 - cpu 20 - 1
+        self.assertAlmostEqual(c["parts_ms"]["extra_wait"], 3.0 - 0.5 - 5.0)
 
 
 class TunerPhasesTest(unittest.TestCase):
