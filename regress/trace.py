@@ -106,6 +106,9 @@ def a_parallel_scan_records_its_workers(s):
     settings = ("SET pg_stride.trace = on; SET max_parallel_workers_per_gather = 2; "
                 "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; "
                 "SET min_parallel_table_scan_size = 0;")
+    # the concurrency hint grants workers from the recent average of free slots: let it
+    # see the server idle after the previous checks' scans
+    s.wait_until("SELECT hint >= cpu_slots - 0.1 FROM pg_stride.scheduler", "t")
     results, rows = traced(s, "SELECT count(*) FROM big", settings=settings)
     assert results[0][0] == 0, results
     assert len(rows) == 1, rows
