@@ -14,11 +14,12 @@ Starts its own temporary server and prints one line per check, then
 """
 
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import concurrency  # noqa: E402
-from concurrency import finish  # noqa: E402
+from concurrency import ENV, finish, set_server  # noqa: E402
 
 CONF = """
 pg_stride.exempt_superuser = off
@@ -53,18 +54,11 @@ def traced(s, sql, settings="SET pg_stride.trace = on;", clients=1):
     """Runs `sql` from `clients` sessions at once (pg_stride.trace set in each) and
     returns the records of statements that arrived meanwhile."""
     since = s.sql("SELECT now()")
-    procs = [concurrency.subprocess.Popen(s.psql_args(settings + sql), env=concurrency.ENV,
-                                          text=True, stdout=concurrency.subprocess.PIPE,
-                                          stderr=concurrency.subprocess.PIPE)
+    procs = [subprocess.Popen(s.psql_args(settings + sql), env=ENV, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for _ in range(clients)]
     results = [finish(p, timeout=120) for p in procs]
     return results, records(s, since)
-
-
-def set_server(s, setting, value):
-    s.sql(f"ALTER SYSTEM SET {setting} = {value}")
-    s.sql("SELECT pg_reload_conf()")
-    s.wait_until(f"SELECT current_setting('{setting}')", str(value))
 
 
 @check

@@ -9,24 +9,6 @@ records with pgbench's transactions, replays the statements (arrival, charged CP
 processes) in `pg_stride-sim` with the configuration's scheduler settings, and accounts
 for the difference between the real and the simulated response time of each query."""
 
-from .common import PG_BIN, run
-
-
-def dump_trace(server, path):
-    """Writes the server's trace (every finished statement the ring still holds) as CSV,
-    arrival as Unix epoch seconds."""
-    # The view comes from the extension's SQL, which a data directory keeps from the
-    # CREATE EXTENSION of an earlier build: create it afresh for the installed one.
-    server.psql("DROP EXTENSION IF EXISTS pg_stride")
-    server.create_extension("postgres", "pg_stride")
-    sql = ("COPY (SELECT extract(epoch FROM arrival) AS arrival_epoch, * "
-           "FROM pg_stride.trace) TO STDOUT WITH (FORMAT csv, HEADER)")
-    cmd = [PG_BIN / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
-           *server.conn_args("postgres"), "-c", sql]
-    res = run(cmd, capture=True, quiet=True)
-    path.write_text(res.stdout)
-
-
 import bisect
 import csv
 import json
@@ -38,6 +20,18 @@ from . import analysis
 from .common import BENCH, ncpus
 
 REPO = BENCH.parent
+
+
+def dump_trace(server, path):
+    """Writes the server's trace (every finished statement the ring still holds) as CSV,
+    arrival as Unix epoch seconds."""
+    # The view comes from the extension's SQL, which a data directory keeps from the
+    # CREATE EXTENSION of an earlier build: create it afresh for the installed one.
+    server.psql("DROP EXTENSION IF EXISTS pg_stride")
+    server.create_extension("postgres", "pg_stride")
+    path.write_text(server.psql(
+        "COPY (SELECT extract(epoch FROM arrival) AS arrival_epoch, * "
+        "FROM pg_stride.trace) TO STDOUT WITH (FORMAT csv, HEADER)") + "\n")
 
 
 def read_trace(path: Path) -> list:

@@ -491,21 +491,16 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         // After the entry stopped showing the statement as running, so that the tuner
         // never reads it twice.
         if let Some(s) = &snapshot {
-            let mut acct = shared
-                .my_entry()
-                .map(|e| e.workers_acct.take())
-                .unwrap_or_default();
-            acct.cpu_total_ns += thread_cpu_ns().saturating_sub(m.arrival.cpu_ns);
-            acct.paused_ns += m.acct.paused_ns;
-            acct.handoff_ns += m.acct.handoff_ns;
-            acct.held_ns += m.acct.held_ns;
-            acct.held_runqueue_ns += m.acct.held_runqueue_ns;
-            acct.long_slice_ns += m.acct.long_slice_ns;
-            acct.handoffs += m.acct.handoffs;
-            acct.first_slot_ns = m.acct.first_slot_ns;
-            acct.workers_planned = shared
-                .my_entry()
-                .map_or(0, |e| e.workers_planned.load(Ordering::Relaxed));
+            // The leader's own measurements join its workers' sums.
+            m.acct.cpu_total_ns = thread_cpu_ns().saturating_sub(m.arrival.cpu_ns);
+            let acct = shared.my_entry().map_or(m.acct, |e| {
+                e.workers_acct.add(&m.acct);
+                Accounting {
+                    first_slot_ns: m.acct.first_slot_ns,
+                    workers_planned: e.workers_planned.load(Ordering::Relaxed),
+                    ..e.workers_acct.take()
+                }
+            });
             let ended = trace::Ended {
                 arrival: m.arrival,
                 query_id: m.query_id,
@@ -595,7 +590,6 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(1, Ordering::Release);
     }
-    let paused_at = std::time::Instant::now();
     let paused_at_ns = pg::monotonic_ns();
     let is_running = || {
         let running = sched.is_running(proc);
@@ -635,8 +629,8 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         .max(paused_at_ns);
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(0, Ordering::Release);
-        let waited = paused_at.elapsed().as_micros().min(u64::MAX as u128) as u64;
-        entry.paused_us.fetch_add(waited, Ordering::Relaxed);
+        let waited_us = now.saturating_sub(paused_at_ns) / 1_000;
+        entry.paused_us.fetch_add(waited_us, Ordering::Relaxed);
     }
     MEMBER.with_borrow_mut(|m| {
         if let Some(m) = m.as_mut() {
