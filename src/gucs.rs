@@ -68,6 +68,7 @@ pub static PARALLEL_MODE: GucSetting<ParallelMode> =
     GucSetting::<ParallelMode>::new(ParallelMode::Native);
 pub static NUMA: GucSetting<NumaMode> = GucSetting::<NumaMode>::new(NumaMode::Stats);
 pub static NUMA_STEAL_AFTER: GucSetting<i32> = GucSetting::<i32>::new(4);
+pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
 pub static DATABASE: GucSetting<Option<CString>> =
@@ -317,6 +318,14 @@ pub fn register(group_exists: GroupExists) {
         c"What pg_stride does about NUMA nodes.",
         c"off: nothing; stats: CPU time charged to queries is counted per node (view pg_stride.numa); bind: stats, and each query gets a home node whose CPU slots and CPUs its processes use.",
         &NUMA,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.pin_slots",
+        c"Runs each CPU-slot holder on a CPU of its own, which travels with the slot when it is handed over.",
+        c"Not with pg_stride.numa = bind, where processes follow their node's CPUs. A holder that finds no CPU free runs unpinned.",
+        &PIN_SLOTS,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -363,6 +363,12 @@ pub fn allowed_cpus() -> Option<Vec<u32>> {
 /// set size are ignored. The kernel refuses a mask with no CPU this process may use
 /// (e.g. outside its cpuset).
 pub fn set_allowed_cpus(cpus: &[u32]) -> std::io::Result<()> {
+    set_allowed_cpus_of(0, cpus)
+}
+
+/// Restricts process `pid` (0: this one) to `cpus`, as [`set_allowed_cpus`]. Another
+/// process of the server runs as the same user, which the kernel requires.
+pub fn set_allowed_cpus_of(pid: i32, cpus: &[u32]) -> std::io::Result<()> {
     // SAFETY: a cpu_set_t is plain bits, valid zeroed.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &cpu in cpus {
@@ -371,9 +377,9 @@ pub fn set_allowed_cpus(cpus: &[u32]) -> std::io::Result<()> {
             unsafe { libc::CPU_SET(cpu as usize, &mut set) };
         }
     }
-    // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set` for the
-    // calling process (pid 0).
-    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } == 0 {
+    // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set` for
+    // process `pid`.
+    if unsafe { libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &set) } == 0 {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())

@@ -27,6 +27,7 @@
 //! their parallel workers take part (rule 4); and a process that ends its statement, or
 //! fails, or exits, leaves its entry, passing on any slot it held (rule 8).
 
+mod pinning;
 mod trace;
 
 pub use trace::{read_window, Arrival};
@@ -185,11 +186,18 @@ impl Hasher for AddressHasher {
     }
 }
 
-/// Wakes the process that was just handed a slot, noting when, for the hand-off's
-/// latency in its statement's trace record.
-fn wake(proc: Option<ProcId>) {
-    if let Some(p) = proc {
-        if let Some(entry) = shmem::shared().and_then(|s| s.procs().get(p.0 as usize)) {
+/// `from` gave its slot up (`None`: nobody did) and `to` was handed one: passes the
+/// CPU with the slot (`pg_stride.pin_slots`) and wakes `to`, noting when, for the
+/// hand-off's latency in its statement's trace record.
+fn hand_over(from: Option<ProcId>, to: Option<ProcId>) {
+    let Some(shared) = shmem::shared() else {
+        return;
+    };
+    if shared.sched().is_some_and(pinning::enabled) {
+        pinning::pass(shared, from, to);
+    }
+    if let Some(p) = to {
+        if let Some(entry) = shared.procs().get(p.0 as usize) {
             entry
                 .slot_given_ns
                 .store(pg::monotonic_ns(), Ordering::Relaxed);
@@ -201,7 +209,7 @@ fn wake(proc: Option<ProcId>) {
 /// Hands every free slot to a waiter that may take it, waking each.
 fn dispatch_free_slots(sched: &SchedShared) {
     while let Some(p) = sched.dispatch() {
-        wake(Some(p));
+        hand_over(None, Some(p));
     }
 }
 
@@ -406,26 +414,30 @@ pub fn begin_run(shared: &shmem::Shared) {
 /// Takes a CPU slot for `proc`, pausing until one is handed over if none is free.
 fn take_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     let outcome = sched.acquire(proc);
-    wake(outcome.wake);
+    hand_over(None, outcome.wake);
     if outcome.turn == Turn::Wait {
         pause(shared, sched, proc);
     } else {
-        follow_slot(sched, proc);
+        follow_slot(shared, sched, proc);
         MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::holds_slot));
     }
 }
 
 /// With the slots split by node (`pg_stride.numa = bind`), runs this process on the
 /// CPUs of the node whose slot it was given; once they are no longer split, on its own
-/// CPUs again. A process only changes node when it is given a slot, so this is asked
-/// after taking one and after a pause.
-fn follow_slot(sched: &SchedShared, proc: ProcId) {
+/// CPUs again, or, with `pg_stride.pin_slots`, on the CPU that came with its slot. A
+/// process only changes node when it is given a slot, so this is asked after taking one,
+/// after a pause, and (for the pinning's cheap check) at a slice end that keeps it.
+fn follow_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     if sched.node_count() > 1 {
         if let Some(node) = sched.slot_node(proc) {
             numa::follow_slot(node);
         }
     } else {
         numa::unbind();
+        if pinning::enabled(sched) {
+            pinning::hold(shared, proc);
+        }
     }
 }
 
@@ -446,7 +458,7 @@ pub fn end_run(shared: &shmem::Shared) {
         return;
     };
     if sched.is_running(proc) {
-        wake(sched.release(proc, used));
+        hand_over(Some(proc), sched.release(proc, used));
         numa::charge(shared, used);
     }
 }
@@ -474,7 +486,8 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     numa::unbind();
     let Some(query) = m.query else { return };
     let snapshot = sched.query_snapshot(query);
-    wake(sched.leave(m.proc));
+    hand_over(Some(m.proc), sched.leave(m.proc));
+    pinning::leave(shared, m.proc);
     m.left_slot();
     if let Some(leader) = m.leader {
         // A parallel worker's CPU clock started with the process, so its whole CPU is
@@ -577,6 +590,7 @@ pub fn watchdog(shared: &shmem::Shared, blocked_before: &mut Vec<bool>) {
         sched.set_node_slots(&slots);
     }
     dispatch_free_slots(sched);
+    pinning::sweep(shared, sched);
 }
 
 /// Sleeps on the latch until the scheduler gives this process a slot again. Serves
@@ -620,7 +634,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
             }
         }
     }
-    follow_slot(sched, proc);
+    follow_slot(shared, sched, proc);
     let now = pg::monotonic_ns();
     // The slot was handed over while this process was paused, or before it got there.
     let given = shared
@@ -782,7 +796,8 @@ unsafe extern "C-unwind" fn check_in() {
     let outcome = sched.end_slice(proc, used_ns);
     // Per node, on the CPU the slice ended on (before a pause moves the process).
     numa::charge(shared, used_ns);
-    wake(outcome.wake);
+    let gave_up = (outcome.turn == Turn::Wait).then_some(proc);
+    hand_over(gave_up, outcome.wake);
     if outcome.turn == Turn::Wait {
         MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot));
         if stealer {
@@ -790,6 +805,8 @@ unsafe extern "C-unwind" fn check_in() {
             dispatch_free_slots(sched);
         }
         pause(shared, sched, proc);
+    } else if pinning::enabled(sched) {
+        pinning::hold(shared, proc);
     }
 }
 

@@ -10,10 +10,12 @@
 //! Everything in the region is an atomic or an integer fixed at initialisation; there are
 //! no pointers, so the layout is valid in every process whatever address it is mapped at.
 
+mod cpu_owners;
 mod directory;
 mod node_counters;
 mod tuner_state;
 
+pub use cpu_owners::CpuOwners;
 pub use directory::{Group, GroupDirectory, MAX_GROUPS};
 pub use node_counters::{NodeCounters, MAX_NODES};
 pub use tuner_state::{RefreshRow, TunerState};
@@ -66,6 +68,12 @@ pub struct ProcEntry {
     /// When a slot was last handed to this process (CLOCK_MONOTONIC ns), written by the
     /// process that hands it over just before setting the latch: the hand-off's latency.
     pub slot_given_ns: AtomicU64,
+    /// The CPU (+1; 0 = none) this process owns while it holds a slot
+    /// (`pg_stride.pin_slots`), written by the process that gives it the CPU.
+    pub slot_cpu: AtomicU32,
+    /// The CPU (+1; 0 = none) this process was last pinned to, by itself or by the
+    /// process that handed it a slot: its mask then holds that CPU alone.
+    pub pinned_cpu: AtomicU32,
     /// What the parallel workers of this process's current statement measured (they add
     /// theirs when they end; the leader takes the sum into its trace record).
     pub workers_acct: SharedAccounting,
@@ -139,6 +147,8 @@ impl ProcEntry {
         self.cpu_query.store(0, Ordering::Relaxed);
         self.paused.store(0, Ordering::Relaxed);
         self.admitted_pending.store(0, Ordering::Relaxed);
+        self.slot_cpu.store(0, Ordering::Relaxed);
+        self.pinned_cpu.store(0, Ordering::Relaxed);
         self.clear_statement();
         self.pid.store(0, Ordering::Release);
     }
@@ -169,6 +179,8 @@ pub struct Shared {
     pub tuner: TunerState,
     /// CPU charged per NUMA node (`pg_stride.numa = stats`).
     pub nodes: NodeCounters,
+    /// Which slot holder owns which CPU (`pg_stride.pin_slots`).
+    pub cpu_owners: CpuOwners,
 }
 
 // The region's interior mutability is either atomics or data changed only under an
@@ -456,6 +468,10 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
             TunerState::init(&raw mut (*region).tuner, gucs::decay_params());
             NodeCounters::init(&raw mut (*region).nodes);
+            CpuOwners::init(
+                &raw mut (*region).cpu_owners,
+                &pg::allowed_cpus().unwrap_or_default(),
+            );
             let first = region.add(1).cast::<ProcEntry>();
             for i in 0..nprocs {
                 first.add(i).write(ProcEntry::default());

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Slot holders pinned to CPUs of their own (`pg_stride.pin_slots`, README "CPU slots").
+
+Serial scans of `big` run at once while each backend's Cpus_allowed_list is read from
+/proc/<pid>/status. The checks: with two slots, two holders run pinned to two
+different single CPUs, and get their own CPUs back after their statements; with one
+slot the CPU travels with the slot, so the holders taking turns are only ever pinned to
+one CPU; with pin_slots off nothing is pinned; a terminated holder's CPU is free for
+the next holders.
+
+Starts its own temporary server and prints one line per check, then
+"pinning: N passed, N failed". Run as root, the server runs as postgres. Needs two CPUs.
+"""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import concurrency  # noqa: E402
+from numa import allowed_cpus  # noqa: E402
+
+CONF = """
+pg_stride.cpu_slots = 2
+pg_stride.pin_slots = on
+max_parallel_workers_per_gather = 0
+"""
+# Seconds in a debug build: long enough to be sampled while it runs.
+SCAN = "SELECT count(*) FROM big, generate_series(1, 8)"
+
+CHECKS = []
+check = concurrency.collector(CHECKS)
+
+
+def start_scans(s, n):
+    """n sessions each running SCAN; returns (sessions, backend pids, CPUs before)."""
+    sessions = [concurrency.Session(s) for _ in range(n)]
+    pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
+    before = [allowed_cpus(pid) for pid in pids]
+    for x in sessions:
+        x.proc.stdin.write(SCAN.encode() + b";\n")
+        x.proc.stdin.flush()
+    return sessions, pids, before
+
+
+def finish_scans(sessions, pids=()):
+    """Waits for each session's SCAN and closes it; returns the CPUs `pids` are allowed
+    once their statements ended."""
+    for x in sessions:
+        out = x.run("SELECT 'done'", lines=2, timeout=180)
+        assert out == ["16000000", "done"], out
+    after = [allowed_cpus(p) for p in pids]
+    for x in sessions:
+        x.close()
+    return after
+
+
+def sample(s, pids):
+    """The backends' Cpus_allowed_list, sampled every 20 ms while all of them run SCAN
+    (at most 60 s)."""
+    samples = []
+    deadline = time.monotonic() + 60
+    pid_list = ",".join(map(str, pids))
+    while time.monotonic() < deadline:
+        cpus = tuple(allowed_cpus(p) for p in pids)
+        running = s.sql("SET pg_stride.enabled = off; SELECT count(*) FROM pg_stat_activity "
+                        f"WHERE pid IN ({pid_list}) AND state = 'active'")
+        if running != str(len(pids)):
+            if samples:
+                break
+        else:
+            samples.append(cpus)
+        time.sleep(0.02)
+    return samples
+
+
+def single(cpus):
+    return cpus is not None and cpus.isdigit()
+
+
+def set_server(s, setting, value):
+    """Sets (None: resets) a reload-level setting and waits until the server has it."""
+    s.sql(f"ALTER SYSTEM SET {setting} = {value}" if value is not None
+          else f"ALTER SYSTEM RESET {setting}")
+    s.sql("SELECT pg_reload_conf()")
+    time.sleep(0.5)
+
+
+@check
+def two_holders_run_on_two_cpus_of_their_own(s):
+    sessions, pids, before = start_scans(s, 2)
+    samples = sample(s, pids)
+    after = finish_scans(sessions, pids)
+    both = [x for x in samples if all(single(c) for c in x)]
+    print(f"    before {before}; {len(both)} of {len(samples)} samples with both pinned, "
+          f"e.g. {both[-1] if both else None}; after {after}")
+    assert len(both) >= len(samples) // 2, samples
+    assert all(a != b for a, b in both), f"two holders pinned to one CPU: {both}"
+    assert after == before, f"CPUs after the statements {after}, before {before}"
+
+
+@check
+def with_one_slot_the_cpu_travels_with_the_slot(s):
+    set_server(s, "pg_stride.cpu_slots", "1")
+    try:
+        sessions, pids, _ = start_scans(s, 2)
+        samples = sample(s, pids)
+        finish_scans(sessions)
+    finally:
+        set_server(s, "pg_stride.cpu_slots", None)
+    # The paused one stays pinned to the CPU it left, which its slot's next holder got.
+    both = [x for x in samples if all(single(c) for c in x)]
+    same = sum(1 for a, b in both if a == b)
+    print(f"    {len(both)} of {len(samples)} samples with both backends pinned, "
+          f"{same} of them to the same CPU")
+    assert len(both) >= len(samples) // 2, samples
+    # (The watchdog may lend a second slot for a moment, with a CPU of its own, when it
+    # sees the holder waiting on an event twice in a row.)
+    assert same >= 0.8 * len(both), f"one slot, but the holders were pinned to {both}"
+
+
+@check
+def with_pin_slots_off_nothing_is_pinned(s):
+    set_server(s, "pg_stride.pin_slots", "off")
+    try:
+        sessions, pids, before = start_scans(s, 2)
+        samples = sample(s, pids)
+        finish_scans(sessions)
+    finally:
+        set_server(s, "pg_stride.pin_slots", None)
+    seen = {c for x in samples for c in x if c is not None}
+    print(f"    CPUs allowed while running: {sorted(seen)}; before {before}")
+    assert seen == set(before), seen
+
+
+@check
+def a_terminated_holders_cpu_goes_to_the_next_holders(s):
+    sessions, pids, _ = start_scans(s, 2)
+    deadline = time.monotonic() + 30
+    while not single(allowed_cpus(pids[0])):
+        assert time.monotonic() < deadline, "the first backend was never pinned"
+        time.sleep(0.02)
+    s.sql(f"SELECT pg_terminate_backend({pids[0]})")
+    sessions[0].close()
+    finish_scans(sessions[1:])
+    sessions, pids, _ = start_scans(s, 2)
+    samples = sample(s, pids)
+    finish_scans(sessions)
+    both = [x for x in samples if all(single(c) for c in x)]
+    print(f"    after a holder was terminated: {len(both)} of {len(samples)} samples with "
+          f"two new holders pinned, e.g. {both[-1] if both else None}")
+    assert len(both) >= len(samples) // 2, samples
+    assert all(a != b for a, b in both), both
+
+
+def setup(s):
+    s.sql("CREATE EXTENSION pg_stride")
+    s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 2000000) g")
+    s.sql("VACUUM ANALYZE big")
+
+
+def main():
+    if (os.cpu_count() or 1) < 2:
+        print("pinning: needs two CPUs; 0 passed, 0 failed")
+        return 0
+    passed, failed = concurrency.run_checks(
+        concurrency.Server(port=concurrency.PORT + 11, extra_conf=CONF), CHECKS, setup)
+    print(f"pinning: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

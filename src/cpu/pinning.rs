@@ -1,0 +1,163 @@
+//! Slot holders on CPUs of their own (`pg_stride.pin_slots`).
+//!
+//! With as many slots as CPUs, the kernel still decides where each holder runs, and it
+//! may put two holders on one CPU while the other runs unslotted work (parse, plan,
+//! the client) or even idles: the holders are runnable but not running, which the
+//! trace measures (`held_runqueue`) and the simulator does not have (bench/results/
+//! SIM_GAP.md). Pinning gives each holder one CPU for as long as it holds its slot, and
+//! the CPU travels with the slot: the process that hands its slot over pins the
+//! receiver to the CPU it leaves before it sets the receiver's latch, so the receiver
+//! wakes where a CPU is about to be free, not where the kernel last saw it.
+//!
+//! Who owns which CPU is `shmem::CpuOwners`; each process's entry says which CPU it owns
+//! (`slot_cpu`) and which it is pinned to (`pinned_cpu`). A holder that finds no CPU free
+//! (slots lent for blocked holders, more slots than CPUs) runs unpinned. A process that
+//! leaves its statement runs with the postmaster's CPUs again. With
+//! `pg_stride.numa = bind` the slots belong to nodes and processes follow their node's
+//! CPUs instead (`numa::follow_slot`).
+
+use crate::{gucs, pg, shmem};
+use pg_stride_sched::{ProcId, SchedShared};
+use std::sync::atomic::Ordering;
+
+/// Whether slot holders are pinned: on, and the slots are not split by node.
+pub fn enabled(sched: &SchedShared) -> bool {
+    gucs::PIN_SLOTS.get() && sched.node_count() == 1
+}
+
+/// This process holds a slot it took itself (or kept at a slice end): make sure it owns
+/// a CPU — the one it runs on if that is free, so that nothing moves — and is pinned to
+/// it. Two atomic reads when it already is.
+pub fn hold(shared: &shmem::Shared, me: ProcId) {
+    let Some(entry) = shared.procs().get(me.0 as usize) else {
+        return;
+    };
+    let me = me.0 as usize;
+    let owned = cpu_of(entry.slot_cpu.load(Ordering::Acquire))
+        .filter(|&c| shared.cpu_owners.owner(c) == Some(me));
+    let cpu = owned.or_else(|| {
+        let last = cpu_of(entry.pinned_cpu.load(Ordering::Relaxed));
+        let cpu = shared.cpu_owners.claim_free(me, &[pg::current_cpu(), last]);
+        entry
+            .slot_cpu
+            .store(cpu.map_or(0, |c| c + 1), Ordering::Release);
+        cpu
+    });
+    pin(shared, me, cpu);
+}
+
+/// `from` gave its slot up (`None`: nobody did) and `to` was handed one (`None`: nobody
+/// was). `from`'s CPU goes to `to`, or becomes free; a `to` that gets no CPU from `from`
+/// takes a free one, or runs unpinned. Call before waking `to`.
+pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
+    let owners = &shared.cpu_owners;
+    let procs = shared.procs();
+    let from = from.map(|p| p.0 as usize);
+    let to = to.map(|p| p.0 as usize);
+    let released = from.and_then(|f| {
+        let cpu = cpu_of(procs.get(f)?.slot_cpu.swap(0, Ordering::AcqRel))?;
+        Some((f, cpu))
+    });
+    let Some(t) = to else {
+        if let Some((f, cpu)) = released {
+            owners.pass(cpu, f, None);
+        }
+        return;
+    };
+    let Some(entry) = procs.get(t) else { return };
+    let handed = released.and_then(|(f, cpu)| owners.pass(cpu, f, Some(t)).then_some(cpu));
+    let cpu = handed.or_else(|| {
+        let last = cpu_of(entry.pinned_cpu.load(Ordering::Relaxed));
+        owners.claim_free(t, &[last])
+    });
+    entry
+        .slot_cpu
+        .store(cpu.map_or(0, |c| c + 1), Ordering::Release);
+    pin(shared, t, cpu);
+    // `to` may have left its statement meanwhile (a cancel while it was paused) and
+    // unpinned itself before the line above pinned it: it owns nothing then (its leaving
+    // freed the CPU, or the watchdog's sweep will), so it must run unpinned.
+    if let Some(c) = cpu {
+        if owners.owner(c) != Some(t) {
+            pin(shared, t, None);
+        }
+    }
+}
+
+/// This process's statement ends (after it passed its slot on): it runs with the
+/// postmaster's CPUs again. Nothing to do if it was never pinned.
+pub fn leave(shared: &shmem::Shared, me: ProcId) {
+    let Some(entry) = shared.procs().get(me.0 as usize) else {
+        return;
+    };
+    if let Some(cpu) = cpu_of(entry.slot_cpu.swap(0, Ordering::AcqRel)) {
+        shared.cpu_owners.pass(cpu, me.0 as usize, None);
+    }
+    pin(shared, me.0 as usize, None);
+}
+
+/// The scheduler worker's safety net: a CPU whose owner holds no slot (it died, or it
+/// left while a slot was being handed to it) is freed, and the owner unpinned. An
+/// owner between giving its slot up and passing its CPU on loses it here too; `pass`
+/// then finds it free for the receiver.
+pub fn sweep(shared: &shmem::Shared, sched: &SchedShared) {
+    let owners = &shared.cpu_owners;
+    for cpu in owners.allowed() {
+        let Some(p) = owners.owner(cpu) else { continue };
+        if sched.is_running(ProcId(p as u32)) {
+            continue;
+        }
+        if owners.pass(cpu, p, None) {
+            if let Some(entry) = shared.procs().get(p) {
+                let _ = entry.slot_cpu.compare_exchange(
+                    cpu + 1,
+                    0,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+            pin(shared, p, None);
+        }
+    }
+}
+
+/// Pins process `procno` to `cpu` alone, or gives it the postmaster's CPUs back
+/// (`None`), unless its mask is that already. A mask the kernel refuses (a cpuset that
+/// changed) is said once per server in the log and leaves the process as it was.
+fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
+    let Some(entry) = shared.procs().get(procno) else {
+        return;
+    };
+    let want = cpu.map_or(0, |c| c + 1);
+    if entry.pinned_cpu.load(Ordering::Acquire) == want {
+        return;
+    }
+    let pid = if Some(procno) == pg::my_procno() {
+        0
+    } else {
+        match pg::proc_pid(procno) {
+            0 => return,
+            pid => pid,
+        }
+    };
+    let mask = match cpu {
+        Some(c) => vec![c],
+        None => shared.cpu_owners.allowed(),
+    };
+    match pg::set_allowed_cpus_of(pid, &mask) {
+        Ok(()) => entry.pinned_cpu.store(want, Ordering::Release),
+        Err(e) => {
+            if shared.nodes.first_bind_failure() {
+                pgrx::log!(
+                    "pg_stride: cannot pin process {procno} to CPUs {}: {e}; slot holders may run unpinned",
+                    pg_stride_sched::numa::format_cpu_list(&mask)
+                );
+            }
+        }
+    }
+}
+
+/// The CPU an entry's `slot_cpu` or `pinned_cpu` names.
+fn cpu_of(stored: u32) -> Option<u32> {
+    stored.checked_sub(1)
+}
