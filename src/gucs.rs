@@ -69,6 +69,7 @@ pub static PARALLEL_MODE: GucSetting<ParallelMode> =
 pub static NUMA: GucSetting<NumaMode> = GucSetting::<NumaMode>::new(NumaMode::Stats);
 pub static NUMA_STEAL_AFTER: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static LEND_ON_OVERRUN: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
 pub static DATABASE: GucSetting<Option<CString>> =
@@ -318,6 +319,14 @@ pub fn register(group_exists: GroupExists) {
         c"What pg_stride does about NUMA nodes.",
         c"off: nothing; stats: CPU time charged to queries is counted per node (view pg_stride.numa); bind: stats, and each query gets a home node whose CPU slots and CPUs its processes use.",
         &NUMA,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.lend_on_overrun",
+        c"Lends an extra CPU slot, while others wait, for each slot holder that reached no yield point during a whole watchdog interval.",
+        c"Work with no yield point (a sort, the groups of a hash aggregate that its HAVING filters out) then does not hold waiting queries back.",
+        &LEND_ON_OVERRUN,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -419,6 +419,7 @@ fn take_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         pause(shared, sched, proc);
     } else {
         follow_slot(shared, sched, proc);
+        count_check_in(shared);
         MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::holds_slot));
     }
 }
@@ -562,29 +563,54 @@ pub fn apply_settings(shared: &shmem::Shared, sched: &SchedShared) {
         .apply_configured(sched, gucs::decay_params(), gucs::TUNER.get());
 }
 
+/// What the watchdog saw of a process at its previous round.
+#[derive(Clone, Copy, Default)]
+pub struct Seen {
+    /// Holding a slot and waiting on an event.
+    blocked: bool,
+    /// Its check-in count, while it held a slot and was not waiting.
+    checkins: Option<u32>,
+}
+
 /// The watchdog (psaroudakis2013 §5): a slot holder that waits — on a lock, I/O, the
 /// client, a sleep — uses no CPU, so it must not keep others from running. Holders seen
-/// waiting at two consecutive rounds (`blocked_before` carries the previous round) are
-/// counted as inactive: the slot count is raised by their number and the extra slots are
+/// waiting at two consecutive rounds (`before` carries the previous round) are counted
+/// as inactive: the slot count is raised by their number and the extra slots are
 /// handed out at once. When they run again, the count drops back and takes effect as
 /// holders end their slices.
-pub fn watchdog(shared: &shmem::Shared, blocked_before: &mut Vec<bool>) {
+///
+/// With `pg_stride.lend_on_overrun`, a holder that ran a whole round without reaching a
+/// yield point (a sort, a hash aggregate's output, no scan below) gets the same extra
+/// slot while others wait: they then share the CPU with it through the kernel instead
+/// of waiting for its slice to end (wagner2021 §3.1 charges the overrun to its pass
+/// afterwards; this bounds the wait).
+pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
     let Some(sched) = shared.sched() else { return };
     let procs = sched.capacity().max_procs as usize;
-    blocked_before.resize(procs, false);
+    before.resize(procs, Seen::default());
+    let lend_on_overrun = gucs::LEND_ON_OVERRUN.get() && !sched.nobody_waits();
     // Split by node with `numa = bind`; a blocked holder's extra slot goes to the node
     // whose slot it holds.
     let mut slots = numa::slot_split(gucs::effective_cpu_slots());
     let last = slots.len() - 1;
-    for (procno, before) in blocked_before.iter_mut().enumerate() {
+    for (procno, seen) in before.iter_mut().enumerate() {
         let proc = ProcId(procno as u32);
+        let running = sched.is_running(proc);
         // A stale read of the wait event only delays the decision by a round.
-        let waiting = sched.is_running(proc) && pg::proc_wait_event(procno) != 0;
-        if waiting && *before {
+        let waiting = running && pg::proc_wait_event(procno) != 0;
+        let checkins = (running && !waiting)
+            .then(|| shared.procs().get(procno))
+            .flatten()
+            .map(|e| e.checkins.load(Ordering::Relaxed));
+        let overran = lend_on_overrun && checkins.is_some() && checkins == seen.checkins;
+        if (waiting && seen.blocked) || overran {
             let node = sched.slot_node(proc).unwrap_or(0) as usize;
             slots[node.min(last)] += 1;
         }
-        *before = waiting;
+        *seen = Seen {
+            blocked: waiting,
+            checkins,
+        };
     }
     if sched.node_slots() != slots {
         sched.set_node_slots(&slots);
@@ -635,6 +661,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         }
     }
     follow_slot(shared, sched, proc);
+    count_check_in(shared);
     let now = pg::monotonic_ns();
     // The slot was handed over while this process was paused, or before it got there.
     let given = shared
@@ -752,6 +779,7 @@ unsafe extern "C-unwind" fn check_in() {
         return;
     };
     let Some(sched) = shared.sched() else { return };
+    count_check_in(shared);
     if MEMBER.with_borrow(|m| m.as_ref().is_some_and(|m| m.query.is_none())) {
         join_at_first_check_in(shared, sched);
         return;
@@ -807,6 +835,14 @@ unsafe extern "C-unwind" fn check_in() {
         pause(shared, sched, proc);
     } else if pinning::enabled(sched) {
         pinning::hold(shared, proc);
+    }
+}
+
+/// Tells the watchdog that this process reached a yield point (or took a slot).
+fn count_check_in(shared: &shmem::Shared) {
+    if let Some(entry) = shared.my_entry() {
+        let n = entry.checkins.load(Ordering::Relaxed);
+        entry.checkins.store(n.wrapping_add(1), Ordering::Relaxed);
     }
 }
 

@@ -68,6 +68,9 @@ pub struct ProcEntry {
     /// When a slot was last handed to this process (CLOCK_MONOTONIC ns), written by the
     /// process that hands it over just before setting the latch: the hand-off's latency.
     pub slot_given_ns: AtomicU64,
+    /// Check-ins and slots taken by this process, counted (wrapping) so that the
+    /// watchdog sees a holder that reached no yield point during a whole round.
+    pub checkins: AtomicU32,
     /// The CPU (+1; 0 = none) this process owns while it holds a slot
     /// (`pg_stride.pin_slots`), written by the process that gives it the CPU.
     pub slot_cpu: AtomicU32,

@@ -97,7 +97,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     };
     shared.scheduler_pid.store(pg::my_pid(), Ordering::Release);
     config::apply(shared);
-    let mut cpu_blocked = Vec::new();
+    let mut cpu_seen = Vec::new();
     let mut admission_waits = Vec::new();
     let sweep_context = PgMemoryContexts::new("pg_stride scheduler sweep");
     let now = Instant::now();
@@ -114,7 +114,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
             &mut timers.watchdog,
             interval_ms(&gucs::WATCHDOG_INTERVAL_MS),
         ) {
-            cpu::watchdog(shared, &mut cpu_blocked);
+            cpu::watchdog(shared, &mut cpu_seen);
             lend_waiting_admissions(shared, &mut admission_waits);
         }
         if Timers::take(&mut timers.hint, interval_ms(&gucs::HINT_INTERVAL_MS)) {

@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
-"""Slot holders pinned to CPUs of their own (`pg_stride.pin_slots`, README "CPU slots").
+"""Where CPU-slot holders run, and slots lent for holders with no yield point in reach
+(README "CPU slots").
 
-Serial scans of `big` run at once while each backend's Cpus_allowed_list is read from
+Pinning (`pg_stride.pin_slots`): serial scans of `big` run at once while each backend's Cpus_allowed_list is read from
 /proc/<pid>/status. The checks: with two slots, two holders run pinned to two
 different single CPUs, and get their own CPUs back after their statements; with one
 slot the CPU travels with the slot, so the holders taking turns are only ever pinned to
 one CPU; with pin_slots off nothing is pinned; a terminated holder's CPU is free for
 the next holders.
 
+Lending (`pg_stride.lend_on_overrun`): with one slot, a statement sorting a big input
+(no yield point while it sorts) and a scan run at once; with lending on, the scheduler
+view shows a second slot while the sort runs and the scan does not wait for the sort,
+with it off there is never a second slot.
+
 Starts its own temporary server and prints one line per check, then
-"pinning: N passed, N failed". Run as root, the server runs as postgres. Needs two CPUs.
+"slots: N passed, N failed". Run as root, the server runs as postgres. Needs two CPUs.
 """
 
 import os
+import select
 import sys
 import time
 
@@ -153,6 +160,54 @@ def a_terminated_holders_cpu_goes_to_the_next_holders(s):
     assert all(a != b for a, b in both), both
 
 
+def has_result(x):
+    """Whether session `x`'s statement has given its result line (reads without waiting)."""
+    while select.select([x.proc.stdout], [], [], 0)[0]:
+        chunk = os.read(x.proc.stdout.fileno(), 4096)
+        if not chunk:
+            break
+        x.pending += chunk
+    return b"\n" in x.pending
+
+
+SORT = "SELECT count(DISTINCT x) FROM (SELECT md5(a::text) AS x FROM big ORDER BY 1 OFFSET 0) s"
+
+
+@check
+def a_holder_with_no_yield_point_in_reach_gets_a_slot_lent(s):
+    set_server(s, "pg_stride.cpu_slots", "1")
+    seen = {}
+    try:
+        for lend in ("off", "on"):
+            set_server(s, "pg_stride.lend_on_overrun", lend)
+            sessions = [concurrency.Session(s) for _ in range(2)]
+            sessions[0].run("SET work_mem = '1GB'", lines=0)
+            started = time.monotonic()
+            for x, sql in zip(sessions, (SORT, SCAN)):
+                x.proc.stdin.write(sql.encode() + b";\n")
+                x.proc.stdin.flush()
+            slots = set()
+            done = {}
+            while len(done) < 2 and time.monotonic() - started < 120:
+                slots.add(int(s.sql("SET pg_stride.enabled = off; "
+                                    "SELECT cpu_slots FROM pg_stride.scheduler")))
+                for i, x in enumerate(sessions):
+                    if i not in done and has_result(x):
+                        done[i] = time.monotonic() - started
+                time.sleep(0.02)
+            for x in sessions:
+                x.run("SELECT 1", lines=2, timeout=120)
+                x.close()
+            seen[lend] = (sorted(slots), done)
+    finally:
+        set_server(s, "pg_stride.lend_on_overrun", None)
+        set_server(s, "pg_stride.cpu_slots", None)
+    print("    " + "; ".join(f"lend {k}: slots seen {v[0]}, sort done at {v[1].get(0, 0):.2f} s, "
+                            f"scan at {v[1].get(1, 0):.2f} s" for k, v in seen.items()))
+    assert seen["off"][0] == [1], seen
+    assert 2 in seen["on"][0], seen
+
+
 def setup(s):
     s.sql("CREATE EXTENSION pg_stride")
     s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 2000000) g")
@@ -161,11 +216,11 @@ def setup(s):
 
 def main():
     if (os.cpu_count() or 1) < 2:
-        print("pinning: needs two CPUs; 0 passed, 0 failed")
+        print("slots: needs two CPUs; 0 passed, 0 failed")
         return 0
     passed, failed = concurrency.run_checks(
         concurrency.Server(port=concurrency.PORT + 11, extra_conf=CONF), CHECKS, setup)
-    print(f"pinning: {passed} passed, {failed} failed")
+    print(f"slots: {passed} passed, {failed} failed")
     return 1 if failed else 0
 
 
