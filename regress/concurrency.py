@@ -239,6 +239,21 @@ class Session:
         *out, self.pending = self.pending.split(b"\n", lines)
         return [line.decode().strip() for line in out]
 
+    def send(self, sql):
+        """Sends `sql` without waiting for its result (read it with run() later)."""
+        self.proc.stdin.write(sql.encode() + b";\n")
+        self.proc.stdin.flush()
+
+    def has_result(self):
+        """Whether a result line has arrived since the last run() (reads without
+        waiting)."""
+        while select.select([self.proc.stdout], [], [], 0)[0]:
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            self.pending += chunk
+        return b"\n" in self.pending
+
     def close(self):
         """Ends the session (psql reads the end of its input) and returns as finish()."""
         return finish(self.proc)
@@ -304,8 +319,10 @@ def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
 
 
 def set_server(s, setting, value):
-    """Changes a reload-level setting and waits until the scheduler worker applied it."""
-    s.sql(f"ALTER SYSTEM SET {setting} = {value}")
+    """Changes a reload-level setting (None: resets it) and waits until the scheduler
+    worker applied it."""
+    s.sql(f"ALTER SYSTEM SET {setting} = {value}" if value is not None
+          else f"ALTER SYSTEM RESET {setting}")
     s.sql("SELECT pg_reload_conf()")
     time.sleep(0.5)
 
@@ -795,6 +812,14 @@ def run_checks(server, checks, setup_fn):
     finally:
         server.stop()
     return passed, failed
+
+
+def run_suite(name, server, checks, setup_fn):
+    """Runs a suite's checks on its server, prints "NAME: N passed, N failed" (the line
+    regress/run reads) and returns the exit status."""
+    passed, failed = run_checks(server, checks, setup_fn)
+    print(f"{name}: {passed} passed, {failed} failed")
+    return 1 if failed else 0
 
 
 def setup(s):

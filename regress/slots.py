@@ -19,7 +19,6 @@ Starts its own temporary server and prints one line per check, then
 """
 
 import os
-import select
 import sys
 import time
 
@@ -45,8 +44,7 @@ def start_scans(s, n):
     pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
     before = [allowed_cpus(pid) for pid in pids]
     for x in sessions:
-        x.proc.stdin.write(SCAN.encode() + b";\n")
-        x.proc.stdin.flush()
+        x.send(SCAN)
     return sessions, pids, before
 
 
@@ -85,19 +83,25 @@ def single(cpus):
     return cpus is not None and cpus.isdigit()
 
 
-def set_server(s, setting, value):
-    """Sets (None: resets) a reload-level setting and waits until the server has it."""
-    s.sql(f"ALTER SYSTEM SET {setting} = {value}" if value is not None
-          else f"ALTER SYSTEM RESET {setting}")
-    s.sql("SELECT pg_reload_conf()")
-    time.sleep(0.5)
+def sampled_scans(s, **settings):
+    """Two sessions run SCAN with the reload-level `settings` in force (reset after);
+    returns (samples of their CPUs while both run, their CPUs before, and after their
+    statements)."""
+    for setting, value in settings.items():
+        concurrency.set_server(s, f"pg_stride.{setting}", value)
+    try:
+        sessions, pids, before = start_scans(s, 2)
+        samples = sample(s, pids)
+        after = finish_scans(sessions, pids)
+    finally:
+        for setting in settings:
+            concurrency.set_server(s, f"pg_stride.{setting}", None)
+    return samples, before, after
 
 
 @check
 def two_holders_run_on_two_cpus_of_their_own(s):
-    sessions, pids, before = start_scans(s, 2)
-    samples = sample(s, pids)
-    after = finish_scans(sessions, pids)
+    samples, before, after = sampled_scans(s)
     both = [x for x in samples if all(single(c) for c in x)]
     print(f"    before {before}; {len(both)} of {len(samples)} samples with both pinned, "
           f"e.g. {both[-1] if both else None}; after {after}")
@@ -108,13 +112,7 @@ def two_holders_run_on_two_cpus_of_their_own(s):
 
 @check
 def with_one_slot_the_cpu_travels_with_the_slot(s):
-    set_server(s, "pg_stride.cpu_slots", "1")
-    try:
-        sessions, pids, _ = start_scans(s, 2)
-        samples = sample(s, pids)
-        finish_scans(sessions)
-    finally:
-        set_server(s, "pg_stride.cpu_slots", None)
+    samples, _, _ = sampled_scans(s, cpu_slots=1)
     # The paused one stays pinned to the CPU it left, which its slot's next holder got.
     both = [x for x in samples if all(single(c) for c in x)]
     same = sum(1 for a, b in both if a == b)
@@ -128,13 +126,7 @@ def with_one_slot_the_cpu_travels_with_the_slot(s):
 
 @check
 def with_pin_slots_off_nothing_is_pinned(s):
-    set_server(s, "pg_stride.pin_slots", "off")
-    try:
-        sessions, pids, before = start_scans(s, 2)
-        samples = sample(s, pids)
-        finish_scans(sessions)
-    finally:
-        set_server(s, "pg_stride.pin_slots", None)
+    samples, before, _ = sampled_scans(s, pin_slots="off")
     seen = {c for x in samples for c in x if c is not None}
     print(f"    CPUs allowed while running: {sorted(seen)}; before {before}")
     assert seen == set(before), seen
@@ -150,9 +142,7 @@ def a_terminated_holders_cpu_goes_to_the_next_holders(s):
     s.sql(f"SELECT pg_terminate_backend({pids[0]})")
     sessions[0].close()
     finish_scans(sessions[1:])
-    sessions, pids, _ = start_scans(s, 2)
-    samples = sample(s, pids)
-    finish_scans(sessions)
+    samples, _, _ = sampled_scans(s)
     both = [x for x in samples if all(single(c) for c in x)]
     print(f"    after a holder was terminated: {len(both)} of {len(samples)} samples with "
           f"two new holders pinned, e.g. {both[-1] if both else None}")
@@ -160,39 +150,28 @@ def a_terminated_holders_cpu_goes_to_the_next_holders(s):
     assert all(a != b for a, b in both), both
 
 
-def has_result(x):
-    """Whether session `x`'s statement has given its result line (reads without waiting)."""
-    while select.select([x.proc.stdout], [], [], 0)[0]:
-        chunk = os.read(x.proc.stdout.fileno(), 4096)
-        if not chunk:
-            break
-        x.pending += chunk
-    return b"\n" in x.pending
-
-
 SORT = "SELECT count(DISTINCT x) FROM (SELECT md5(a::text) AS x FROM big ORDER BY 1 OFFSET 0) s"
 
 
 @check
 def a_holder_with_no_yield_point_in_reach_gets_a_slot_lent(s):
-    set_server(s, "pg_stride.cpu_slots", "1")
+    concurrency.set_server(s, "pg_stride.cpu_slots", 1)
     seen = {}
     try:
         for lend in ("off", "on"):
-            set_server(s, "pg_stride.lend_on_overrun", lend)
+            concurrency.set_server(s, "pg_stride.lend_on_overrun", lend)
             sessions = [concurrency.Session(s) for _ in range(2)]
             sessions[0].run("SET work_mem = '1GB'", lines=0)
             started = time.monotonic()
             for x, sql in zip(sessions, (SORT, SCAN)):
-                x.proc.stdin.write(sql.encode() + b";\n")
-                x.proc.stdin.flush()
+                x.send(sql)
             slots = set()
             done = {}
             while len(done) < 2 and time.monotonic() - started < 120:
                 slots.add(int(s.sql("SET pg_stride.enabled = off; "
                                     "SELECT cpu_slots FROM pg_stride.scheduler")))
                 for i, x in enumerate(sessions):
-                    if i not in done and has_result(x):
+                    if i not in done and x.has_result():
                         done[i] = time.monotonic() - started
                 time.sleep(0.02)
             for x in sessions:
@@ -200,8 +179,8 @@ def a_holder_with_no_yield_point_in_reach_gets_a_slot_lent(s):
                 x.close()
             seen[lend] = (sorted(slots), done)
     finally:
-        set_server(s, "pg_stride.lend_on_overrun", None)
-        set_server(s, "pg_stride.cpu_slots", None)
+        concurrency.set_server(s, "pg_stride.lend_on_overrun", None)
+        concurrency.set_server(s, "pg_stride.cpu_slots", None)
     print("    " + "; ".join(f"lend {k}: slots seen {v[0]}, sort done at {v[1].get(0, 0):.2f} s, "
                             f"scan at {v[1].get(1, 0):.2f} s" for k, v in seen.items()))
     assert seen["off"][0] == [1], seen
@@ -218,10 +197,8 @@ def main():
     if (os.cpu_count() or 1) < 2:
         print("slots: needs two CPUs; 0 passed, 0 failed")
         return 0
-    passed, failed = concurrency.run_checks(
-        concurrency.Server(port=concurrency.PORT + 11, extra_conf=CONF), CHECKS, setup)
-    print(f"slots: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    server = concurrency.Server(port=concurrency.PORT + 11, extra_conf=CONF)
+    return concurrency.run_suite("slots", server, CHECKS, setup)
 
 
 if __name__ == "__main__":

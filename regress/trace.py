@@ -147,9 +147,7 @@ def setup(s):
 
 def main():
     server = concurrency.Server(port=concurrency.PORT + 10, extra_conf=CONF)
-    passed, failed = concurrency.run_checks(server, CHECKS, setup)
-    print(f"trace: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return concurrency.run_suite("trace", server, CHECKS, setup)
 
 
 if __name__ == "__main__":

@@ -156,9 +156,7 @@ def setup(s):
 
 def main():
     server = concurrency.Server(port=concurrency.PORT + 7, extra_conf=CONF)
-    passed, failed = concurrency.run_checks(server, CHECKS, setup)
-    print(f"tuner: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return concurrency.run_suite("tuner", server, CHECKS, setup)
 
 
 if __name__ == "__main__":

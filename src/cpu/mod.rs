@@ -833,8 +833,8 @@ unsafe extern "C-unwind" fn check_in() {
             dispatch_free_slots(sched);
         }
         pause(shared, sched, proc);
-    } else if pinning::enabled(sched) {
-        pinning::hold(shared, proc);
+    } else {
+        follow_slot(shared, sched, proc);
     }
 }
 

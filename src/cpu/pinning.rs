@@ -102,8 +102,7 @@ pub fn leave(shared: &shmem::Shared, me: ProcId) {
 /// then finds it free for the receiver.
 pub fn sweep(shared: &shmem::Shared, sched: &SchedShared) {
     let owners = &shared.cpu_owners;
-    for cpu in owners.allowed() {
-        let Some(p) = owners.owner(cpu) else { continue };
+    for (cpu, p) in owners.owned() {
         if sched.is_running(ProcId(p as u32)) {
             continue;
         }

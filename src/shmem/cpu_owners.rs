@@ -38,9 +38,7 @@ impl CpuOwners {
     /// The CPUs processes may use, in increasing order.
     pub fn allowed(&self) -> Vec<u32> {
         (0..MAX_CPUS as u32)
-            .filter(|&c| {
-                self.allowed[c as usize / 64].load(Ordering::Relaxed) & (1 << (c % 64)) != 0
-            })
+            .filter(|&c| self.is_allowed(c))
             .collect()
     }
 
@@ -48,6 +46,11 @@ impl CpuOwners {
     pub fn is_allowed(&self, cpu: u32) -> bool {
         (cpu as usize) < MAX_CPUS
             && self.allowed[cpu as usize / 64].load(Ordering::Relaxed) & (1 << (cpu % 64)) != 0
+    }
+
+    /// The owned CPUs with their owners' process numbers.
+    pub fn owned(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
+        (0..MAX_CPUS as u32).filter_map(|c| Some((c, self.owner(c)?)))
     }
 
     /// Process number owning `cpu`, if any.
