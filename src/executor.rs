@@ -39,7 +39,7 @@
 //! with saturating arithmetic, so that no hook can panic over it.
 
 use crate::backend_local::BackendLocal;
-use crate::{cpu, groups, gucs, pg, shmem, statements};
+use crate::{cpu, groups, gucs, pg, pool, shmem, statements};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -152,6 +152,19 @@ fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
     cpu::is_member() && (pg::is_parallel_worker() || statements::on_cpu(desc))
 }
 
+/// Whether `stmt` is a utility that may need the pool workers of a database gone.
+///
+/// # Safety
+/// `stmt` is null or a valid utility statement node.
+unsafe fn is_database_utility(stmt: *const pg_sys::Node) -> bool {
+    use pg_sys::NodeTag::*;
+    // SAFETY: the caller's promise.
+    let Some(tag) = (unsafe { stmt.as_ref() }).map(|n| n.type_) else {
+        return false;
+    };
+    matches!(tag, T_DropdbStmt | T_AlterDatabaseStmt | T_RenameStmt | T_CreatedbStmt)
+}
+
 /// Whether the queries utility `stmt` runs are the client's, scheduled like top-level
 /// statements (see the module comment), rather than nested.
 ///
@@ -188,6 +201,10 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     }
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     unsafe { PREV_EXECUTOR_START.unwrap_or(raw::standard_ExecutorStart)(desc, eflags) }
+    if pool::wanted(eflags) {
+        // SAFETY: a guarded function, given the executor's own QueryDesc.
+        unsafe { pool_gathers(desc) };
+    }
     // With the plan tree built, yield points can be placed in it: in a statement that
     // may be paused (DESIGN.md §4 rule 2: writes are never paused).
     if scheduled {
@@ -278,6 +295,11 @@ unsafe extern "C-unwind" fn process_utility(
 ) {
     // SAFETY: ProcessUtility's PlannedStmt wraps a valid utility statement.
     let nested = !unsafe { runs_client_queries((*pstmt).utilityStmt) };
+    // SAFETY: as above; a plain tag test before the guarded call.
+    if shmem::shared().is_some() && unsafe { is_database_utility((*pstmt).utilityStmt) } {
+        // SAFETY: a guarded function, given the statement.
+        unsafe { release_pool_database((*pstmt).utilityStmt) };
+    }
     if nested {
         NESTING.set(NESTING.get().saturating_add(1));
     }
@@ -302,6 +324,50 @@ unsafe extern "C-unwind" fn process_utility(
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn register_statement(desc: *mut pg_sys::QueryDesc) {
     statements::start(desc);
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn pool_gathers(desc: *mut pg_sys::QueryDesc) {
+    pool::executor_started(desc);
+}
+
+/// Before a utility that needs a database nobody is connected to (DROP DATABASE, ALTER
+/// DATABASE … RENAME / SET TABLESPACE, CREATE DATABASE … TEMPLATE): the pool workers
+/// connected to it exit.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn release_pool_database(stmt: *mut pg_sys::Node) {
+    use pg_sys::NodeTag::*;
+    // SAFETY: a valid utility statement node; the tags tell the types.
+    let name: *const std::ffi::c_char = unsafe {
+        match (*stmt).type_ {
+            T_DropdbStmt => (*stmt.cast::<pg_sys::DropdbStmt>()).dbname,
+            T_AlterDatabaseStmt => (*stmt.cast::<pg_sys::AlterDatabaseStmt>()).dbname,
+            T_RenameStmt if (*stmt.cast::<pg_sys::RenameStmt>()).renameType
+                == pg_sys::ObjectType::OBJECT_DATABASE =>
+            {
+                (*stmt.cast::<pg_sys::RenameStmt>()).subname
+            }
+            T_CreatedbStmt => {
+                let mut template = std::ptr::null();
+                let options = (*stmt.cast::<pg_sys::CreatedbStmt>()).options;
+                for def in pgrx::PgList::<pg_sys::DefElem>::from_pg(options).iter_ptr() {
+                    if std::ffi::CStr::from_ptr((*def).defname) == c"template" {
+                        template = pg_sys::defGetString(def).cast_const();
+                    }
+                }
+                if template.is_null() { c"template1".as_ptr() } else { template }
+            }
+            _ => return,
+        }
+    };
+    if name.is_null() {
+        return;
+    }
+    // SAFETY: a NUL-terminated name; get_database_oid looks it up (missing: InvalidOid).
+    let oid = unsafe { pg_sys::get_database_oid(name, true) };
+    if oid != pg_sys::InvalidOid {
+        pool::release_database(oid);
+    }
 }
 
 #[pgrx::pg_guard]
@@ -359,6 +425,7 @@ unsafe extern "C-unwind" fn on_xact_event(
     ) {
         SUBXACT_DEPTHS.try_with_borrow_mut(|depths| depths.clear());
         groups::transaction_ended();
+        pool::transaction_ended();
     }
 }
 

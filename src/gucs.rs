@@ -22,6 +22,10 @@ pub enum ParallelMode {
     /// group's `max_parallel_workers` grant.
     #[name = c"native"]
     Native,
+    /// As `native`, with the parallel part of each Gather run by pg_stride's pool
+    /// workers where it can (src/pool, DESIGN.md §6); native workers otherwise.
+    #[name = c"pool"]
+    Pool,
 }
 
 /// `pg_stride.numa`: what pg_stride does about NUMA (DESIGN.md §10).
@@ -68,6 +72,11 @@ pub static PARALLEL_MODE: GucSetting<ParallelMode> =
     GucSetting::<ParallelMode>::new(ParallelMode::Native);
 pub static NUMA: GucSetting<NumaMode> = GucSetting::<NumaMode>::new(NumaMode::Stats);
 pub static NUMA_STEAL_AFTER: GucSetting<i32> = GucSetting::<i32>::new(4);
+/// Largest accepted `pg_stride.pool_size`: the pool's slots in shared memory, shared by
+/// every database.
+pub const MAX_POOL_SIZE: i32 = 32;
+pub static POOL_SIZE: GucSetting<i32> = GucSetting::<i32>::new(-1);
+pub static POOL_IDLE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static LEND_ON_OVERRUN: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
@@ -284,10 +293,30 @@ pub fn register(group_exists: GroupExists) {
     GucRegistry::define_enum_guc(
         c"pg_stride.parallel_mode",
         c"Who decides how many parallel workers each Gather launches.",
-        c"off: PostgreSQL, as planned; native: no more than the concurrency hint and the group's max_parallel_workers grant.",
+        c"off: PostgreSQL, as planned; native: no more than the concurrency hint and the group's max_parallel_workers grant; pool: as native, run by pg_stride's pool workers where possible.",
         &PARALLEL_MODE,
         GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.pool_size",
+        c"Pool workers per database for parallel_mode = pool; -1 for the CPU slots plus 2.",
+        c"The extra workers let fragments wait at yield points while others run.",
+        &POOL_SIZE,
+        -1,
+        MAX_POOL_SIZE,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.pool_idle_timeout",
+        c"A pool worker that served no fragment for this long exits; 0 keeps it.",
+        c"",
+        &POOL_IDLE_TIMEOUT_MS,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
     );
     GucRegistry::define_float_guc(
         c"pg_stride.slice",
@@ -520,6 +549,24 @@ pub fn effective_cpu_slots() -> u32 {
             .get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
         n => n as u32,
     }
+}
+
+/// Pool workers a database gets: `pg_stride.pool_size`, or the CPU slots plus 2 when it
+/// is -1 (DESIGN.md §6), never more than the pool has.
+pub fn pool_size() -> usize {
+    let size = match POOL_SIZE.get() {
+        -1 => effective_cpu_slots().saturating_add(2),
+        n => n.max(0) as u32,
+    };
+    size.min(MAX_POOL_SIZE as u32) as usize
+}
+
+/// Whether `pg_stride.parallel_mode` is `pool`, read without pgrx's thread check and
+/// without converting the ordinal: asked by the executor hook for every statement.
+pub fn pool_mode() -> bool {
+    // SAFETY: the variable PostgreSQL's GUC machinery stores the enum's ordinal in; read
+    // on the process's one thread, like every GUC variable in C.
+    unsafe { *PARALLEL_MODE.as_ptr() == ParallelMode::Pool as i32 }
 }
 
 /// `pg_stride.slice` in ns.

@@ -27,6 +27,12 @@ mod groups;
 mod parallel;
 
 mod config;
+// The pool needs parallel.c's private definitions, checked for these majors only.
+#[cfg(any(feature = "pg15", feature = "pg17", feature = "pg18"))]
+mod pool;
+#[cfg(not(any(feature = "pg15", feature = "pg17", feature = "pg18")))]
+#[path = "pool/unsupported.rs"]
+mod pool;
 mod statements;
 
 mod group_admin;
@@ -72,6 +78,7 @@ pub extern "C-unwind" fn _PG_init() {
             .then(|| directory.find(name).is_some())
     });
     shmem::install();
+    pool::install();
     statements::install();
     worker::register();
     executor::install();

@@ -25,6 +25,44 @@ mod pg_stride {
     use pgrx::prelude::*;
     use std::sync::atomic::Ordering;
 
+    /// One row per pool worker; the `pg_stride.pool` view.
+    #[pg_extern(parallel_restricted)]
+    #[allow(clippy::type_complexity)]
+    fn pool_workers() -> TableIterator<
+        'static,
+        (
+            name!(pid, i32),
+            name!(database, pg_sys::Oid),
+            name!(state, &'static str),
+            name!(leader_pid, Option<i32>),
+            name!(fragments, i64),
+            name!(errors, i64),
+            name!(last_setup_us, Option<f64>),
+        ),
+    > {
+        TableIterator::new(crate::pool::workers().into_iter().map(|w| {
+            (w.pid, w.database, w.state, w.leader_pid, w.fragments, w.errors, w.last_setup_us)
+        }))
+    }
+
+    /// Gathers that ran without the pool under `parallel_mode = pool`, by database and
+    /// reason; the `pg_stride.pool_fallbacks` view.
+    #[pg_extern(parallel_restricted)]
+    fn pool_fallback_counts() -> TableIterator<
+        'static,
+        (name!(database, pg_sys::Oid), name!(reason, &'static str), name!(gathers, i64)),
+    > {
+        TableIterator::new(crate::pool::fallbacks())
+    }
+
+    /// The pool's counters since the server started: Gathers pooled, tickets, fragments
+    /// by outcome, workers started and retired, and the summed phase times of the
+    /// fragments (`ns_*`).
+    #[pg_extern(parallel_restricted)]
+    fn pool_counters() -> TableIterator<'static, (name!(name, &'static str), name!(value, i64))> {
+        TableIterator::new(crate::pool::counters())
+    }
+
     /// The version of the loaded pg_stride library.
     #[pg_extern(parallel_safe)]
     fn version() -> &'static str {
@@ -80,6 +118,7 @@ mod pg_stride {
         let parallel_mode = match gucs::PARALLEL_MODE.get() {
             gucs::ParallelMode::Off => "off",
             gucs::ParallelMode::Native => "native",
+            gucs::ParallelMode::Pool => "pool",
         };
         let pid = |p: &std::sync::atomic::AtomicI32| match p.load(Ordering::Acquire) {
             0 => None,
@@ -624,6 +663,29 @@ GRANT SELECT ON pg_stride.numa TO PUBLIC;
 "#,
     name = "numa_view",
     requires = [pg_stride::numa_state],
+);
+
+extension_sql!(
+    r#"
+CREATE VIEW pg_stride.pool AS
+    SELECT w.pid, d.datname, w.state, w.leader_pid, w.fragments, w.errors, w.last_setup_us
+      FROM pg_stride.pool_workers() w
+      LEFT JOIN pg_database d ON d.oid = w.database
+     ORDER BY d.datname, w.pid;
+COMMENT ON VIEW pg_stride.pool IS
+    'pg_stride pool workers (pg_stride.parallel_mode = pool): state (starting, idle, busy, retiring), the leader of the current or last fragment, fragments served and failed, and the last fragment''s set-up time in microseconds';
+GRANT SELECT ON pg_stride.pool TO PUBLIC;
+CREATE VIEW pg_stride.pool_fallbacks AS
+    SELECT d.datname, f.reason, f.gathers
+      FROM pg_stride.pool_fallback_counts() f
+      LEFT JOIN pg_database d ON d.oid = f.database
+     ORDER BY d.datname, f.reason;
+COMMENT ON VIEW pg_stride.pool_fallbacks IS
+    'Gathers that ran with PostgreSQL''s own parallel workers under pg_stride.parallel_mode = pool, by database and reason, since the server started (datname NULL: databases beyond the first 16, or dropped)';
+GRANT SELECT ON pg_stride.pool_fallbacks TO PUBLIC;
+"#,
+    name = "pool_views",
+    requires = [pg_stride::pool_workers, pg_stride::pool_fallback_counts],
 );
 
 /// One node's CPU slots, as the `pg_stride.numa` view shows them.

@@ -1,0 +1,810 @@
+//! The leader side (POOL.md §3, approach B): at ExecutorStart, the ExecProcNode of
+//! each eligible GatherState is replaced by [`pool_exec_gather`], which does what
+//! ExecGather's first call does — ExecInitParallelPlan — but posts tickets to idle pool
+//! workers instead of LaunchParallelWorkers. Core never sees the pool workers as its
+//! workers (`nworkers_launched` stays 0): this module reads their tuple queues and
+//! error queues itself, and an `on_dsm_detach` callback on the parallel context's
+//! segment cancels and waits for them on every path out of the Gather (its end, LIMIT,
+//! ERROR, cancel, FATAL), before the leader can finish its transaction or exit.
+//!
+//! The functions the executor calls here run outside pgrx's error boundary (like the
+//! hooks of executor.rs): an ERROR longjmps through them, so their frames hold nothing
+//! with a destructor.
+
+use super::ffi::*;
+use super::shared::{self, Counter, Fallback, PoolShared, Slot, State};
+use crate::gucs;
+use pgrx::pg_sys;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Most pool workers one Gather uses.
+pub const MAX_TICKETS: usize = 16;
+/// After this long waiting for cancelled pool workers, they get SIGTERM.
+const TERM_AFTER: Duration = Duration::from_secs(5);
+/// A slot STARTING for longer than this was never started by the postmaster.
+const START_TIMEOUT_MS: i64 = 10_000;
+
+/// The pool state of one GatherState, in TopTransactionContext (as the parallel
+/// context is), so that the DSM-detach callback may read it during an abort.
+#[repr(C)]
+pub struct PoolGather {
+    node: *mut pg_sys::GatherState,
+    stock: pg_sys::ExecProcNodeMtd,
+    registered_seg: *mut pg_sys::dsm_segment,
+    pei: *mut ParallelExecutorInfo,
+    /// Tickets of the current round may not be done yet.
+    active: bool,
+    tqueues_detached: bool,
+    nslots: usize,
+    slot: [usize; MAX_TICKETS],
+    gen: [u64; MAX_TICKETS],
+    tqueue: [*mut pg_sys::shm_mq_handle; MAX_TICKETS],
+    reader: [*mut c_void; MAX_TICKETS],
+    got_x: [bool; MAX_TICKETS],
+    finished: [bool; MAX_TICKETS],
+    /// Ticket indexes of the readers still open, round-robin.
+    order: [usize; MAX_TICKETS],
+    nreaders: usize,
+    nextreader: usize,
+}
+
+/// Gathers this backend replaced, by node (a transaction's worth; cleared at its end).
+const MAP_SIZE: usize = 64;
+static mut MAP: [(*mut pg_sys::GatherState, *mut PoolGather); MAP_SIZE] =
+    [(std::ptr::null_mut(), std::ptr::null_mut()); MAP_SIZE];
+static mut MAP_LEN: usize = 0;
+
+/// Forgets the Gathers of the transaction that ended. Cannot panic.
+pub fn transaction_ended() {
+    // SAFETY: process-local; the entries point into TopTransactionContext, gone now.
+    unsafe { MAP_LEN = 0 };
+}
+
+unsafe fn lookup(node: *mut pg_sys::GatherState) -> *mut PoolGather {
+    // SAFETY: process-local.
+    unsafe {
+        #[allow(clippy::deref_addrof)]
+        let map = &*&raw const MAP;
+        for &(n, pg) in &map[..MAP_LEN] {
+            if n == node {
+                return pg;
+            }
+        }
+        std::ptr::null_mut()
+    }
+}
+
+unsafe fn remember(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bool {
+    // SAFETY: process-local.
+    unsafe {
+        #[allow(clippy::deref_addrof)]
+        let map = &mut *&raw mut MAP;
+        for entry in &mut map[..MAP_LEN] {
+            if entry.0 == node {
+                entry.1 = pg;
+                return true;
+            }
+        }
+        if MAP_LEN == MAP_SIZE {
+            return false;
+        }
+        map[MAP_LEN] = (node, pg);
+        MAP_LEN += 1;
+        true
+    }
+}
+
+// ---------------------------------------------------------------- ExecutorStart
+
+/// Replaces the ExecProcNode of every Gather of `desc`'s plan that the pool may run,
+/// and makes sure this database has its pool workers. Called (guarded) after
+/// standard_ExecutorStart.
+pub fn executor_started(desc: *mut pg_sys::QueryDesc) {
+    let Some(pool) = shared::shared() else { return };
+    // SAFETY: ExecutorStart's QueryDesc, with its planstate built.
+    unsafe {
+        let estate = (*desc).estate;
+        // es_use_parallel_mode is only set by ExecutorRun: the plan's flag here.
+        if estate.is_null() || !(*(*desc).plannedstmt).parallelModeNeeded || (*desc).planstate.is_null() {
+            return;
+        }
+        let mut found = 0usize;
+        walk(pool, (*desc).planstate, &mut found);
+        if found > 0 {
+            ensure_pool(pool, pg_sys::MyDatabaseId);
+        }
+    }
+}
+
+unsafe fn walk(pool: &PoolShared, planstate: *mut pg_sys::PlanState, found: &mut usize) {
+    unsafe extern "C-unwind" fn visit(ps: *mut pg_sys::PlanState, context: *mut c_void) -> bool {
+        // SAFETY: called by planstate_tree_walker with the context we passed.
+        unsafe {
+            let (pool, found) = &mut *context.cast::<(&PoolShared, &mut usize)>();
+            consider(pool, ps, found);
+            pg_sys::planstate_tree_walker(ps, Some(visit), context)
+        }
+    }
+    // SAFETY: a valid PlanState tree.
+    unsafe {
+        let mut context = (pool, found);
+        let ctx = (&raw mut context).cast::<c_void>();
+        consider(context.0, planstate, context.1);
+        pg_sys::planstate_tree_walker(planstate, Some(visit), ctx);
+    }
+}
+
+unsafe fn consider(pool: &PoolShared, ps: *mut pg_sys::PlanState, found: &mut usize) {
+    // SAFETY: a valid PlanState; a T_GatherState is a GatherState over a Gather plan.
+    unsafe {
+        if (*ps).type_ != pg_sys::NodeTag::T_GatherState {
+            return;
+        }
+        let node = ps.cast::<pg_sys::GatherState>();
+        let gather = (*ps).plan.cast::<pg_sys::Gather>();
+        if (*gather).num_workers <= 0 {
+            return;
+        }
+        if !(*gather).initParam.is_null() {
+            pool.fall_back(pg_sys::MyDatabaseId, Fallback::InitParam);
+            return;
+        }
+        // rescan_param is set on every Gather (create_gather_plan): a rescan is handled
+        // by waiting for the previous round (start_round).
+        if !(*ps).ps_ProjInfo.is_null() {
+            pool.fall_back(pg_sys::MyDatabaseId, Fallback::Projection);
+            return;
+        }
+        let pg = MemoryContextAllocZero(pg_sys::TopTransactionContext, std::mem::size_of::<PoolGather>())
+            .cast::<PoolGather>();
+        (*pg).node = node;
+        (*pg).stock = (*ps).ExecProcNodeReal;
+        if !remember(node, pg) {
+            return;
+        }
+        pg_sys::ExecSetExecProcNode(ps, Some(pool_exec_gather));
+        *found += 1;
+    }
+}
+
+/// Starts pool workers for `database` until it has `pg_stride.pool_size` of them
+/// (starting or running); reclaims slots whose worker never started.
+pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
+    let want = gucs::pool_size();
+    let now = now_ms();
+    let mut have = 0;
+    for slot in &pool.slots {
+        let (g, s) = slot.load();
+        if s == State::Free || slot.database.load(Ordering::Acquire) != u32::from(database) {
+            continue;
+        }
+        if s == State::Starting && now - slot.starting_since_ms.load(Ordering::Acquire) > START_TIMEOUT_MS {
+            slot.cas((g, State::Starting), (g + 1, State::Free));
+            continue;
+        }
+        have += 1;
+    }
+    for (index, slot) in pool.slots.iter().enumerate() {
+        if have >= want {
+            break;
+        }
+        let (g, s) = slot.load();
+        if s != State::Free || !slot.cas((g, State::Free), (g, State::Starting)) {
+            continue;
+        }
+        slot.database.store(u32::from(database), Ordering::Release);
+        slot.starting_since_ms.store(now, Ordering::Release);
+        slot.retire.store(false, Ordering::Release);
+        if spawn(index, database, g) {
+            have += 1;
+        } else {
+            slot.cas((g, State::Starting), (g, State::Free));
+            break;
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    (crate::pg::monotonic_ns() / 1_000_000) as i64
+}
+
+fn spawn(index: usize, database: pg_sys::Oid, gen: u64) -> bool {
+    fn copy(dst: &mut [c_char], src: &str) {
+        for (d, b) in dst.iter_mut().zip(src.bytes().chain(std::iter::once(0))) {
+            *d = b as c_char;
+        }
+    }
+    // SAFETY: a zeroed BackgroundWorker is valid; RegisterDynamicBackgroundWorker copies
+    // it into shared memory.
+    unsafe {
+        let mut w: pg_sys::BackgroundWorker = std::mem::zeroed();
+        w.bgw_flags = (pg_sys::BGWORKER_SHMEM_ACCESS | pg_sys::BGWORKER_BACKEND_DATABASE_CONNECTION) as c_int;
+        w.bgw_start_time = pg_sys::BgWorkerStartTime::BgWorkerStart_ConsistentState;
+        w.bgw_restart_time = pg_sys::BGW_NEVER_RESTART;
+        copy(&mut w.bgw_library_name, "pg_stride");
+        copy(&mut w.bgw_function_name, "pg_stride_pool_main");
+        copy(&mut w.bgw_name, &format!("pg_stride pool worker {index}"));
+        copy(&mut w.bgw_type, "pg_stride pool");
+        w.bgw_main_arg = pg_sys::Datum::from(index);
+        let extra = w.bgw_extra.as_mut_ptr();
+        std::ptr::write_unaligned(extra.cast::<u32>(), u32::from(database));
+        std::ptr::write_unaligned(extra.add(8).cast::<u64>(), gen);
+        w.bgw_notify_pid = 0;
+        let mut handle = std::ptr::null_mut();
+        pg_sys::RegisterDynamicBackgroundWorker(&mut w, &mut handle)
+    }
+}
+
+/// Terminates the pool workers connected to `database` and waits (up to 5 s) until they
+/// are gone: before DROP DATABASE, which kills only autovacuum workers, and the other
+/// utilities that need a database nobody is connected to.
+pub fn release_database(database: pg_sys::Oid) {
+    let Some(pool) = shared::shared() else { return };
+    let mut any = false;
+    for slot in &pool.slots {
+        if slot.load().1 != State::Free && slot.database.load(Ordering::Acquire) == u32::from(database) {
+            slot.retire.store(true, Ordering::Release);
+            let pid = slot.pid.load(Ordering::Acquire);
+            if pid > 0 {
+                // SAFETY: SIGTERM to our own worker: it exits at its next interrupt check.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            any = true;
+        }
+    }
+    if !any {
+        return;
+    }
+    crate::pg::wait_until(
+        || {
+            pool.slots.iter().all(|slot| {
+                slot.load().1 == State::Free || slot.database.load(Ordering::Acquire) != u32::from(database)
+            })
+        },
+        Some(Instant::now() + Duration::from_secs(5)),
+    );
+}
+
+// ---------------------------------------------------------------- the Gather
+
+unsafe fn tup_is_null(slot: *mut pg_sys::TupleTableSlot) -> bool {
+    // SAFETY: null or a valid slot.
+    unsafe { slot.is_null() || (*slot).tts_flags & TTS_FLAG_EMPTY != 0 }
+}
+
+unsafe fn exec_clear_tuple(slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: a valid slot; ExecClearTuple is an inline call of its clear callback.
+    unsafe {
+        if let Some(clear) = (*(*slot).tts_ops).clear {
+            clear(slot);
+        }
+        slot
+    }
+}
+
+unsafe fn exec_proc_node(node: *mut pg_sys::PlanState) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: ExecProcNode, an inline function of executor.h.
+    unsafe {
+        if !(*node).chgParam.is_null() {
+            ExecReScan(node);
+        }
+        ((*node).ExecProcNode.unwrap())(node)
+    }
+}
+
+/// Raises an ERROR from code outside pgrx's boundary.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn raise(message: *const c_char) {
+    // SAFETY: callers pass a NUL-terminated literal.
+    let message = unsafe { std::ffi::CStr::from_ptr(message) }.to_string_lossy();
+    pgrx::error!("{message}");
+}
+
+/// The Gather's ExecProcNode while the pool runs it.
+unsafe extern "C-unwind" fn pool_exec_gather(pstate: *mut pg_sys::PlanState) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: the executor calls this with the GatherState it was installed on; see the
+    // module comment for the frames.
+    unsafe {
+        let node = pstate.cast::<pg_sys::GatherState>();
+        let pg = lookup(node);
+        if pg.is_null() {
+            raise(c"pg_stride pool: lost the state of a Gather node".as_ptr());
+            return std::ptr::null_mut();
+        }
+        check_for_interrupts();
+        if !(*node).initialized && !start_round(node, pg) {
+            // Declined: PostgreSQL's own ExecGather from now on.
+            pg_sys::ExecSetExecProcNode(pstate, (*pg).stock);
+            return ((*pg).stock.unwrap())(pstate);
+        }
+        let econtext = (*node).ps.ps_ExprContext;
+        MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+        let slot = getnext(node, pg);
+        if tup_is_null(slot) {
+            return std::ptr::null_mut();
+        }
+        slot
+    }
+}
+
+/// ExecGather's first-call initialisation, with tickets instead of forked workers.
+/// Returns false (declines) when the Gather must run the stock way.
+unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bool {
+    // SAFETY: the executor's GatherState and our state of it.
+    unsafe {
+        let Some(pool) = shared::shared() else { return false };
+        let gather = (*node).ps.plan.cast::<pg_sys::Gather>();
+        let estate = (*node).ps.state;
+        if !((*gather).num_workers > 0 && (*estate).es_use_parallel_mode) {
+            return false;
+        }
+        if (*pg).active {
+            // A rescan: the previous round's workers must be gone from the DSM before
+            // ExecParallelReinitialize recreates its queues.
+            wait_round(pool, pg, true, false);
+        }
+        if crate::pg::top_transaction_id_if_any() != pg_sys::InvalidTransactionId {
+            pool.fall_back(pg_sys::MyDatabaseId, Fallback::Xid);
+            return false;
+        }
+        if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as c_int {
+            pool.fall_back(pg_sys::MyDatabaseId, Fallback::Serializable);
+            return false;
+        }
+        if idle_workers(pool, pg_sys::MyDatabaseId) == 0 {
+            pool.fall_back(pg_sys::MyDatabaseId, Fallback::NoIdleWorker);
+            return false;
+        }
+        let outer = (*node).ps.lefttree;
+        if (*node).pei.is_null() {
+            (*node).pei = ExecInitParallelPlan(
+                outer,
+                estate,
+                (*gather).initParam,
+                (*gather).num_workers,
+                (*node).tuples_needed,
+            )
+            .cast();
+        } else {
+            ExecParallelReinitialize(outer, (*node).pei.cast(), (*gather).initParam);
+        }
+        let pei = (*node).pei.cast::<ParallelExecutorInfo>();
+        (*pg).pei = pei;
+        let pcxt = (*pei).pcxt;
+        (*pg).nslots = 0;
+        (*pg).nreaders = 0;
+        (*pg).nextreader = 0;
+        (*pg).tqueues_detached = false;
+        if (*pcxt).seg.is_null() || (*pcxt).nworkers == 0 {
+            pool.fall_back(pg_sys::MyDatabaseId, Fallback::NoDsm);
+        } else {
+            if (*pg).registered_seg != (*pcxt).seg {
+                on_dsm_detach((*pcxt).seg, Some(on_detach), pg_sys::Datum::from(pg.cast::<c_void>()));
+                (*pg).registered_seg = (*pcxt).seg;
+            }
+            BecomeLockGroupLeader();
+            let want = ((*pcxt).nworkers_to_launch.max(0) as usize).min(MAX_TICKETS);
+            post_tickets(pool, pg, (*pcxt).seg, want);
+            if (*pg).nslots < want {
+                pool.count(Counter::TicketsShort);
+            }
+            for i in 0..(*pg).nslots {
+                (*pg).tqueue[i] = *(*pei).tqueue.add(i);
+                (*pg).reader[i] = CreateTupleQueueReader((*pg).tqueue[i]);
+                (*pg).got_x[i] = false;
+                (*pg).finished[i] = false;
+                (*pg).order[i] = i;
+            }
+            (*pg).nreaders = (*pg).nslots;
+            (*pg).active = (*pg).nslots > 0;
+        }
+        (*node).nworkers_launched = (*pg).nslots as c_int;
+        (*node).nreaders = 0;
+        (*node).reader = std::ptr::null_mut();
+        (*node).nextreader = 0;
+        (*node).need_to_scan_locally =
+            (*pg).nslots == 0 || (!(*gather).single_copy && pg_sys::parallel_leader_participation);
+        (*node).initialized = true;
+        pool.count(Counter::GathersPooled);
+        true
+    }
+}
+
+fn idle_workers(pool: &PoolShared, database: pg_sys::Oid) -> usize {
+    pool.slots
+        .iter()
+        .filter(|s| s.load().1 == State::Idle && s.database.load(Ordering::Acquire) == u32::from(database))
+        .count()
+}
+
+/// Reserves up to `want` idle workers of this database and posts each a ticket: ticket
+/// i runs as parallel worker number i of the context.
+unsafe fn post_tickets(pool: &PoolShared, pg: *mut PoolGather, seg: *mut pg_sys::dsm_segment, want: usize) {
+    // SAFETY: our state; the segment is the parallel context's.
+    unsafe {
+        let handle = dsm_segment_handle(seg);
+        let database = u32::from(pg_sys::MyDatabaseId);
+        for (index, slot) in pool.slots.iter().enumerate() {
+            if (*pg).nslots >= want {
+                break;
+            }
+            let (g, s) = slot.load();
+            if s != State::Idle || slot.database.load(Ordering::Acquire) != database {
+                continue;
+            }
+            if !slot.cas((g, State::Idle), (g + 1, State::Reserved)) {
+                continue;
+            }
+            let i = (*pg).nslots;
+            slot.t_dsm.store(handle, Ordering::Relaxed);
+            slot.t_worker_number.store(i as i32, Ordering::Relaxed);
+            slot.t_leader_procno.store(super::my_procno(), Ordering::Relaxed);
+            slot.t_posted_ns.store(crate::pg::monotonic_ns(), Ordering::Relaxed);
+            slot.leader_pid.store(pg_sys::MyProcPid, Ordering::Relaxed);
+            if !slot.cas((g + 1, State::Reserved), (g + 1, State::Posted)) {
+                continue; // the worker exited meanwhile
+            }
+            (*pg).slot[i] = index;
+            (*pg).gen[i] = g + 1;
+            (*pg).nslots += 1;
+            pool.count(Counter::TicketsPosted);
+            wake(slot);
+        }
+    }
+}
+
+fn wake(slot: &Slot) {
+    let procno = slot.procno.load(Ordering::Acquire);
+    // SAFETY: a PGPROC of allProcs, bounds-checked.
+    unsafe {
+        if procno >= 0 && (procno as u32) < (*pg_sys::ProcGlobal).allProcCount {
+            SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno as usize)).procLatch);
+        }
+    }
+}
+
+/// gather_getnext over the pool workers' queues and the leader's own part.
+unsafe fn getnext(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: the executor's node and our state of it.
+    unsafe {
+        let fslot = (*node).funnel_slot;
+        let outer = (*node).ps.lefttree;
+        let estate = (*node).ps.state;
+        while (*pg).nreaders > 0 || (*node).need_to_scan_locally {
+            check_for_interrupts();
+            if (*pg).nreaders > 0 {
+                let tup = readnext(node, pg);
+                if !tup.is_null() {
+                    ExecStoreMinimalTuple(tup, fslot, false);
+                    return fslot;
+                }
+            }
+            if (*node).need_to_scan_locally {
+                (*estate).es_query_dsa = if (*node).pei.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    (*(*node).pei.cast::<ParallelExecutorInfo>()).area
+                };
+                let outslot = exec_proc_node(outer);
+                (*estate).es_query_dsa = std::ptr::null_mut();
+                if !tup_is_null(outslot) {
+                    return outslot;
+                }
+                (*node).need_to_scan_locally = false;
+            }
+        }
+        if (*pg).active && !(*pg).tqueues_detached {
+            finish_round(pg);
+        }
+        exec_clear_tuple(fslot)
+    }
+}
+
+unsafe fn drop_reader(pg: *mut PoolGather, position: usize) {
+    // SAFETY: our state; position < nreaders.
+    unsafe {
+        let i = (*pg).order[position];
+        DestroyTupleQueueReader((*pg).reader[i]);
+        (*pg).reader[i] = std::ptr::null_mut();
+        for p in position..(*pg).nreaders - 1 {
+            (*pg).order[p] = (*pg).order[p + 1];
+        }
+        (*pg).nreaders -= 1;
+        if (*pg).nextreader >= (*pg).nreaders {
+            (*pg).nextreader = 0;
+        }
+    }
+}
+
+/// gather_readnext: a tuple from some pool worker, or null when the leader should scan
+/// locally or every queue is finished.
+unsafe fn readnext(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> pg_sys::MinimalTuple {
+    // SAFETY: our state; readers of this round.
+    unsafe {
+        let mut nvisited = 0;
+        loop {
+            check_for_interrupts();
+            let i = (*pg).order[(*pg).nextreader];
+            let mut done = false;
+            let tup = TupleQueueReaderNext((*pg).reader[i], true, &mut done);
+            if done {
+                drop_reader(pg, (*pg).nextreader);
+                if (*pg).nreaders == 0 {
+                    finish_round(pg);
+                    return std::ptr::null_mut();
+                }
+                continue;
+            }
+            if !tup.is_null() {
+                return tup;
+            }
+            (*pg).nextreader = ((*pg).nextreader + 1) % (*pg).nreaders;
+            nvisited += 1;
+            if nvisited >= (*pg).nreaders {
+                if (*node).need_to_scan_locally {
+                    return std::ptr::null_mut();
+                }
+                if poll(pg, true) {
+                    if (*pg).nreaders == 0 {
+                        finish_round(pg);
+                        return std::ptr::null_mut();
+                    }
+                    nvisited = 0;
+                    continue;
+                }
+                WaitLatch(
+                    pg_sys::MyLatch,
+                    (pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
+                    0,
+                    wait_event::EXECUTE_GATHER,
+                );
+                ResetLatch(pg_sys::MyLatch);
+                nvisited = 0;
+            }
+        }
+    }
+}
+
+/// Reads the error queue of ticket `i`: rethrows an ERROR or a notice (when `rethrow`),
+/// notes 'X'. Returns whether the queue is detached.
+unsafe fn drain(pg: *mut PoolGather, i: usize, rethrow: bool) -> bool {
+    // SAFETY: the parallel context's error queue handle for worker number i, valid
+    // until the context is destroyed (TopTransactionContext).
+    unsafe {
+        let pcxt = (*(*pg).pei).pcxt;
+        let mqh = (*(*pcxt).worker.add(i)).error_mqh;
+        if mqh.is_null() {
+            return true;
+        }
+        loop {
+            let mut nbytes = 0usize;
+            let mut data: *mut c_void = std::ptr::null_mut();
+            match shm_mq_receive(mqh, &mut nbytes, &mut data, true) {
+                pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK => return false,
+                pg_sys::shm_mq_result::SHM_MQ_SUCCESS => {}
+                _ => return true,
+            }
+            if nbytes == 0 {
+                continue;
+            }
+            let kind = *data.cast::<u8>();
+            match kind {
+                b'X' => (*pg).got_x[i] = true,
+                b'E' | b'N' if rethrow => {
+                    let mut msg: pg_sys::StringInfoData = std::mem::zeroed();
+                    initStringInfo(&mut msg);
+                    appendBinaryStringInfo(&mut msg, data.cast(), nbytes as c_int);
+                    msg.cursor = 1;
+                    let mut edata: pg_sys::ErrorData = std::mem::zeroed();
+                    pq_parse_errornotice(&mut msg, &mut edata);
+                    edata.elevel = edata.elevel.min(pgrx::PgLogLevel::ERROR as c_int);
+                    edata.context = if edata.context.is_null() {
+                        pstrdup(c"parallel worker".as_ptr())
+                    } else {
+                        psprintf(c"%s\nparallel worker".as_ptr(), edata.context)
+                    };
+                    let saved = pg_sys::error_context_stack;
+                    pg_sys::error_context_stack = (*pcxt).error_context_stack;
+                    ThrowErrorData(&mut edata);
+                    pg_sys::error_context_stack = saved;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+extern "C-unwind" {
+    fn initStringInfo(s: *mut pg_sys::StringInfoData);
+    fn appendBinaryStringInfo(s: *mut pg_sys::StringInfoData, data: *const c_void, len: c_int);
+}
+
+/// Looks at every unfinished ticket: its messages, and whether its worker is done.
+/// Returns whether a reader was dropped (a worker that took no work). With `rethrow`, a
+/// worker's ERROR, or a worker lost after it took work, raises an ERROR here.
+unsafe fn poll(pg: *mut PoolGather, rethrow: bool) -> bool {
+    // SAFETY: our state.
+    unsafe {
+        let Some(pool) = shared::shared() else { return false };
+        let mut changed = false;
+        for i in 0..(*pg).nslots {
+            if (*pg).finished[i] {
+                continue;
+            }
+            let slot = &pool.slots[(*pg).slot[i]];
+            let gen = (*pg).gen[i];
+            let was_done = slot.done(gen);
+            let detached = drain(pg, i, rethrow);
+            if (*pg).got_x[i] {
+                (*pg).finished[i] = true;
+                continue;
+            }
+            if !(was_done || detached) {
+                continue;
+            }
+            if slot.entered_gen.load(Ordering::SeqCst) == gen && rethrow {
+                raise(c"lost connection to parallel worker (pg_stride pool)".as_ptr());
+            }
+            (*pg).finished[i] = true;
+            for p in 0..(*pg).nreaders {
+                if (*pg).order[p] == i {
+                    drop_reader(pg, p);
+                    changed = true;
+                    break;
+                }
+            }
+        }
+        changed
+    }
+}
+
+/// The readers are all done: wait for every worker's 'X' (rethrowing errors), detach
+/// the tuple queues and add the workers' buffer usage. The workers leave the lock group
+/// right after; the DSM-detach callback waits for that.
+unsafe fn finish_round(pg: *mut PoolGather) {
+    // SAFETY: our state.
+    unsafe {
+        loop {
+            poll(pg, true);
+            if (0..(*pg).nslots).all(|i| (*pg).finished[i]) {
+                break;
+            }
+            WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
+                0,
+                wait_event::PARALLEL_FINISH,
+            );
+            ResetLatch(pg_sys::MyLatch);
+            check_for_interrupts();
+        }
+        detach_tqueues(pg);
+        let pei = (*pg).pei;
+        for i in 0..(*pg).nslots {
+            if (*pg).got_x[i] {
+                InstrAccumParallelQuery((*pei).buffer_usage.add(i), (*pei).wal_usage.add(i));
+            }
+        }
+    }
+}
+
+unsafe fn detach_tqueues(pg: *mut PoolGather) {
+    // SAFETY: the handles of this round, each detached once.
+    unsafe {
+        if (*pg).tqueues_detached {
+            return;
+        }
+        for i in 0..(*pg).nslots {
+            if !(*pg).reader[i].is_null() {
+                DestroyTupleQueueReader((*pg).reader[i]);
+                (*pg).reader[i] = std::ptr::null_mut();
+            }
+            shm_mq_detach((*pg).tqueue[i]);
+        }
+        (*pg).nreaders = 0;
+        (*pg).tqueues_detached = true;
+    }
+}
+
+/// Asks ticket `gen` of `slot` to stop: revokes it if not taken yet, else cancels the
+/// fragment (SIGINT after winning the CAS, see shared.rs).
+fn cancel_ticket(pool: &PoolShared, slot: &Slot, gen: u64) {
+    loop {
+        let (g, s) = slot.load();
+        if g != gen {
+            return;
+        }
+        match s {
+            State::Posted => {
+                if slot.cas((g, State::Posted), (g, State::Idle)) {
+                    return;
+                }
+            }
+            State::Running => {
+                if slot.cas((g, State::Running), (g, State::Cancel)) {
+                    let pid = slot.pid.load(Ordering::Acquire);
+                    if pid > 0 {
+                        // SAFETY: our own pool worker; the CAS made this cancel its.
+                        unsafe { libc::kill(pid, libc::SIGINT) };
+                    }
+                    pool.count(Counter::CancelsSent);
+                    return;
+                }
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Waits until every ticket of the round is done, cancelling those whose worker has
+/// not finished (no 'X'); SIGTERM after [`TERM_AFTER`]. Never raises an ERROR: runs
+/// with interrupts held, from the DSM-detach callback during an abort too, where only
+/// TopTransactionContext memory may be touched (`in_callback`).
+unsafe fn wait_round(pool: &PoolShared, pg: *mut PoolGather, cancel: bool, in_callback: bool) {
+    // SAFETY: our state; see the function comment.
+    unsafe {
+        if !(*pg).active {
+            return;
+        }
+        hold_interrupts();
+        if !in_callback {
+            detach_tqueues(pg);
+        }
+        if cancel {
+            for i in 0..(*pg).nslots {
+                let slot = &pool.slots[(*pg).slot[i]];
+                if !(*pg).got_x[i] && !slot.done((*pg).gen[i]) {
+                    cancel_ticket(pool, slot, (*pg).gen[i]);
+                }
+            }
+        }
+        let start = Instant::now();
+        let mut escalated = false;
+        loop {
+            for i in 0..(*pg).nslots {
+                drain(pg, i, false);
+            }
+            if (0..(*pg).nslots).all(|i| pool.slots[(*pg).slot[i]].done((*pg).gen[i])) {
+                break;
+            }
+            if !escalated && start.elapsed() > TERM_AFTER {
+                escalated = true;
+                for i in 0..(*pg).nslots {
+                    let slot = &pool.slots[(*pg).slot[i]];
+                    if !slot.done((*pg).gen[i]) {
+                        let pid = slot.pid.load(Ordering::Acquire);
+                        if pid > 0 {
+                            // SAFETY: our own pool worker, stuck in a fragment of ours.
+                            libc::kill(pid, libc::SIGTERM);
+                        }
+                        pool.count(Counter::TermEscalations);
+                    }
+                }
+            }
+            WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
+                10,
+                wait_event::PARALLEL_FINISH,
+            );
+            ResetLatch(pg_sys::MyLatch);
+        }
+        (*pg).active = false;
+        resume_interrupts();
+    }
+}
+
+/// on_dsm_detach callback of the parallel context's segment: DestroyParallelContext
+/// runs it at the Gather's shutdown, at abort (AtEOXact_Parallel) and at exit.
+unsafe extern "C-unwind" fn on_detach(_seg: *mut pg_sys::dsm_segment, arg: pg_sys::Datum) {
+    let Some(pool) = shared::shared() else { return };
+    // SAFETY: the PoolGather registered with the segment, in TopTransactionContext,
+    // which outlives the parallel context.
+    unsafe {
+        let pg = arg.cast_mut_ptr::<PoolGather>();
+        (*pg).registered_seg = std::ptr::null_mut();
+        wait_round(pool, pg, true, true);
+    }
+}

@@ -1,0 +1,126 @@
+//! Pooled parallel execution (DESIGN.md §6, design/POOL.md).
+//!
+//! With `pg_stride.parallel_mode = pool`, the Gathers of a client backend's statements
+//! run their parallel part in persistent per-database pool workers (dynamic background
+//! workers, `backend_type` "pg_stride pool") instead of freshly forked parallel workers;
+//! a Gather the pool cannot take runs with PostgreSQL's own workers, and the reason is
+//! counted (the `pg_stride.pool_fallbacks` view).
+//!
+//! * [`shared`]: the slots and counters in shared memory;
+//! * [`worker`]: the pool worker (restores a fragment's state, runs it, undoes it);
+//! * [`leader`]: the Gather's ExecProcNode and the hand-off;
+//! * [`ffi`]: parallel.c's private definitions, per major, and unbound functions.
+//!
+//! PostgreSQL 15, 17 and 18: the private definitions are checked per major; on the
+//! others `pool` behaves as `native`.
+
+mod ffi;
+mod leader;
+mod shared;
+mod worker;
+
+use crate::{gucs, pg};
+use pgrx::pg_sys;
+
+pub use leader::{release_database, transaction_ended};
+use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
+use std::sync::atomic::Ordering;
+
+/// This process's PGPROC number, -1 before it has one.
+fn my_procno() -> i32 {
+    pg::my_procno().map_or(-1, |n| n as i32)
+}
+
+/// Registers the pool's shared memory. Called from `_PG_init`.
+pub fn install() {
+    shared::install();
+}
+
+/// Whether the statement ExecutorStart just set up may have Gathers for the pool.
+/// Cannot panic: asked outside pgrx's boundary for every statement.
+pub fn wanted(eflags: i32) -> bool {
+    // SAFETY: the GUC's variable, read on the process's one thread.
+    gucs::pool_mode()
+        && gucs::enabled()
+        && shared::shared().is_some()
+        && !pg::is_parallel_worker()
+        && pg::is_client_backend()
+        && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
+}
+
+/// See [`leader::executor_started`].
+pub fn executor_started(desc: *mut pg_sys::QueryDesc) {
+    leader::executor_started(desc);
+}
+
+/// One pool worker, as the `pg_stride.pool` view shows it.
+pub struct WorkerRow {
+    pub pid: i32,
+    pub database: pg_sys::Oid,
+    /// `starting`, `idle`, `busy` or `retiring`.
+    pub state: &'static str,
+    /// The leader of the fragment it runs, or ran last.
+    pub leader_pid: Option<i32>,
+    pub fragments: i64,
+    pub errors: i64,
+    /// The last fragment's set-up, ticket posted → plan fragment started (µs).
+    pub last_setup_us: Option<f64>,
+}
+
+/// The pool workers there are (started, or being started).
+pub fn workers() -> Vec<WorkerRow> {
+    let Some(pool) = shared::shared() else { return Vec::new() };
+    pool.slots
+        .iter()
+        .filter_map(|slot| {
+            let (_, state) = slot.load();
+            let state = match state {
+                State::Free => return None,
+                _ if slot.retire.load(Ordering::Acquire) => "retiring",
+                State::Starting | State::Connecting => "starting",
+                State::Idle | State::Reserved => "idle",
+                State::Posted | State::Running | State::Cancel | State::Restoring => "busy",
+            };
+            let fragments = slot.fragments.load(Ordering::Relaxed) as i64;
+            let leader = slot.leader_pid.load(Ordering::Relaxed);
+            Some(WorkerRow {
+                pid: slot.pid.load(Ordering::Acquire),
+                database: slot.database.load(Ordering::Acquire).into(),
+                state,
+                leader_pid: (leader != 0).then_some(leader),
+                fragments,
+                errors: slot.errors.load(Ordering::Relaxed) as i64,
+                last_setup_us: (fragments > 0)
+                    .then(|| slot.last_setup_ns.load(Ordering::Relaxed) as f64 / 1e3),
+            })
+        })
+        .collect()
+}
+
+/// Gathers that ran without the pool, by database (0: databases beyond the counted
+/// ones) and reason; reasons never seen are left out.
+pub fn fallbacks() -> Vec<(pg_sys::Oid, &'static str, i64)> {
+    let Some(pool) = shared::shared() else { return Vec::new() };
+    pool.fallbacks
+        .iter()
+        .chain(std::iter::once(&pool.other_databases))
+        .flat_map(|entry| {
+            let database = entry.database.load(Ordering::Acquire);
+            FALLBACK_NAMES
+                .iter()
+                .zip(&entry.counts)
+                .map(move |(name, n)| (database.into(), *name, n.load(Ordering::Relaxed) as i64))
+        })
+        .filter(|&(_, _, n)| n > 0)
+        .collect()
+}
+
+/// The counters, by name.
+pub fn counters() -> Vec<(&'static str, i64)> {
+    let Some(pool) = shared::shared() else { return Vec::new() };
+    COUNTER_NAMES
+        .iter()
+        .zip(pool.counters.iter())
+        .map(|(n, c)| (*n, c.load(std::sync::atomic::Ordering::Relaxed) as i64))
+        .collect()
+}

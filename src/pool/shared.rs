@@ -1,0 +1,281 @@
+//! The pool's shared memory: one slot per pool worker, and counters.
+//!
+//! A slot's `word` packs a ticket generation (high 56 bits) and a state (low 8 bits);
+//! every transition is a compare-and-swap on it, so a leader and a worker (or a worker
+//! that exits) never both win one:
+//!
+//! ```text
+//! FREE ─leader─▶ STARTING ─worker─▶ CONNECTING ─▶ IDLE
+//! IDLE ─leader: reserve (gen+1)─▶ RESERVED ─leader: post─▶ POSTED
+//! POSTED ─worker: take─▶ RUNNING     POSTED ─leader: revoke─▶ IDLE
+//! RUNNING ─leader: cancel (then SIGINT)─▶ CANCEL
+//! RUNNING|CANCEL ─worker: left the lock group─▶ RESTORING ─▶ IDLE
+//! any ─worker exits (on_shmem_exit, after its locks and DSM are gone)─▶ FREE
+//! ```
+//!
+//! A ticket of generation g is *done* once the slot is no longer RESERVED, POSTED,
+//! RUNNING or CANCEL at generation g: its worker holds no lock and is out of the
+//! leader's lock group (or exited).
+
+use pgrx::pg_sys;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+pub const MAX_POOL: usize = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum State {
+    Free = 0,
+    Starting = 1,
+    Connecting = 2,
+    Idle = 3,
+    Reserved = 4,
+    Posted = 5,
+    Running = 6,
+    Cancel = 7,
+    Restoring = 8,
+}
+
+impl State {
+    fn from_u8(v: u8) -> State {
+        match v {
+            1 => State::Starting,
+            2 => State::Connecting,
+            3 => State::Idle,
+            4 => State::Reserved,
+            5 => State::Posted,
+            6 => State::Running,
+            7 => State::Cancel,
+            8 => State::Restoring,
+            _ => State::Free,
+        }
+    }
+}
+
+pub fn pack(gen: u64, state: State) -> u64 {
+    (gen << 8) | state as u64
+}
+pub fn unpack(word: u64) -> (u64, State) {
+    (word >> 8, State::from_u8((word & 0xff) as u8))
+}
+
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct Slot {
+    pub word: AtomicU64,
+    pub pid: AtomicI32,
+    pub procno: AtomicI32,
+    pub database: AtomicU32,
+    pub starting_since_ms: AtomicI64,
+    /// Set when the worker must exit at its next idle wake-up (DROP DATABASE …).
+    pub retire: AtomicBool,
+    // The ticket, written by the leader between RESERVED and POSTED.
+    pub t_dsm: AtomicU32,
+    pub t_worker_number: AtomicI32,
+    pub t_leader_procno: AtomicI32,
+    pub t_posted_ns: AtomicU64,
+    /// Generation of the last ticket whose fragment entered ParallelQueryMain here.
+    pub entered_gen: AtomicU64,
+    pub fragments: AtomicU64,
+    /// Fragments of this worker that ended in an ERROR.
+    pub errors: AtomicU64,
+    /// The pid of the leader whose ticket the slot holds (0: none yet).
+    pub leader_pid: AtomicI32,
+    /// The last fragment's set-up: ticket posted → ParallelQueryMain entered (ns).
+    pub last_setup_ns: AtomicU64,
+}
+
+impl Slot {
+    pub fn load(&self) -> (u64, State) {
+        unpack(self.word.load(Ordering::Acquire))
+    }
+
+    pub fn cas(&self, from: (u64, State), to: (u64, State)) -> bool {
+        self.word
+            .compare_exchange(pack(from.0, from.1), pack(to.0, to.1), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Whether the ticket of generation `gen` is done (see the module comment).
+    pub fn done(&self, gen: u64) -> bool {
+        let (g, s) = self.load();
+        g != gen || !matches!(s, State::Reserved | State::Posted | State::Running | State::Cancel)
+    }
+}
+
+/// Counters, in the order of [`COUNTER_NAMES`].
+#[derive(Clone, Copy)]
+#[repr(usize)]
+pub enum Counter {
+    GathersPooled,
+    TicketsPosted,
+    TicketsShort,
+    FragmentsEntered,
+    FragmentsOk,
+    FragmentsError,
+    FragmentsDeclined,
+    CancelsSent,
+    WorkersSpawned,
+    WorkersRetired,
+    WorkersIdleExited,
+    TermEscalations,
+    // Summed phase times of the fragments that ran (ns): posted → taken, taken →
+    // ParallelQueryMain, ParallelQueryMain, → 'X' sent, → out of the lock group (the
+    // ticket done), → own settings restored (idle again).
+    NsWake,
+    NsRestore,
+    NsRun,
+    NsUntilX,
+    NsUntilReleased,
+    NsOwnRestore,
+}
+pub const COUNTER_NAMES: [&str; 18] = [
+    "gathers_pooled",
+    "tickets_posted",
+    "tickets_short",
+    "fragments_entered",
+    "fragments_ok",
+    "fragments_error",
+    "fragments_declined_by_worker",
+    "cancels_sent",
+    "workers_spawned",
+    "workers_retired",
+    "workers_idle_exited",
+    "sigterm_escalations",
+    "ns_wake",
+    "ns_restore",
+    "ns_run",
+    "ns_until_x",
+    "ns_until_released",
+    "ns_own_restore",
+];
+
+/// Why a Gather ran with PostgreSQL's own workers instead of the pool, in the order of
+/// [`FALLBACK_NAMES`].
+#[derive(Clone, Copy)]
+#[repr(usize)]
+pub enum Fallback {
+    /// The leader's transaction has an XID: its uncommitted catalog rows would need the
+    /// cache invalidation and combo-CID handling of a fresh worker (POOL.md §0.1).
+    Xid,
+    /// SERIALIZABLE: the pool does not attach to the leader's predicate-lock state.
+    Serializable,
+    /// An initPlan parameter the leader evaluates before launching workers.
+    InitParam,
+    /// A projection on the Gather itself.
+    Projection,
+    /// No idle pool worker of the database (all busy, or still starting).
+    NoIdleWorker,
+    /// PostgreSQL set up no DSM segment for the Gather (no worker slot, or none wanted).
+    NoDsm,
+}
+pub const FALLBACK_NAMES: [&str; 6] = [
+    "transaction has an xid",
+    "serializable",
+    "init plan parameter",
+    "projection on the gather",
+    "no idle pool worker",
+    "no parallel context",
+];
+
+/// Databases whose fallbacks are counted apart; further ones share `other_databases`.
+pub const FALLBACK_DATABASES: usize = 16;
+
+#[repr(C)]
+#[derive(Default)]
+pub struct DatabaseFallbacks {
+    pub database: AtomicU32,
+    pub counts: [AtomicU64; FALLBACK_NAMES.len()],
+}
+
+#[repr(C)]
+pub struct PoolShared {
+    pub slots: [Slot; MAX_POOL],
+    pub counters: [AtomicU64; COUNTER_NAMES.len()],
+    pub fallbacks: [DatabaseFallbacks; FALLBACK_DATABASES],
+    /// Fallbacks of the databases beyond the first [`FALLBACK_DATABASES`] (database 0).
+    pub other_databases: DatabaseFallbacks,
+}
+
+impl PoolShared {
+    pub fn count(&self, c: Counter) {
+        self.add(c, 1);
+    }
+    pub fn add(&self, c: Counter, n: u64) {
+        self.counters[c as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a Gather of `database` that fell back for `why`. Entries are claimed by
+    /// compare-and-swap from database 0 and never given back (a dropped database's stay).
+    pub fn fall_back(&self, database: pg_sys::Oid, why: Fallback) {
+        let database = u32::from(database);
+        let entry = self
+            .fallbacks
+            .iter()
+            .find(|e| {
+                let owner = e.database.load(Ordering::Acquire);
+                owner == database
+                    || (owner == 0
+                        && e.database
+                            .compare_exchange(0, database, Ordering::AcqRel, Ordering::Acquire)
+                            .map_or_else(|now| now == database, |_| true))
+            })
+            .unwrap_or(&self.other_databases);
+        entry.counts[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+const REGION: &CStr = c"pg_stride pool";
+static mut SHARED: *const PoolShared = std::ptr::null();
+static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
+static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
+
+pub fn shared() -> Option<&'static PoolShared> {
+    // SAFETY: set once in shmem_startup_hook (inherited by every child), never changed.
+    unsafe { SHARED.as_ref() }
+}
+
+/// Asks for the region and installs the startup hook. Called from `_PG_init`.
+pub fn install() {
+    // SAFETY: _PG_init runs single-threaded in the postmaster.
+    unsafe {
+        PREV_REQUEST = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(on_request);
+        PREV_STARTUP = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(on_startup);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_request() {
+    // SAFETY: chained hook; RequestAddinShmemSpace is allowed in shmem_request_hook.
+    unsafe {
+        if let Some(prev) = PREV_REQUEST {
+            prev();
+        }
+        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<PoolShared>());
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_startup() {
+    // SAFETY: chained hook; ShmemInitStruct under AddinShmemInitLock, zeroed memory is a
+    // valid PoolShared (every field is an atomic whose zero is FREE / 0).
+    unsafe {
+        if let Some(prev) = PREV_STARTUP {
+            prev();
+        }
+        // AddinShmemInitLock is MainLWLockArray[21] in every supported major.
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let ptr = pg_sys::ShmemInitStruct(REGION.as_ptr(), std::mem::size_of::<PoolShared>(), &mut found)
+            .cast::<PoolShared>();
+        if !found {
+            std::ptr::write_bytes(ptr.cast::<u8>(), 0, std::mem::size_of::<PoolShared>());
+        }
+        SHARED = ptr;
+        pg_sys::LWLockRelease(lock);
+    }
+}

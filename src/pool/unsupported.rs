@@ -1,0 +1,40 @@
+//! The pool on the majors whose parallel.c definitions are not checked (13, 14, 16):
+//! `pg_stride.parallel_mode = pool` then works as `native`, and the pool's views are
+//! empty.
+
+use pgrx::pg_sys;
+
+/// See the pool module of the supported majors.
+pub struct WorkerRow {
+    pub pid: i32,
+    pub database: pg_sys::Oid,
+    pub state: &'static str,
+    pub leader_pid: Option<i32>,
+    pub fragments: i64,
+    pub errors: i64,
+    pub last_setup_us: Option<f64>,
+}
+
+pub fn install() {}
+
+pub fn wanted(_eflags: i32) -> bool {
+    false
+}
+
+pub fn executor_started(_desc: *mut pg_sys::QueryDesc) {}
+
+pub fn release_database(_database: pg_sys::Oid) {}
+
+pub fn transaction_ended() {}
+
+pub fn workers() -> Vec<WorkerRow> {
+    Vec::new()
+}
+
+pub fn fallbacks() -> Vec<(pg_sys::Oid, &'static str, i64)> {
+    Vec::new()
+}
+
+pub fn counters() -> Vec<(&'static str, i64)> {
+    Vec::new()
+}

@@ -1,0 +1,651 @@
+//! The pool worker: a dynamic background worker connected to one database as the
+//! bootstrap superuser, that serves fragments (tickets) one at a time, the way
+//! `ParallelWorkerMain` (parallel.c) runs one and exits, but undoing each step after it
+//! (POOL.md §1's table). A fragment runs inside the worker's own `sigsetjmp`, so that
+//! an ERROR in it (a division by zero, a cancel the leader sent) is reported to the
+//! leader whole and the worker goes back to idle; an ERROR while undoing a fragment,
+//! and a FATAL, end the process.
+
+use super::ffi::*;
+use super::shared::{self, pack, Counter, Slot, State};
+use crate::{cpu, gucs, shmem};
+use pgrx::pg_sys;
+use std::ffi::{c_char, c_int};
+use std::sync::atomic::Ordering;
+
+/// What the worker restored for the fragment in progress, read by the teardown after a
+/// longjmp: a static, not a local, so that the updates before an ERROR are seen.
+#[derive(Clone, Copy)]
+struct Frag {
+    gen: u64,
+    seg: *mut pg_sys::dsm_segment,
+    leader: *mut pg_sys::PGPROC,
+    leader_pid: i32,
+    leader_procno: i32,
+    redirected: bool,
+    joined: bool,
+    session: bool,
+    entered: bool,
+    ok: bool,
+    declined: bool,
+    retire: bool,
+    sigints: u32,
+    t_taken: u64,
+    t_entered: u64,
+    t_ran: u64,
+}
+
+const NO_FRAG: Frag = Frag {
+    gen: 0,
+    seg: std::ptr::null_mut(),
+    leader: std::ptr::null_mut(),
+    leader_pid: 0,
+    leader_procno: -1,
+    redirected: false,
+    joined: false,
+    session: false,
+    entered: false,
+    ok: false,
+    declined: false,
+    retire: false,
+    sigints: 0,
+    t_taken: 0,
+    t_entered: 0,
+    t_ran: 0,
+};
+
+// Process-local state of the worker (one thread; statics because a longjmp skips
+// Rust frames).
+static mut FRAG: Frag = NO_FRAG;
+static mut SLOT: usize = usize::MAX;
+static mut BASELINE_GUC: *mut c_char = std::ptr::null_mut();
+static mut OWN_LIBRARIES: *mut c_char = std::ptr::null_mut();
+static mut FRAGMENT_CONTEXT: pg_sys::MemoryContext = std::ptr::null_mut();
+static mut MY_USER: pg_sys::Oid = pg_sys::InvalidOid;
+static mut MY_SEC_CONTEXT: c_int = 0;
+static mut SAVED_COMM: *const PQcommMethods = std::ptr::null();
+static mut SAVED_DEST: pg_sys::CommandDest::Type = pg_sys::CommandDest::DestNone;
+static mut MQ_HANDLE: *mut pg_sys::shm_mq_handle = std::ptr::null_mut();
+static mut MQ_BUSY: bool = false;
+/// When this worker last finished a fragment, or started (ms, CLOCK_MONOTONIC).
+static mut LAST_USED_MS: i64 = 0;
+
+fn now_ms() -> i64 {
+    (crate::pg::monotonic_ns() / 1_000_000) as i64
+}
+/// SIGINTs this process received: a cancel the leader sent may have been consumed (an
+/// ERROR) before the teardown looks, so the teardown waits for this count to move.
+static SIGINT_SEEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+unsafe extern "C" fn on_sigint(signo: c_int) {
+    SIGINT_SEEN.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: PostgreSQL's own handler, as pqsignal would have installed it.
+    unsafe { StatementCancelHandler(signo) };
+}
+
+// ---- Our own PQcommMethods (POOL.md §1 step 5): pqmq.c's, with a busy flag this
+// process resets at every fragment. ----
+
+unsafe extern "C-unwind" fn comm_reset() {}
+unsafe extern "C-unwind" fn comm_flush() -> c_int {
+    0
+}
+unsafe extern "C-unwind" fn comm_is_send_pending() -> bool {
+    false
+}
+unsafe extern "C-unwind" fn comm_putmessage(msgtype: c_char, s: *const c_char, len: usize) -> c_int {
+    // SAFETY: process-local statics; shm_mq calls on the handle this fragment attached.
+    // A longjmp out of check_for_interrupts leaves MQ_BUSY set, which the next message
+    // of the fragment treats as pqmq.c does, and the next fragment resets.
+    unsafe {
+        if MQ_BUSY {
+            if !MQ_HANDLE.is_null() {
+                shm_mq_detach(MQ_HANDLE);
+            }
+            MQ_HANDLE = std::ptr::null_mut();
+            return -1;
+        }
+        if MQ_HANDLE.is_null() {
+            return 0;
+        }
+        MQ_BUSY = true;
+        let mut kind = msgtype;
+        let mut iov = [
+            pg_sys::shm_mq_iovec {
+                data: &raw mut kind,
+                len: 1,
+            },
+            pg_sys::shm_mq_iovec { data: s, len },
+        ];
+        let result = loop {
+            let r = shm_mq_sendv(MQ_HANDLE, iov.as_mut_ptr(), 2, true, true);
+            if r != pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK {
+                break r;
+            }
+            WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
+                0,
+                wait_event::MQ_PUT_MESSAGE,
+            );
+            ResetLatch(pg_sys::MyLatch);
+            check_for_interrupts();
+        };
+        MQ_BUSY = false;
+        if result == pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
+            0
+        } else {
+            -1
+        }
+    }
+}
+unsafe extern "C-unwind" fn comm_putmessage_noblock(msgtype: c_char, s: *const c_char, len: usize) {
+    // SAFETY: as comm_putmessage.
+    unsafe { comm_putmessage(msgtype, s, len) };
+}
+
+static POOL_COMM: PQcommMethods = PQcommMethods {
+    comm_reset: Some(comm_reset),
+    flush: Some(comm_flush),
+    flush_if_writable: Some(comm_flush),
+    is_send_pending: Some(comm_is_send_pending),
+    putmessage: Some(comm_putmessage),
+    putmessage_noblock: Some(comm_putmessage_noblock),
+};
+
+/// The worker's on_shmem_exit callback: it runs after ShutdownPostgres (transaction
+/// aborted, locks released) and after the DSM segments are detached, before ProcKill
+/// takes the process out of any lock group. The slot becomes FREE; a leader waiting
+/// for the ticket is woken.
+unsafe extern "C-unwind" fn on_exit(_code: c_int, arg: pg_sys::Datum) {
+    let Some(pool) = shared::shared() else { return };
+    let Some(slot) = pool.slots.get(arg.value()) else { return };
+    slot.pid.store(0, Ordering::Release);
+    let mut before = (0, State::Free);
+    let _ = slot.word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+        before = shared::unpack(w);
+        Some(pack(before.0, State::Free))
+    });
+    if matches!(before.1, State::Reserved | State::Posted | State::Running | State::Cancel) {
+        set_latch_of(slot.t_leader_procno.load(Ordering::Acquire));
+    }
+}
+
+fn set_latch_of(procno: i32) {
+    if procno < 0 {
+        return;
+    }
+    // SAFETY: a PGPROC of allProcs, bounds-checked; SetLatch on another process's latch
+    // is allowed and raises no error.
+    unsafe {
+        if (procno as u32) < (*pg_sys::ProcGlobal).allProcCount {
+            SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno as usize)).procLatch);
+        }
+    }
+}
+
+/// Serialises this process's own GUC values and loaded libraries: the state each
+/// fragment's teardown goes back to, and the libraries a leader's must be among.
+unsafe fn take_baseline() {
+    // SAFETY: called outside any fragment, in a transaction it starts; the buffers live
+    // in TopMemoryContext until replaced.
+    unsafe {
+        StartTransactionCommand();
+        let previous = pg_sys::CurrentMemoryContext;
+        pg_sys::CurrentMemoryContext = pg_sys::TopMemoryContext;
+        if !BASELINE_GUC.is_null() {
+            pfree(BASELINE_GUC.cast());
+        }
+        let size = EstimateGUCStateSpace();
+        BASELINE_GUC = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
+        SerializeGUCState(size, BASELINE_GUC);
+        if OWN_LIBRARIES.is_null() {
+            let size = EstimateLibraryStateSpace();
+            OWN_LIBRARIES = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
+            SerializeLibraryState(size, OWN_LIBRARIES);
+        }
+        pg_sys::CurrentMemoryContext = previous;
+        CommitTransactionCommand();
+    }
+}
+
+/// Whether every library of the leader's list (SerializeLibraryState's format: names
+/// each ended by NUL, then an empty name) is loaded here.
+unsafe fn libraries_loaded(leader: *const c_char) -> bool {
+    // SAFETY: both lists are in SerializeLibraryState's format.
+    unsafe {
+        let mut p = leader;
+        while *p != 0 {
+            let mut q = OWN_LIBRARIES.cast_const();
+            let mut found = false;
+            while *q != 0 {
+                if libc::strcmp(p, q) == 0 {
+                    found = true;
+                    break;
+                }
+                q = q.add(libc::strlen(q) + 1);
+            }
+            if !found {
+                return false;
+            }
+            p = p.add(libc::strlen(p) + 1);
+        }
+        true
+    }
+}
+
+#[pgrx::pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
+    let index = arg.value();
+    // SAFETY: the worker's own entry; bgw_extra holds what spawn() wrote.
+    let (database, gen) = unsafe {
+        let extra = (*pg_sys::MyBgworkerEntry).bgw_extra.as_ptr();
+        (
+            std::ptr::read_unaligned(extra.cast::<u32>()),
+            std::ptr::read_unaligned(extra.add(8).cast::<u64>()),
+        )
+    };
+    // SAFETY: signal handlers of a backend: die (FATAL at the next interrupt check),
+    // cancel (ERROR there), reload.
+    unsafe {
+        pqsignal(libc::SIGTERM, die);
+        pqsignal(libc::SIGINT, on_sigint);
+        pqsignal(libc::SIGHUP, SignalHandlerForConfigReload);
+        pg_sys::BackgroundWorkerUnblockSignals();
+    }
+    let Some(pool) = shared::shared() else { return };
+    let Some(slot) = pool.slots.get(index) else { return };
+    if !slot.cas((gen, State::Starting), (gen, State::Connecting)) {
+        return;
+    }
+    // SAFETY: process-local globals; the exit callback is registered once.
+    unsafe {
+        SLOT = index;
+        slot.pid.store(pg_sys::MyProcPid, Ordering::Release);
+        slot.procno.store(super::my_procno(), Ordering::Release);
+        pg_sys::on_shmem_exit(Some(on_exit), pg_sys::Datum::from(index));
+        // The bootstrap superuser (POOL.md §1 step 9): SetSessionAuthorization then
+        // accepts any leader's user.
+        pg_sys::BackgroundWorkerInitializeConnectionByOid(database.into(), pg_sys::InvalidOid, 0);
+        SetClientEncoding(GetDatabaseEncoding());
+        FrontendProtocol = PG_PROTOCOL_LATEST;
+        FRAGMENT_CONTEXT = pg_sys::AllocSetContextCreateInternal(
+            pg_sys::TopMemoryContext,
+            c"pg_stride pool fragment".as_ptr(),
+            pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+        );
+        take_baseline();
+        GetUserIdAndSecContext(&raw mut MY_USER, &raw mut MY_SEC_CONTEXT);
+        LAST_USED_MS = now_ms();
+        pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null());
+    }
+    if !slot.cas((gen, State::Connecting), (gen, State::Idle)) {
+        return;
+    }
+    pool.count(Counter::WorkersSpawned);
+    // SAFETY: the idle loop of this worker.
+    unsafe { idle_loop(pool, slot) }
+}
+
+unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
+    loop {
+        let (gen, state) = slot.load();
+        if state == State::Posted && slot.cas((gen, State::Posted), (gen, State::Running)) {
+            // SAFETY: the ticket is ours.
+            unsafe { run_ticket(pool, slot, gen) };
+            continue;
+        }
+        if slot.retire.load(Ordering::Acquire) {
+            // SAFETY: exits the process; on_exit frees the slot.
+            unsafe { proc_exit(0) };
+        }
+        // SAFETY: the latch wait of a background worker; a stray cancel while idle is
+        // ignored, anything else (die, barriers, sinval catch-up) is served.
+        unsafe {
+            let rc = WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
+                1000,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            ResetLatch(pg_sys::MyLatch);
+            pg_sys::QueryCancelPending = 0;
+            check_for_interrupts();
+            if pg_sys::ConfigReloadPending != 0 {
+                pg_sys::ConfigReloadPending = 0;
+                ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+                take_baseline();
+            }
+            let idle_timeout = gucs::POOL_IDLE_TIMEOUT_MS.get();
+            if idle_timeout > 0 && now_ms().saturating_sub(LAST_USED_MS) >= i64::from(idle_timeout) {
+                pool.count(Counter::WorkersIdleExited);
+                proc_exit(0);
+            }
+            if rc & pg_sys::WL_TIMEOUT as c_int != 0 {
+                // Keeps up with the invalidation queue while idle, so that the caches
+                // stay warm instead of being reset (POOL.md §3, Operations).
+                StartTransactionCommand();
+                CommitTransactionCommand();
+            }
+        }
+    }
+}
+
+/// Runs the ticket of generation `gen` that this worker took, and undoes it.
+unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64) {
+    // SAFETY: the whole function is the worker's fragment protocol; see the module
+    // comment. Nothing with a destructor lives in a frame a longjmp may skip.
+    unsafe {
+        FRAG = NO_FRAG;
+        FRAG.gen = gen;
+        FRAG.leader_procno = slot.t_leader_procno.load(Ordering::Relaxed);
+        FRAG.sigints = SIGINT_SEEN.load(Ordering::SeqCst);
+        FRAG.t_taken = crate::pg::monotonic_ns();
+        pool.add(
+            Counter::NsWake,
+            FRAG.t_taken.saturating_sub(slot.t_posted_ns.load(Ordering::Relaxed)),
+        );
+        let handle = slot.t_dsm.load(Ordering::Relaxed);
+        let number = slot.t_worker_number.load(Ordering::Relaxed);
+        MQ_BUSY = false;
+        let prev_stack = pg_sys::PG_exception_stack;
+        let prev_context_stack = pg_sys::error_context_stack;
+        pg_sys::CurrentMemoryContext = FRAGMENT_CONTEXT;
+        let rc = cee_scape::call_with_sigsetjmp(true, |jump_buffer| {
+            pg_sys::PG_exception_stack = std::ptr::from_ref(jump_buffer).cast_mut().cast();
+            fragment(pool, slot, handle, number);
+            0
+        });
+        pg_sys::PG_exception_stack = prev_stack;
+        pg_sys::error_context_stack = prev_context_stack;
+        hold_interrupts();
+        let failed = rc != 0;
+        if failed {
+            // PostgreSQL's error state holds the ERROR: to the leader (while the error
+            // queue is ours) and to the log, as a parallel worker's would go.
+            EmitErrorReport();
+            pool.count(Counter::FragmentsError);
+            slot.errors.fetch_add(1, Ordering::Relaxed);
+        } else if FRAG.declined {
+            pool.count(Counter::FragmentsDeclined);
+        }
+        teardown(pool, slot, gen, failed);
+        resume_interrupts();
+    }
+}
+
+/// Attaches to the leader's DSM and restores its state, in ParallelWorkerMain's order,
+/// then runs the plan fragment. Returns early (declined) when the fragment cannot run
+/// here; it then never entered ParallelQueryMain, and the leader treats the slot as
+/// one that took no work.
+unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: i32) {
+    // SAFETY: the caller's sigsetjmp catches every ERROR raised below.
+    unsafe {
+        pg_sys::ParallelWorkerNumber = number;
+        pg_sys::InitializingParallelWorker = true;
+        let seg = dsm_attach(handle);
+        if seg.is_null() {
+            FRAG.declined = true; // the leader is gone already
+            return;
+        }
+        FRAG.seg = seg;
+        let toc = shm_toc_attach(PARALLEL_MAGIC, dsm_segment_address(seg));
+        if toc.is_null() {
+            FRAG.declined = true;
+            return;
+        }
+        let fps = shm_toc_lookup(toc, PARALLEL_KEY_FIXED, false).cast::<FixedParallelState>();
+        let entrypoint = shm_toc_lookup(toc, PARALLEL_KEY_ENTRYPOINT, false).cast::<c_char>();
+        let function = entrypoint.add(libc::strlen(entrypoint) + 1);
+        let libraries = shm_toc_lookup(toc, PARALLEL_KEY_LIBRARY, false).cast::<c_char>();
+        if (*fps).database_id != pg_sys::MyDatabaseId
+            || libc::strcmp(entrypoint, c"postgres".as_ptr()) != 0
+            || libc::strcmp(function, c"ParallelQueryMain".as_ptr()) != 0
+            || !libraries_loaded(libraries)
+        {
+            FRAG.declined = true;
+            return;
+        }
+        FRAG.leader = (*fps).parallel_leader_pgproc;
+        FRAG.leader_pid = (*fps).parallel_leader_pid;
+
+        // Error queue, and protocol messages redirected to it (ours, not pqmq's).
+        let queues = shm_toc_lookup(toc, PARALLEL_KEY_ERROR_QUEUE, false).cast::<u8>();
+        let mq = queues
+            .add(number as usize * PARALLEL_ERROR_QUEUE_SIZE)
+            .cast::<pg_sys::shm_mq>();
+        shm_mq_set_sender(mq, pg_sys::MyProc);
+        let mqh = shm_mq_attach(mq, seg, std::ptr::null_mut());
+        SAVED_COMM = PqCommMethods;
+        SAVED_DEST = pg_sys::whereToSendOutput;
+        MQ_HANDLE = mqh;
+        PqCommMethods = &raw const POOL_COMM;
+        pg_sys::whereToSendOutput = pg_sys::CommandDest::DestRemote;
+        FRAG.redirected = true;
+        set_parallel_leader(fps);
+
+        // Lock group: before anything takes a heavyweight lock.
+        if !BecomeLockGroupMember((*fps).parallel_leader_pgproc, (*fps).parallel_leader_pid) {
+            FRAG.declined = true;
+            return;
+        }
+        FRAG.joined = true;
+        SetParallelStartTimestamps((*fps).xact_ts, (*fps).stmt_ts);
+        // Not SetAuthenticatedUserId (once per process): the bootstrap superuser stays
+        // authenticated, and these accept any role.
+        SetSessionAuthorization((*fps).session_user_id, (*fps).session_user_is_superuser);
+        SetCurrentRoleId((*fps).outer_user_id, (*fps).role_is_superuser);
+
+        // RestoreLibraryState is replaced by the check above: nothing gets loaded.
+        // Up to 17 the settings come first, in a transaction of their own; 18 restores
+        // them inside the worker's transaction, once the snapshot is there, and the
+        // pending syncs, relation map and reindex state before the combo CIDs.
+        #[cfg(not(feature = "pg18"))]
+        {
+            StartTransactionCommand();
+            RestoreGUCState(shm_toc_lookup(toc, PARALLEL_KEY_GUC, false));
+            CommitTransactionCommand();
+        }
+        StartParallelWorkerTransaction(
+            shm_toc_lookup(toc, PARALLEL_KEY_TRANSACTION_STATE, false).cast(),
+        );
+        #[cfg(feature = "pg18")]
+        restore_storage_state(toc);
+        RestoreComboCIDState(shm_toc_lookup(toc, PARALLEL_KEY_COMBO_CID, false).cast());
+        AttachSession(*shm_toc_lookup(toc, PARALLEL_KEY_SESSION_DSM, false).cast::<u32>());
+        FRAG.session = true;
+        let asnapspace = shm_toc_lookup(toc, PARALLEL_KEY_ACTIVE_SNAPSHOT, false).cast::<c_char>();
+        let tsnapspace = shm_toc_lookup(toc, PARALLEL_KEY_TRANSACTION_SNAPSHOT, true).cast::<c_char>();
+        let asnapshot = RestoreSnapshot(asnapspace);
+        let tsnapshot = if tsnapspace.is_null() {
+            asnapshot
+        } else {
+            RestoreSnapshot(tsnapspace)
+        };
+        RestoreTransactionSnapshot(tsnapshot, (*fps).parallel_leader_pgproc.cast());
+        PushActiveSnapshot(asnapshot);
+        #[cfg(feature = "pg18")]
+        RestoreGUCState(shm_toc_lookup(toc, PARALLEL_KEY_GUC, false));
+        // No InvalidateSystemCaches (ParallelWorkerMain's): the leader has no XID
+        // (checked before posting), hence no uncommitted catalog rows to see, and the
+        // transaction start above took in every committed change; the caches stay warm.
+        SetUserIdAndSecContext((*fps).current_user_id, (*fps).sec_context);
+        SetTempNamespaceState((*fps).temp_namespace_id, (*fps).temp_toast_namespace_id);
+        #[cfg(not(feature = "pg18"))]
+        restore_storage_state(toc);
+        RestoreUncommittedEnums(shm_toc_lookup(toc, PARALLEL_KEY_UNCOMMITTEDENUMS, false));
+        // Not restored (documented): ClientConnectionInfo (SYSTEM_USER shows the pool's)
+        // and the serializable transaction (SERIALIZABLE leaders are declined).
+        pg_sys::InitializingParallelWorker = false;
+        EnterParallelMode();
+        FRAG.entered = true;
+        slot.entered_gen.store(FRAG.gen, Ordering::SeqCst);
+        pool.count(Counter::FragmentsEntered);
+        FRAG.t_entered = crate::pg::monotonic_ns();
+        slot.last_setup_ns.store(
+            FRAG.t_entered.saturating_sub(slot.t_posted_ns.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        ParallelQueryMain(seg, toc);
+        FRAG.t_ran = crate::pg::monotonic_ns();
+        ExitParallelMode();
+        PopActiveSnapshot();
+        FRAG.ok = true;
+    }
+}
+
+/// The leader's pending fsyncs of new relfilenodes, relation map and reindex state.
+///
+/// # Safety
+/// `toc` is the table of contents of a parallel context's segment.
+unsafe fn restore_storage_state(toc: *mut pg_sys::shm_toc) {
+    // SAFETY: the caller's promise; the keys every parallel context has.
+    unsafe {
+        RestorePendingSyncs(shm_toc_lookup(toc, PARALLEL_KEY_PENDING_SYNCS, false).cast());
+        RestoreReindexState(shm_toc_lookup(toc, PARALLEL_KEY_REINDEX_STATE, false));
+        RestoreRelationMap(shm_toc_lookup(toc, PARALLEL_KEY_RELMAPPER_STATE, false).cast());
+    }
+}
+
+/// Undoes a fragment, whatever point it reached, and gives the slot back. Runs with
+/// interrupts held; an ERROR here ends the process (PG_exception_stack is the
+/// background worker's), which frees the slot.
+unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: bool) {
+    // SAFETY: see the function comment; each step undoes one of fragment()'s.
+    unsafe {
+        pg_sys::InitializingParallelWorker = false;
+        // Never a commit (POOL.md §0.1): CommitTransaction would report XactLastRecEnd
+        // through parallel.c's MyFixedParallelState, NULL in this process.
+        AbortOutOfAnyTransaction();
+        LockReleaseAll(2 /* USER_LOCKMETHOD */, true);
+        if failed {
+            FlushErrorState();
+        }
+        if FRAG.session {
+            // The record-typmod registry (POOL.md §0.2): a worker may have cached
+            // pointers into this session's DSA for any RECORD typmod; with none in the
+            // registry, it cannot have.
+            let registry = (*CurrentSession).shared_typmod_registry;
+            if !registry.is_null() && std::ptr::read_volatile(&raw const (*registry).next_typmod) > 0 {
+                FRAG.retire = true;
+            }
+            DetachSession();
+        }
+        leave_cpu_scheduling();
+        if FRAG.ok {
+            if let Some(put) = (*PqCommMethods).putmessage {
+                put(b'X' as c_char, std::ptr::null(), 0);
+            }
+            pool.count(Counter::FragmentsOk);
+            let now = crate::pg::monotonic_ns();
+            pool.add(Counter::NsRestore, FRAG.t_entered - FRAG.t_taken);
+            pool.add(Counter::NsRun, FRAG.t_ran - FRAG.t_entered);
+            pool.add(Counter::NsUntilX, now - FRAG.t_ran);
+            FRAG.t_ran = now;
+        }
+        if FRAG.redirected {
+            PqCommMethods = SAVED_COMM;
+            pg_sys::whereToSendOutput = SAVED_DEST;
+            MQ_HANDLE = std::ptr::null_mut();
+        }
+        if !FRAG.seg.is_null() {
+            dsm_detach(FRAG.seg);
+        }
+        if FRAG.joined && !leave_lock_group(FRAG.leader, FRAG.leader_pid) {
+            // The leader exited while this process was in its group: only ProcKill
+            // may return its PGPROC (POOL.md §2).
+            pool.count(Counter::WorkersRetired);
+            proc_exit(0);
+        }
+        set_parallel_leader(std::ptr::null());
+        pg_sys::ParallelWorkerNumber = -1;
+        pg_sys::debug_query_string = std::ptr::null();
+        slot.fragments.fetch_add(1, Ordering::Relaxed);
+        // The ticket is done: no lock held, out of the leader's group.
+        let cancelled = !slot.cas((gen, State::Running), (gen, State::Restoring));
+        if cancelled {
+            // CANCEL: the leader sends SIGINT right after winning that CAS; wait until
+            // it arrived, so that it cannot cancel the next fragment.
+            slot.word.store(pack(gen, State::Restoring), Ordering::Release);
+        }
+        set_latch_of(FRAG.leader_procno);
+        let released = crate::pg::monotonic_ns();
+        if FRAG.ok {
+            pool.add(Counter::NsUntilReleased, released - FRAG.t_ran);
+        }
+        if cancelled {
+            let mut waited = 0;
+            while SIGINT_SEEN.load(Ordering::SeqCst) == FRAG.sigints && waited < 5000 {
+                WaitLatch(
+                    pg_sys::MyLatch,
+                    (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
+                    10,
+                    pg_sys::PG_WAIT_EXTENSION,
+                );
+                ResetLatch(pg_sys::MyLatch);
+                waited += 10;
+            }
+            if SIGINT_SEEN.load(Ordering::SeqCst) == FRAG.sigints {
+                FRAG.retire = true;
+            }
+            pg_sys::QueryCancelPending = 0;
+        }
+        // Back to this process's own settings and identity.
+        pg_sys::InitializingParallelWorker = true;
+        StartTransactionCommand();
+        RestoreGUCState(BASELINE_GUC.cast());
+        CommitTransactionCommand();
+        pg_sys::InitializingParallelWorker = false;
+        SetSessionAuthorization(pg_sys::BOOTSTRAP_SUPERUSERID.into(), true);
+        SetCurrentRoleId(pg_sys::InvalidOid, false);
+        SetUserIdAndSecContext(MY_USER, MY_SEC_CONTEXT);
+        SetTempNamespaceState(pg_sys::InvalidOid, pg_sys::InvalidOid);
+        pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null());
+        pg_sys::CurrentMemoryContext = pg_sys::TopMemoryContext;
+        MemoryContextReset(FRAGMENT_CONTEXT);
+        if FRAG.ok {
+            pool.add(Counter::NsOwnRestore, crate::pg::monotonic_ns() - released);
+        }
+        if FRAG.retire {
+            pool.count(Counter::WorkersRetired);
+            proc_exit(0);
+        }
+        LAST_USED_MS = now_ms();
+        slot.word.store(pack(gen, State::Idle), Ordering::Release);
+    }
+}
+
+/// Leaves the leader's lock group the way ProcKill does, if the leader is still there
+/// and still leads it; returns false otherwise (the caller then exits).
+unsafe fn leave_lock_group(leader: *mut pg_sys::PGPROC, pid: i32) -> bool {
+    // SAFETY: the leader's PGPROC is in allProcs; its partition lock protects the
+    // group fields of every member.
+    unsafe {
+        let lock = lock_group_lwlock(leader);
+        LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let me = pg_sys::MyProc;
+        let ok = (*me).lockGroupLeader == leader
+            && (*leader).pid == pid
+            && (*leader).lockGroupLeader == leader;
+        if ok {
+            dlist_delete(&raw mut (*me).lockGroupLink);
+            (*me).lockGroupLeader = std::ptr::null_mut();
+        }
+        LWLockRelease(lock);
+        ok
+    }
+}
+
+/// A fragment that ended without ExecutorEnd (an ERROR) leaves the leader's CPU
+/// scheduling here; a parallel worker would have exited.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn leave_cpu_scheduling() {
+    if cpu::is_member() {
+        if let Some(shared) = shmem::shared() {
+            cpu::end_statement(shared, None, true);
+        }
+    }
+}
