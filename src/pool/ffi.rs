@@ -199,6 +199,7 @@ extern "C-unwind" {
     pub fn EstimateGUCStateSpace() -> usize;
     pub fn SerializeGUCState(maxsize: usize, start_address: *mut c_char);
     pub fn EstimateLibraryStateSpace() -> usize;
+    pub fn RestoreLibraryState(start: *mut c_char);
     pub fn SerializeLibraryState(maxsize: usize, start_address: *mut c_char);
     pub fn StartParallelWorkerTransaction(tstatespace: *mut c_char);
     pub fn RestoreComboCIDState(space: *mut c_char);

@@ -119,6 +119,7 @@ pub enum Counter {
     WorkersSpawned,
     WorkersRetired,
     WorkersIdleExited,
+    LibrariesLoaded,
     TermEscalations,
     // Summed phase times of the fragments that ran (ns): posted → taken, taken →
     // ParallelQueryMain, ParallelQueryMain, → 'X' sent, → out of the lock group (the
@@ -130,7 +131,7 @@ pub enum Counter {
     NsUntilReleased,
     NsOwnRestore,
 }
-pub const COUNTER_NAMES: [&str; 18] = [
+pub const COUNTER_NAMES: [&str; 19] = [
     "gathers_pooled",
     "tickets_posted",
     "tickets_short",
@@ -142,6 +143,7 @@ pub const COUNTER_NAMES: [&str; 18] = [
     "workers_spawned",
     "workers_retired",
     "workers_idle_exited",
+    "libraries_loaded",
     "sigterm_escalations",
     "ns_wake",
     "ns_restore",

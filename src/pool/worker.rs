@@ -185,9 +185,10 @@ fn set_latch_of(procno: i32) {
 }
 
 /// Serialises this process's own GUC values and loaded libraries: the state each
-/// fragment's teardown goes back to, and the libraries a leader's must be among.
+/// fragment's teardown goes back to, and the libraries it has (a leader's others are
+/// loaded before its fragment runs).
 unsafe fn take_baseline() {
-    // SAFETY: called outside any fragment, in a transaction it starts; the buffers live
+    // SAFETY: called outside a fragment's transaction, in one it starts; the buffers live
     // in TopMemoryContext until replaced.
     unsafe {
         StartTransactionCommand();
@@ -199,11 +200,12 @@ unsafe fn take_baseline() {
         let size = EstimateGUCStateSpace();
         BASELINE_GUC = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
         SerializeGUCState(size, BASELINE_GUC);
-        if OWN_LIBRARIES.is_null() {
-            let size = EstimateLibraryStateSpace();
-            OWN_LIBRARIES = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
-            SerializeLibraryState(size, OWN_LIBRARIES);
+        if !OWN_LIBRARIES.is_null() {
+            pfree(OWN_LIBRARIES.cast());
         }
+        let size = EstimateLibraryStateSpace();
+        OWN_LIBRARIES = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
+        SerializeLibraryState(size, OWN_LIBRARIES);
         pg_sys::CurrentMemoryContext = previous;
         CommitTransactionCommand();
     }
@@ -404,10 +406,19 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         if (*fps).database_id != pg_sys::MyDatabaseId
             || libc::strcmp(entrypoint, c"postgres".as_ptr()) != 0
             || libc::strcmp(function, c"ParallelQueryMain".as_ptr()) != 0
-            || !libraries_loaded(libraries)
         {
             FRAG.declined = true;
             return;
+        }
+        if !libraries_loaded(libraries) {
+            // A library the leader loaded (plpgsql, say) is loaded here too, for good, as
+            // ParallelWorkerMain's RestoreLibraryState would; the baseline then includes
+            // the settings it defined.
+            StartTransactionCommand();
+            RestoreLibraryState(libraries);
+            CommitTransactionCommand();
+            take_baseline();
+            pool.count(Counter::LibrariesLoaded);
         }
         FRAG.leader = (*fps).parallel_leader_pgproc;
         FRAG.leader_pid = (*fps).parallel_leader_pid;
@@ -563,7 +574,9 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         set_parallel_leader(std::ptr::null());
         pg_sys::ParallelWorkerNumber = -1;
         pg_sys::debug_query_string = std::ptr::null();
-        slot.fragments.fetch_add(1, Ordering::Relaxed);
+        if FRAG.entered {
+            slot.fragments.fetch_add(1, Ordering::Relaxed);
+        }
         // The ticket is done: no lock held, out of the leader's group.
         let cancelled = !slot.cas((gen, State::Running), (gen, State::Restoring));
         if cancelled {

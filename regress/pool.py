@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Pooled parallel execution, `pg_stride.parallel_mode = pool` (README "The pool").
+
+Every check runs real Gathers against a temporary server and reads what the pool did
+from its views (`pg_stride.pool`, `pg_stride.pool_fallbacks`) and counters
+(`pg_stride.pool_counters()`):
+
+- results are those of a serial run, for two roles with different search_path (that
+  resolves `t` to two different tables) and work_mem, checked inside the fragment;
+- an ERROR in a fragment reaches the leader with its SQLSTATE, and the pool worker
+  serves on (same pids);
+- statement_timeout and cancel of the leader stop its fragments: no wrong result, no
+  lock left to a pool worker, the same pool afterwards;
+- a pool worker terminated mid-fragment fails the leader's statement cleanly and is
+  replaced;
+- a leader with an XID runs with PostgreSQL's own workers, and the fallback is counted;
+- DROP DATABASE is not blocked by that database's pool;
+- pool workers idle for pg_stride.pool_idle_timeout exit;
+- pool workers show in pg_stat_activity as backend_type 'pg_stride pool'.
+
+Starts its own temporary server and prints one line per check, then
+"pool: N passed, N failed". Run as root, the server runs as postgres.
+"""
+
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import concurrency  # noqa: E402
+
+POOL_SIZE = 4
+# Parallel plans for small tables (not for catalogs: a monitoring query whose leader
+# has RECORD typmods would retire the worker that helped it), and CPU slots enough for
+# the concurrency hint to grant every planned worker.
+CONF = f"""
+pg_stride.parallel_mode = pool
+pg_stride.pool_size = {POOL_SIZE}
+pg_stride.cpu_slots = 8
+max_worker_processes = 32
+max_parallel_workers = 16
+max_parallel_workers_per_gather = 2
+parallel_setup_cost = 0
+parallel_tuple_cost = 0
+min_parallel_table_scan_size = '512kB'
+"""
+# Evaluated in every process of the plan: the row counts only if the process runs with
+# the session's role, search_path and work_mem.
+QUERY = ("SELECT count(*), sum(b), sum((current_user = '{role}' AND "
+         "current_setting('search_path') = '{path}' AND "
+         "current_setting('work_mem') = '{work_mem}')::int) FROM t")
+SESSIONS = [("regress_pool_a", "s1, public", "3MB"), ("regress_pool_b", "s2, public", "5MB")]
+
+CHECKS = []
+check = concurrency.collector(CHECKS)
+
+
+def counters(s):
+    return dict(line.split("|") for line in s.sql(
+        "SELECT name, value FROM pg_stride.pool_counters()").splitlines())
+
+
+def counted(s, before, name):
+    return int(counters(s)[name]) - int(before[name])
+
+
+def pool_pids(s, database="postgres"):
+    out = s.sql(f"SELECT pid FROM pg_stride.pool WHERE datname = '{database}' ORDER BY pid")
+    return [int(p) for p in out.split()]
+
+
+def full_pool(s):
+    """Runs parallel statements until the pool of `postgres` has all its workers idle;
+    returns their pids."""
+    deadline = time.monotonic() + 30
+    while True:
+        s.sql("SELECT count(*) FROM s1.t")
+        idle = s.sql("SELECT count(*) FROM pg_stride.pool WHERE datname = 'postgres' AND state = 'idle'")
+        if int(idle) == POOL_SIZE:
+            return pool_pids(s)
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        time.sleep(0.2)
+
+
+def assert_pool_clean(s, pids):
+    """The same pool workers, all idle, holding no lock and in nobody's lock group."""
+    deadline = time.monotonic() + 10
+    while s.sql("SELECT count(*) FROM pg_stride.pool WHERE state <> 'idle'") != "0":
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        time.sleep(0.1)
+    assert pool_pids(s) == pids, (pool_pids(s), pids)
+    locks = s.sql("SELECT count(*) FROM pg_locks JOIN pg_stride.pool USING (pid)")
+    assert locks == "0", s.sql("SELECT * FROM pg_locks JOIN pg_stride.pool USING (pid)")
+    groups = s.sql("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_stride pool' "
+                   "AND leader_pid IS NOT NULL")
+    assert groups == "0", groups
+
+
+def session(s, i):
+    role, path, work_mem = SESSIONS[i]
+    x = concurrency.Session(s)
+    x.run(f"SET ROLE {role}; SET search_path = {path}; SET work_mem = '{work_mem}'; SELECT 1")
+    return x, QUERY.format(role=role, path=path, work_mem=work_mem)
+
+
+def lines_until(x, marker, timeout=60):
+    """Reads the session's output lines up to the one that is `marker`."""
+    out = []
+    while (line := x.run("", lines=1, timeout=timeout, end="")[0]) != marker:
+        out.append(line)
+    return out
+
+
+def serial_result(x, sql):
+    x.run("SET max_parallel_workers_per_gather = 0; SELECT 1")
+    expected = x.run(sql)
+    x.run("RESET max_parallel_workers_per_gather; SELECT 1")
+    return expected
+
+
+@check
+def pooled_results_match_serial_ones_across_roles_and_search_paths(s):
+    pids = full_pool(s)
+    before = counters(s)
+    sessions = [session(s, i) for i in range(len(SESSIONS))]
+    expected = [serial_result(x, sql) for x, sql in sessions]
+    # Each table's own count in the last column: the fragment saw the session's state.
+    assert expected[0] != expected[1], expected
+    for exp in expected:
+        count, _, matching = exp[0].split("|")
+        assert count == matching, exp
+    for _ in range(20):
+        for (x, sql), exp in zip(sessions, expected):
+            assert x.run(sql) == exp
+    for x, _ in sessions:
+        x.close()
+    ran = counted(s, before, "fragments_ok")
+    assert ran >= 20, counters(s)
+    assert_pool_clean(s, pids)
+    print(f"    40 of 40 results as serial, {ran} fragments in pool workers")
+
+
+@check
+def an_error_in_a_fragment_reaches_the_leader_and_the_worker_serves_on(s):
+    pids = full_pool(s)
+    before = counters(s)
+    x, sql = session(s, 0)
+    expected = x.run(sql)
+    x.run("\\set ON_ERROR_STOP 0\nSELECT 1")
+    for _ in range(20):
+        x.send("SELECT sum(1 / (a % 50000)) FROM s1.t")
+        # psql prints the error on stderr; the next statement's result shows it ended.
+        assert x.run("SELECT 'after'") == ["after"]
+    assert x.run(sql) == expected
+    err = x.close()[2].decode()
+    assert err.count("division by zero") == 20, err
+    failed = counted(s, before, "fragments_error")
+    assert failed > 0, counters(s)
+    assert_pool_clean(s, pids)
+    errors = s.sql("SELECT sum(errors) FROM pg_stride.pool")
+    assert int(errors) >= failed, errors
+    print(f"    20 of 20 statements failed with division by zero; {failed} pool fragments "
+          "ended in that ERROR, their workers serve on")
+
+
+@check
+def statement_timeout_and_cancel_stop_the_fragments(s):
+    pids = full_pool(s)
+    before = counters(s)
+    x, sql = session(s, 1)
+    expected = x.run(sql)
+    x.run("\\set ON_ERROR_STOP 0\nSELECT 1")
+    ok = 0
+    rng = random.Random(7)
+    for _ in range(40):
+        x.send(f"SET statement_timeout = '{rng.choice([5, 10, 20, 40, 80])}ms'; {sql}; "
+               "RESET statement_timeout; SELECT 'end'")
+        out = lines_until(x, "end")
+        assert out in ([], expected), out
+        ok += out == expected
+    assert x.run(sql) == expected
+    pid = x.run("SELECT pg_backend_pid()")[0]
+    for _ in range(10):
+        x.send("SELECT count(*) FROM s1.t a, generate_series(1, 40)")
+        time.sleep(rng.uniform(0.02, 0.3))
+        s.sql(f"SELECT pg_cancel_backend({pid})")
+        x.send("SELECT 'next'")
+        assert lines_until(x, "next") in ([], ["8000000"])
+    assert x.run(sql) == expected
+    err = x.close()[2].decode()
+    cancelled = err.count("canceling statement")
+    assert cancelled > 0, err
+    assert_pool_clean(s, pids)
+    print(f"    {cancelled} statements cancelled or timed out, {ok} finished, none wrong; "
+          f"{counted(s, before, 'cancels_sent')} fragments cancelled; the same {len(pids)} workers idle")
+
+
+@check
+def a_terminated_pool_worker_fails_the_statement_and_is_replaced(s):
+    pids = full_pool(s)
+    x = concurrency.Session(s)
+    x.run("\\set ON_ERROR_STOP 0\nSELECT 1")
+    x.send("SELECT count(*) FROM s1.slow WHERE pg_sleep(0.001) IS NOT NULL")
+    deadline = time.monotonic() + 20
+    while True:
+        busy = s.sql("SELECT pid FROM pg_stride.pool WHERE state = 'busy' LIMIT 1")
+        if busy:
+            break
+        assert time.monotonic() < deadline, "no pool worker took the fragment"
+        time.sleep(0.05)
+    s.sql(f"SELECT pg_terminate_backend({busy})")
+    assert x.run("SELECT 'after'", timeout=60) == ["after"]
+    err = x.close()[2].decode()
+    # The worker's FATAL reaches the leader as a parallel worker's ERROR (57P01).
+    assert "due to administrator command" in err and "parallel worker" in err, err
+    after = full_pool(s)
+    assert int(busy) not in after and len(after) == POOL_SIZE, (busy, after)
+    assert len(set(after) & set(pids)) == POOL_SIZE - 1, (pids, after)
+    print(f"    the leader's statement failed: {err.strip().splitlines()[0]!r}; "
+          f"pool back to {len(after)} workers")
+
+
+@check
+def a_leader_with_an_xid_runs_with_native_workers(s):
+    full_pool(s)
+    before = counters(s)
+    reason = "transaction has an xid"
+    fallbacks = f"SELECT coalesce(sum(gathers), 0) FROM pg_stride.pool_fallbacks WHERE reason = '{reason}'"
+    fell_back = int(s.sql(fallbacks))
+    out = s.sql("BEGIN; CREATE TEMP TABLE x (v int); SELECT count(*) FROM s1.t; COMMIT").split()
+    assert out == [s.sql("SELECT count(*) FROM s1.t")], out
+    assert int(s.sql(fallbacks)) == fell_back + 1, s.sql("SELECT * FROM pg_stride.pool_fallbacks")
+    assert counted(s, before, "gathers_pooled") == 1, counters(s)  # the second count only
+    print(f"    counted under {reason!r}")
+
+
+@check
+def drop_database_is_not_blocked_by_its_pool(s):
+    s.sql("CREATE DATABASE regress_pool_drop")
+    args = s.psql_args("CREATE TABLE u AS SELECT g FROM generate_series(1, 100000) g; "
+                       "ANALYZE u; SELECT count(*) FROM u; SELECT count(*) FROM u")
+    args[args.index("-d") + 1] = "regress_pool_drop"
+    out = s.run(*args[len(concurrency.AS_POSTGRES):], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + 20
+    while not pool_pids(s, "regress_pool_drop"):
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        time.sleep(0.1)
+    started = time.monotonic()
+    s.sql("DROP DATABASE regress_pool_drop")
+    took = time.monotonic() - started
+    assert took < 10, took
+    assert not pool_pids(s, "regress_pool_drop")
+    print(f"    dropped in {took:.2f} s")
+
+
+@check
+def pool_workers_are_pg_stat_activity_backends(s):
+    pids = full_pool(s)
+    listed = s.sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_stride pool' "
+                   "AND datname = 'postgres' ORDER BY pid").split()
+    assert [int(p) for p in listed] == pids, (listed, pids)
+
+
+@check
+def idle_pool_workers_exit_after_the_idle_timeout(s):
+    full_pool(s)
+    before = counters(s)
+    concurrency.set_server(s, "pg_stride.pool_idle_timeout", "'1s'")
+    try:
+        deadline = time.monotonic() + 15
+        while pool_pids(s):
+            assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+            time.sleep(0.2)
+    finally:
+        concurrency.set_server(s, "pg_stride.pool_idle_timeout", None)
+    assert counted(s, before, "workers_idle_exited") == POOL_SIZE, counters(s)
+
+
+def setup(s):
+    s.sql("CREATE EXTENSION pg_stride")
+    s.sql("CREATE SCHEMA s1; CREATE SCHEMA s2")
+    s.sql("CREATE TABLE s1.t AS SELECT g AS a, g % 7 AS b FROM generate_series(1, 200000) g")
+    s.sql("CREATE TABLE s2.t AS SELECT g AS a, g % 5 AS b FROM generate_series(1, 150000) g")
+    s.sql("CREATE TABLE s1.slow AS SELECT g AS a FROM generate_series(1, 20000) g")
+    s.sql("ANALYZE s1.t; ANALYZE s2.t; ANALYZE s1.slow")
+    for role, _, _ in SESSIONS:
+        s.sql(f"CREATE ROLE {role}; GRANT USAGE ON SCHEMA s1, s2 TO {role}; "
+              f"GRANT SELECT ON ALL TABLES IN SCHEMA s1, s2 TO {role}")
+
+
+def main():
+    server = concurrency.Server(port=concurrency.PORT + 12, extra_conf=CONF)
+    return concurrency.run_suite("pool", server, CHECKS, setup)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
