@@ -162,7 +162,10 @@ unsafe fn is_database_utility(stmt: *const pg_sys::Node) -> bool {
     let Some(tag) = (unsafe { stmt.as_ref() }).map(|n| n.type_) else {
         return false;
     };
-    matches!(tag, T_DropdbStmt | T_AlterDatabaseStmt | T_RenameStmt | T_CreatedbStmt)
+    matches!(
+        tag,
+        T_DropdbStmt | T_AlterDatabaseStmt | T_RenameStmt | T_CreatedbStmt
+    )
 }
 
 /// Whether the queries utility `stmt` runs are the client's, scheduled like top-level
@@ -342,8 +345,9 @@ unsafe extern "C-unwind" fn release_pool_database(stmt: *mut pg_sys::Node) {
         match (*stmt).type_ {
             T_DropdbStmt => (*stmt.cast::<pg_sys::DropdbStmt>()).dbname,
             T_AlterDatabaseStmt => (*stmt.cast::<pg_sys::AlterDatabaseStmt>()).dbname,
-            T_RenameStmt if (*stmt.cast::<pg_sys::RenameStmt>()).renameType
-                == pg_sys::ObjectType::OBJECT_DATABASE =>
+            T_RenameStmt
+                if (*stmt.cast::<pg_sys::RenameStmt>()).renameType
+                    == pg_sys::ObjectType::OBJECT_DATABASE =>
             {
                 (*stmt.cast::<pg_sys::RenameStmt>()).subname
             }
@@ -355,7 +359,11 @@ unsafe extern "C-unwind" fn release_pool_database(stmt: *mut pg_sys::Node) {
                         template = pg_sys::defGetString(def).cast_const();
                     }
                 }
-                if template.is_null() { c"template1".as_ptr() } else { template }
+                if template.is_null() {
+                    c"template1".as_ptr()
+                } else {
+                    template
+                }
             }
             _ => return,
         }

@@ -41,7 +41,15 @@ mod pg_stride {
         ),
     > {
         TableIterator::new(crate::pool::workers().into_iter().map(|w| {
-            (w.pid, w.database, w.state, w.leader_pid, w.fragments, w.errors, w.last_setup_us)
+            (
+                w.pid,
+                w.database,
+                w.state,
+                w.leader_pid,
+                w.fragments,
+                w.errors,
+                w.last_setup_us,
+            )
         }))
     }
 
@@ -50,7 +58,11 @@ mod pg_stride {
     #[pg_extern(parallel_restricted)]
     fn pool_fallback_counts() -> TableIterator<
         'static,
-        (name!(database, pg_sys::Oid), name!(reason, &'static str), name!(gathers, i64)),
+        (
+            name!(database, pg_sys::Oid),
+            name!(reason, &'static str),
+            name!(gathers, i64),
+        ),
     > {
         TableIterator::new(crate::pool::fallbacks())
     }

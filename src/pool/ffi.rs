@@ -144,8 +144,19 @@ extern "C" {
     pub static mut CurrentSession: *mut Session;
 }
 
+// The backend's pqsignal: a function of that name up to 17, `pqsignal_be` (returning
+// nothing) behind a macro from 18 on.
+#[cfg(not(feature = "pg18"))]
 extern "C" {
     pub fn pqsignal(signo: c_int, func: unsafe extern "C" fn(c_int)) -> *mut c_void;
+}
+#[cfg(feature = "pg18")]
+extern "C" {
+    #[link_name = "pqsignal_be"]
+    pub fn pqsignal(signo: c_int, func: unsafe extern "C" fn(c_int));
+}
+
+extern "C" {
     pub fn die(signo: c_int);
     pub fn StatementCancelHandler(signo: c_int);
     pub fn SignalHandlerForConfigReload(signo: c_int);
@@ -224,7 +235,12 @@ extern "C-unwind" {
     pub fn LWLockRelease(lock: *mut pg_sys::LWLock);
     pub fn LockReleaseAll(lockmethodid: u16, all_locks: bool);
     pub fn ProcessInterrupts();
-    pub fn WaitLatch(latch: *mut pg_sys::Latch, events: c_int, timeout: c_long, wait_event: u32) -> c_int;
+    pub fn WaitLatch(
+        latch: *mut pg_sys::Latch,
+        events: c_int,
+        timeout: c_long,
+        wait_event: u32,
+    ) -> c_int;
     pub fn ResetLatch(latch: *mut pg_sys::Latch);
     pub fn SetLatch(latch: *mut pg_sys::Latch);
     pub fn pgstat_report_activity(state: pg_sys::BackendState::Type, cmd: *const c_char);
@@ -252,7 +268,11 @@ extern "C-unwind" {
     pub fn ExecParallelFinish(pei: *mut ParallelExecutorInfo);
     pub fn CreateTupleQueueReader(handle: *mut pg_sys::shm_mq_handle) -> *mut c_void;
     pub fn DestroyTupleQueueReader(reader: *mut c_void);
-    pub fn TupleQueueReaderNext(reader: *mut c_void, nowait: bool, done: *mut bool) -> pg_sys::MinimalTuple;
+    pub fn TupleQueueReaderNext(
+        reader: *mut c_void,
+        nowait: bool,
+        done: *mut bool,
+    ) -> pg_sys::MinimalTuple;
     pub fn ExecStoreMinimalTuple(
         mtup: pg_sys::MinimalTuple,
         slot: *mut pg_sys::TupleTableSlot,
@@ -261,7 +281,10 @@ extern "C-unwind" {
     pub fn ExecReScan(node: *mut pg_sys::PlanState);
     pub fn pq_parse_errornotice(msg: *mut pg_sys::StringInfoData, edata: *mut pg_sys::ErrorData);
     pub fn ThrowErrorData(edata: *mut pg_sys::ErrorData);
-    pub fn InstrAccumParallelQuery(bufusage: *mut pg_sys::BufferUsage, walusage: *mut pg_sys::WalUsage);
+    pub fn InstrAccumParallelQuery(
+        bufusage: *mut pg_sys::BufferUsage,
+        walusage: *mut pg_sys::WalUsage,
+    );
     pub fn psprintf(fmt: *const c_char, ...) -> *mut c_char;
     pub fn pstrdup(s: *const c_char) -> *mut c_char;
 }
@@ -327,13 +350,17 @@ pub unsafe fn set_parallel_leader(fps: *const FixedParallelState) {
     unsafe {
         #[cfg(feature = "pg15")]
         {
-            pg_sys::ParallelLeaderBackendId =
-                fps.as_ref().map_or(-1 /* InvalidBackendId */, |f| f.parallel_leader_backend_id);
+            pg_sys::ParallelLeaderBackendId = fps.as_ref().map_or(
+                -1, /* InvalidBackendId */
+                |f| f.parallel_leader_backend_id,
+            );
         }
         #[cfg(any(feature = "pg17", feature = "pg18"))]
         {
-            pg_sys::ParallelLeaderProcNumber =
-                fps.as_ref().map_or(-1 /* INVALID_PROC_NUMBER */, |f| f.parallel_leader_proc_number);
+            pg_sys::ParallelLeaderProcNumber = fps.as_ref().map_or(
+                -1, /* INVALID_PROC_NUMBER */
+                |f| f.parallel_leader_proc_number,
+            );
         }
     }
 }

@@ -107,7 +107,10 @@ pub fn executor_started(desc: *mut pg_sys::QueryDesc) {
     unsafe {
         let estate = (*desc).estate;
         // es_use_parallel_mode is only set by ExecutorRun: the plan's flag here.
-        if estate.is_null() || !(*(*desc).plannedstmt).parallelModeNeeded || (*desc).planstate.is_null() {
+        if estate.is_null()
+            || !(*(*desc).plannedstmt).parallelModeNeeded
+            || (*desc).planstate.is_null()
+        {
             return;
         }
         let mut found = 0usize;
@@ -157,8 +160,11 @@ unsafe fn consider(pool: &PoolShared, ps: *mut pg_sys::PlanState, found: &mut us
             pool.fall_back(pg_sys::MyDatabaseId, Fallback::Projection);
             return;
         }
-        let pg = MemoryContextAllocZero(pg_sys::TopTransactionContext, std::mem::size_of::<PoolGather>())
-            .cast::<PoolGather>();
+        let pg = MemoryContextAllocZero(
+            pg_sys::TopTransactionContext,
+            std::mem::size_of::<PoolGather>(),
+        )
+        .cast::<PoolGather>();
         (*pg).node = node;
         (*pg).stock = (*ps).ExecProcNodeReal;
         if !remember(node, pg) {
@@ -180,7 +186,9 @@ pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
         if s == State::Free || slot.database.load(Ordering::Acquire) != u32::from(database) {
             continue;
         }
-        if s == State::Starting && now - slot.starting_since_ms.load(Ordering::Acquire) > START_TIMEOUT_MS {
+        if s == State::Starting
+            && now - slot.starting_since_ms.load(Ordering::Acquire) > START_TIMEOUT_MS
+        {
             slot.cas((g, State::Starting), (g + 1, State::Free));
             continue;
         }
@@ -220,7 +228,8 @@ fn spawn(index: usize, database: pg_sys::Oid, gen: u64) -> bool {
     // it into shared memory.
     unsafe {
         let mut w: pg_sys::BackgroundWorker = std::mem::zeroed();
-        w.bgw_flags = (pg_sys::BGWORKER_SHMEM_ACCESS | pg_sys::BGWORKER_BACKEND_DATABASE_CONNECTION) as c_int;
+        w.bgw_flags =
+            (pg_sys::BGWORKER_SHMEM_ACCESS | pg_sys::BGWORKER_BACKEND_DATABASE_CONNECTION) as c_int;
         w.bgw_start_time = pg_sys::BgWorkerStartTime::BgWorkerStart_ConsistentState;
         w.bgw_restart_time = pg_sys::BGW_NEVER_RESTART;
         copy(&mut w.bgw_library_name, "pg_stride");
@@ -244,7 +253,9 @@ pub fn release_database(database: pg_sys::Oid) {
     let Some(pool) = shared::shared() else { return };
     let mut any = false;
     for slot in &pool.slots {
-        if slot.load().1 != State::Free && slot.database.load(Ordering::Acquire) == u32::from(database) {
+        if slot.load().1 != State::Free
+            && slot.database.load(Ordering::Acquire) == u32::from(database)
+        {
             slot.retire.store(true, Ordering::Release);
             let pid = slot.pid.load(Ordering::Acquire);
             if pid > 0 {
@@ -260,7 +271,8 @@ pub fn release_database(database: pg_sys::Oid) {
     crate::pg::wait_until(
         || {
             pool.slots.iter().all(|slot| {
-                slot.load().1 == State::Free || slot.database.load(Ordering::Acquire) != u32::from(database)
+                slot.load().1 == State::Free
+                    || slot.database.load(Ordering::Acquire) != u32::from(database)
             })
         },
         Some(Instant::now() + Duration::from_secs(5)),
@@ -303,7 +315,9 @@ unsafe extern "C-unwind" fn raise(message: *const c_char) {
 }
 
 /// The Gather's ExecProcNode while the pool runs it.
-unsafe extern "C-unwind" fn pool_exec_gather(pstate: *mut pg_sys::PlanState) -> *mut pg_sys::TupleTableSlot {
+unsafe extern "C-unwind" fn pool_exec_gather(
+    pstate: *mut pg_sys::PlanState,
+) -> *mut pg_sys::TupleTableSlot {
     // SAFETY: the executor calls this with the GatherState it was installed on; see the
     // module comment for the frames.
     unsafe {
@@ -334,7 +348,9 @@ unsafe extern "C-unwind" fn pool_exec_gather(pstate: *mut pg_sys::PlanState) -> 
 unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bool {
     // SAFETY: the executor's GatherState and our state of it.
     unsafe {
-        let Some(pool) = shared::shared() else { return false };
+        let Some(pool) = shared::shared() else {
+            return false;
+        };
         let gather = (*node).ps.plan.cast::<pg_sys::Gather>();
         let estate = (*node).ps.state;
         if !((*gather).num_workers > 0 && (*estate).es_use_parallel_mode) {
@@ -381,7 +397,11 @@ unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bo
             pool.fall_back(pg_sys::MyDatabaseId, Fallback::NoDsm);
         } else {
             if (*pg).registered_seg != (*pcxt).seg {
-                on_dsm_detach((*pcxt).seg, Some(on_detach), pg_sys::Datum::from(pg.cast::<c_void>()));
+                on_dsm_detach(
+                    (*pcxt).seg,
+                    Some(on_detach),
+                    pg_sys::Datum::from(pg.cast::<c_void>()),
+                );
                 (*pg).registered_seg = (*pcxt).seg;
             }
             BecomeLockGroupLeader();
@@ -415,13 +435,20 @@ unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bo
 fn idle_workers(pool: &PoolShared, database: pg_sys::Oid) -> usize {
     pool.slots
         .iter()
-        .filter(|s| s.load().1 == State::Idle && s.database.load(Ordering::Acquire) == u32::from(database))
+        .filter(|s| {
+            s.load().1 == State::Idle && s.database.load(Ordering::Acquire) == u32::from(database)
+        })
         .count()
 }
 
 /// Reserves up to `want` idle workers of this database and posts each a ticket: ticket
 /// i runs as parallel worker number i of the context.
-unsafe fn post_tickets(pool: &PoolShared, pg: *mut PoolGather, seg: *mut pg_sys::dsm_segment, want: usize) {
+unsafe fn post_tickets(
+    pool: &PoolShared,
+    pg: *mut PoolGather,
+    seg: *mut pg_sys::dsm_segment,
+    want: usize,
+) {
     // SAFETY: our state; the segment is the parallel context's.
     unsafe {
         let handle = dsm_segment_handle(seg);
@@ -440,8 +467,10 @@ unsafe fn post_tickets(pool: &PoolShared, pg: *mut PoolGather, seg: *mut pg_sys:
             let i = (*pg).nslots;
             slot.t_dsm.store(handle, Ordering::Relaxed);
             slot.t_worker_number.store(i as i32, Ordering::Relaxed);
-            slot.t_leader_procno.store(super::my_procno(), Ordering::Relaxed);
-            slot.t_posted_ns.store(crate::pg::monotonic_ns(), Ordering::Relaxed);
+            slot.t_leader_procno
+                .store(super::my_procno(), Ordering::Relaxed);
+            slot.t_posted_ns
+                .store(crate::pg::monotonic_ns(), Ordering::Relaxed);
             slot.leader_pid.store(pg_sys::MyProcPid, Ordering::Relaxed);
             if !slot.cas((g + 1, State::Reserved), (g + 1, State::Posted)) {
                 continue; // the worker exited meanwhile
@@ -466,7 +495,10 @@ fn wake(slot: &Slot) {
 }
 
 /// gather_getnext over the pool workers' queues and the leader's own part.
-unsafe fn getnext(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> *mut pg_sys::TupleTableSlot {
+unsafe fn getnext(
+    node: *mut pg_sys::GatherState,
+    pg: *mut PoolGather,
+) -> *mut pg_sys::TupleTableSlot {
     // SAFETY: the executor's node and our state of it.
     unsafe {
         let fslot = (*node).funnel_slot;
@@ -627,7 +659,9 @@ extern "C-unwind" {
 unsafe fn poll(pg: *mut PoolGather, rethrow: bool) -> bool {
     // SAFETY: our state.
     unsafe {
-        let Some(pool) = shared::shared() else { return false };
+        let Some(pool) = shared::shared() else {
+            return false;
+        };
         let mut changed = false;
         for i in 0..(*pg).nslots {
             if (*pg).finished[i] {

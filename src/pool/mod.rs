@@ -69,7 +69,9 @@ pub struct WorkerRow {
 
 /// The pool workers there are (started, or being started).
 pub fn workers() -> Vec<WorkerRow> {
-    let Some(pool) = shared::shared() else { return Vec::new() };
+    let Some(pool) = shared::shared() else {
+        return Vec::new();
+    };
     pool.slots
         .iter()
         .filter_map(|slot| {
@@ -100,7 +102,9 @@ pub fn workers() -> Vec<WorkerRow> {
 /// Gathers that ran without the pool, by database (0: databases beyond the counted
 /// ones) and reason; reasons never seen are left out.
 pub fn fallbacks() -> Vec<(pg_sys::Oid, &'static str, i64)> {
-    let Some(pool) = shared::shared() else { return Vec::new() };
+    let Some(pool) = shared::shared() else {
+        return Vec::new();
+    };
     pool.fallbacks
         .iter()
         .chain(std::iter::once(&pool.other_databases))
@@ -117,7 +121,9 @@ pub fn fallbacks() -> Vec<(pg_sys::Oid, &'static str, i64)> {
 
 /// The counters, by name.
 pub fn counters() -> Vec<(&'static str, i64)> {
-    let Some(pool) = shared::shared() else { return Vec::new() };
+    let Some(pool) = shared::shared() else {
+        return Vec::new();
+    };
     COUNTER_NAMES
         .iter()
         .zip(pool.counters.iter())

@@ -93,14 +93,23 @@ impl Slot {
 
     pub fn cas(&self, from: (u64, State), to: (u64, State)) -> bool {
         self.word
-            .compare_exchange(pack(from.0, from.1), pack(to.0, to.1), Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                pack(from.0, from.1),
+                pack(to.0, to.1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok()
     }
 
     /// Whether the ticket of generation `gen` is done (see the module comment).
     pub fn done(&self, gen: u64) -> bool {
         let (g, s) = self.load();
-        g != gen || !matches!(s, State::Reserved | State::Posted | State::Running | State::Cancel)
+        g != gen
+            || !matches!(
+                s,
+                State::Reserved | State::Posted | State::Running | State::Cancel
+            )
     }
 }
 
@@ -272,8 +281,12 @@ unsafe extern "C-unwind" fn on_startup() {
         let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
         pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         let mut found = false;
-        let ptr = pg_sys::ShmemInitStruct(REGION.as_ptr(), std::mem::size_of::<PoolShared>(), &mut found)
-            .cast::<PoolShared>();
+        let ptr = pg_sys::ShmemInitStruct(
+            REGION.as_ptr(),
+            std::mem::size_of::<PoolShared>(),
+            &mut found,
+        )
+        .cast::<PoolShared>();
         if !found {
             std::ptr::write_bytes(ptr.cast::<u8>(), 0, std::mem::size_of::<PoolShared>());
         }

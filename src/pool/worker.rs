@@ -93,7 +93,11 @@ unsafe extern "C-unwind" fn comm_flush() -> c_int {
 unsafe extern "C-unwind" fn comm_is_send_pending() -> bool {
     false
 }
-unsafe extern "C-unwind" fn comm_putmessage(msgtype: c_char, s: *const c_char, len: usize) -> c_int {
+unsafe extern "C-unwind" fn comm_putmessage(
+    msgtype: c_char,
+    s: *const c_char,
+    len: usize,
+) -> c_int {
     // SAFETY: process-local statics; shm_mq calls on the handle this fragment attached.
     // A longjmp out of check_for_interrupts leaves MQ_BUSY set, which the next message
     // of the fragment treats as pqmq.c does, and the next fragment resets.
@@ -159,14 +163,21 @@ static POOL_COMM: PQcommMethods = PQcommMethods {
 /// for the ticket is woken.
 unsafe extern "C-unwind" fn on_exit(_code: c_int, arg: pg_sys::Datum) {
     let Some(pool) = shared::shared() else { return };
-    let Some(slot) = pool.slots.get(arg.value()) else { return };
+    let Some(slot) = pool.slots.get(arg.value()) else {
+        return;
+    };
     slot.pid.store(0, Ordering::Release);
     let mut before = (0, State::Free);
-    let _ = slot.word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-        before = shared::unpack(w);
-        Some(pack(before.0, State::Free))
-    });
-    if matches!(before.1, State::Reserved | State::Posted | State::Running | State::Cancel) {
+    let _ = slot
+        .word
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            before = shared::unpack(w);
+            Some(pack(before.0, State::Free))
+        });
+    if matches!(
+        before.1,
+        State::Reserved | State::Posted | State::Running | State::Cancel
+    ) {
         set_latch_of(slot.t_leader_procno.load(Ordering::Acquire));
     }
 }
@@ -257,7 +268,9 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
         pg_sys::BackgroundWorkerUnblockSignals();
     }
     let Some(pool) = shared::shared() else { return };
-    let Some(slot) = pool.slots.get(index) else { return };
+    let Some(slot) = pool.slots.get(index) else {
+        return;
+    };
     if !slot.cas((gen, State::Starting), (gen, State::Connecting)) {
         return;
     }
@@ -322,7 +335,8 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
                 take_baseline();
             }
             let idle_timeout = gucs::POOL_IDLE_TIMEOUT_MS.get();
-            if idle_timeout > 0 && now_ms().saturating_sub(LAST_USED_MS) >= i64::from(idle_timeout) {
+            if idle_timeout > 0 && now_ms().saturating_sub(LAST_USED_MS) >= i64::from(idle_timeout)
+            {
                 pool.count(Counter::WorkersIdleExited);
                 proc_exit(0);
             }
@@ -348,7 +362,8 @@ unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64) {
         FRAG.t_taken = crate::pg::monotonic_ns();
         pool.add(
             Counter::NsWake,
-            FRAG.t_taken.saturating_sub(slot.t_posted_ns.load(Ordering::Relaxed)),
+            FRAG.t_taken
+                .saturating_sub(slot.t_posted_ns.load(Ordering::Relaxed)),
         );
         let handle = slot.t_dsm.load(Ordering::Relaxed);
         let number = slot.t_worker_number.load(Ordering::Relaxed);
@@ -469,7 +484,8 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         AttachSession(*shm_toc_lookup(toc, PARALLEL_KEY_SESSION_DSM, false).cast::<u32>());
         FRAG.session = true;
         let asnapspace = shm_toc_lookup(toc, PARALLEL_KEY_ACTIVE_SNAPSHOT, false).cast::<c_char>();
-        let tsnapspace = shm_toc_lookup(toc, PARALLEL_KEY_TRANSACTION_SNAPSHOT, true).cast::<c_char>();
+        let tsnapspace =
+            shm_toc_lookup(toc, PARALLEL_KEY_TRANSACTION_SNAPSHOT, true).cast::<c_char>();
         let asnapshot = RestoreSnapshot(asnapspace);
         let tsnapshot = if tsnapspace.is_null() {
             asnapshot
@@ -497,7 +513,8 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         pool.count(Counter::FragmentsEntered);
         FRAG.t_entered = crate::pg::monotonic_ns();
         slot.last_setup_ns.store(
-            FRAG.t_entered.saturating_sub(slot.t_posted_ns.load(Ordering::Relaxed)),
+            FRAG.t_entered
+                .saturating_sub(slot.t_posted_ns.load(Ordering::Relaxed)),
             Ordering::Relaxed,
         );
         ParallelQueryMain(seg, toc);
@@ -540,7 +557,9 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             // pointers into this session's DSA for any RECORD typmod; with none in the
             // registry, it cannot have.
             let registry = (*CurrentSession).shared_typmod_registry;
-            if !registry.is_null() && std::ptr::read_volatile(&raw const (*registry).next_typmod) > 0 {
+            if !registry.is_null()
+                && std::ptr::read_volatile(&raw const (*registry).next_typmod) > 0
+            {
                 FRAG.retire = true;
             }
             DetachSession();
@@ -582,7 +601,8 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         if cancelled {
             // CANCEL: the leader sends SIGINT right after winning that CAS; wait until
             // it arrived, so that it cannot cancel the next fragment.
-            slot.word.store(pack(gen, State::Restoring), Ordering::Release);
+            slot.word
+                .store(pack(gen, State::Restoring), Ordering::Release);
         }
         set_latch_of(FRAG.leader_procno);
         let released = crate::pg::monotonic_ns();
@@ -594,7 +614,8 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             while SIGINT_SEEN.load(Ordering::SeqCst) == FRAG.sigints && waited < 5000 {
                 WaitLatch(
                     pg_sys::MyLatch,
-                    (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
+                    (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH)
+                        as c_int,
                     10,
                     pg_sys::PG_WAIT_EXTENSION,
                 );
