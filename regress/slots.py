@@ -65,21 +65,24 @@ def finish_scans(sessions, pids=()):
 
 def sample(s, pids):
     """The backends' Cpus_allowed_list, sampled every 20 ms while all of them run SCAN
-    (at most 60 s)."""
-    samples = []
+    (at most 60 s), each with the CPU slots the scheduler had then (lent ones included)."""
+    samples, slots = [], []
     deadline = time.monotonic() + 60
     pid_list = ",".join(map(str, pids))
     while time.monotonic() < deadline:
         cpus = tuple(allowed_cpus(p) for p in pids)
-        running = s.sql("SET pg_stride.enabled = off; SELECT count(*) FROM pg_stat_activity "
-                        f"WHERE pid IN ({pid_list}) AND state = 'active'")
+        running, in_force = s.sql(
+            "SET pg_stride.enabled = off; SELECT (SELECT count(*) FROM pg_stat_activity "
+            f"WHERE pid IN ({pid_list}) AND state = 'active') || ' ' || "
+            "(SELECT cpu_slots FROM pg_stride.scheduler)").split()
         if running != str(len(pids)):
             if samples:
                 break
         else:
             samples.append(cpus)
+            slots.append(int(in_force))
         time.sleep(0.02)
-    return samples
+    return samples, slots
 
 
 def single(cpus):
@@ -89,22 +92,22 @@ def single(cpus):
 def sampled_scans(s, **settings):
     """Two sessions run SCAN with the reload-level `settings` in force (reset after);
     returns (samples of their CPUs while both run, their CPUs before, and after their
-    statements)."""
+    statements, and the CPU slots at each sample)."""
     for setting, value in settings.items():
         concurrency.set_server(s, f"pg_stride.{setting}", value)
     try:
         sessions, pids, before = start_scans(s, 2)
-        samples = sample(s, pids)
+        samples, slots = sample(s, pids)
         after = finish_scans(sessions, pids)
     finally:
         for setting in settings:
             concurrency.set_server(s, f"pg_stride.{setting}", None)
-    return samples, before, after
+    return samples, before, after, slots
 
 
 @check
 def two_holders_run_on_two_cpus_of_their_own(s):
-    samples, before, after = sampled_scans(s)
+    samples, before, after, _ = sampled_scans(s)
     both = [x for x in samples if all(single(c) for c in x)]
     print(f"    before {before}; {len(both)} of {len(samples)} samples with both pinned, "
           f"e.g. {both[-1] if both else None}; after {after}")
@@ -115,21 +118,24 @@ def two_holders_run_on_two_cpus_of_their_own(s):
 
 @check
 def with_one_slot_the_cpu_travels_with_the_slot(s):
-    samples, _, _ = sampled_scans(s, cpu_slots=1)
+    samples, _, _, slots = sampled_scans(s, cpu_slots=1)
+    # The watchdog lends a second slot, with a CPU of its own, while it sees the holder
+    # waiting on an event (a read, on a busy machine): only the samples taken with one
+    # slot in force are judged, and they must be most of them.
+    one = [x for x, n in zip(samples, slots) if n == 1]
+    assert len(one) >= len(samples) // 2, list(zip(samples, slots))
     # The paused one stays pinned to the CPU it left, which its slot's next holder got.
-    both = [x for x in samples if all(single(c) for c in x)]
+    both = [x for x in one if all(single(c) for c in x)]
     same = sum(1 for a, b in both if a == b)
-    print(f"    {len(both)} of {len(samples)} samples with both backends pinned, "
-          f"{same} of them to the same CPU")
-    assert len(both) >= len(samples) // 2, samples
-    # (The watchdog may lend a second slot for a moment, with a CPU of its own, when it
-    # sees the holder waiting on an event twice in a row.)
+    print(f"    {len(one)} of {len(samples)} samples with one slot, {len(both)} of them with "
+          f"both backends pinned, {same} of those to the same CPU")
+    assert len(both) >= len(one) // 2, one
     assert same >= 0.8 * len(both), f"one slot, but the holders were pinned to {both}"
 
 
 @check
 def with_pin_slots_off_nothing_is_pinned(s):
-    samples, before, _ = sampled_scans(s, pin_slots="off")
+    samples, before, _, _ = sampled_scans(s, pin_slots="off")
     seen = {c for x in samples for c in x if c is not None}
     print(f"    CPUs allowed while running: {sorted(seen)}; before {before}")
     assert seen == set(before), seen
@@ -145,7 +151,7 @@ def a_terminated_holders_cpu_goes_to_the_next_holders(s):
     s.sql(f"SELECT pg_terminate_backend({pids[0]})")
     sessions[0].close()
     finish_scans(sessions[1:])
-    samples, _, _ = sampled_scans(s)
+    samples, _, _, _ = sampled_scans(s)
     both = [x for x in samples if all(single(c) for c in x)]
     print(f"    after a holder was terminated: {len(both)} of {len(samples)} samples with "
           f"two new holders pinned, e.g. {both[-1] if both else None}")
