@@ -104,6 +104,15 @@ def session(s, i):
     return x, QUERY.format(role=role, path=path, work_mem=work_mem)
 
 
+def session_going_on_after_errors(s, i):
+    """session(), with psql going on after a failed statement (it prints the error on
+    stderr); also returns the result of the session's query from a first run."""
+    x, sql = session(s, i)
+    expected = x.run(sql)
+    x.run("\\set ON_ERROR_STOP 0\nSELECT 1")
+    return x, sql, expected
+
+
 def lines_until(x, marker, timeout=60):
     """Reads the session's output lines up to the one that is `marker`."""
     out = []
@@ -145,9 +154,7 @@ def pooled_results_match_serial_ones_across_roles_and_search_paths(s):
 def an_error_in_a_fragment_reaches_the_leader_and_the_worker_serves_on(s):
     pids = full_pool(s)
     before = counters(s)
-    x, sql = session(s, 0)
-    expected = x.run(sql)
-    x.run("\\set ON_ERROR_STOP 0\nSELECT 1")
+    x, sql, expected = session_going_on_after_errors(s, 0)
     for _ in range(20):
         x.send("SELECT sum(1 / (a % 50000)) FROM s1.t")
         # psql prints the error on stderr; the next statement's result shows it ended.
@@ -168,9 +175,7 @@ def an_error_in_a_fragment_reaches_the_leader_and_the_worker_serves_on(s):
 def statement_timeout_and_cancel_stop_the_fragments(s):
     pids = full_pool(s)
     before = counters(s)
-    x, sql = session(s, 1)
-    expected = x.run(sql)
-    x.run("\\set ON_ERROR_STOP 0\nSELECT 1")
+    x, sql, expected = session_going_on_after_errors(s, 1)
     ok = 0
     rng = random.Random(7)
     for _ in range(40):

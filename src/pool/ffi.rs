@@ -35,9 +35,9 @@ pub const PARALLEL_KEY_REINDEX_STATE: u64 = 0xFFFF_FFFF_FFFF_000C;
 pub const PARALLEL_KEY_RELMAPPER_STATE: u64 = 0xFFFF_FFFF_FFFF_000D;
 pub const PARALLEL_KEY_UNCOMMITTEDENUMS: u64 = 0xFFFF_FFFF_FFFF_000E;
 
-/// parallel.c's `FixedParallelState` of PostgreSQL 15 (from 15.10, which added the
-/// `*_is_superuser` flags; the leader is named by its BackendId).
-#[cfg(feature = "pg15")]
+/// parallel.c's `FixedParallelState`. 15 (from 15.10) has one more flag, which fits in
+/// the padding before the pointer, and names the leader by its BackendId; 17 and 18 by
+/// its ProcNumber.
 #[repr(C)]
 pub struct FixedParallelState {
     pub database_id: pg_sys::Oid,
@@ -48,37 +48,14 @@ pub struct FixedParallelState {
     pub temp_namespace_id: pg_sys::Oid,
     pub temp_toast_namespace_id: pg_sys::Oid,
     pub sec_context: c_int,
+    #[cfg(feature = "pg15")]
     pub authenticated_user_is_superuser: bool,
     pub session_user_is_superuser: bool,
     pub role_is_superuser: bool,
     pub parallel_leader_pgproc: *mut pg_sys::PGPROC,
     pub parallel_leader_pid: i32,
-    pub parallel_leader_backend_id: i32,
-    pub xact_ts: pg_sys::TimestampTz,
-    pub stmt_ts: pg_sys::TimestampTz,
-    pub serializable_xact_handle: *mut c_void,
-    pub mutex: u8,
-    pub last_xlog_end: u64,
-}
-
-/// parallel.c's `FixedParallelState` of PostgreSQL 17 and 18 (17 names the leader by
-/// its ProcNumber).
-#[cfg(any(feature = "pg17", feature = "pg18"))]
-#[repr(C)]
-pub struct FixedParallelState {
-    pub database_id: pg_sys::Oid,
-    pub authenticated_user_id: pg_sys::Oid,
-    pub session_user_id: pg_sys::Oid,
-    pub outer_user_id: pg_sys::Oid,
-    pub current_user_id: pg_sys::Oid,
-    pub temp_namespace_id: pg_sys::Oid,
-    pub temp_toast_namespace_id: pg_sys::Oid,
-    pub sec_context: c_int,
-    pub session_user_is_superuser: bool,
-    pub role_is_superuser: bool,
-    pub parallel_leader_pgproc: *mut pg_sys::PGPROC,
-    pub parallel_leader_pid: i32,
-    pub parallel_leader_proc_number: i32,
+    /// `parallel_leader_backend_id` in 15, `parallel_leader_proc_number` from 17 on.
+    pub parallel_leader_number: i32,
     pub xact_ts: pg_sys::TimestampTz,
     pub stmt_ts: pg_sys::TimestampTz,
     pub serializable_xact_handle: *mut c_void,
@@ -86,7 +63,7 @@ pub struct FixedParallelState {
     pub last_xlog_end: u64,
 }
 // The layout on x86_64 / aarch64 (checked by hand against parallel.c): 96 bytes in
-// every major, the 15-only flag fitting in the padding before the pointer.
+// every major.
 const _: () = assert!(std::mem::size_of::<FixedParallelState>() == 96);
 
 // ---- executor/execParallel.h (pgrx binds it as an opaque struct) ----
@@ -346,21 +323,17 @@ pub unsafe fn dlist_delete(node: *mut pg_sys::dlist_node) {
 /// # Safety
 /// `fps` is null or the leader's FixedParallelState.
 pub unsafe fn set_parallel_leader(fps: *const FixedParallelState) {
-    // SAFETY: the caller's promise; a process-local global of parallel.c.
+    // SAFETY: the caller's promise. InvalidBackendId and INVALID_PROC_NUMBER are both -1.
+    let number = unsafe { fps.as_ref() }.map_or(-1, |f| f.parallel_leader_number);
+    // SAFETY: a process-local global of parallel.c.
     unsafe {
         #[cfg(feature = "pg15")]
         {
-            pg_sys::ParallelLeaderBackendId = fps.as_ref().map_or(
-                -1, /* InvalidBackendId */
-                |f| f.parallel_leader_backend_id,
-            );
+            pg_sys::ParallelLeaderBackendId = number;
         }
         #[cfg(any(feature = "pg17", feature = "pg18"))]
         {
-            pg_sys::ParallelLeaderProcNumber = fps.as_ref().map_or(
-                -1, /* INVALID_PROC_NUMBER */
-                |f| f.parallel_leader_proc_number,
-            );
+            pg_sys::ParallelLeaderProcNumber = number;
         }
     }
 }

@@ -179,7 +179,7 @@ unsafe fn consider(pool: &PoolShared, ps: *mut pg_sys::PlanState, found: &mut us
 /// (starting or running); reclaims slots whose worker never started.
 pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
     let want = gucs::pool_size();
-    let now = now_ms();
+    let now = super::now_ms();
     let mut have = 0;
     for slot in &pool.slots {
         let (g, s) = slot.load();
@@ -212,10 +212,6 @@ pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
             break;
         }
     }
-}
-
-fn now_ms() -> i64 {
-    (crate::pg::monotonic_ns() / 1_000_000) as i64
 }
 
 fn spawn(index: usize, database: pg_sys::Oid, gen: u64) -> bool {
@@ -479,17 +475,7 @@ unsafe fn post_tickets(
             (*pg).gen[i] = g + 1;
             (*pg).nslots += 1;
             pool.count(Counter::TicketsPosted);
-            wake(slot);
-        }
-    }
-}
-
-fn wake(slot: &Slot) {
-    let procno = slot.procno.load(Ordering::Acquire);
-    // SAFETY: a PGPROC of allProcs, bounds-checked.
-    unsafe {
-        if procno >= 0 && (procno as u32) < (*pg_sys::ProcGlobal).allProcCount {
-            SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno as usize)).procLatch);
+            super::set_latch_of(slot.procno.load(Ordering::Acquire));
         }
     }
 }

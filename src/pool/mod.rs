@@ -18,6 +18,9 @@ mod ffi;
 mod leader;
 mod shared;
 mod worker;
+mod worker_row;
+
+pub use worker_row::WorkerRow;
 
 use crate::{gucs, pg};
 use pgrx::pg_sys;
@@ -25,6 +28,18 @@ use pgrx::pg_sys;
 pub use leader::{release_database, transaction_ended};
 use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;
+
+/// Sets the latch of the process with PGPROC number `procno` (-1: none).
+fn set_latch_of(procno: i32) {
+    if let Ok(procno) = usize::try_from(procno) {
+        pg::set_latch(procno);
+    }
+}
+
+/// CLOCK_MONOTONIC in ms.
+fn now_ms() -> i64 {
+    (pg::monotonic_ns() / 1_000_000) as i64
+}
 
 /// This process's PGPROC number, -1 before it has one.
 fn my_procno() -> i32 {
@@ -51,20 +66,6 @@ pub fn wanted(eflags: i32) -> bool {
 /// See [`leader::executor_started`].
 pub fn executor_started(desc: *mut pg_sys::QueryDesc) {
     leader::executor_started(desc);
-}
-
-/// One pool worker, as the `pg_stride.pool` view shows it.
-pub struct WorkerRow {
-    pub pid: i32,
-    pub database: pg_sys::Oid,
-    /// `starting`, `idle`, `busy` or `retiring`.
-    pub state: &'static str,
-    /// The leader of the fragment it runs, or ran last.
-    pub leader_pid: Option<i32>,
-    pub fragments: i64,
-    pub errors: i64,
-    /// The last fragment's set-up, ticket posted → plan fragment started (µs).
-    pub last_setup_us: Option<f64>,
 }
 
 /// The pool workers there are (started, or being started).

@@ -4,16 +4,10 @@
 
 use pgrx::pg_sys;
 
-/// See the pool module of the supported majors.
-pub struct WorkerRow {
-    pub pid: i32,
-    pub database: pg_sys::Oid,
-    pub state: &'static str,
-    pub leader_pid: Option<i32>,
-    pub fragments: i64,
-    pub errors: i64,
-    pub last_setup_us: Option<f64>,
-}
+#[path = "worker_row.rs"]
+mod worker_row;
+
+pub use worker_row::WorkerRow;
 
 pub fn install() {}
 

@@ -70,9 +70,6 @@ static mut MQ_BUSY: bool = false;
 /// When this worker last finished a fragment, or started (ms, CLOCK_MONOTONIC).
 static mut LAST_USED_MS: i64 = 0;
 
-fn now_ms() -> i64 {
-    (crate::pg::monotonic_ns() / 1_000_000) as i64
-}
 /// SIGINTs this process received: a cancel the leader sent may have been consumed (an
 /// ERROR) before the teardown looks, so the teardown waits for this count to move.
 static SIGINT_SEEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -178,20 +175,7 @@ unsafe extern "C-unwind" fn on_exit(_code: c_int, arg: pg_sys::Datum) {
         before.1,
         State::Reserved | State::Posted | State::Running | State::Cancel
     ) {
-        set_latch_of(slot.t_leader_procno.load(Ordering::Acquire));
-    }
-}
-
-fn set_latch_of(procno: i32) {
-    if procno < 0 {
-        return;
-    }
-    // SAFETY: a PGPROC of allProcs, bounds-checked; SetLatch on another process's latch
-    // is allowed and raises no error.
-    unsafe {
-        if (procno as u32) < (*pg_sys::ProcGlobal).allProcCount {
-            SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno as usize)).procLatch);
-        }
+        super::set_latch_of(slot.t_leader_procno.load(Ordering::Acquire));
     }
 }
 
@@ -294,7 +278,7 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
         );
         take_baseline();
         GetUserIdAndSecContext(&raw mut MY_USER, &raw mut MY_SEC_CONTEXT);
-        LAST_USED_MS = now_ms();
+        LAST_USED_MS = super::now_ms();
         pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null());
     }
     if !slot.cas((gen, State::Connecting), (gen, State::Idle)) {
@@ -335,7 +319,8 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
                 take_baseline();
             }
             let idle_timeout = gucs::POOL_IDLE_TIMEOUT_MS.get();
-            if idle_timeout > 0 && now_ms().saturating_sub(LAST_USED_MS) >= i64::from(idle_timeout)
+            if idle_timeout > 0
+                && super::now_ms().saturating_sub(LAST_USED_MS) >= i64::from(idle_timeout)
             {
                 pool.count(Counter::WorkersIdleExited);
                 proc_exit(0);
@@ -604,7 +589,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             slot.word
                 .store(pack(gen, State::Restoring), Ordering::Release);
         }
-        set_latch_of(FRAG.leader_procno);
+        super::set_latch_of(FRAG.leader_procno);
         let released = crate::pg::monotonic_ns();
         if FRAG.ok {
             pool.add(Counter::NsUntilReleased, released - FRAG.t_ran);
@@ -647,7 +632,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             pool.count(Counter::WorkersRetired);
             proc_exit(0);
         }
-        LAST_USED_MS = now_ms();
+        LAST_USED_MS = super::now_ms();
         slot.word.store(pack(gen, State::Idle), Ordering::Release);
     }
 }
