@@ -47,7 +47,11 @@ SELECT count(*) FROM numbers;
 -- parallel_mode = off leaves the counts to PostgreSQL; only superusers may set it.
 SET pg_stride.parallel_mode = off;
 EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF, BUFFERS OFF) SELECT count(*) FROM numbers;
+-- pool is a value (its Gathers are in regress/pool.py); an unknown one lists them.
 SET pg_stride.parallel_mode = pool;
+SHOW pg_stride.parallel_mode;
+SET pg_stride.parallel_mode = bogus;
+SET pg_stride.parallel_mode = off;
 CREATE ROLE stride_user;
 SET ROLE stride_user;
 SET pg_stride.parallel_mode = native;
