@@ -6,7 +6,8 @@ from its views (`pg_stride.pool`, `pg_stride.pool_fallbacks`) and counters
 (`pg_stride.pool_counters()`):
 
 - results are those of a serial run, for two roles with different search_path (that
-  resolves `t` to two different tables) and work_mem, checked inside the fragment;
+  resolves `t` to two different tables) and work_mem, checked inside the fragment, and
+  for a Gather that projects (a parallel-restricted function in the target list);
 - an ERROR in a fragment reaches the leader with its SQLSTATE, and the pool worker
   serves on (same pids);
 - statement_timeout and cancel of the leader stop its fragments: no wrong result, no
@@ -151,6 +152,30 @@ def pooled_results_match_serial_ones_across_roles_and_search_paths(s):
 
 
 @check
+def a_gather_that_projects_runs_in_the_pool(s):
+    """A parallel-restricted function in the target list: the Gather itself evaluates it
+    (its own projection) over the tuples the pool workers send."""
+    pids = full_pool(s)
+    sql = ("SELECT count(*), string_agg(v::text, ',' ORDER BY v) FROM "
+           "(SELECT s1.restricted(a) * 2 + b AS v FROM s1.t WHERE a % 997 = 0) q")
+    plan = s.sql("EXPLAIN (VERBOSE, COSTS OFF) " + sql).splitlines()
+    gather = [i for i, line in enumerate(plan) if line.strip().startswith("->  Gather")]
+    assert len(gather) == 1 and "Merge" not in plan[gather[0]], plan
+    assert "s1.restricted" in plan[gather[0] + 1], plan
+    x = concurrency.Session(s)
+    expected = serial_result(x, sql)
+    assert expected[0].startswith(f"{200000 // 997}|"), expected
+    before = counters(s)
+    for _ in range(10):
+        assert x.run(sql) == expected
+    x.close()
+    pooled = counted(s, before, "gathers_pooled")
+    assert pooled == 10, counters(s)
+    assert_pool_clean(s, pids)
+    print(f"    10 of 10 results as serial; {pooled} projecting Gathers ran in the pool")
+
+
+@check
 def an_error_in_a_fragment_reaches_the_leader_and_the_worker_serves_on(s):
     pids = full_pool(s)
     before = counters(s)
@@ -290,6 +315,9 @@ def setup(s):
     s.sql("CREATE TABLE s2.t AS SELECT g AS a, g % 5 AS b FROM generate_series(1, 150000) g")
     s.sql("CREATE TABLE s1.slow AS SELECT g AS a FROM generate_series(1, 20000) g")
     s.sql("ANALYZE s1.t; ANALYZE s2.t; ANALYZE s1.slow")
+    # plpgsql, so that the planner cannot inline it into the parallel scan
+    s.sql("CREATE FUNCTION s1.restricted(int) RETURNS int LANGUAGE plpgsql PARALLEL "
+          "RESTRICTED AS 'BEGIN RETURN $1 + 1; END'")
     for role, _, _ in SESSIONS:
         s.sql(f"CREATE ROLE {role}; GRANT USAGE ON SCHEMA s1, s2 TO {role}; "
               f"GRANT SELECT ON ALL TABLES IN SCHEMA s1, s2 TO {role}")

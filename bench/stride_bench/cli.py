@@ -541,6 +541,10 @@ def main(argv=None):
     g.add_argument("--tuner-phases", action="store_true",
                    help="three-phase arrival sequence (mix, longer mix, mix) per configuration "
                    "(default stride-decay,stride-tuner); writes bench/results/TUNER.md")
+    g.add_argument("--pool", action="store_true",
+                   help="the pool (parallel_mode = pool) against PostgreSQL's workers and no "
+                   "workers: TPC-H results at both scales, latency of small parallel "
+                   "queries; writes bench/results/POOL.md")
     g.add_argument("--report", metavar="RUN_DIR", help="rebuild the report of a finished run")
     ap.add_argument("--configs", help="comma-separated configuration names (default: all)")
     ap.add_argument("--parts", help="comma-separated subset of open,mixed,overhead")
@@ -580,6 +584,16 @@ def main(argv=None):
         report.write(meta, rd, publish=(meta["plan"]["mode"] == "full" and not args.out),
                      outdir=Path(args.out) if args.out else None)
         return 0
+
+    if args.pool:
+        from . import pool
+        run_dir = OUT / "runs" / (dt.datetime.now().strftime("%Y%m%d-%H%M%S") + "-pool")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log(f"pool run into {run_dir}")
+        signal.signal(signal.SIGTERM, _sigterm)
+        return pool.main(run_dir, expand(load_configs()["base"]["settings"]),
+                         args.small_sf or Plan.small_sf, args.large_sf or Plan.large_sf,
+                         publish=not args.out)
 
     plan = make_plan("quick" if args.quick else "phases" if args.tuner_phases else "full")
     if args.small_sf:

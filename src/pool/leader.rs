@@ -142,6 +142,12 @@ unsafe fn walk(pool: &PoolShared, planstate: *mut pg_sys::PlanState, found: &mut
 unsafe fn consider(pool: &PoolShared, ps: *mut pg_sys::PlanState, found: &mut usize) {
     // SAFETY: a valid PlanState; a T_GatherState is a GatherState over a Gather plan.
     unsafe {
+        if (*ps).type_ == pg_sys::NodeTag::T_GatherMergeState {
+            if (*(*ps).plan.cast::<pg_sys::GatherMerge>()).num_workers > 0 {
+                pool.fall_back(pg_sys::MyDatabaseId, Fallback::GatherMerge);
+            }
+            return;
+        }
         if (*ps).type_ != pg_sys::NodeTag::T_GatherState {
             return;
         }
@@ -156,10 +162,6 @@ unsafe fn consider(pool: &PoolShared, ps: *mut pg_sys::PlanState, found: &mut us
         }
         // rescan_param is set on every Gather (create_gather_plan): a rescan is handled
         // by waiting for the previous round (start_round).
-        if !(*ps).ps_ProjInfo.is_null() {
-            pool.fall_back(pg_sys::MyDatabaseId, Fallback::Projection);
-            return;
-        }
         let pg = MemoryContextAllocZero(
             pg_sys::TopTransactionContext,
             std::mem::size_of::<PoolGather>(),
@@ -335,6 +337,36 @@ unsafe extern "C-unwind" fn pool_exec_gather(
         if tup_is_null(slot) {
             return std::ptr::null_mut();
         }
+        let projection = (*node).ps.ps_ProjInfo;
+        if projection.is_null() {
+            return slot;
+        }
+        (*econtext).ecxt_outertuple = slot;
+        exec_project(projection)
+    }
+}
+
+/// ExecProject, an inline function of executor.h: evaluates the projection into its
+/// result slot, in the per-tuple memory of its expression context.
+unsafe fn exec_project(projection: *mut pg_sys::ProjectionInfo) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: the Gather's ProjectionInfo, built by ExecInitGather (ExecAssignProjectionInfo)
+    // over its outer tuple, which the caller set.
+    unsafe {
+        let econtext = (*projection).pi_exprContext;
+        let state = &raw mut (*projection).pi_state;
+        let slot = exec_clear_tuple((*state).resultslot);
+        let previous = pg_sys::CurrentMemoryContext;
+        pg_sys::CurrentMemoryContext = (*econtext).ecxt_per_tuple_memory;
+        // From 18 on a projection's program ends in EEOP_DONE_NO_RETURN, which asserts a
+        // null isnull (ExecEvalExprNoReturn); before, ExecProject passes a dummy.
+        #[cfg(feature = "pg18")]
+        let isnull = std::ptr::null_mut();
+        #[cfg(not(feature = "pg18"))]
+        let isnull = &mut false as *mut bool;
+        ((*state).evalfunc.unwrap())(state, econtext, isnull);
+        pg_sys::CurrentMemoryContext = previous;
+        (*slot).tts_flags &= !TTS_FLAG_EMPTY;
+        (*slot).tts_nvalid = (*(*slot).tts_tupleDescriptor).natts as pg_sys::AttrNumber;
         slot
     }
 }

@@ -174,8 +174,8 @@ pub enum Fallback {
     Serializable,
     /// An initPlan parameter the leader evaluates before launching workers.
     InitParam,
-    /// A projection on the Gather itself.
-    Projection,
+    /// A Gather Merge: the pool runs Gathers only (PostgreSQL's workers keep the merge).
+    GatherMerge,
     /// No idle pool worker of the database (all busy, or still starting).
     NoIdleWorker,
     /// PostgreSQL set up no DSM segment for the Gather (no worker slot, or none wanted).
@@ -185,7 +185,7 @@ pub const FALLBACK_NAMES: [&str; 6] = [
     "transaction has an xid",
     "serializable",
     "init plan parameter",
-    "projection on the gather",
+    "gather merge",
     "no idle pool worker",
     "no parallel context",
 ];

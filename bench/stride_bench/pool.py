@@ -1,0 +1,360 @@
+"""bench/run --pool: pg_stride's pool (`pg_stride.parallel_mode = pool`) against
+PostgreSQL's own parallel workers and against no workers, on one server in one run.
+
+Two parts (README "The pool"; bench/README.md, "The pool"):
+
+- results: the 22 TPC-H queries at both scales, each with one fixed draw of its
+  parameters, run serially, with parallel_mode off, native and pool, parallel plans
+  encouraged (parallel costs 0); the outputs must be equal byte for byte. The pool's
+  counters say how many of each query's Gathers pool workers ran.
+- latency: small parallel queries, one client, the three ways interleaved in rounds
+  (each round runs every way once, in a rotating order): a 1-row table, count(*) over
+  100k rows, TPC-H Q6 at the small scale; medians of >= 200 executions per way, and the
+  pool's set-up time per fragment broken into phases (pg_stride.pool_counters()); once
+  with the server's default min_dynamic_shared_memory and once with 64MB.
+"""
+
+import hashlib
+import json
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+from . import analysis, data, queries
+from .common import PG_BIN, RESULTS_DIR, log, ncpus, run
+from .pgserver import Server, stride_library_present
+from .workload import TPCH_DB, pgbench
+
+SEED = 20210
+POOL_SIZE = 4
+# On every server of this run: pg_stride loaded and scheduling pgbench's superuser; CPU
+# slots enough that the concurrency hint grants every planned worker, so that the three
+# ways differ only in who runs the parallel part.
+SETTINGS = [
+    "shared_preload_libraries = 'pg_stride'",
+    "pg_stride.exempt_superuser = off",
+    "pg_stride.cpu_slots = 8",
+    f"pg_stride.pool_size = {POOL_SIZE}",
+]
+# Parallel plans wherever the planner can make one, with 2 workers.
+PARALLEL = ("-c parallel_setup_cost=0 -c parallel_tuple_cost=0 "
+            "-c min_parallel_table_scan_size=0 -c min_parallel_index_scan_size=0 "
+            "-c max_parallel_workers_per_gather=2")
+# The ways a query runs, as session options.
+WAYS = {
+    "no workers": "-c max_parallel_workers_per_gather=0",
+    "off": "-c pg_stride.parallel_mode=off",
+    "native": "-c pg_stride.parallel_mode=native",
+    "pool": "-c pg_stride.parallel_mode=pool",
+}
+LATENCY_WAYS = ["no workers", "native", "pool"]
+# The latency part runs twice, the server restarted in between: as configured above, and
+# with a preallocated area for dynamic shared memory, where every Gather's parallel
+# context is created without a new segment's system calls (as its leader sets one up for
+# native workers and pool workers alike).
+SERVER_VARIANTS = [("min_dynamic_shared_memory = 0 (default)", []),
+                   ("min_dynamic_shared_memory = 64MB", ["min_dynamic_shared_memory = '64MB'"])]
+ROUNDS = 10
+PER_ROUND = 25          # executions per way and round: 250 per way
+
+SCHEMA = "pool_bench"
+SETUP_SQL = f"""
+create schema if not exists {SCHEMA};
+drop table if exists {SCHEMA}.one_row, {SCHEMA}.rows_100k;
+create table {SCHEMA}.one_row (a int);
+insert into {SCHEMA}.one_row values (1);
+create table {SCHEMA}.rows_100k as select g as a, g % 97 as b from generate_series(1, 100000) g;
+alter table {SCHEMA}.one_row set (parallel_workers = 2);
+alter table {SCHEMA}.rows_100k set (parallel_workers = 2);
+"""
+
+# Phases of a fragment, as pg_stride.pool_counters() sums them (src/pool/shared.rs).
+PHASES = [
+    ("ns_wake", "posted -> taken by the pool worker"),
+    ("ns_restore", "leader's state restored"),
+    ("ns_run", "ParallelQueryMain"),
+    ("ns_until_x", "until the end message is sent"),
+    ("ns_until_released", "out of the leader's lock group"),
+    ("ns_own_restore", "own settings restored, idle again"),
+]
+
+
+def options(way: str, extra: str = "") -> str:
+    """Session options of `way`, with `extra` (a workload's own) except for "no workers":
+    a forced Gather would launch its worker even with max_parallel_workers_per_gather 0."""
+    return " ".join(filter(None, (PARALLEL, WAYS[way], "" if way == "no workers" else extra)))
+
+
+def fixed_parameters(text: str, rng: random.Random) -> str:
+    """The pgbench script `text` as a psql script: each `\\set NAME random(A, B)` drawn
+    once with `rng`, expressions of earlier variables evaluated as pgbench would
+    (integers), and written as psql's own `\\set NAME VALUE`, which psql interpolates
+    as `:NAME` the same way."""
+    values = {}
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"\\set (\w+) (.+)$", line)
+        if not m:
+            out.append(line)
+            continue
+        name, expr = m.group(1), m.group(2).strip()
+        r = re.fullmatch(r"random\((-?\d+),\s*(-?\d+)\)", expr)
+        if r:
+            value = rng.randint(int(r.group(1)), int(r.group(2)))
+        else:
+            expr = re.sub(r":(\w+)", lambda v: str(values[v.group(1)]), expr)
+            if not re.fullmatch(r"[0-9+\-*%() ]+", expr):
+                raise ValueError(f"cannot evaluate pgbench expression {m.group(2)!r}")
+            value = eval(expr.replace("/", "//"))  # digits and operators only
+        values[name] = value
+        out.append(f"\\set {name} {value}")
+    return "\n".join(out) + "\n"
+
+
+class PoolBench:
+    def __init__(self, run_dir: Path, small_sf: float, large_sf: float):
+        self.run_dir = run_dir
+        self.server = Server()
+        self.scales = [small_sf, large_sf]
+        self.meta = {"pool_size": POOL_SIZE, "cpus": ncpus(), "settings": SETTINGS,
+                     "parallel": PARALLEL, "ways": WAYS}
+
+    def psql(self, sql: str, way: str | None = None, db: str = TPCH_DB, extra: str = "") -> str:
+        env = dict(os.environ, PGOPTIONS=options(way, extra)) if way else None
+        res = run([PG_BIN / "psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
+                   *self.server.conn_args(db), "-c", sql], capture=True, env=env, quiet=True)
+        return res.stdout
+
+    def counters(self) -> dict:
+        out = self.psql("select name, value from pg_stride.pool_counters() "
+                        "union all select 'fallback: ' || reason, sum(gathers) "
+                        "from pg_stride.pool_fallbacks group by reason")
+        return {k: int(v) for k, v in (line.split("|") for line in out.splitlines())}
+
+    @staticmethod
+    def delta(after: dict, before: dict) -> dict:
+        return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+    def setup(self, base: list):
+        self.server.ensure_initdb(base)
+        self.server.start(SETTINGS, "pool")
+        for sf in self.scales:
+            data.load(self.server, TPCH_DB, sf)
+        if not self.server.create_extension(TPCH_DB, "pg_stride"):
+            raise RuntimeError("CREATE EXTENSION pg_stride failed in database tpch")
+        self.psql("set client_min_messages = warning;" + SETUP_SQL)
+        self.psql(f"vacuum (freeze, analyze) {SCHEMA}.one_row, {SCHEMA}.rows_100k")
+        self.server.prewarm(TPCH_DB, [data.schema_name(sf) for sf in self.scales] + [SCHEMA])
+        self.meta["server"] = self.psql("select version()").strip()
+
+    # ---- results ----------------------------------------------------------------------
+    def results(self) -> list:
+        """Every query at both scales, the same fixed parameters for every way."""
+        rows = []
+        rng = random.Random(SEED)
+        sdir = self.run_dir / "pool_results"
+        sdir.mkdir(parents=True, exist_ok=True)
+        for sf in self.scales:
+            schema = data.schema_name(sf)
+            for q in queries.ALL:
+                script = sdir / f"{schema}_{q}.sql"
+                script.write_text(fixed_parameters(queries.render(q, schema, sf), rng))
+                row = {"query": q, "sf": sf, "digests": {}}
+                for way in WAYS:
+                    before = self.counters()
+                    t0 = time.monotonic()
+                    res = run([PG_BIN / "psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
+                               *self.server.conn_args(TPCH_DB), "-f", script],
+                              capture=True, env=dict(os.environ, PGOPTIONS=options(way)),
+                              quiet=True, check=False)
+                    elapsed = time.monotonic() - t0
+                    out = res.stdout if res.returncode == 0 else "ERROR " + res.stderr
+                    (sdir / f"{schema}_{q}.{way.replace(' ', '_')}.out").write_text(out)
+                    row["digests"][way] = hashlib.sha256(out.encode()).hexdigest()[:12]
+                    row.setdefault("rows", out.count("\n"))
+                    row.setdefault("ms", {})[way] = elapsed * 1000
+                    if way == "pool":
+                        row["pool"] = self.delta(self.counters(), before)
+                row["equal"] = len(set(row["digests"].values())) == 1
+                rows.append(row)
+                p = row["pool"]
+                log(f"  {schema} {q}: {row['rows']:4d} rows, "
+                    f"{'equal' if row['equal'] else 'DIFFERENT: ' + json.dumps(row['digests'])}; "
+                    f"pool: {p.get('gathers_pooled', 0)} gathers pooled, "
+                    f"{p.get('fragments_ok', 0)} fragments, fallbacks "
+                    f"{ {k[10:]: v for k, v in p.items() if k.startswith('fallback: ')} or '-'}")
+        return rows
+
+    # ---- latency ----------------------------------------------------------------------
+    def latency(self) -> dict:
+        ldir = self.run_dir / "pool_latency"
+        ldir.mkdir(parents=True, exist_ok=True)
+        q6 = ldir / "q6.sql"
+        q6.write_text(queries.render("q06", data.schema_name(self.scales[0]), self.scales[0]))
+        one = ldir / "one_row.sql"
+        one.write_text(f"select a from {SCHEMA}.one_row;\n")
+        cnt = ldir / "count_100k.sql"
+        cnt.write_text(f"select count(*) from {SCHEMA}.rows_100k;\n")
+        # A 1-row table gets no parallel plan even at parallel costs 0 (its one page is
+        # not divided): its Gather is forced, a single-copy one (the worker runs the scan).
+        force = ("-c debug_parallel_query=on" if int(self.psql("show server_version_num")) >= 160000
+                 else "-c force_parallel_mode=on")
+        workloads = [("1-row table, forced parallelism", one, force),
+                     ("count(*) over 100k rows", cnt, ""),
+                     (f"TPC-H Q6, SF {self.scales[0]:g}", q6, "")]
+        out = {}
+        for label, script, extra in workloads:
+            plans = {w: self.psql("explain (analyze, costs off, timing off, summary off) "
+                                  + self.statement(script), way=w, extra=extra)
+                     for w in LATENCY_WAYS}
+            lat = {w: [] for w in LATENCY_WAYS}
+            phases = {}
+            # warm-up: pool workers started, caches filled, for every way
+            for way in LATENCY_WAYS:
+                self.pgbench(script, way, extra, 20, ldir / f"warm_{script.stem}_{way[:2]}")
+            for rnd in range(ROUNDS):
+                k = rnd % len(LATENCY_WAYS)
+                for way in LATENCY_WAYS[k:] + LATENCY_WAYS[:k]:
+                    before = self.counters() if way == "pool" else None
+                    lat[way] += self.pgbench(script, way, extra, PER_ROUND,
+                                             ldir / f"{script.stem}_{way[:2]}_{rnd}")
+                    if before is not None:
+                        for k2, v in self.delta(self.counters(), before).items():
+                            phases[k2] = phases.get(k2, 0) + v
+            res = {w: stats([x * 1000 for x in lat[w]]) for w in LATENCY_WAYS}
+            out[label] = {"ms": res, "pool": phases, "plans": plans, "options": extra}
+            log(f"  {label}: median " + ", ".join(
+                f"{w} {res[w]['p50']:.3f} ms" for w in LATENCY_WAYS)
+                + f"; pool fragments {phases.get('fragments_ok', 0)}, gathers pooled "
+                f"{phases.get('gathers_pooled', 0)}")
+        return out
+
+    @staticmethod
+    def statement(script: Path) -> str:
+        """The one statement of a latency script, its pgbench variables fixed."""
+        text = fixed_parameters(script.read_text(), random.Random(SEED))
+        sets = dict(re.findall(r"\\set (\w+) (\S+)", text))
+        body = "\n".join(line for line in text.splitlines()
+                         if not line.startswith(("\\set", "--")))
+        return re.sub(r"(?<!:):(\w+)", lambda m: sets.get(m.group(1), m.group(0)), body).rstrip(";\n")
+
+    def pgbench(self, script: Path, way: str, extra: str, n: int, prefix: Path) -> list:
+        for old in prefix.parent.glob(prefix.name + ".*"):
+            if old.suffix.lstrip(".").isdigit():
+                old.unlink()
+        os.environ["PGOPTIONS"] = options(way, extra)
+        try:
+            r = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", n,
+                         f"--random-seed={SEED}", "-l", f"--log-prefix={prefix}", "-f", script],
+                        self.server.conn_args(TPCH_DB), Path(str(prefix) + ".out"),
+                        timeout=600, cwd=prefix.parent)
+        finally:
+            del os.environ["PGOPTIONS"]
+        txns = analysis.parse_logs(str(prefix))
+        if r["rc"] != 0 or len(txns) != n or any(t.failed for t in txns):
+            raise RuntimeError(f"pgbench {script.name} ({way}) failed; see {prefix}.out")
+        return [t.latency_s for t in txns]
+
+
+def stats(xs: list) -> dict:
+    return {"n": len(xs), **{f"p{p}": analysis.percentile(xs, p) for p in (10, 50, 90, 99)}}
+
+
+def report(meta: dict) -> list:
+    lines = ["# The pool against PostgreSQL's parallel workers", "",
+             f"Written by `bench/run --pool` on {meta['finished']} against {meta['server']}, "
+             f"{meta['cpus']} CPUs, pg_stride.so {meta['library']}; one server, one run. "
+             f"Server settings beyond bench/configs.toml's base: "
+             + ", ".join(f"`{s}`" for s in SETTINGS) + ". Session options of every query: "
+             f"`{PARALLEL}`.", ""]
+    res = meta["results"]
+    same = sum(1 for r in res if r["equal"])
+    pooled = sum(r["pool"].get("gathers_pooled", 0) for r in res)
+    frags = sum(r["pool"].get("fragments_ok", 0) for r in res)
+    lines += ["## Results", "",
+              f"{same} of {len(res)} query runs give the same output byte for byte with no "
+              f"workers, parallel_mode off, native and pool (each query once per scale with "
+              f"one fixed draw of its parameters). In pool mode, {pooled} Gathers ran in "
+              f"pool workers ({frags} fragments).", "",
+              "| scale | query | rows | equal | Gathers pooled | fragments | fallbacks | "
+              "ms: no workers / off / native / pool |", "|---|---|---|---|---|---|---|---|"]
+    for r in res:
+        fb = ", ".join(f"{k[10:]} {v}" for k, v in r["pool"].items() if k.startswith("fallback: "))
+        lines.append(f"| {r['sf']:g} | {r['query']} | {r['rows']} | "
+                     f"{'yes' if r['equal'] else '**no**'} | {r['pool'].get('gathers_pooled', 0)} | "
+                     f"{r['pool'].get('fragments_ok', 0)} | {fb or '-'} | "
+                     + " / ".join(f"{r['ms'][w]:.0f}" for w in WAYS) + " |")
+    lines += ["", "## Latency", "",
+              f"One client, {ROUNDS} rounds of {PER_ROUND} executions per way (after 20 "
+              "unmeasured ones per way); each round runs the ways in a rotating order. "
+              "Latency as pgbench logs it (µs resolution). Twice, the server restarted in "
+              "between: with its settings above, and with `min_dynamic_shared_memory = 64MB`, "
+              "so that each Gather's parallel context is carved from preallocated shared "
+              "memory instead of a new segment (the same for PostgreSQL's workers and the "
+              "pool's)."]
+    for variant, latency in meta["latency"].items():
+        lines += ["", f"### {variant}", "",
+                  "| query | way | median ms | p10 | p90 | p99 | n | median vs no workers | "
+                  "native ÷ pool (medians) |", "|---|---|---|---|---|---|---|---|---|"]
+        for label, v in latency.items():
+            ms = v["ms"]
+            for w in LATENCY_WAYS:
+                st = ms[w]
+                lines.append(
+                    f"| {label} | {w} | {st['p50']:.3f} | {st['p10']:.3f} | {st['p90']:.3f} | "
+                    f"{st['p99']:.3f} | {st['n']} | {st['p50'] - ms['no workers']['p50']:+.3f} | "
+                    + (f"{ms['native']['p50'] / ms['pool']['p50']:.2f}" if w == "pool" else "")
+                    + " |")
+        lines += ["", "The pool's set-up per fragment: means over the fragments pool workers "
+                  "ran in the measured rounds (`pg_stride.pool_counters()`, differences across "
+                  "each pool batch).", "",
+                  "| query | fragments | " + " | ".join(d for _, d in PHASES) + " |",
+                  "|---|---|" + "---|" * len(PHASES)]
+        for label, v in latency.items():
+            p = v["pool"]
+            n = p.get("fragments_ok", 0) + p.get("fragments_error", 0)
+            lines.append(f"| {label} | {n} | " + " | ".join(
+                f"{p.get(k, 0) / n / 1000:.1f} µs" if n else "-" for k, _ in PHASES) + " |")
+    lines += ["", "## Plans", "", "EXPLAIN ANALYZE of each latency query, per way (first "
+              "server variant)", ""]
+    for label, v in next(iter(meta["latency"].values())).items():
+        for w in LATENCY_WAYS:
+            lines += [f"{label}, {w}:", "", "```", v["plans"][w].rstrip(), "```", ""]
+    return lines
+
+
+def main(run_dir: Path, base: list, small_sf: float, large_sf: float, publish: bool) -> int:
+    if not stride_library_present():
+        log("pg_stride.so is not installed: install the extension first (make install)")
+        return 1
+    bench = PoolBench(run_dir, small_sf, large_sf)
+    try:
+        bench.setup(base)
+        log("results: 22 queries x 2 scales x " + ", ".join(WAYS))
+        bench.meta["results"] = bench.results()
+        bench.meta["latency"] = {}
+        for variant, extra in SERVER_VARIANTS:
+            bench.server.start(SETTINGS + extra, "pool")
+            log(f"latency ({variant}): " + ", ".join(LATENCY_WAYS))
+            bench.meta["latency"][variant] = bench.latency()
+    finally:
+        bench.server.shutdown()
+    meta = bench.meta
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    so = Path(run([PG_BIN / "pg_config", "--pkglibdir"], capture=True, quiet=True)
+              .stdout.strip()) / "pg_stride.so"
+    st = so.stat()
+    meta["library"] = (f"{st.st_size / 1e6:.1f} MB of "
+                       f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(st.st_mtime))} UTC")
+    (run_dir / "pool.json").write_text(json.dumps(meta, indent=1))
+    text = "\n".join(report(meta)) + "\n"
+    (run_dir / "POOL.md").write_text(text)
+    if publish:
+        (RESULTS_DIR / "POOL.md").write_text(text)
+    log(f"report: {run_dir / 'POOL.md'}" + (f" and {RESULTS_DIR / 'POOL.md'}" if publish else ""))
+    bad = [f"{r['query']} SF {r['sf']:g}" for r in meta["results"] if not r["equal"]]
+    if bad:
+        log("results differ: " + ", ".join(bad))
+    return 1 if bad else 0
