@@ -7,7 +7,8 @@ from its views (`pg_stride.pool`, `pg_stride.pool_fallbacks`) and counters
 
 - results are those of a serial run, for two roles with different search_path (that
   resolves `t` to two different tables) and work_mem, checked inside the fragment, and
-  for a Gather that projects (a parallel-restricted function in the target list);
+  for a Gather that projects (a parallel-restricted function in the target list) and
+  one that needs the value of an initPlan;
 - an ERROR in a fragment reaches the leader with its SQLSTATE, and the pool worker
   serves on (same pids);
 - statement_timeout and cancel of the leader stop its fragments: no wrong result, no
@@ -151,6 +152,23 @@ def pooled_results_match_serial_ones_across_roles_and_search_paths(s):
     print(f"    40 of 40 results as serial, {ran} fragments in pool workers")
 
 
+def ten_runs_as_serial_in_the_pool(s, pids, sql, serial_prefix, gathers):
+    """Runs `sql` serially (its result must start with `serial_prefix`), then 10 times
+    with the pool: each result as the serial one, and `gathers` Gathers run by pool
+    workers in all."""
+    x = concurrency.Session(s)
+    expected = serial_result(x, sql)
+    assert expected[0].startswith(serial_prefix), expected
+    before = counters(s)
+    for _ in range(10):
+        assert x.run(sql) == expected
+    x.close()
+    pooled = counted(s, before, "gathers_pooled")
+    assert pooled == gathers, counters(s)
+    assert_pool_clean(s, pids)
+    print(f"    10 of 10 results as serial; {pooled} Gathers ran in the pool")
+
+
 @check
 def a_gather_that_projects_runs_in_the_pool(s):
     """A parallel-restricted function in the target list: the Gather itself evaluates it
@@ -162,17 +180,21 @@ def a_gather_that_projects_runs_in_the_pool(s):
     gather = [i for i, line in enumerate(plan) if line.strip().startswith("->  Gather")]
     assert len(gather) == 1 and "Merge" not in plan[gather[0]], plan
     assert "s1.restricted" in plan[gather[0] + 1], plan
-    x = concurrency.Session(s)
-    expected = serial_result(x, sql)
-    assert expected[0].startswith(f"{200000 // 997}|"), expected
-    before = counters(s)
-    for _ in range(10):
-        assert x.run(sql) == expected
-    x.close()
-    pooled = counted(s, before, "gathers_pooled")
-    assert pooled == 10, counters(s)
-    assert_pool_clean(s, pids)
-    print(f"    10 of 10 results as serial; {pooled} projecting Gathers ran in the pool")
+    ten_runs_as_serial_in_the_pool(s, pids, sql, f"{200000 // 997}|", gathers=10)
+
+
+@check
+def a_gather_with_an_init_plan_parameter_runs_in_the_pool(s):
+    """The leader evaluates the initPlan and sends its value with the fragment, as
+    ExecGather does for PostgreSQL's workers."""
+    pids = full_pool(s)
+    sql = ("SELECT count(*), sum(b) FROM s1.t "
+           "WHERE a > (SELECT max(a) FROM s2.t WHERE b = 3) - 100000")
+    # two Gathers: the initPlan's own, and the main one, whose scan filters on the
+    # initPlan's value (EXPLAIN shows it as "Params Evaluated" up to 17 only)
+    plan = s.sql("EXPLAIN (COSTS OFF) " + sql)
+    assert "InitPlan 1" in plan and plan.count("->  Gather") == 2, plan
+    ten_runs_as_serial_in_the_pool(s, pids, sql, "150002|", gathers=20)
 
 
 @check

@@ -243,6 +243,11 @@ extern "C-unwind" {
         send_params: *mut pg_sys::Bitmapset,
     );
     pub fn ExecParallelFinish(pei: *mut ParallelExecutorInfo);
+    pub fn ExecSetParamPlanMulti(
+        params: *const pg_sys::Bitmapset,
+        econtext: *mut pg_sys::ExprContext,
+    );
+    pub fn MakePerTupleExprContext(estate: *mut pg_sys::EState) -> *mut pg_sys::ExprContext;
     pub fn CreateTupleQueueReader(handle: *mut pg_sys::shm_mq_handle) -> *mut c_void;
     pub fn DestroyTupleQueueReader(reader: *mut c_void);
     pub fn TupleQueueReaderNext(

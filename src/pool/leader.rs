@@ -156,10 +156,6 @@ unsafe fn consider(pool: &PoolShared, ps: *mut pg_sys::PlanState, found: &mut us
         if (*gather).num_workers <= 0 {
             return;
         }
-        if !(*gather).initParam.is_null() {
-            pool.fall_back(pg_sys::MyDatabaseId, Fallback::InitParam);
-            return;
-        }
         // rescan_param is set on every Gather (create_gather_plan): a rescan is handled
         // by waiting for the previous round (start_round).
         let pg = MemoryContextAllocZero(
@@ -400,6 +396,17 @@ unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bo
         if idle_workers(pool, pg_sys::MyDatabaseId) == 0 {
             pool.fall_back(pg_sys::MyDatabaseId, Fallback::NoIdleWorker);
             return false;
+        }
+        // The initPlans whose values the fragment needs run here, in the leader, and
+        // ExecInitParallelPlan / ExecParallelReinitialize send their values along, as
+        // ExecGather does (GetPerTupleExprContext, a macro).
+        if !(*gather).initParam.is_null() {
+            let econtext = if (*estate).es_per_tuple_exprcontext.is_null() {
+                MakePerTupleExprContext(estate)
+            } else {
+                (*estate).es_per_tuple_exprcontext
+            };
+            ExecSetParamPlanMulti((*gather).initParam, econtext);
         }
         let outer = (*node).ps.lefttree;
         if (*node).pei.is_null() {

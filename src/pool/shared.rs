@@ -172,8 +172,6 @@ pub enum Fallback {
     Xid,
     /// SERIALIZABLE: the pool does not attach to the leader's predicate-lock state.
     Serializable,
-    /// An initPlan parameter the leader evaluates before launching workers.
-    InitParam,
     /// A Gather Merge: the pool runs Gathers only (PostgreSQL's workers keep the merge).
     GatherMerge,
     /// No idle pool worker of the database (all busy, or still starting).
@@ -181,10 +179,9 @@ pub enum Fallback {
     /// PostgreSQL set up no DSM segment for the Gather (no worker slot, or none wanted).
     NoDsm,
 }
-pub const FALLBACK_NAMES: [&str; 6] = [
+pub const FALLBACK_NAMES: [&str; 5] = [
     "transaction has an xid",
     "serializable",
-    "init plan parameter",
     "gather merge",
     "no idle pool worker",
     "no parallel context",
