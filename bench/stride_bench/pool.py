@@ -25,7 +25,7 @@ from pathlib import Path
 from . import analysis, data, queries
 from .common import PG_BIN, RESULTS_DIR, log, ncpus, run
 from .pgserver import Server, stride_library_present
-from .workload import TPCH_DB, pgbench
+from .workload import TPCH_DB, clear_logs, pgbench
 
 SEED = 20210
 POOL_SIZE = 4
@@ -121,14 +121,19 @@ class PoolBench:
         self.meta = {"pool_size": POOL_SIZE, "cpus": ncpus(), "settings": SETTINGS,
                      "parallel": PARALLEL, "ways": WAYS}
 
-    def psql(self, sql: str, way: str | None = None, db: str = TPCH_DB, extra: str = "") -> str:
+    def psql(self, source: list, way: str | None = None, extra: str = "", check=True):
+        """psql on the TPC-H database with `source` (["-c", SQL] or ["-f", FILE]), tuples
+        only, with `way`'s session options; returns the finished process."""
         env = dict(os.environ, PGOPTIONS=options(way, extra)) if way else None
-        res = run([PG_BIN / "psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
-                   *self.server.conn_args(db), "-c", sql], capture=True, env=env, quiet=True)
-        return res.stdout
+        return run([PG_BIN / "psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
+                    *self.server.conn_args(TPCH_DB), *source],
+                   capture=True, env=env, quiet=True, check=check)
+
+    def sql(self, sql: str, way: str | None = None, extra: str = "") -> str:
+        return self.psql(["-c", sql], way, extra).stdout
 
     def counters(self) -> dict:
-        out = self.psql("select name, value from pg_stride.pool_counters() "
+        out = self.sql("select name, value from pg_stride.pool_counters() "
                         "union all select 'fallback: ' || reason, sum(gathers) "
                         "from pg_stride.pool_fallbacks group by reason")
         return {k: int(v) for k, v in (line.split("|") for line in out.splitlines())}
@@ -144,10 +149,10 @@ class PoolBench:
             data.load(self.server, TPCH_DB, sf)
         if not self.server.create_extension(TPCH_DB, "pg_stride"):
             raise RuntimeError("CREATE EXTENSION pg_stride failed in database tpch")
-        self.psql("set client_min_messages = warning;" + SETUP_SQL)
-        self.psql(f"vacuum (freeze, analyze) {SCHEMA}.one_row, {SCHEMA}.rows_100k")
+        self.sql("set client_min_messages = warning;" + SETUP_SQL)
+        self.sql(f"vacuum (freeze, analyze) {SCHEMA}.one_row, {SCHEMA}.rows_100k")
         self.server.prewarm(TPCH_DB, [data.schema_name(sf) for sf in self.scales] + [SCHEMA])
-        self.meta["server"] = self.psql("select version()").strip()
+        self.meta["server"] = self.sql("select version()").strip()
 
     # ---- results ----------------------------------------------------------------------
     def results(self) -> list:
@@ -165,10 +170,7 @@ class PoolBench:
                 for way in WAYS:
                     before = self.counters()
                     t0 = time.monotonic()
-                    res = run([PG_BIN / "psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
-                               *self.server.conn_args(TPCH_DB), "-f", script],
-                              capture=True, env=dict(os.environ, PGOPTIONS=options(way)),
-                              quiet=True, check=False)
+                    res = self.psql(["-f", script], way, check=False)
                     elapsed = time.monotonic() - t0
                     out = res.stdout if res.returncode == 0 else "ERROR " + res.stderr
                     (sdir / f"{schema}_{q}.{way.replace(' ', '_')}.out").write_text(out)
@@ -199,14 +201,14 @@ class PoolBench:
         cnt.write_text(f"select count(*) from {SCHEMA}.rows_100k;\n")
         # A 1-row table gets no parallel plan even at parallel costs 0 (its one page is
         # not divided): its Gather is forced, a single-copy one (the worker runs the scan).
-        force = ("-c debug_parallel_query=on" if int(self.psql("show server_version_num")) >= 160000
+        force = ("-c debug_parallel_query=on" if int(self.sql("show server_version_num")) >= 160000
                  else "-c force_parallel_mode=on")
         workloads = [("1-row table, forced parallelism", one, force),
                      ("count(*) over 100k rows", cnt, ""),
                      (f"TPC-H Q6, SF {self.scales[0]:g}", q6, "")]
         out = {}
         for label, script, extra in workloads:
-            plans = {w: self.psql("explain (analyze, costs off, timing off, summary off) "
+            plans = {w: self.sql("explain (analyze, costs off, timing off, summary off) "
                                   + self.statement(script), way=w, extra=extra)
                      for w in LATENCY_WAYS}
             lat = {w: [] for w in LATENCY_WAYS}
@@ -241,17 +243,12 @@ class PoolBench:
         return re.sub(r"(?<!:):(\w+)", lambda m: sets.get(m.group(1), m.group(0)), body).rstrip(";\n")
 
     def pgbench(self, script: Path, way: str, extra: str, n: int, prefix: Path) -> list:
-        for old in prefix.parent.glob(prefix.name + ".*"):
-            if old.suffix.lstrip(".").isdigit():
-                old.unlink()
-        os.environ["PGOPTIONS"] = options(way, extra)
-        try:
-            r = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", n,
-                         f"--random-seed={SEED}", "-l", f"--log-prefix={prefix}", "-f", script],
-                        self.server.conn_args(TPCH_DB), Path(str(prefix) + ".out"),
-                        timeout=600, cwd=prefix.parent)
-        finally:
-            del os.environ["PGOPTIONS"]
+        clear_logs(prefix)
+        r = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", n,
+                     f"--random-seed={SEED}", "-l", f"--log-prefix={prefix}", "-f", script],
+                    self.server.conn_args(TPCH_DB), Path(str(prefix) + ".out"),
+                    timeout=600, cwd=prefix.parent,
+                    env=dict(os.environ, PGOPTIONS=options(way, extra)))
         txns = analysis.parse_logs(str(prefix))
         if r["rc"] != 0 or len(txns) != n or any(t.failed for t in txns):
             raise RuntimeError(f"pgbench {script.name} ({way}) failed; see {prefix}.out")

@@ -20,13 +20,23 @@ OLTP_DB = "oltp"
 CLASS_WEIGHT = {"short": 3, "long": 1}
 
 
-def pgbench(args: list, conn: list, logfile: Path, timeout: float, cwd: Path):
-    """Run pgbench; on timeout interrupt it and report `timed_out`."""
+def clear_logs(prefix: Path):
+    """Removes the per-thread logs (PREFIX.N, PREFIX.N.M) of an earlier pgbench run with
+    --log-prefix=PREFIX, so that parse_logs reads this run's only."""
+    for old in prefix.parent.glob(prefix.name + ".*"):
+        if old.suffix.lstrip(".").isdigit():
+            old.unlink()
+
+
+def pgbench(args: list, conn: list, logfile: Path, timeout: float, cwd: Path,
+            env: dict | None = None):
+    """Run pgbench (with `env` as its environment, if given); on timeout interrupt it and
+    report `timed_out`."""
     cmd = [str(PG_BIN / "pgbench"), *[str(a) for a in args], *conn]
     with open(logfile, "w") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
         try:
             rc = proc.wait(timeout=timeout)
             timed_out = False
@@ -114,9 +124,7 @@ def dry_run(conn: list, wl: Workload, clients: int, seed: int, arrivals: int,
     arrival's script and scheduled time (analysis.arrival_sequence)."""
     outdir.mkdir(parents=True, exist_ok=True)
     prefix = outdir / name
-    for old in outdir.glob(name + ".*"):
-        if old.suffix.lstrip(".").isdigit():
-            old.unlink()
+    clear_logs(prefix)
     duration = max(2, math.ceil(arrivals / rate) + 1)   # + the clients' connecting
     dry = dry_workload(wl, outdir / "scripts")
     r = pgbench(["-n", "-M", "simple", "-c", clients, "-j", 1, "-T", duration,
@@ -160,9 +168,7 @@ def open_loop(server: Server, wl: Workload, conn: list, rate: float, duration: i
     """One open-loop point: Poisson arrivals at `rate` per second for `duration` s."""
     outdir.mkdir(parents=True, exist_ok=True)
     prefix = outdir / name
-    for old in outdir.glob(name + ".*"):          # logs of an earlier try of this point
-        if old.suffix.lstrip(".").isdigit():
-            old.unlink()
+    clear_logs(prefix)                            # logs of an earlier try of this point
     args = ["-n", "-M", "simple", "-c", clients, "-j", 1, "-T", duration,
             "-R", f"{rate:.4f}", f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
             *wl.pgbench_files()]
@@ -275,10 +281,8 @@ def phase_sequence(server: Server, conn: list, steps: list, clients: int, outdir
             for st in steps:
                 tick_until(t_start + offset)
                 name = st["name"]
-                for old in outdir.glob(name + ".*"):      # logs of an earlier try
-                    if old.suffix.lstrip(".").isdigit():
-                        old.unlink()
                 prefix = outdir / name
+                clear_logs(prefix)                        # logs of an earlier try
                 cmd = [str(PG_BIN / "pgbench"), "-n", "-M", "simple", "-c", str(clients),
                        "-j", "1", "-T", str(st["duration"]), "-R", f"{st['rate']:.4f}",
                        f"--random-seed={st['seed']}", "-l", f"--log-prefix={prefix}",

@@ -285,6 +285,30 @@ pub unsafe fn check_for_interrupts() {
     }
 }
 
+/// One wait on the process's own latch, until it is set or, with `timeout_ms`, that many
+/// milliseconds have passed; exits on postmaster death; resets the latch. Returns
+/// WaitLatch's events. Interrupts are the caller's to check.
+///
+/// # Safety
+/// Called outside pgrx's error boundary, as the other functions here.
+pub unsafe fn wait_latch(timeout_ms: Option<c_long>, wait_event: u32) -> c_int {
+    let mut events = pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH;
+    if timeout_ms.is_some() {
+        events |= pg_sys::WL_TIMEOUT;
+    }
+    // SAFETY: the standard wait of a backend on its own latch.
+    unsafe {
+        let rc = WaitLatch(
+            pg_sys::MyLatch,
+            events as c_int,
+            timeout_ms.unwrap_or(0),
+            wait_event,
+        );
+        ResetLatch(pg_sys::MyLatch);
+        rc
+    }
+}
+
 /// HOLD_INTERRUPTS() / RESUME_INTERRUPTS().
 pub fn hold_interrupts() {
     // SAFETY: a process-local counter, as the C macro changes it.

@@ -611,13 +611,7 @@ unsafe fn readnext(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> pg_sy
                     nvisited = 0;
                     continue;
                 }
-                WaitLatch(
-                    pg_sys::MyLatch,
-                    (pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
-                    0,
-                    wait_event::EXECUTE_GATHER,
-                );
-                ResetLatch(pg_sys::MyLatch);
+                wait_latch(None, wait_event::EXECUTE_GATHER);
                 nvisited = 0;
             }
         }
@@ -730,13 +724,7 @@ unsafe fn finish_round(pg: *mut PoolGather) {
             if (0..(*pg).nslots).all(|i| (*pg).finished[i]) {
                 break;
             }
-            WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
-                0,
-                wait_event::PARALLEL_FINISH,
-            );
-            ResetLatch(pg_sys::MyLatch);
+            wait_latch(None, wait_event::PARALLEL_FINISH);
             check_for_interrupts();
         }
         detach_tqueues(pg);
@@ -842,13 +830,7 @@ unsafe fn wait_round(pool: &PoolShared, pg: *mut PoolGather, cancel: bool, in_ca
                     }
                 }
             }
-            WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
-                10,
-                wait_event::PARALLEL_FINISH,
-            );
-            ResetLatch(pg_sys::MyLatch);
+            wait_latch(Some(10), wait_event::PARALLEL_FINISH);
         }
         (*pg).active = false;
         resume_interrupts();

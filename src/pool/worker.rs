@@ -123,13 +123,7 @@ unsafe extern "C-unwind" fn comm_putmessage(
             if r != pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK {
                 break r;
             }
-            WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
-                0,
-                wait_event::MQ_PUT_MESSAGE,
-            );
-            ResetLatch(pg_sys::MyLatch);
+            wait_latch(None, wait_event::MQ_PUT_MESSAGE);
             check_for_interrupts();
         };
         MQ_BUSY = false;
@@ -304,13 +298,7 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
         // SAFETY: the latch wait of a background worker; a stray cancel while idle is
         // ignored, anything else (die, barriers, sinval catch-up) is served.
         unsafe {
-            let rc = WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as c_int,
-                1000,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            ResetLatch(pg_sys::MyLatch);
+            let rc = wait_latch(Some(1000), pg_sys::PG_WAIT_EXTENSION);
             pg_sys::QueryCancelPending = 0;
             check_for_interrupts();
             if pg_sys::ConfigReloadPending != 0 {
@@ -597,14 +585,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         if cancelled {
             let mut waited = 0;
             while SIGINT_SEEN.load(Ordering::SeqCst) == FRAG.sigints && waited < 5000 {
-                WaitLatch(
-                    pg_sys::MyLatch,
-                    (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH)
-                        as c_int,
-                    10,
-                    pg_sys::PG_WAIT_EXTENSION,
-                );
-                ResetLatch(pg_sys::MyLatch);
+                wait_latch(Some(10), pg_sys::PG_WAIT_EXTENSION);
                 waited += 10;
             }
             if SIGINT_SEEN.load(Ordering::SeqCst) == FRAG.sigints {
