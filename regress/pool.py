@@ -24,6 +24,7 @@ Starts its own temporary server and prints one line per check, then
 "pool: N passed, N failed". Run as root, the server runs as postgres.
 """
 
+import json
 import os
 import random
 import sys
@@ -53,6 +54,9 @@ QUERY = ("SELECT count(*), sum(b), sum((current_user = '{role}' AND "
          "current_setting('search_path') = '{path}' AND "
          "current_setting('work_mem') = '{work_mem}')::int) FROM t")
 SESSIONS = [("regress_pool_a", "s1, public", "3MB"), ("regress_pool_b", "s2, public", "5MB")]
+
+# What EXPLAIN shows for a Gather in a plan made for the pool.
+STRIDE_GATHER = "->  Custom Scan (Stride Gather)"
 
 CHECKS = []
 check = concurrency.collector(CHECKS)
@@ -177,7 +181,7 @@ def a_gather_that_projects_runs_in_the_pool(s):
     sql = ("SELECT count(*), string_agg(v::text, ',' ORDER BY v) FROM "
            "(SELECT s1.restricted(a) * 2 + b AS v FROM s1.t WHERE a % 997 = 0) q")
     plan = s.sql("EXPLAIN (VERBOSE, COSTS OFF) " + sql).splitlines()
-    gather = [i for i, line in enumerate(plan) if line.strip().startswith("->  Gather")]
+    gather = [i for i, line in enumerate(plan) if line.strip().startswith(STRIDE_GATHER)]
     assert len(gather) == 1 and "Merge" not in plan[gather[0]], plan
     assert "s1.restricted" in plan[gather[0] + 1], plan
     ten_runs_as_serial_in_the_pool(s, pids, sql, f"{200000 // 997}|", gathers=10)
@@ -193,7 +197,7 @@ def a_gather_with_an_init_plan_parameter_runs_in_the_pool(s):
     # two Gathers: the initPlan's own, and the main one, whose scan filters on the
     # initPlan's value (EXPLAIN shows it as "Params Evaluated" up to 17 only)
     plan = s.sql("EXPLAIN (COSTS OFF) " + sql)
-    assert "InitPlan 1" in plan and plan.count("->  Gather") == 2, plan
+    assert "InitPlan 1" in plan and plan.count(STRIDE_GATHER) == 2, plan
     ten_runs_as_serial_in_the_pool(s, pids, sql, "150002|", gathers=20)
 
 
@@ -285,6 +289,82 @@ def a_leader_with_an_xid_runs_with_native_workers(s):
     assert int(s.sql(fallbacks)) == fell_back + 1, s.sql("SELECT * FROM pg_stride.pool_fallbacks")
     assert counted(s, before, "gathers_pooled") == 1, counters(s)  # the second count only
     print(f"    counted under {reason!r}")
+
+
+def explain_json(s, sql, settings=""):
+    """The top plan node of EXPLAIN (ANALYZE, VERBOSE, BUFFERS, FORMAT JSON) `sql`, run
+    after `settings` (SQL) in the same session."""
+    out = s.sql(f"{settings} EXPLAIN (ANALYZE, VERBOSE, BUFFERS, FORMAT JSON) {sql}")
+    # what `settings` printed comes first
+    return json.loads(out[out.index("\n[") + 1 if not out.startswith("[") else 0:])[0]["Plan"]
+
+
+def plan_nodes(node):
+    """`node` and every node below it, depth first."""
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def stride_gathers(plan):
+    return [n for n in plan_nodes(plan) if n.get("Custom Plan Provider", "").startswith("Stride")]
+
+
+@check
+def explain_shows_stride_gathers_and_per_worker_figures(s):
+    """A plan made in pool mode has a Stride Gather where the Gather was; EXPLAIN
+    ANALYZE VERBOSE says the pool ran it and gives each pool worker's rows and buffers.
+    Without the leader's own part, the workers' rows add up to the table's."""
+    full_pool(s)
+    sql = "SELECT count(*) FROM s1.t"
+    plan = s.sql("EXPLAIN (COSTS OFF) " + sql)
+    assert STRIDE_GATHER in plan and " Gather" not in plan.replace("Stride Gather", ""), plan
+    native = s.sql("SET pg_stride.parallel_mode = native; EXPLAIN (COSTS OFF) " + sql)
+    assert "->  Gather" in native and "Stride" not in native, native
+    before = counters(s)
+    plan = explain_json(s, sql, "SET parallel_leader_participation = off;")
+    [gather] = stride_gathers(plan)
+    assert gather["Custom Plan Provider"] == "Stride Gather", gather
+    assert gather["Pool"] == "used" and gather["Workers Planned"] == 2, gather
+    assert gather["Workers Launched"] == 2 and gather["Single Copy"] is False, gather
+    [scan] = [n for n in plan_nodes(plan) if n["Node Type"] == "Seq Scan"]
+    workers = scan.get("Workers", [])
+    assert sorted(w["Worker Number"] for w in workers) == [0, 1], scan
+    rows = sum(w["Actual Rows"] for w in workers)
+    blocks = [w["Shared Hit Blocks"] + w["Shared Read Blocks"] for w in workers]
+    assert rows == 200000 and sum(blocks) > 0, workers
+    assert counted(s, before, "gathers_pooled") == 1, counters(s)
+    print(f"    Stride Gather, Pool: used; worker rows {[w['Actual Rows'] for w in workers]}"
+          f" (sum {rows}), worker blocks {blocks}")
+
+
+@check
+def explain_says_why_a_stride_gather_ran_without_the_pool(s):
+    """The fallbacks show in EXPLAIN ANALYZE VERBOSE: a leader with an XID, a Gather
+    Merge (which keeps its order), and a plan cached in pool mode run after
+    parallel_mode was set to native."""
+    full_pool(s)
+    xid = explain_json(s, "SELECT count(*) FROM s1.t", "BEGIN; SELECT txid_current();")
+    [gather] = stride_gathers(xid)
+    assert gather["Pool"] == "not used: transaction has an xid", gather
+    assert gather["Workers Launched"] == 2, gather
+    sql = "SELECT a FROM s1.t WHERE a % 997 = 0 ORDER BY a"
+    expected = s.sql("SET max_parallel_workers_per_gather = 0; " + sql).split()
+    assert len(expected) == 200000 // 997, expected
+    assert s.sql("SET enable_sort = off; " + sql).split() == expected
+    merge = explain_json(s, sql, "SET enable_sort = off;")
+    [gm] = stride_gathers(merge)
+    assert gm["Custom Plan Provider"] == "Stride Gather Merge", gm
+    assert gm["Pool"] == "not used: gather merge" and gm["Workers Launched"] == 2, gm
+    cached = explain_json(
+        s, "EXECUTE q",
+        "SET plan_cache_mode = force_generic_plan; PREPARE q AS SELECT count(*) FROM s1.t; "
+        "EXECUTE q; SET pg_stride.parallel_mode = native;")
+    [gather] = stride_gathers(cached)
+    assert gather["Pool"] == "not used: parallel_mode is not pool", gather
+    assert gather["Workers Launched"] == 2 and cached["Actual Rows"] == 1, gather
+    print(f"    xid: native; {len(expected)} rows in order through a Stride Gather Merge "
+          f"(native); a plan cached in pool mode, run after SET parallel_mode = native: native")
 
 
 @check

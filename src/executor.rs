@@ -1,4 +1,4 @@
-//! Executor and utility hooks, and the transaction callbacks.
+//! Executor, planner and utility hooks, and the transaction callbacks.
 //!
 //! Every hook chains to the one installed before it (pg_stat_statements, auto_explain …)
 //! and, when pg_stride is disabled or was not preloaded, does nothing else
@@ -50,6 +50,12 @@ mod raw {
     use pgrx::pg_sys;
 
     extern "C-unwind" {
+        pub fn standard_planner(
+            parse: *mut pg_sys::Query,
+            query_string: *const std::ffi::c_char,
+            cursor_options: i32,
+            bound_params: pg_sys::ParamListInfo,
+        ) -> *mut pg_sys::PlannedStmt;
         pub fn standard_ExecutorStart(desc: *mut pg_sys::QueryDesc, eflags: i32);
         #[cfg(not(feature = "pg18"))]
         pub fn standard_ExecutorRun(
@@ -83,6 +89,7 @@ mod raw {
     // The declarations above must be the functions the hooks replace: a signature that
     // differs in another major fails to build here instead of misbehaving at run time.
     const _: () = {
+        let _: pg_sys::planner_hook_type = Some(standard_planner);
         let _: pg_sys::ExecutorStart_hook_type = Some(standard_ExecutorStart);
         let _: pg_sys::ExecutorRun_hook_type = Some(standard_ExecutorRun);
         let _: pg_sys::ExecutorFinish_hook_type = Some(standard_ExecutorFinish);
@@ -91,6 +98,7 @@ mod raw {
     };
 }
 
+static mut PREV_PLANNER: pg_sys::planner_hook_type = None;
 static mut PREV_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
 static mut PREV_EXECUTOR_RUN: pg_sys::ExecutorRun_hook_type = None;
 static mut PREV_EXECUTOR_FINISH: pg_sys::ExecutorFinish_hook_type = None;
@@ -110,6 +118,8 @@ pub fn install() {
     // SAFETY: _PG_init runs single-threaded in the postmaster, before any query; the
     // callbacks cannot panic.
     unsafe {
+        PREV_PLANNER = pg_sys::planner_hook;
+        pg_sys::planner_hook = Some(planner);
         PREV_EXECUTOR_START = pg_sys::ExecutorStart_hook;
         pg_sys::ExecutorStart_hook = Some(executor_start);
         PREV_EXECUTOR_RUN = pg_sys::ExecutorRun_hook;
@@ -191,6 +201,30 @@ unsafe fn runs_client_queries(stmt: *const pg_sys::Node) -> bool {
             | T_DoStmt
             | T_CallStmt
     )
+}
+
+/// Plans made for the pool get a Stride Gather in place of each Gather (pool.rs).
+unsafe extern "C-unwind" fn planner(
+    parse: *mut pg_sys::Query,
+    query_string: *const std::ffi::c_char,
+    cursor_options: i32,
+    bound_params: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: the previous hook, or the standard function, with the hook's arguments.
+    let stmt = unsafe {
+        PREV_PLANNER.unwrap_or(raw::standard_planner)(
+            parse,
+            query_string,
+            cursor_options,
+            bound_params,
+        )
+    };
+    // SAFETY: the planner's result, a valid PlannedStmt, or null from a broken hook.
+    if pool::plans_for_pool() && !stmt.is_null() && unsafe { (*stmt).parallelModeNeeded } {
+        // SAFETY: a guarded function, given the plan just made, in the planner's context.
+        unsafe { pool_plan(stmt) };
+    }
+    stmt
 }
 
 unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags: i32) {
@@ -327,6 +361,12 @@ unsafe extern "C-unwind" fn process_utility(
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn register_statement(desc: *mut pg_sys::QueryDesc) {
     statements::start(desc);
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn pool_plan(stmt: *mut pg_sys::PlannedStmt) {
+    // SAFETY: the caller's plan, in the planner's context.
+    unsafe { pool::plan_made(stmt) };
 }
 
 #[pgrx::pg_guard]

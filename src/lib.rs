@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 // functions, 8 hooks and _PG_init.
 mod backend_local;
 mod pg;
+mod plan_tree;
 
 mod gucs;
 

@@ -13,10 +13,9 @@
 //! QueryDesc, and the cached plan keeps its own.
 
 use crate::gucs::{self, ParallelMode};
-use crate::shmem;
+use crate::{plan_tree, shmem};
 use pg_stride_sched::GroupId;
 use pgrx::pg_sys;
-use pgrx::PgList;
 
 /// What a statement's Gathers planned and were granted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -91,54 +90,22 @@ pub fn return_workers(shared: &shmem::Shared, group: usize, grant: Grant) {
     }
 }
 
-/// Calls `f` with the worker count of every Gather and Gather Merge of `stmt`, in a
-/// fixed order: the main plan tree, then the subplans (initplans, CTEs, subqueries).
+/// Calls `f` with the worker count of every Gather and Gather Merge of `stmt` — those
+/// a Stride Gather stands for included —, in a fixed order (plan_tree::for_each_plan).
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt; `f` may change the counts and nothing else.
 unsafe fn for_each_gather(stmt: *mut pg_sys::PlannedStmt, mut f: impl FnMut(&mut i32)) {
-    // SAFETY: the caller's promise; the subplans are a List of Plan nodes (or NULLs).
-    unsafe {
-        walk_plan((*stmt).planTree, &mut f);
-        walk_list((*stmt).subplans, &mut f);
-    }
-}
-
-/// The recursive part of [`for_each_gather`]: every child under which a Gather may be.
-///
-/// # Safety
-/// `plan` is null or a valid Plan node.
-unsafe fn walk_plan(plan: *mut pg_sys::Plan, f: &mut dyn FnMut(&mut i32)) {
     use pg_sys::NodeTag::*;
-    if plan.is_null() {
-        return;
-    }
-    // SAFETY: `plan` is a valid Plan node, so its tag tells its type; the lists hold
-    // Plan nodes.
+    // SAFETY: the caller's promise; a Plan's tag tells its type.
     unsafe {
-        match (*plan).type_ {
-            T_Gather => f(&mut (*plan.cast::<pg_sys::Gather>()).num_workers),
-            T_GatherMerge => f(&mut (*plan.cast::<pg_sys::GatherMerge>()).num_workers),
-            T_Append => walk_list((*plan.cast::<pg_sys::Append>()).appendplans, f),
-            T_MergeAppend => walk_list((*plan.cast::<pg_sys::MergeAppend>()).mergeplans, f),
-            T_CustomScan => walk_list((*plan.cast::<pg_sys::CustomScan>()).custom_plans, f),
-            T_SubqueryScan => walk_plan((*plan.cast::<pg_sys::SubqueryScan>()).subplan, f),
-            _ => {}
-        }
-        walk_plan((*plan).lefttree, f);
-        walk_plan((*plan).righttree, f);
-    }
-}
-
-/// [`walk_plan`] over each Plan node of a List.
-///
-/// # Safety
-/// `list` is NIL or a valid List of Plan nodes.
-unsafe fn walk_list(list: *mut pg_sys::List, f: &mut dyn FnMut(&mut i32)) {
-    // SAFETY: the caller's promise.
-    unsafe {
-        for plan in PgList::<pg_sys::Plan>::from_pg(list).iter_ptr() {
-            walk_plan(plan, f);
-        }
+        plan_tree::for_each_plan(stmt, &mut |slot| {
+            let plan = plan_tree::stride_gather_inner(*slot).unwrap_or(*slot);
+            match (*plan).type_ {
+                T_Gather => f(&mut (*plan.cast::<pg_sys::Gather>()).num_workers),
+                T_GatherMerge => f(&mut (*plan.cast::<pg_sys::GatherMerge>()).num_workers),
+                _ => {}
+            }
+        });
     }
 }

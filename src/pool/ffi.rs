@@ -268,6 +268,36 @@ extern "C-unwind" {
         walusage: *mut pg_sys::WalUsage,
     );
     pub fn psprintf(fmt: *const c_char, ...) -> *mut c_char;
+    pub fn palloc0(size: usize) -> *mut c_void;
+    pub fn lappend(list: *mut pg_sys::List, datum: *mut c_void) -> *mut pg_sys::List;
+    pub fn bms_next_member(a: *const pg_sys::Bitmapset, prevbit: c_int) -> c_int;
+
+    // The Stride Gather's callbacks.
+    pub fn ExecInitNode(
+        node: *mut pg_sys::Plan,
+        estate: *mut pg_sys::EState,
+        eflags: c_int,
+    ) -> *mut pg_sys::PlanState;
+    pub fn ExecEndNode(node: *mut pg_sys::PlanState);
+    pub fn ExecShutdownGather(node: *mut pg_sys::GatherState);
+    pub fn ExecShutdownGatherMerge(node: *mut pg_sys::GatherMergeState);
+    pub fn ExplainPropertyInteger(
+        qlabel: *const c_char,
+        unit: *const c_char,
+        value: i64,
+        es: *mut pg_sys::ExplainState,
+    );
+    pub fn ExplainPropertyBool(qlabel: *const c_char, value: bool, es: *mut pg_sys::ExplainState);
+    pub fn ExplainPropertyText(
+        qlabel: *const c_char,
+        value: *const c_char,
+        es: *mut pg_sys::ExplainState,
+    );
+    pub fn ExplainPropertyList(
+        qlabel: *const c_char,
+        data: *mut pg_sys::List,
+        es: *mut pg_sys::ExplainState,
+    );
     pub fn pstrdup(s: *const c_char) -> *mut c_char;
 }
 

@@ -12,7 +12,8 @@
 //! with a destructor.
 
 use super::ffi::*;
-use super::shared::{self, Counter, Fallback, PoolShared, Slot, State};
+use super::shared::{self, Counter, Fallback, PoolShared, Slot, State, FALLBACK_NAMES};
+use super::stride_gather;
 use crate::gucs;
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int, c_void};
@@ -48,6 +49,10 @@ pub struct PoolGather {
     order: [usize; MAX_TICKETS],
     nreaders: usize,
     nextreader: usize,
+    /// Rounds (first run and rescans) that pool workers took, for EXPLAIN ANALYZE.
+    rounds_pooled: u32,
+    /// 1 + the [`Fallback`] that made the Gather run PostgreSQL's way; 0: none.
+    declined: usize,
 }
 
 /// Gathers this backend replaced, by node (a transaction's worth; cleared at its end).
@@ -142,6 +147,10 @@ unsafe fn walk(pool: &PoolShared, planstate: *mut pg_sys::PlanState, found: &mut
 unsafe fn consider(pool: &PoolShared, ps: *mut pg_sys::PlanState, found: &mut usize) {
     // SAFETY: a valid PlanState; a T_GatherState is a GatherState over a Gather plan.
     unsafe {
+        if let Some(inner) = stride_gather::inner_state(ps) {
+            consider(pool, inner, found);
+            return;
+        }
         if (*ps).type_ == pg_sys::NodeTag::T_GatherMergeState {
             if (*(*ps).plan.cast::<pg_sys::GatherMerge>()).num_workers > 0 {
                 pool.fall_back(pg_sys::MyDatabaseId, Fallback::GatherMerge);
@@ -290,7 +299,7 @@ unsafe fn exec_clear_tuple(slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::Tu
     }
 }
 
-unsafe fn exec_proc_node(node: *mut pg_sys::PlanState) -> *mut pg_sys::TupleTableSlot {
+pub(super) unsafe fn exec_proc_node(node: *mut pg_sys::PlanState) -> *mut pg_sys::TupleTableSlot {
     // SAFETY: ExecProcNode, an inline function of executor.h.
     unsafe {
         if !(*node).chgParam.is_null() {
@@ -302,7 +311,7 @@ unsafe fn exec_proc_node(node: *mut pg_sys::PlanState) -> *mut pg_sys::TupleTabl
 
 /// Raises an ERROR from code outside pgrx's boundary.
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn raise(message: *const c_char) {
+pub(super) unsafe extern "C-unwind" fn raise(message: *const c_char) {
     // SAFETY: callers pass a NUL-terminated literal.
     let message = unsafe { std::ffi::CStr::from_ptr(message) }.to_string_lossy();
     pgrx::error!("{message}");
@@ -386,16 +395,13 @@ unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bo
             wait_round(pool, pg, true, false);
         }
         if crate::pg::top_transaction_id_if_any() != pg_sys::InvalidTransactionId {
-            pool.fall_back(pg_sys::MyDatabaseId, Fallback::Xid);
-            return false;
+            return decline(pool, pg, Fallback::Xid);
         }
         if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as c_int {
-            pool.fall_back(pg_sys::MyDatabaseId, Fallback::Serializable);
-            return false;
+            return decline(pool, pg, Fallback::Serializable);
         }
         if idle_workers(pool, pg_sys::MyDatabaseId) == 0 {
-            pool.fall_back(pg_sys::MyDatabaseId, Fallback::NoIdleWorker);
-            return false;
+            return decline(pool, pg, Fallback::NoIdleWorker);
         }
         // The initPlans whose values the fragment needs run here, in the leader, and
         // ExecInitParallelPlan / ExecParallelReinitialize send their values along, as
@@ -429,7 +435,7 @@ unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bo
         (*pg).nextreader = 0;
         (*pg).tqueues_detached = false;
         if (*pcxt).seg.is_null() || (*pcxt).nworkers == 0 {
-            pool.fall_back(pg_sys::MyDatabaseId, Fallback::NoDsm);
+            decline(pool, pg, Fallback::NoDsm);
         } else {
             if (*pg).registered_seg != (*pcxt).seg {
                 on_dsm_detach(
@@ -454,6 +460,7 @@ unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bo
             }
             (*pg).nreaders = (*pg).nslots;
             (*pg).active = (*pg).nslots > 0;
+            (*pg).rounds_pooled += u32::from((*pg).active);
         }
         (*node).nworkers_launched = (*pg).nslots as c_int;
         (*node).nreaders = 0;
@@ -464,6 +471,54 @@ unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bo
         (*node).initialized = true;
         pool.count(Counter::GathersPooled);
         true
+    }
+}
+
+/// Counts the Gather's fallback and notes it for EXPLAIN. Returns false (declined).
+unsafe fn decline(pool: &PoolShared, pg: *mut PoolGather, why: Fallback) -> bool {
+    // SAFETY: a global set at connection; our state of the Gather.
+    unsafe {
+        pool.fall_back(pg_sys::MyDatabaseId, why);
+        (*pg).declined = why as usize + 1;
+    }
+    false
+}
+
+/// What EXPLAIN ANALYZE VERBOSE says of the pool for the Gather (or Gather Merge)
+/// state `inner` of a Stride Gather: "used", or why not. A palloc'd string.
+///
+/// # Safety
+/// `inner` is the state of a Gather or Gather Merge of the running statement.
+pub(super) unsafe fn describe_pool_use(inner: *mut pg_sys::PlanState) -> *mut c_char {
+    // SAFETY: the caller's promise; our state of the Gather, if any, is this
+    // transaction's.
+    unsafe {
+        if (*inner).type_ != pg_sys::NodeTag::T_GatherState {
+            let why = FALLBACK_NAMES[Fallback::GatherMerge as usize];
+            return psprintf(c"not used: %.*s".as_ptr(), why.len() as c_int, why.as_ptr());
+        }
+        let pg = lookup(inner.cast());
+        if pg.is_null() {
+            return pstrdup(if gucs::pool_mode() {
+                c"not used".as_ptr()
+            } else {
+                c"not used: parallel_mode is not pool".as_ptr()
+            });
+        }
+        let rounds = (*pg).rounds_pooled;
+        match (*pg).declined.checked_sub(1).map(|i| FALLBACK_NAMES[i]) {
+            None if rounds > 1 => psprintf(c"used, %u rounds".as_ptr(), rounds),
+            None => pstrdup(c"used".as_ptr()),
+            Some(why) if rounds == 0 => {
+                psprintf(c"not used: %.*s".as_ptr(), why.len() as c_int, why.as_ptr())
+            }
+            Some(why) => psprintf(
+                c"used for %u rounds, then not: %.*s".as_ptr(),
+                rounds,
+                why.len() as c_int,
+                why.as_ptr(),
+            ),
+        }
     }
 }
 

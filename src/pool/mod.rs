@@ -9,6 +9,8 @@
 //! * [`shared`]: the slots and counters in shared memory;
 //! * [`worker`]: the pool worker (restores a fragment's state, runs it, undoes it);
 //! * [`leader`]: the Gather's ExecProcNode and the hand-off;
+//! * [`stride_gather`]: the custom scan that stands for a Gather in plans made for the
+//!   pool, so that EXPLAIN shows it;
 //! * [`ffi`]: parallel.c's private definitions, per major, and unbound functions.
 //!
 //! PostgreSQL 15, 17 and 18: the private definitions are checked per major; on the
@@ -17,6 +19,7 @@
 mod ffi;
 mod leader;
 mod shared;
+mod stride_gather;
 mod worker;
 mod worker_row;
 
@@ -49,18 +52,33 @@ fn my_procno() -> i32 {
 /// Registers the pool's shared memory. Called from `_PG_init`.
 pub fn install() {
     shared::install();
+    stride_gather::register();
 }
 
-/// Whether the statement ExecutorStart just set up may have Gathers for the pool.
-/// Cannot panic: asked outside pgrx's boundary for every statement.
-pub fn wanted(eflags: i32) -> bool {
-    // SAFETY: the GUC's variable, read on the process's one thread.
+/// Whether the plans this backend makes now are made for the pool: their Gathers
+/// become Stride Gathers. Cannot panic: asked outside pgrx's boundary for every plan.
+pub fn plans_for_pool() -> bool {
     gucs::pool_mode()
         && gucs::enabled()
         && shared::shared().is_some()
         && !pg::is_parallel_worker()
         && pg::is_client_backend()
-        && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
+}
+
+/// Puts a Stride Gather in place of each Gather and Gather Merge of the plan the
+/// planner has just made.
+///
+/// # Safety
+/// `stmt` is that plan, and the planner's memory context is the current one.
+pub unsafe fn plan_made(stmt: *mut pg_sys::PlannedStmt) {
+    // SAFETY: the caller's promise.
+    unsafe { stride_gather::replace_gathers(stmt) }
+}
+
+/// Whether the statement ExecutorStart just set up may have Gathers for the pool.
+/// Cannot panic: asked outside pgrx's boundary for every statement.
+pub fn wanted(eflags: i32) -> bool {
+    plans_for_pool() && eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 == 0
 }
 
 /// See [`leader::executor_started`].

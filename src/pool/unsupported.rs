@@ -11,6 +11,14 @@ pub use worker_row::WorkerRow;
 
 pub fn install() {}
 
+pub fn plans_for_pool() -> bool {
+    false
+}
+
+/// # Safety
+/// None: does nothing.
+pub unsafe fn plan_made(_stmt: *mut pg_sys::PlannedStmt) {}
+
 pub fn wanted(_eflags: i32) -> bool {
     false
 }
