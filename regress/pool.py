@@ -368,6 +368,23 @@ def explain_says_why_a_stride_gather_ran_without_the_pool(s):
 
 
 @check
+def the_group_cap_limits_a_stride_gathers_pool_workers(s):
+    """The concurrency hint and the group's max_parallel_workers cap a Stride Gather's
+    workers as they cap a Gather's: planned 2, granted 1, one pool worker runs."""
+    full_pool(s)
+    s.sql("SELECT pg_stride.create_group('regress_pool_capped', max_parallel_workers => 1)")
+    role = SESSIONS[0][0]
+    plan = explain_json(s, "SELECT count(*) FROM s1.t",
+                        f"SET pg_stride.resource_group = 'regress_pool_capped'; SET ROLE {role};")
+    [gather] = stride_gathers(plan)
+    assert gather["Workers Planned"] == 1 and gather["Workers Launched"] == 1, gather
+    assert gather["Pool"] == "used" and plan["Actual Rows"] == 1, gather
+    [scan] = [n for n in plan_nodes(plan) if n["Node Type"] == "Seq Scan"]
+    assert [w["Worker Number"] for w in scan.get("Workers", [])] == [0], scan
+    print("    group cap 1: Workers Planned 1, Launched 1, one pool worker's figures")
+
+
+@check
 def drop_database_is_not_blocked_by_its_pool(s):
     s.sql("CREATE DATABASE regress_pool_drop")
     args = s.psql_args("CREATE TABLE u AS SELECT g FROM generate_series(1, 100000) g; "
