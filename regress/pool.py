@@ -27,6 +27,8 @@ Starts its own temporary server and prints one line per check, then
 import json
 import os
 import random
+import re
+import subprocess
 import sys
 import time
 
@@ -382,6 +384,44 @@ def the_group_cap_limits_a_stride_gathers_pool_workers(s):
     [scan] = [n for n in plan_nodes(plan) if n["Node Type"] == "Seq Scan"]
     assert [w["Worker Number"] for w in scan.get("Workers", [])] == [0], scan
     print("    group cap 1: Workers Planned 1, Launched 1, one pool worker's figures")
+
+
+@check
+def a_rescanned_stride_gather_asks_the_pool_again_after_no_idle_worker(s):
+    """A Gather rescanned under a nested loop, whose first rounds find every pool
+    worker busy with two other statements: once those are cancelled, the rounds after
+    run in the pool, instead of with PostgreSQL's workers for good."""
+    full_pool(s)
+    busy_sql = "SELECT count(*) FROM s1.t a, generate_series(1, 400)"
+    busy = [subprocess.Popen(s.psql_args(busy_sql), env=concurrency.ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(2)]
+    try:
+        s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE datname = 'postgres' "
+                     "AND state = 'busy'", str(POOL_SIZE))
+        # restricted() keeps the outer side out of the parallel part: the Gather is the
+        # inner side, rescanned once per outer row
+        x = concurrency.Session(s)
+        x.run("SET enable_material = off; SET enable_hashjoin = off; "
+              "SET enable_mergejoin = off; SELECT 1")
+        x.send("EXPLAIN (ANALYZE, VERBOSE, FORMAT JSON) SELECT count(*) FROM "
+               "(SELECT s1.restricted(g) AS g FROM generate_series(1, 60) g) a "
+               "JOIN s1.t ON t.a % 1000 = a.g")
+        x.send("SELECT 'end'")
+        time.sleep(0.3)
+        s.sql(f"SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query = '{busy_sql}'")
+        lines = lines_until(x, "end", timeout=120)
+    finally:
+        for proc in busy:
+            proc.wait(60)
+    x.close()
+    plan = json.loads("\n".join(lines))[0]["Plan"]
+    [gather] = stride_gathers(plan)
+    assert gather["Actual Loops"] == 60 and plan["Plans"][0]["Actual Rows"] == 12000, gather
+    m = re.fullmatch(r"used for (\d+) of 60 rounds \(others: no idle pool worker\)",
+                     gather["Pool"])
+    assert m and int(m.group(1)) >= 10, gather["Pool"]
+    print(f"    Pool: {gather['Pool']}")
 
 
 @check

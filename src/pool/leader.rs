@@ -49,9 +49,11 @@ pub struct PoolGather {
     order: [usize; MAX_TICKETS],
     nreaders: usize,
     nextreader: usize,
-    /// Rounds (first run and rescans) that pool workers took, for EXPLAIN ANALYZE.
+    /// Rounds (first run and rescans) that pool workers took, and that the pool
+    /// declined, for EXPLAIN ANALYZE.
     rounds_pooled: u32,
-    /// 1 + the [`Fallback`] that made the Gather run PostgreSQL's way; 0: none.
+    rounds_declined: u32,
+    /// 1 + the [`Fallback`] that last made a round run PostgreSQL's way; 0: none.
     declined: usize,
 }
 
@@ -332,7 +334,8 @@ unsafe extern "C-unwind" fn pool_exec_gather(
         }
         check_for_interrupts();
         if !(*node).initialized && !start_round(node, pg) {
-            // Declined: PostgreSQL's own ExecGather from now on.
+            // Declined: PostgreSQL's own ExecGather from now on, unless the rescan of a
+            // Stride Gather gives the pool another chance (`rescanned`).
             pg_sys::ExecSetExecProcNode(pstate, (*pg).stock);
             return ((*pg).stock.unwrap())(pstate);
         }
@@ -480,8 +483,30 @@ unsafe fn decline(pool: &PoolShared, pg: *mut PoolGather, why: Fallback) -> bool
     unsafe {
         pool.fall_back(pg_sys::MyDatabaseId, why);
         (*pg).declined = why as usize + 1;
+        (*pg).rounds_declined += 1;
     }
     false
+}
+
+/// After the rescan of a Stride Gather's Gather state `inner`: when the pool declined
+/// an earlier round only because no pool worker was idle (the database's pool was still
+/// starting, or busy), the next round asks the pool again instead of staying with
+/// PostgreSQL's workers for every rescan. ExecReScanGather has waited for those workers
+/// to finish; ExecParallelReinitialize waits for them to exit before the pool's round.
+///
+/// # Safety
+/// `inner` is the state of a Gather or Gather Merge of the running statement.
+pub(super) unsafe fn rescanned(inner: *mut pg_sys::PlanState) {
+    // SAFETY: the caller's promise; our state of the Gather, if any.
+    unsafe {
+        if (*inner).type_ != pg_sys::NodeTag::T_GatherState {
+            return;
+        }
+        let pg = lookup(inner.cast());
+        if !pg.is_null() && (*pg).declined == Fallback::NoIdleWorker as usize + 1 {
+            pg_sys::ExecSetExecProcNode(inner, Some(pool_exec_gather));
+        }
+    }
 }
 
 /// What EXPLAIN ANALYZE VERBOSE says of the pool for the Gather (or Gather Merge)
@@ -505,16 +530,17 @@ pub(super) unsafe fn describe_pool_use(inner: *mut pg_sys::PlanState) -> *mut c_
                 c"not used: parallel_mode is not pool".as_ptr()
             });
         }
-        let rounds = (*pg).rounds_pooled;
+        let (pooled, declined) = ((*pg).rounds_pooled, (*pg).rounds_declined);
         match (*pg).declined.checked_sub(1).map(|i| FALLBACK_NAMES[i]) {
-            None if rounds > 1 => psprintf(c"used, %u rounds".as_ptr(), rounds),
+            None if pooled > 1 => psprintf(c"used, %u rounds".as_ptr(), pooled),
             None => pstrdup(c"used".as_ptr()),
-            Some(why) if rounds == 0 => {
+            Some(why) if pooled == 0 => {
                 psprintf(c"not used: %.*s".as_ptr(), why.len() as c_int, why.as_ptr())
             }
             Some(why) => psprintf(
-                c"used for %u rounds, then not: %.*s".as_ptr(),
-                rounds,
+                c"used for %u of %u rounds (others: %.*s)".as_ptr(),
+                pooled,
+                pooled + declined,
                 why.len() as c_int,
                 why.as_ptr(),
             ),

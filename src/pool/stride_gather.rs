@@ -233,7 +233,11 @@ unsafe extern "C-unwind" fn end(node: *mut pg_sys::CustomScanState) {
 unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
     // SAFETY: as above. ExecReScan of this node has already passed the changed
     // parameters on to the child, which is the Gather's too.
-    unsafe { ExecReScan(inner_of(node)) }
+    unsafe {
+        let inner = inner_of(node);
+        ExecReScan(inner);
+        leader::rescanned(inner);
+    }
 }
 
 unsafe extern "C-unwind" fn shutdown(node: *mut pg_sys::CustomScanState) {
