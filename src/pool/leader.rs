@@ -518,9 +518,10 @@ pub(super) unsafe fn describe_pool_use(inner: *mut pg_sys::PlanState) -> *mut c_
     // SAFETY: the caller's promise; our state of the Gather, if any, is this
     // transaction's.
     unsafe {
+        let not_used =
+            |why: &str| psprintf(c"not used: %.*s".as_ptr(), why.len() as c_int, why.as_ptr());
         if (*inner).type_ != pg_sys::NodeTag::T_GatherState {
-            let why = FALLBACK_NAMES[Fallback::GatherMerge as usize];
-            return psprintf(c"not used: %.*s".as_ptr(), why.len() as c_int, why.as_ptr());
+            return not_used(FALLBACK_NAMES[Fallback::GatherMerge as usize]);
         }
         let pg = lookup(inner.cast());
         if pg.is_null() {
@@ -534,9 +535,7 @@ pub(super) unsafe fn describe_pool_use(inner: *mut pg_sys::PlanState) -> *mut c_
         match (*pg).declined.checked_sub(1).map(|i| FALLBACK_NAMES[i]) {
             None if pooled > 1 => psprintf(c"used, %u rounds".as_ptr(), pooled),
             None => pstrdup(c"used".as_ptr()),
-            Some(why) if pooled == 0 => {
-                psprintf(c"not used: %.*s".as_ptr(), why.len() as c_int, why.as_ptr())
-            }
+            Some(why) if pooled == 0 => not_used(why),
             Some(why) => psprintf(
                 c"used for %u of %u rounds (others: %.*s)".as_ptr(),
                 pooled,

@@ -77,7 +77,7 @@ pub fn register() {
 /// Replaces each Gather (but the invisible one of `debug_parallel_query = regress`,
 /// which EXPLAIN must not show) and each Gather Merge of `stmt` by a Stride Gather.
 /// Called from the planner hook on the plan standard_planner made, in its memory
-/// context.
+/// context, when that plan needs parallel mode (a plan without has no Gather).
 ///
 /// # Safety
 /// `stmt` is a PlannedStmt the planner has just finished.
@@ -85,24 +85,17 @@ pub unsafe fn replace_gathers(stmt: *mut pg_sys::PlannedStmt) {
     use pg_sys::NodeTag::*;
     // SAFETY: the caller's promise; a Plan's tag tells its type.
     unsafe {
-        if !(*stmt).parallelModeNeeded {
-            return;
-        }
         plan_tree::for_each_plan(stmt, &mut |slot| {
             let plan = *slot;
             match (*plan).type_ {
                 T_Gather => {
                     let gather = plan.cast::<pg_sys::Gather>();
                     if !(*gather).invisible && (*gather).num_workers > 0 {
-                        *slot = stride_gather(plan, GATHER, std::mem::size_of::<pg_sys::Gather>());
+                        *slot = stride_gather(plan, GATHER);
                     }
                 }
                 T_GatherMerge if (*plan.cast::<pg_sys::GatherMerge>()).num_workers > 0 => {
-                    *slot = stride_gather(
-                        plan,
-                        GATHER_MERGE,
-                        std::mem::size_of::<pg_sys::GatherMerge>(),
-                    );
+                    *slot = stride_gather(plan, GATHER_MERGE);
                 }
                 _ => {}
             }
@@ -110,11 +103,25 @@ pub unsafe fn replace_gathers(stmt: *mut pg_sys::PlannedStmt) {
     }
 }
 
-/// The custom scan for `gather`, a node of `size` bytes (see the module comment).
+/// The size of a Gather or Gather Merge plan node, for the bytewise copies of it that
+/// a Stride Gather keeps and runs.
+///
+/// # Safety
+/// `gather` is a Gather or Gather Merge plan node.
+unsafe fn gather_size(gather: *const pg_sys::Plan) -> usize {
+    // SAFETY: the caller's promise.
+    if unsafe { (*gather).type_ } == pg_sys::NodeTag::T_Gather {
+        std::mem::size_of::<pg_sys::Gather>()
+    } else {
+        std::mem::size_of::<pg_sys::GatherMerge>()
+    }
+}
+
+/// The custom scan for `gather` (see the module comment).
 ///
 /// # Safety
 /// `gather` is a finished Gather (GATHER) or Gather Merge (GATHER_MERGE) plan node.
-unsafe fn stride_gather(gather: *mut pg_sys::Plan, kind: usize, size: usize) -> *mut pg_sys::Plan {
+unsafe fn stride_gather(gather: *mut pg_sys::Plan, kind: usize) -> *mut pg_sys::Plan {
     // SAFETY: the caller's promise; nodes are palloc'd in the planner's context, as
     // makeNode does, and a Plan node may be copied bytewise (its lists are shared, and
     // plans are read-only from here on).
@@ -134,6 +141,7 @@ unsafe fn stride_gather(gather: *mut pg_sys::Plan, kind: usize, size: usize) -> 
         }
         (*cscan).methods = &raw const SCAN_METHODS[kind];
 
+        let size = gather_size(gather);
         let inner = pg_sys::palloc(size).cast::<pg_sys::Plan>();
         std::ptr::copy_nonoverlapping(gather.cast::<u8>(), inner.cast::<u8>(), size);
         (*inner).lefttree = std::ptr::null_mut();
@@ -191,11 +199,7 @@ unsafe extern "C-unwind" fn begin(
             leader::raise(c"pg_stride: a Stride Gather without its Gather".as_ptr());
             return;
         };
-        let size = if (*stored).type_ == pg_sys::NodeTag::T_Gather {
-            std::mem::size_of::<pg_sys::Gather>()
-        } else {
-            std::mem::size_of::<pg_sys::GatherMerge>()
-        };
+        let size = gather_size(stored);
         let plan = palloc0(size).cast::<pg_sys::Plan>();
         std::ptr::copy_nonoverlapping(stored.cast::<u8>(), plan.cast::<u8>(), size);
         (*plan).lefttree = (*cscan).scan.plan.lefttree;
