@@ -9,12 +9,15 @@ from its views (`pg_stride.pool`, `pg_stride.pool_fallbacks`) and counters
   resolves `t` to two different tables) and work_mem, checked inside the fragment, and
   for a Gather that projects (a parallel-restricted function in the target list) and
   one that needs the value of an initPlan;
+- a Gather Merge run by pool workers gives its rows in the serial order (keys up and
+  down, NULLs, ties, LIMIT), with the leader taking part and without, and a worker's
+  ERROR in one reaches the leader;
 - an ERROR in a fragment reaches the leader with its SQLSTATE, and the pool worker
   serves on (same pids);
 - statement_timeout and cancel of the leader stop its fragments: no wrong result, no
   lock left to a pool worker, the same pool afterwards;
-- a pool worker terminated mid-fragment fails the leader's statement cleanly and is
-  replaced;
+- a pool worker terminated mid-fragment, under a Gather or a Gather Merge, fails the
+  leader's statement cleanly and is replaced;
 - a leader with an XID runs with PostgreSQL's own workers, and the fallback is counted;
 - DROP DATABASE is not blocked by that database's pool;
 - pool workers idle for pg_stride.pool_idle_timeout exit;
@@ -57,8 +60,9 @@ QUERY = ("SELECT count(*), sum(b), sum((current_user = '{role}' AND "
          "current_setting('work_mem') = '{work_mem}')::int) FROM t")
 SESSIONS = [("regress_pool_a", "s1, public", "3MB"), ("regress_pool_b", "s2, public", "5MB")]
 
-# What EXPLAIN shows for a Gather in a plan made for the pool.
+# What EXPLAIN shows for a Gather (a Gather Merge) in a plan made for the pool.
 STRIDE_GATHER = "->  Custom Scan (Stride Gather)"
+STRIDE_GATHER_MERGE = "Custom Scan (Stride Gather Merge)"
 
 CHECKS = []
 check = concurrency.collector(CHECKS)
@@ -203,6 +207,70 @@ def a_gather_with_an_init_plan_parameter_runs_in_the_pool(s):
     ten_runs_as_serial_in_the_pool(s, pids, sql, "150002|", gathers=20)
 
 
+# Gather Merges (sorted in the workers, merged by the leader) whose row order is total,
+# so that a serial run gives the one right answer: ascending, descending, NULLs first,
+# ties on the first key broken by the second, a LIMIT (the bound reaches the workers'
+# sorts), and an expression the workers compute.
+MERGES = [
+    "SELECT a, b FROM s1.t WHERE a % 97 = 0 ORDER BY a",
+    "SELECT nullif(b, 3) AS n, a FROM s1.t WHERE a % 13 = 0 ORDER BY n NULLS FIRST, a DESC",
+    "SELECT b, a FROM s1.t ORDER BY b DESC, a LIMIT 500",
+    "SELECT a % 1000 AS m, a FROM s1.t WHERE b = 2 ORDER BY m, a DESC",
+]
+
+
+@check
+def a_gather_merge_runs_in_the_pool_and_keeps_its_order(s):
+    """Each query of MERGES runs through a Stride Gather Merge that pool workers run
+    (EXPLAIN ANALYZE says so), and gives the serial run's rows in the serial order, 10
+    times, with the leader taking part and without."""
+    pids = full_pool(s)
+    runs = 0
+    for sql in MERGES:
+        plan = s.sql("EXPLAIN (COSTS OFF) " + sql)
+        assert plan.count(STRIDE_GATHER_MERGE) == 1, plan
+        [gm] = stride_gathers(explain_json(s, sql))
+        assert gm["Pool"] == "used" and gm["Workers Launched"] == 2, gm
+        expected = s.sql("SET max_parallel_workers_per_gather = 0; " + sql).splitlines()
+        assert len(expected) > 100 and len(set(expected)) == len(expected), expected[:5]
+        before = counters(s)
+        for participation in ["on", "off"]:
+            for _ in range(5):
+                got = s.sql(f"SET parallel_leader_participation = {participation}; "
+                            + sql).splitlines()
+                assert got == expected, next(
+                    (i, g, e) for i, (g, e) in enumerate(zip(got + [None], expected)) if g != e)
+                runs += 1
+        assert counted(s, before, "gathers_pooled") == 10, counters(s)
+        # (with the LIMIT, the leader cancels the fragments once it has its rows)
+        assert counted(s, before, "fragments_entered") >= 10, counters(s)
+    assert_pool_clean(s, pids)
+    print(f"    {runs} of {runs} results in the serial order ({len(MERGES)} queries), "
+          "every Gather Merge run by pool workers")
+
+
+@check
+def an_error_in_a_gather_merge_fragment_reaches_the_leader(s):
+    """A division by zero in a worker's part of a Gather Merge fails the statement with
+    that error, and the pool serves on with the same workers."""
+    pids = full_pool(s)
+    before = counters(s)
+    x, sql, expected = session_going_on_after_errors(s, 0)
+    failing = "SELECT a, 1 / (a % 50000) AS q FROM s1.t ORDER BY q, a"
+    plan = s.sql("EXPLAIN (COSTS OFF) " + failing)
+    assert plan.count(STRIDE_GATHER_MERGE) == 1, plan
+    for _ in range(10):
+        x.send(failing)
+        assert x.run("SELECT 'after'") == ["after"]
+    assert x.run(sql) == expected
+    err = x.close()[2].decode()
+    assert err.count("division by zero") == 10, err
+    assert counted(s, before, "fragments_error") > 0, counters(s)
+    assert_pool_clean(s, pids)
+    print(f"    10 of 10 statements failed with division by zero; "
+          f"{counted(s, before, 'fragments_error')} pool fragments ended in that ERROR")
+
+
 @check
 def an_error_in_a_fragment_reaches_the_leader_and_the_worker_serves_on(s):
     pids = full_pool(s)
@@ -254,12 +322,14 @@ def statement_timeout_and_cancel_stop_the_fragments(s):
           f"{counted(s, before, 'cancels_sent')} fragments cancelled; the same {len(pids)} workers idle")
 
 
-@check
-def a_terminated_pool_worker_fails_the_statement_and_is_replaced(s):
+def terminated_pool_worker_fails_the_statement(s, sql, node):
+    """Terminates a pool worker while it runs its part of `sql`, whose plan has `node`:
+    the leader's statement fails cleanly, and the pool is whole again afterwards."""
     pids = full_pool(s)
+    assert node in s.sql("EXPLAIN (COSTS OFF) " + sql)
     x = concurrency.Session(s)
     x.run("\\set ON_ERROR_STOP 0\nSELECT 1")
-    x.send("SELECT count(*) FROM s1.slow WHERE pg_sleep(0.001) IS NOT NULL")
+    x.send(sql)
     deadline = time.monotonic() + 20
     while True:
         busy = s.sql("SELECT pid FROM pg_stride.pool WHERE state = 'busy' LIMIT 1")
@@ -275,8 +345,17 @@ def a_terminated_pool_worker_fails_the_statement_and_is_replaced(s):
     after = full_pool(s)
     assert int(busy) not in after and len(after) == POOL_SIZE, (busy, after)
     assert len(set(after) & set(pids)) == POOL_SIZE - 1, (pids, after)
-    print(f"    the leader's statement failed: {err.strip().splitlines()[0]!r}; "
+    print(f"    {node}: the leader's statement failed: {err.strip().splitlines()[0]!r}; "
           f"pool back to {len(after)} workers")
+
+
+@check
+def a_terminated_pool_worker_fails_the_statement_and_is_replaced(s):
+    slow = "FROM s1.slow WHERE pg_sleep(0.001) IS NOT NULL"
+    terminated_pool_worker_fails_the_statement(s, f"SELECT count(*) {slow}", STRIDE_GATHER)
+    # the leader waits for one worker's next tuple here, not for any
+    terminated_pool_worker_fails_the_statement(s, f"SELECT a {slow} ORDER BY a",
+                                               STRIDE_GATHER_MERGE)
 
 
 @check
@@ -342,22 +421,13 @@ def explain_shows_stride_gathers_and_per_worker_figures(s):
 
 @check
 def explain_says_why_a_stride_gather_ran_without_the_pool(s):
-    """The fallbacks show in EXPLAIN ANALYZE VERBOSE: a leader with an XID, a Gather
-    Merge (which keeps its order), and a plan cached in pool mode run after
-    parallel_mode was set to native."""
+    """The fallbacks show in EXPLAIN ANALYZE VERBOSE: a leader with an XID, and a plan
+    cached in pool mode run after parallel_mode was set to native."""
     full_pool(s)
     xid = explain_json(s, "SELECT count(*) FROM s1.t", "BEGIN; SELECT txid_current();")
     [gather] = stride_gathers(xid)
     assert gather["Pool"] == "not used: transaction has an xid", gather
     assert gather["Workers Launched"] == 2, gather
-    sql = "SELECT a FROM s1.t WHERE a % 997 = 0 ORDER BY a"
-    expected = s.sql("SET max_parallel_workers_per_gather = 0; " + sql).split()
-    assert len(expected) == 200000 // 997, expected
-    assert s.sql("SET enable_sort = off; " + sql).split() == expected
-    merge = explain_json(s, sql, "SET enable_sort = off;")
-    [gm] = stride_gathers(merge)
-    assert gm["Custom Plan Provider"] == "Stride Gather Merge", gm
-    assert gm["Pool"] == "not used: gather merge" and gm["Workers Launched"] == 2, gm
     cached = explain_json(
         s, "EXECUTE q",
         "SET plan_cache_mode = force_generic_plan; PREPARE q AS SELECT count(*) FROM s1.t; "
@@ -365,8 +435,8 @@ def explain_says_why_a_stride_gather_ran_without_the_pool(s):
     [gather] = stride_gathers(cached)
     assert gather["Pool"] == "not used: parallel_mode is not pool", gather
     assert gather["Workers Launched"] == 2 and cached["Actual Rows"] == 1, gather
-    print(f"    xid: native; {len(expected)} rows in order through a Stride Gather Merge "
-          f"(native); a plan cached in pool mode, run after SET parallel_mode = native: native")
+    print("    xid: native; a plan cached in pool mode, run after SET parallel_mode = native: "
+          "native")
 
 
 @check

@@ -281,6 +281,14 @@ extern "C-unwind" {
     pub fn ExecEndNode(node: *mut pg_sys::PlanState);
     pub fn ExecShutdownGather(node: *mut pg_sys::GatherState);
     pub fn ExecShutdownGatherMerge(node: *mut pg_sys::GatherMergeState);
+    // lib/binaryheap.h (a Gather Merge's heap; its struct changes between majors, so it
+    // is only passed through).
+    pub fn binaryheap_reset(heap: *mut c_void);
+    pub fn binaryheap_add_unordered(heap: *mut c_void, d: pg_sys::Datum);
+    pub fn binaryheap_build(heap: *mut c_void);
+    pub fn binaryheap_first(heap: *mut c_void) -> pg_sys::Datum;
+    pub fn binaryheap_remove_first(heap: *mut c_void) -> pg_sys::Datum;
+    pub fn binaryheap_replace_first(heap: *mut c_void, d: pg_sys::Datum);
     pub fn ExplainPropertyInteger(
         qlabel: *const c_char,
         unit: *const c_char,

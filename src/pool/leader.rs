@@ -1,7 +1,7 @@
 //! The leader side (POOL.md §3, approach B): at ExecutorStart, the ExecProcNode of
-//! each eligible GatherState is replaced by [`pool_exec_gather`], which does what
-//! ExecGather's first call does — ExecInitParallelPlan — but posts tickets to idle pool
-//! workers instead of LaunchParallelWorkers. Core never sees the pool workers as its
+//! each GatherState and GatherMergeState is replaced by [`pool_exec_gather`], which
+//! does what ExecGather's (ExecGatherMerge's) first call does — ExecInitParallelPlan —
+//! but posts tickets to idle pool workers instead of LaunchParallelWorkers. Core never sees the pool workers as its
 //! workers (`nworkers_launched` stays 0): this module reads their tuple queues and
 //! error queues itself, and an `on_dsm_detach` callback on the parallel context's
 //! segment cancels and waits for them on every path out of the Gather (its end, LIMIT,
@@ -13,7 +13,7 @@
 
 use super::ffi::*;
 use super::shared::{self, Counter, Fallback, PoolShared, Slot, State, FALLBACK_NAMES};
-use super::stride_gather;
+use super::{gather_merge, stride_gather};
 use crate::gucs;
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int, c_void};
@@ -27,22 +27,73 @@ const TERM_AFTER: Duration = Duration::from_secs(5);
 /// A slot STARTING for longer than this was never started by the postmaster.
 const START_TIMEOUT_MS: i64 = 10_000;
 
-/// The pool state of one GatherState, in TopTransactionContext (as the parallel
-/// context is), so that the DSM-detach callback may read it during an abort.
+/// A Gather's or a Gather Merge's executor state: the pool runs both the same way, and
+/// only their reading differs (round-robin here, merged in gather_merge.rs).
+#[derive(Clone, Copy)]
+pub(super) enum GatherNode {
+    Gather(*mut pg_sys::GatherState),
+    Merge(*mut pg_sys::GatherMergeState),
+}
+
+/// A field that GatherState and GatherMergeState both have, by name.
+macro_rules! state_field {
+    ($node:expr, $field:ident) => {
+        match $node {
+            GatherNode::Gather(n) => &raw mut (*n).$field,
+            GatherNode::Merge(n) => &raw mut (*n).$field,
+        }
+    };
+}
+
+/// A field that the Gather and the Gather Merge plan nodes both have, by name.
+macro_rules! plan_field {
+    ($node:expr, $field:ident) => {
+        match $node {
+            GatherNode::Gather(n) => (*(*n).ps.plan.cast::<pg_sys::Gather>()).$field,
+            GatherNode::Merge(n) => (*(*n).ps.plan.cast::<pg_sys::GatherMerge>()).$field,
+        }
+    };
+}
+
+impl GatherNode {
+    /// `ps` as a Gather or Gather Merge state, or `None` for another node.
+    ///
+    /// # Safety
+    /// `ps` is a valid PlanState.
+    pub(super) unsafe fn of(ps: *mut pg_sys::PlanState) -> Option<GatherNode> {
+        // SAFETY: the caller's promise; the tag tells the state's type.
+        match unsafe { (*ps).type_ } {
+            pg_sys::NodeTag::T_GatherState => Some(GatherNode::Gather(ps.cast())),
+            pg_sys::NodeTag::T_GatherMergeState => Some(GatherNode::Merge(ps.cast())),
+            _ => None,
+        }
+    }
+
+    fn ps(self) -> *mut pg_sys::PlanState {
+        match self {
+            GatherNode::Gather(n) => n.cast(),
+            GatherNode::Merge(n) => n.cast(),
+        }
+    }
+}
+
+/// The pool state of one Gather or Gather Merge state, in TopTransactionContext (as the
+/// parallel context is), so that the DSM-detach callback may read it during an abort.
 #[repr(C)]
 pub struct PoolGather {
-    node: *mut pg_sys::GatherState,
+    node: *mut pg_sys::PlanState,
     stock: pg_sys::ExecProcNodeMtd,
     registered_seg: *mut pg_sys::dsm_segment,
     pei: *mut ParallelExecutorInfo,
     /// Tickets of the current round may not be done yet.
     active: bool,
     tqueues_detached: bool,
-    nslots: usize,
+    pub(super) nslots: usize,
     slot: [usize; MAX_TICKETS],
     gen: [u64; MAX_TICKETS],
     tqueue: [*mut pg_sys::shm_mq_handle; MAX_TICKETS],
-    reader: [*mut c_void; MAX_TICKETS],
+    /// Ticket i's tuple-queue reader; null once its queue is finished.
+    pub(super) reader: [*mut c_void; MAX_TICKETS],
     got_x: [bool; MAX_TICKETS],
     finished: [bool; MAX_TICKETS],
     /// Ticket indexes of the readers still open, round-robin.
@@ -55,11 +106,13 @@ pub struct PoolGather {
     rounds_declined: u32,
     /// 1 + the [`Fallback`] that last made a round run PostgreSQL's way; 0: none.
     declined: usize,
+    /// How many participants a Gather Merge's heap holds.
+    pub(super) in_heap: usize,
 }
 
 /// Gathers this backend replaced, by node (a transaction's worth; cleared at its end).
 const MAP_SIZE: usize = 64;
-static mut MAP: [(*mut pg_sys::GatherState, *mut PoolGather); MAP_SIZE] =
+static mut MAP: [(*mut pg_sys::PlanState, *mut PoolGather); MAP_SIZE] =
     [(std::ptr::null_mut(), std::ptr::null_mut()); MAP_SIZE];
 static mut MAP_LEN: usize = 0;
 
@@ -69,7 +122,7 @@ pub fn transaction_ended() {
     unsafe { MAP_LEN = 0 };
 }
 
-unsafe fn lookup(node: *mut pg_sys::GatherState) -> *mut PoolGather {
+unsafe fn lookup(node: *mut pg_sys::PlanState) -> *mut PoolGather {
     // SAFETY: process-local.
     unsafe {
         #[allow(clippy::deref_addrof)]
@@ -83,7 +136,7 @@ unsafe fn lookup(node: *mut pg_sys::GatherState) -> *mut PoolGather {
     }
 }
 
-unsafe fn remember(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bool {
+unsafe fn remember(node: *mut pg_sys::PlanState, pg: *mut PoolGather) -> bool {
     // SAFETY: process-local.
     unsafe {
         #[allow(clippy::deref_addrof)]
@@ -105,7 +158,7 @@ unsafe fn remember(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bool 
 
 // ---------------------------------------------------------------- ExecutorStart
 
-/// Replaces the ExecProcNode of every Gather of `desc`'s plan that the pool may run,
+/// Replaces the ExecProcNode of every Gather and Gather Merge of `desc`'s plan,
 /// and makes sure this database has its pool workers. Called (guarded) after
 /// standard_ExecutorStart.
 pub fn executor_started(desc: *mut pg_sys::QueryDesc) {
@@ -121,50 +174,39 @@ pub fn executor_started(desc: *mut pg_sys::QueryDesc) {
             return;
         }
         let mut found = 0usize;
-        walk(pool, (*desc).planstate, &mut found);
+        walk((*desc).planstate, &mut found);
         if found > 0 {
             ensure_pool(pool, pg_sys::MyDatabaseId);
         }
     }
 }
 
-unsafe fn walk(pool: &PoolShared, planstate: *mut pg_sys::PlanState, found: &mut usize) {
+unsafe fn walk(planstate: *mut pg_sys::PlanState, found: &mut usize) {
     unsafe extern "C-unwind" fn visit(ps: *mut pg_sys::PlanState, context: *mut c_void) -> bool {
-        // SAFETY: called by planstate_tree_walker with the context we passed.
+        // SAFETY: called by planstate_tree_walker with the counter we passed.
         unsafe {
-            let (pool, found) = &mut *context.cast::<(&PoolShared, &mut usize)>();
-            consider(pool, ps, found);
+            consider(ps, &mut *context.cast::<usize>());
             pg_sys::planstate_tree_walker(ps, Some(visit), context)
         }
     }
     // SAFETY: a valid PlanState tree.
     unsafe {
-        let mut context = (pool, found);
-        let ctx = (&raw mut context).cast::<c_void>();
-        consider(context.0, planstate, context.1);
-        pg_sys::planstate_tree_walker(planstate, Some(visit), ctx);
+        consider(planstate, found);
+        pg_sys::planstate_tree_walker(planstate, Some(visit), (found as *mut usize).cast());
     }
 }
 
-unsafe fn consider(pool: &PoolShared, ps: *mut pg_sys::PlanState, found: &mut usize) {
-    // SAFETY: a valid PlanState; a T_GatherState is a GatherState over a Gather plan.
+unsafe fn consider(ps: *mut pg_sys::PlanState, found: &mut usize) {
+    // SAFETY: a valid PlanState; GatherNode::of reads its tag.
     unsafe {
         if let Some(inner) = stride_gather::inner_state(ps) {
-            consider(pool, inner, found);
+            consider(inner, found);
             return;
         }
-        if (*ps).type_ == pg_sys::NodeTag::T_GatherMergeState {
-            if (*(*ps).plan.cast::<pg_sys::GatherMerge>()).num_workers > 0 {
-                pool.fall_back(pg_sys::MyDatabaseId, Fallback::GatherMerge);
-            }
+        let Some(node) = GatherNode::of(ps) else {
             return;
-        }
-        if (*ps).type_ != pg_sys::NodeTag::T_GatherState {
-            return;
-        }
-        let node = ps.cast::<pg_sys::GatherState>();
-        let gather = (*ps).plan.cast::<pg_sys::Gather>();
-        if (*gather).num_workers <= 0 {
+        };
+        if plan_field!(node, num_workers) <= 0 {
             return;
         }
         // rescan_param is set on every Gather (create_gather_plan): a rescan is handled
@@ -174,9 +216,9 @@ unsafe fn consider(pool: &PoolShared, ps: *mut pg_sys::PlanState, found: &mut us
             std::mem::size_of::<PoolGather>(),
         )
         .cast::<PoolGather>();
-        (*pg).node = node;
+        (*pg).node = ps;
         (*pg).stock = (*ps).ExecProcNodeReal;
-        if !remember(node, pg) {
+        if !remember(ps, pg) {
             return;
         }
         pg_sys::ExecSetExecProcNode(ps, Some(pool_exec_gather));
@@ -286,12 +328,14 @@ pub fn release_database(database: pg_sys::Oid) {
 
 // ---------------------------------------------------------------- the Gather
 
-unsafe fn tup_is_null(slot: *mut pg_sys::TupleTableSlot) -> bool {
+pub(super) unsafe fn tup_is_null(slot: *mut pg_sys::TupleTableSlot) -> bool {
     // SAFETY: null or a valid slot.
     unsafe { slot.is_null() || (*slot).tts_flags & TTS_FLAG_EMPTY != 0 }
 }
 
-unsafe fn exec_clear_tuple(slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::TupleTableSlot {
+pub(super) unsafe fn exec_clear_tuple(
+    slot: *mut pg_sys::TupleTableSlot,
+) -> *mut pg_sys::TupleTableSlot {
     // SAFETY: a valid slot; ExecClearTuple is an inline call of its clear callback.
     unsafe {
         if let Some(clear) = (*(*slot).tts_ops).clear {
@@ -319,33 +363,35 @@ pub(super) unsafe extern "C-unwind" fn raise(message: *const c_char) {
     pgrx::error!("{message}");
 }
 
-/// The Gather's ExecProcNode while the pool runs it.
+/// The Gather's (or Gather Merge's) ExecProcNode while the pool runs it.
 unsafe extern "C-unwind" fn pool_exec_gather(
     pstate: *mut pg_sys::PlanState,
 ) -> *mut pg_sys::TupleTableSlot {
-    // SAFETY: the executor calls this with the GatherState it was installed on; see the
-    // module comment for the frames.
+    // SAFETY: the executor calls this with the state it was installed on, a Gather or
+    // Gather Merge state; see the module comment for the frames.
     unsafe {
-        let node = pstate.cast::<pg_sys::GatherState>();
-        let pg = lookup(node);
-        if pg.is_null() {
+        let pg = lookup(pstate);
+        let Some(node) = GatherNode::of(pstate).filter(|_| !pg.is_null()) else {
             raise(c"pg_stride pool: lost the state of a Gather node".as_ptr());
             return std::ptr::null_mut();
-        }
+        };
         check_for_interrupts();
-        if !(*node).initialized && !start_round(node, pg) {
+        if !*state_field!(node, initialized) && !start_round(node, pg) {
             // Declined: PostgreSQL's own ExecGather from now on, unless the rescan of a
             // Stride Gather gives the pool another chance (`rescanned`).
             pg_sys::ExecSetExecProcNode(pstate, (*pg).stock);
             return ((*pg).stock.unwrap())(pstate);
         }
-        let econtext = (*node).ps.ps_ExprContext;
+        let econtext = (*pstate).ps_ExprContext;
         MemoryContextReset((*econtext).ecxt_per_tuple_memory);
-        let slot = getnext(node, pg);
+        let slot = match node {
+            GatherNode::Gather(gather) => getnext(gather, pg),
+            GatherNode::Merge(merge) => gather_merge::getnext(merge, pg),
+        };
         if tup_is_null(slot) {
             return std::ptr::null_mut();
         }
-        let projection = (*node).ps.ps_ProjInfo;
+        let projection = (*pstate).ps_ProjInfo;
         if projection.is_null() {
             return slot;
         }
@@ -379,17 +425,19 @@ unsafe fn exec_project(projection: *mut pg_sys::ProjectionInfo) -> *mut pg_sys::
     }
 }
 
-/// ExecGather's first-call initialisation, with tickets instead of forked workers.
-/// Returns false (declines) when the Gather must run the stock way.
-unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bool {
-    // SAFETY: the executor's GatherState and our state of it.
+/// ExecGather's (ExecGatherMerge's) first-call initialisation, with tickets instead of
+/// forked workers. Returns false (declines) when the node must run the stock way.
+unsafe fn start_round(node: GatherNode, pg: *mut PoolGather) -> bool {
+    // SAFETY: the executor's Gather or Gather Merge state and our state of it.
     unsafe {
         let Some(pool) = shared::shared() else {
             return false;
         };
-        let gather = (*node).ps.plan.cast::<pg_sys::Gather>();
-        let estate = (*node).ps.state;
-        if !((*gather).num_workers > 0 && (*estate).es_use_parallel_mode) {
+        let ps = node.ps();
+        let estate = (*ps).state;
+        let num_workers = plan_field!(node, num_workers);
+        let init_param = plan_field!(node, initParam);
+        if !(num_workers > 0 && (*estate).es_use_parallel_mode) {
             return false;
         }
         if (*pg).active {
@@ -409,28 +457,29 @@ unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bo
         // The initPlans whose values the fragment needs run here, in the leader, and
         // ExecInitParallelPlan / ExecParallelReinitialize send their values along, as
         // ExecGather does (GetPerTupleExprContext, a macro).
-        if !(*gather).initParam.is_null() {
+        if !init_param.is_null() {
             let econtext = if (*estate).es_per_tuple_exprcontext.is_null() {
                 MakePerTupleExprContext(estate)
             } else {
                 (*estate).es_per_tuple_exprcontext
             };
-            ExecSetParamPlanMulti((*gather).initParam, econtext);
+            ExecSetParamPlanMulti(init_param, econtext);
         }
-        let outer = (*node).ps.lefttree;
-        if (*node).pei.is_null() {
-            (*node).pei = ExecInitParallelPlan(
+        let outer = (*ps).lefttree;
+        let node_pei = state_field!(node, pei);
+        if (*node_pei).is_null() {
+            *node_pei = ExecInitParallelPlan(
                 outer,
                 estate,
-                (*gather).initParam,
-                (*gather).num_workers,
-                (*node).tuples_needed,
+                init_param,
+                num_workers,
+                *state_field!(node, tuples_needed),
             )
             .cast();
         } else {
-            ExecParallelReinitialize(outer, (*node).pei.cast(), (*gather).initParam);
+            ExecParallelReinitialize(outer, (*node_pei).cast(), init_param);
         }
-        let pei = (*node).pei.cast::<ParallelExecutorInfo>();
+        let pei = (*node_pei).cast::<ParallelExecutorInfo>();
         (*pg).pei = pei;
         let pcxt = (*pei).pcxt;
         (*pg).nslots = 0;
@@ -465,13 +514,24 @@ unsafe fn start_round(node: *mut pg_sys::GatherState, pg: *mut PoolGather) -> bo
             (*pg).active = (*pg).nslots > 0;
             (*pg).rounds_pooled += u32::from((*pg).active);
         }
-        (*node).nworkers_launched = (*pg).nslots as c_int;
-        (*node).nreaders = 0;
-        (*node).reader = std::ptr::null_mut();
-        (*node).nextreader = 0;
-        (*node).need_to_scan_locally =
-            (*pg).nslots == 0 || (!(*gather).single_copy && pg_sys::parallel_leader_participation);
-        (*node).initialized = true;
+        // Core's fields stay those of a node that launched no worker of its own (the
+        // module comment); EXPLAIN reads nworkers_launched.
+        *state_field!(node, nworkers_launched) = (*pg).nslots as c_int;
+        *state_field!(node, nreaders) = 0;
+        *state_field!(node, reader) = std::ptr::null_mut();
+        let single_copy = match node {
+            GatherNode::Gather(gather) => {
+                (*gather).nextreader = 0;
+                (*(*gather).ps.plan.cast::<pg_sys::Gather>()).single_copy
+            }
+            GatherNode::Merge(merge) => {
+                gather_merge::round_started(merge, pg);
+                false
+            }
+        };
+        *state_field!(node, need_to_scan_locally) =
+            (*pg).nslots == 0 || (!single_copy && pg_sys::parallel_leader_participation);
+        *state_field!(node, initialized) = true;
         pool.count(Counter::GathersPooled);
         true
     }
@@ -488,7 +548,7 @@ unsafe fn decline(pool: &PoolShared, pg: *mut PoolGather, why: Fallback) -> bool
     false
 }
 
-/// After the rescan of a Stride Gather's Gather state `inner`: when the pool declined
+/// After the rescan of a Stride Gather's Gather (Merge) state `inner`: when the pool declined
 /// an earlier round only because no pool worker was idle (the database's pool was still
 /// starting, or busy), the next round asks the pool again instead of staying with
 /// PostgreSQL's workers for every rescan. ExecReScanGather has waited for those workers
@@ -499,10 +559,7 @@ unsafe fn decline(pool: &PoolShared, pg: *mut PoolGather, why: Fallback) -> bool
 pub(super) unsafe fn rescanned(inner: *mut pg_sys::PlanState) {
     // SAFETY: the caller's promise; our state of the Gather, if any.
     unsafe {
-        if (*inner).type_ != pg_sys::NodeTag::T_GatherState {
-            return;
-        }
-        let pg = lookup(inner.cast());
+        let pg = lookup(inner);
         if !pg.is_null() && (*pg).declined == Fallback::NoIdleWorker as usize + 1 {
             pg_sys::ExecSetExecProcNode(inner, Some(pool_exec_gather));
         }
@@ -520,10 +577,7 @@ pub(super) unsafe fn describe_pool_use(inner: *mut pg_sys::PlanState) -> *mut c_
     unsafe {
         let not_used =
             |why: &str| psprintf(c"not used: %.*s".as_ptr(), why.len() as c_int, why.as_ptr());
-        if (*inner).type_ != pg_sys::NodeTag::T_GatherState {
-            return not_used(FALLBACK_NAMES[Fallback::GatherMerge as usize]);
-        }
-        let pg = lookup(inner.cast());
+        let pg = lookup(inner);
         if pg.is_null() {
             return pstrdup(if gucs::pool_mode() {
                 c"not used".as_ptr()
@@ -632,10 +686,72 @@ unsafe fn getnext(
                 (*node).need_to_scan_locally = false;
             }
         }
+        end_of_tuples(pg);
+        exec_clear_tuple(fslot)
+    }
+}
+
+/// Every participant is out of tuples: finishes the round, once.
+pub(super) unsafe fn end_of_tuples(pg: *mut PoolGather) {
+    // SAFETY: our state.
+    unsafe {
         if (*pg).active && !(*pg).tqueues_detached {
             finish_round(pg);
         }
-        exec_clear_tuple(fslot)
+    }
+}
+
+/// What reading a ticket's tuple queue gave.
+pub(super) enum Read {
+    /// A tuple, valid until the next read of the same queue.
+    Tuple(pg_sys::MinimalTuple),
+    /// Nothing yet.
+    Empty,
+    /// The queue is finished (its reader is dropped).
+    Done,
+}
+
+/// Reads ticket `i`'s next tuple without waiting.
+pub(super) unsafe fn read_ticket(pg: *mut PoolGather, i: usize) -> Read {
+    // SAFETY: our state; i < nslots.
+    unsafe {
+        if (*pg).reader[i].is_null() {
+            return Read::Done;
+        }
+        let mut done = false;
+        let tup = TupleQueueReaderNext((*pg).reader[i], true, &mut done);
+        if done {
+            if let Some(position) = (0..(*pg).nreaders).find(|&p| (*pg).order[p] == i) {
+                drop_reader(pg, position);
+            }
+            return Read::Done;
+        }
+        if tup.is_null() {
+            Read::Empty
+        } else {
+            Read::Tuple(tup)
+        }
+    }
+}
+
+/// Waits for ticket `i`'s next tuple: null once its queue is finished. A worker's
+/// ERROR, or a worker lost after it took work, raises an ERROR here (`poll`).
+pub(super) unsafe fn wait_ticket(pg: *mut PoolGather, i: usize) -> pg_sys::MinimalTuple {
+    // SAFETY: our state; i < nslots.
+    unsafe {
+        loop {
+            check_for_interrupts();
+            match read_ticket(pg, i) {
+                Read::Tuple(tup) => return tup,
+                Read::Done => return std::ptr::null_mut(),
+                Read::Empty => {}
+            }
+            poll(pg, true);
+            if (*pg).reader[i].is_null() {
+                return std::ptr::null_mut();
+            }
+            wait_latch(None, wait_event::EXECUTE_GATHER);
+        }
     }
 }
 
@@ -817,11 +933,16 @@ unsafe fn finish_round(pg: *mut PoolGather) {
     }
 }
 
+/// Detaches this round's tuple queues. Not from the DSM-detach callback: a Gather
+/// Merge's slots, which may point into the queues, are emptied first.
 unsafe fn detach_tqueues(pg: *mut PoolGather) {
     // SAFETY: the handles of this round, each detached once.
     unsafe {
         if (*pg).tqueues_detached {
             return;
+        }
+        if let Some(GatherNode::Merge(merge)) = GatherNode::of((*pg).node) {
+            gather_merge::clear_worker_slots(merge);
         }
         for i in 0..(*pg).nslots {
             if !(*pg).reader[i].is_null() {

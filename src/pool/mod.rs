@@ -17,6 +17,7 @@
 //! others `pool` behaves as `native`.
 
 mod ffi;
+mod gather_merge;
 mod leader;
 mod shared;
 mod stride_gather;

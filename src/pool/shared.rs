@@ -172,17 +172,14 @@ pub enum Fallback {
     Xid,
     /// SERIALIZABLE: the pool does not attach to the leader's predicate-lock state.
     Serializable,
-    /// A Gather Merge: the pool runs Gathers only (PostgreSQL's workers keep the merge).
-    GatherMerge,
     /// No idle pool worker of the database (all busy, or still starting).
     NoIdleWorker,
     /// PostgreSQL set up no DSM segment for the Gather (no worker slot, or none wanted).
     NoDsm,
 }
-pub const FALLBACK_NAMES: [&str; 5] = [
+pub const FALLBACK_NAMES: [&str; 4] = [
     "transaction has an xid",
     "serializable",
-    "gather merge",
     "no idle pool worker",
     "no parallel context",
 ];

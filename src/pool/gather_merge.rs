@@ -1,0 +1,180 @@
+//! A Gather Merge run by the pool: the merge of nodeGatherMerge.c over the pool
+//! workers' tuple queues and the leader's own part, so that the node keeps its order.
+//!
+//! It reuses what ExecInitGatherMerge built: the sort keys, one MinimalTuple slot per
+//! planned worker (`gm_slots[1 + i]` holds the current tuple of ticket i, `gm_slots[0]`
+//! the leader's) and the binary heap of participants, whose comparator
+//! (heap_compare_slots) compares those slots. What differs from core is the reading:
+//! core waits inside `shm_mq_receive` for the worker it needs, which would never return
+//! for a pool worker that dies before it attaches to its queue; here every wait goes
+//! through `leader::wait_ticket`, which also watches the pool worker (as the Gather's
+//! round-robin reading does).
+//!
+//! A slot keeps the tuple as the queue holds it, without a copy: a queue's message
+//! stays valid until the next read of that queue, and a participant is read again only
+//! after its tuple has been returned and the node has been called again, when the
+//! executor no longer needs it.
+//!
+//! Runs outside pgrx's error boundary, as leader.rs does: the frames hold nothing with a
+//! destructor.
+
+use super::ffi::*;
+use super::leader::{self, PoolGather, Read};
+use pgrx::pg_sys;
+use std::ffi::c_void;
+
+/// The node's heap (lib/binaryheap.h, bound here as an opaque pointer).
+unsafe fn heap(node: *mut pg_sys::GatherMergeState) -> *mut c_void {
+    // SAFETY: the caller's GatherMergeState, set up by ExecInitGatherMerge.
+    unsafe { (*node).gm_heap.cast() }
+}
+
+fn participant(i: usize) -> pg_sys::Datum {
+    pg_sys::Datum::from(i)
+}
+
+/// A round's start (after `start_round` posted the tickets): the merge is set up again
+/// at the first tuple, over empty slots.
+///
+/// # Safety
+/// `node` is the Gather Merge state that `pg` runs.
+pub(super) unsafe fn round_started(node: *mut pg_sys::GatherMergeState, pg: *mut PoolGather) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        clear_worker_slots(node);
+        (*node).gm_initialized = false;
+        (*pg).in_heap = 0;
+    }
+}
+
+/// Empties the workers' slots, whose tuples may point into the round's queues.
+///
+/// # Safety
+/// `node` is a Gather Merge state set up by ExecInitGatherMerge.
+pub(super) unsafe fn clear_worker_slots(node: *mut pg_sys::GatherMergeState) {
+    // SAFETY: gather_merge_setup made num_workers + 1 slots, the first for the leader.
+    unsafe {
+        let planned = (*(*node).ps.plan.cast::<pg_sys::GatherMerge>()).num_workers;
+        for p in 1..=planned.max(0) as usize {
+            let slot = *(*node).gm_slots.add(p);
+            if !slot.is_null() {
+                leader::exec_clear_tuple(slot);
+            }
+        }
+        *(*node).gm_slots = std::ptr::null_mut();
+    }
+}
+
+/// The next tuple in merge order, or null after the last one (the round is finished
+/// then).
+///
+/// # Safety
+/// `node` is the Gather Merge state that `pg` runs, its round started.
+pub(super) unsafe fn getnext(
+    node: *mut pg_sys::GatherMergeState,
+    pg: *mut PoolGather,
+) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let heap = heap(node);
+        if !(*node).gm_initialized {
+            first_tuples(node, pg);
+        } else {
+            // The participant whose tuple was returned last: its next tuple may sort
+            // elsewhere in the heap.
+            let first = binaryheap_first(heap);
+            if next_tuple(node, pg, first.value(), true) {
+                binaryheap_replace_first(heap, first);
+            } else {
+                binaryheap_remove_first(heap);
+                (*pg).in_heap -= 1;
+            }
+        }
+        if (*pg).in_heap == 0 {
+            leader::end_of_tuples(pg);
+            return std::ptr::null_mut();
+        }
+        *(*node).gm_slots.add(binaryheap_first(heap).value())
+    }
+}
+
+/// Fills the heap with the first tuple of every participant that has one: the workers'
+/// that are ready, then the leader's own (while the workers go on), then those the
+/// workers are still producing.
+unsafe fn first_tuples(node: *mut pg_sys::GatherMergeState, pg: *mut PoolGather) {
+    // SAFETY: the caller's promise (getnext).
+    unsafe {
+        let heap = heap(node);
+        binaryheap_reset(heap);
+        (*pg).in_heap = 0;
+        let workers = (*pg).nslots;
+        let add = |p: usize| {
+            binaryheap_add_unordered(heap, participant(p));
+            (*pg).in_heap += 1;
+        };
+        for p in 1..=workers {
+            if next_tuple(node, pg, p, false) {
+                add(p);
+            }
+        }
+        if next_tuple(node, pg, 0, true) {
+            add(0);
+        }
+        for p in 1..=workers {
+            let slot = *(*node).gm_slots.add(p);
+            if leader::tup_is_null(slot) && next_tuple(node, pg, p, true) {
+                add(p);
+            }
+        }
+        binaryheap_build(heap);
+        (*node).gm_initialized = true;
+    }
+}
+
+/// Puts participant `p`'s next tuple in its slot (0: the leader runs the plan itself).
+/// Returns false when it has none: finished, or, unless `wait`, not ready yet.
+unsafe fn next_tuple(
+    node: *mut pg_sys::GatherMergeState,
+    pg: *mut PoolGather,
+    p: usize,
+    wait: bool,
+) -> bool {
+    // SAFETY: the caller's promise (getnext); p <= nslots.
+    unsafe {
+        if p == 0 {
+            if !(*node).need_to_scan_locally {
+                return false;
+            }
+            let estate = (*node).ps.state;
+            (*estate).es_query_dsa = if (*node).pei.is_null() {
+                std::ptr::null_mut()
+            } else {
+                (*(*node).pei.cast::<ParallelExecutorInfo>()).area
+            };
+            let slot = leader::exec_proc_node((*node).ps.lefttree);
+            (*estate).es_query_dsa = std::ptr::null_mut();
+            if leader::tup_is_null(slot) {
+                (*node).need_to_scan_locally = false;
+                return false;
+            }
+            *(*node).gm_slots = slot;
+            return true;
+        }
+        let tup = if wait {
+            leader::wait_ticket(pg, p - 1)
+        } else {
+            match leader::read_ticket(pg, p - 1) {
+                Read::Tuple(tup) => tup,
+                Read::Empty | Read::Done => std::ptr::null_mut(),
+            }
+        };
+        let slot = *(*node).gm_slots.add(p);
+        if tup.is_null() {
+            // Its last tuple, already returned, may point into the queue's old message.
+            leader::exec_clear_tuple(slot);
+            return false;
+        }
+        ExecStoreMinimalTuple(tup, slot, false);
+        true
+    }
+}
