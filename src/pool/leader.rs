@@ -1,9 +1,10 @@
 //! The leader side (POOL.md §3, approach B): at ExecutorStart, the ExecProcNode of
 //! each GatherState and GatherMergeState is replaced by [`pool_exec_gather`], which
 //! does what ExecGather's (ExecGatherMerge's) first call does — ExecInitParallelPlan —
-//! but posts tickets to idle pool workers instead of LaunchParallelWorkers. Core never sees the pool workers as its
-//! workers (`nworkers_launched` stays 0): this module reads their tuple queues and
-//! error queues itself, and an `on_dsm_detach` callback on the parallel context's
+//! but posts tickets to idle pool workers instead of LaunchParallelWorkers. Core never
+//! sees the pool workers as its workers (`nworkers_launched` stays 0): this module
+//! reads their tuple queues (a Gather Merge's through gather_merge.rs) and error queues
+//! itself, and an `on_dsm_detach` callback on the parallel context's
 //! segment cancels and waits for them on every path out of the Gather (its end, LIMIT,
 //! ERROR, cancel, FATAL), before the leader can finish its transaction or exit.
 //!
