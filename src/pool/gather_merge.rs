@@ -145,14 +145,7 @@ unsafe fn next_tuple(
             if !(*node).need_to_scan_locally {
                 return false;
             }
-            let estate = (*node).ps.state;
-            (*estate).es_query_dsa = if (*node).pei.is_null() {
-                std::ptr::null_mut()
-            } else {
-                (*(*node).pei.cast::<ParallelExecutorInfo>()).area
-            };
-            let slot = leader::exec_proc_node((*node).ps.lefttree);
-            (*estate).es_query_dsa = std::ptr::null_mut();
+            let slot = leader::scan_locally(&raw mut (*node).ps, (*node).pei);
             if leader::tup_is_null(slot) {
                 (*node).need_to_scan_locally = false;
                 return false;

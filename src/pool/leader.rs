@@ -356,6 +356,27 @@ pub(super) unsafe fn exec_proc_node(node: *mut pg_sys::PlanState) -> *mut pg_sys
     }
 }
 
+/// The leader's own part of a Gather or Gather Merge (`ps`, with its parallel executor
+/// info `pei`, null when no parallel context was built): runs the child plan for one
+/// tuple with the context's DSA area installed, as ExecGather and ExecGatherMerge do.
+pub(super) unsafe fn scan_locally(
+    ps: *mut pg_sys::PlanState,
+    pei: *mut pg_sys::ParallelExecutorInfo,
+) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: the caller's node, whose child the executor initialised.
+    unsafe {
+        let estate = (*ps).state;
+        (*estate).es_query_dsa = if pei.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (*pei.cast::<ParallelExecutorInfo>()).area
+        };
+        let slot = exec_proc_node((*ps).lefttree);
+        (*estate).es_query_dsa = std::ptr::null_mut();
+        slot
+    }
+}
+
 /// Raises an ERROR from code outside pgrx's boundary.
 #[pgrx::pg_guard]
 pub(super) unsafe extern "C-unwind" fn raise(message: *const c_char) {
@@ -662,8 +683,6 @@ unsafe fn getnext(
     // SAFETY: the executor's node and our state of it.
     unsafe {
         let fslot = (*node).funnel_slot;
-        let outer = (*node).ps.lefttree;
-        let estate = (*node).ps.state;
         while (*pg).nreaders > 0 || (*node).need_to_scan_locally {
             check_for_interrupts();
             if (*pg).nreaders > 0 {
@@ -674,13 +693,7 @@ unsafe fn getnext(
                 }
             }
             if (*node).need_to_scan_locally {
-                (*estate).es_query_dsa = if (*node).pei.is_null() {
-                    std::ptr::null_mut()
-                } else {
-                    (*(*node).pei.cast::<ParallelExecutorInfo>()).area
-                };
-                let outslot = exec_proc_node(outer);
-                (*estate).es_query_dsa = std::ptr::null_mut();
+                let outslot = scan_locally(&raw mut (*node).ps, (*node).pei);
                 if !tup_is_null(outslot) {
                     return outslot;
                 }
