@@ -4,7 +4,8 @@ functions") on a real server.
 
 Each check runs real statements and reads their records back: with tracing off nothing
 is recorded; two scans sharing one CPU slot are each recorded once, with CPU charged in
-the slot, waits and hand-offs that add up, and times in order; a parallel scan records
+the slot, waits and hand-offs that add up, and times in order; a slot is held by one
+process at a time, also where the receiver of a hand-off preempts the giver; a parallel scan records
 its workers (processes, planned workers, their start-up CPU outside the slots); a sort
 whose output phase has no yield point shows up as CPU in slices beyond twice the
 target, a plain scan does not; a statement that fails is recorded as failed.
@@ -16,6 +17,7 @@ Starts its own temporary server and prints one line per check, then
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import concurrency  # noqa: E402
@@ -93,6 +95,53 @@ def two_scans_on_one_slot_are_recorded_with_their_waits(s):
         assert not r["failed"], r
     # with one slot, the two took turns: both waited, and were handed the slot
     assert all(r["handoffs"] >= 1 and r["paused_ms"] > 0 for r in rows), rows
+
+
+@check
+def a_slot_is_held_by_one_process_at_a_time(s):
+    # Two scans take turns on one slot, their backends on one CPU. The slot is held by
+    # one process at a time, so the records' held times add up to no more than the span
+    # of the two statements. The process handing the slot over must stop counting it
+    # before it wakes the receiver: the receiver's wake-up preempts it on their shared
+    # CPU, and the time until it can go to sleep (up to a scheduler tick) would count as
+    # held by both. The watchdog lends no slot meanwhile (its interval is longer than
+    # the check), which it would to a holder waiting for a read.
+    set_server(s, "pg_stride.cpu_slots", 1)
+    set_server(s, "pg_stride.watchdog_interval", "'10s'")
+    since = s.sql("SELECT now()")
+    try:
+        procs = [subprocess.Popen(
+            s.psql_args("SET pg_stride.trace = on; SELECT pg_sleep(1); "
+                        "SELECT count(*) FROM big WHERE a % 7 <> 3"),
+            env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for _ in range(2)]
+        pids = []
+        deadline = time.monotonic() + 5
+        while len(pids) < 2 and time.monotonic() < deadline:
+            pids = s.sql("SELECT pid FROM pg_stat_activity WHERE query LIKE "
+                         "'%pg_sleep(1)%' AND pid <> pg_backend_pid()").split()
+        cpu = min(os.sched_getaffinity(0))
+        for pid in pids:
+            os.sched_setaffinity(int(pid), {cpu})
+        results = [finish(p, timeout=120) for p in procs]
+    finally:
+        set_server(s, "pg_stride.watchdog_interval", None)
+        set_server(s, "pg_stride.cpu_slots", 0)
+    assert len(pids) == 2, f"the two sessions' backends: {pids}"
+    assert all(r[0] == 0 for r in results), results
+    rows = [r for r in records(s, since) if r["cpu_ms"] > 50]
+    assert len(rows) == 2, f"two scans, {len(rows)} records: {rows}"
+    span_ms = float(s.sql(
+        "SELECT extract(epoch FROM max(arrival + finished_ms * interval '1 ms') "
+        f"- min(arrival)) * 1000 FROM pg_stride.trace WHERE arrival > '{since}' "
+        "AND cpu_ms > 50"))
+    held = sum(r["held_ms"] for r in rows)
+    handoffs = sum(r["handoffs"] for r in rows)
+    print(f"    held {held:.1f} ms in all over a span of {span_ms:.1f} ms, "
+          f"{handoffs:.0f} hand-offs")
+    assert handoffs >= 20, f"the scans hardly took turns: {rows}"
+    # slack: the clock reads around each hand-off
+    assert held <= span_ms + 0.01 * handoffs + 1, (held, span_ms, rows)
 
 
 @check

@@ -487,9 +487,9 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     numa::unbind();
     let Some(query) = m.query else { return };
     let snapshot = sched.query_snapshot(query);
+    m.left_slot();
     hand_over(Some(m.proc), sched.leave(m.proc));
     pinning::leave(shared, m.proc);
-    m.left_slot();
     if let Some(leader) = m.leader {
         // A parallel worker's CPU clock started with the process, so its whole CPU is
         // this statement's: the fork, attaching and restoring the leader's state count.
@@ -825,9 +825,13 @@ unsafe extern "C-unwind" fn check_in() {
     // Per node, on the CPU the slice ended on (before a pause moves the process).
     numa::charge(shared, used_ns);
     let gave_up = (outcome.turn == Turn::Wait).then_some(proc);
+    if gave_up.is_some() {
+        // Before the wake-up: from then on the receiver may have this CPU, and the time
+        // this process still needs to get to its pause is not the slot's.
+        MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot));
+    }
     hand_over(gave_up, outcome.wake);
     if outcome.turn == Turn::Wait {
-        MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot));
         if stealer {
             // May hand this process itself a slot: pause then returns at once.
             dispatch_free_slots(sched);
