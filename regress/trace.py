@@ -8,7 +8,8 @@ the slot, waits and hand-offs that add up, and times in order; a slot is held by
 process at a time, also where the receiver of a hand-off preempts the giver; a parallel scan records
 its workers (processes, planned workers, their start-up CPU outside the slots); a sort
 whose output phase has no yield point shows up as CPU in slices beyond twice the
-target, a plain scan does not; a statement that fails is recorded as failed.
+target, a plain scan does not, and pg_stride.yield_above_scans cuts such slices; the
+scans of an InitPlan are yield points; a statement that fails is recorded as failed.
 
 Starts its own temporary server and prints one line per check, then
 "trace: N passed, N failed". Run as root, the server runs as postgres.
@@ -167,9 +168,10 @@ def a_parallel_scan_records_its_workers(s):
 
 @check
 def output_without_yield_points_shows_as_long_slices(s):
-    _, plain = traced(s, "SELECT count(*) FROM big")
+    off = "SET pg_stride.trace = on; SET work_mem = '512MB'; SET pg_stride.yield_above_scans = off;"
+    _, plain = traced(s, "SELECT count(*) FROM big", settings=off)
     _, sorted_ = traced(s, "SELECT count(*) FROM (SELECT a FROM big ORDER BY a DESC OFFSET 0) t",
-                        settings="SET pg_stride.trace = on; SET work_mem = '512MB';")
+                        settings=off)
     assert len(plain) == 1 and len(sorted_) == 1, (plain, sorted_)
     p, o = plain[0], sorted_[0]
     print(f"    plain scan: {p['long_slice_ms']:.1f} of {p['cpu_ms']:.1f} ms in long slices; "
@@ -178,6 +180,36 @@ def output_without_yield_points_shows_as_long_slices(s):
     # under it, so it runs as one slice
     assert p["long_slice_ms"] < 0.1 * p["cpu_ms"], p
     assert o["long_slice_ms"] > 20, o
+
+
+@check
+def yield_points_above_scans_cut_long_slices(s):
+    # A hash aggregate returns its 3,000,000 groups with no scan below it; with
+    # pg_stride.yield_above_scans the aggregate checks in as it returns them.
+    sql = "SELECT count(*) FROM (SELECT a, count(*) FROM big GROUP BY a) t"
+    long_slices = {}
+    for setting in ("off", "on"):
+        _, rows = traced(s, sql, settings="SET pg_stride.trace = on; SET work_mem = '512MB'; "
+                                          f"SET pg_stride.yield_above_scans = {setting};")
+        assert len(rows) == 1, rows
+        long_slices[setting] = rows[0]["long_slice_ms"]
+        print(f"    yield_above_scans {setting}: {rows[0]['long_slice_ms']:.1f} of "
+              f"{rows[0]['cpu_ms']:.1f} ms in long slices")
+    # what is left with yield points: building the hash table
+    assert long_slices["off"] > 100, long_slices
+    assert long_slices["on"] < 0.5 * long_slices["off"], long_slices
+
+
+@check
+def an_init_plans_scan_is_a_yield_point(s):
+    # The statement's only scan is in its InitPlan: it checks in there, so it is
+    # scheduled (and traced) and its slices keep to the target.
+    _, rows = traced(s, "SELECT (SELECT count(*) FROM big WHERE a % 3 = 0) + 1")
+    assert len(rows) == 1, f"the InitPlan's scan never checked in: {rows}"
+    r = rows[0]
+    print(f"    {r['long_slice_ms']:.1f} of {r['cpu_ms']:.1f} ms in long slices")
+    assert r["cpu_ms"] > 50, r
+    assert r["long_slice_ms"] < 0.1 * r["cpu_ms"], r
 
 
 @check

@@ -685,20 +685,58 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     });
 }
 
-/// Wraps the leaf scans of `desc`'s plan with yield points. The scans produce the tuples
-/// everything above them consumes, so wrapping them is enough to check in regularly
-/// (DESIGN.md §8); ExecSetExecProcNode keeps PostgreSQL's first-call shim working.
+/// Wraps the scans of `desc`'s plan with yield points, those of its subplans and
+/// initPlans (`es_subplanstates`: an InitPlan can be as big as the rest of the query,
+/// as in TPC-H Q11) included, and with `pg_stride.yield_above_scans` the nodes that
+/// return tuples from work already done. The scans produce the tuples everything above
+/// them consumes, so they check in regularly while their consumers take input
+/// (DESIGN.md §8); a sort, an aggregate or a materialized result then emits its output
+/// with no scan below it, as one long slice (bench/results/SIM_GAP.md).
+/// ExecSetExecProcNode keeps PostgreSQL's first-call shim working.
 fn wrap_scans(desc: *const pg_sys::QueryDesc) {
-    // SAFETY: after ExecutorStart the QueryDesc has its PlanState tree.
-    unsafe { wrap_scans_below(desc, (*desc).planstate) };
+    let outputs = gucs::YIELD_ABOVE_SCANS.get();
+    // SAFETY: after ExecutorStart the QueryDesc has its PlanState tree and EState, whose
+    // es_subplanstates lists the PlanStates of every subplan.
+    unsafe {
+        wrap_scans_below(desc, (*desc).planstate, outputs);
+        let estate = (*desc).estate;
+        if !estate.is_null() {
+            let subplans = pgrx::PgList::<pg_sys::PlanState>::from_pg((*estate).es_subplanstates);
+            for plan in subplans.iter_ptr() {
+                wrap_scans_below(desc, plan, outputs);
+            }
+        }
+    }
 }
 
-/// Wraps the scans of the plan-state subtree at `node` (recursive: plan trees are
-/// shallow, and this allocates nothing).
+/// Installs the yield point on `node`, once.
+///
+/// # Safety
+/// `node` is a PlanState of the tree ExecInitNode built for `desc`.
+unsafe fn wrap(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::PlanState) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        // A node met twice keeps the function it had before the first time.
+        let original = (*node).ExecProcNodeReal;
+        WRAPPED.with_borrow_mut(|w| {
+            w.entry(node as usize).or_insert(Wrapped { desc, original });
+        });
+        pg::set_exec_proc_node(node, Some(yield_point));
+    }
+}
+
+/// Wraps the scans of the plan-state subtree at `node`, and with `outputs` the nodes
+/// that return tuples from work already done (recursive: plan trees are shallow, and
+/// this allocates nothing). Gather and Gather Merge stay as they are: the pool installs
+/// its own function on them.
 ///
 /// # Safety
 /// `node` is null or a PlanState of the tree ExecInitNode built for `desc`.
-unsafe fn wrap_scans_below(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::PlanState) {
+unsafe fn wrap_scans_below(
+    desc: *const pg_sys::QueryDesc,
+    node: *mut pg_sys::PlanState,
+    outputs: bool,
+) {
     if node.is_null() {
         return;
     }
@@ -712,30 +750,48 @@ unsafe fn wrap_scans_below(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::Pl
             | T_IndexOnlyScanState
             | T_BitmapHeapScanState
             | T_FunctionScanState
-            | T_ValuesScanState => {
-                let original = (*node).ExecProcNodeReal;
-                WRAPPED.with_borrow_mut(|w| w.insert(node as usize, Wrapped { desc, original }));
-                pg::set_exec_proc_node(node, Some(yield_point));
+            | T_ValuesScanState
+            | T_SampleScanState
+            | T_TidScanState
+            | T_TableFuncScanState
+            | T_CteScanState
+            | T_WorkTableScanState
+            | T_NamedTuplestoreScanState => wrap(desc, node),
+            #[cfg(not(feature = "pg13"))]
+            T_TidRangeScanState => wrap(desc, node),
+            T_SortState
+            | T_IncrementalSortState
+            | T_AggState
+            | T_WindowAggState
+            | T_SetOpState
+            | T_MaterialState
+                if outputs =>
+            {
+                wrap(desc, node)
             }
+            #[cfg(not(feature = "pg13"))]
+            T_MemoizeState if outputs => wrap(desc, node),
             T_AppendState => {
                 let a = node.cast::<pg_sys::AppendState>();
                 for i in 0..(*a).as_nplans as usize {
-                    wrap_scans_below(desc, *(*a).appendplans.add(i));
+                    wrap_scans_below(desc, *(*a).appendplans.add(i), outputs);
                 }
             }
             T_MergeAppendState => {
                 let a = node.cast::<pg_sys::MergeAppendState>();
                 for i in 0..(*a).ms_nplans as usize {
-                    wrap_scans_below(desc, *(*a).mergeplans.add(i));
+                    wrap_scans_below(desc, *(*a).mergeplans.add(i), outputs);
                 }
             }
-            T_SubqueryScanState => {
-                wrap_scans_below(desc, (*node.cast::<pg_sys::SubqueryScanState>()).subplan)
-            }
+            T_SubqueryScanState => wrap_scans_below(
+                desc,
+                (*node.cast::<pg_sys::SubqueryScanState>()).subplan,
+                outputs,
+            ),
             _ => {}
         }
-        wrap_scans_below(desc, (*node).lefttree);
-        wrap_scans_below(desc, (*node).righttree);
+        wrap_scans_below(desc, (*node).lefttree, outputs);
+        wrap_scans_below(desc, (*node).righttree, outputs);
     }
 }
 
