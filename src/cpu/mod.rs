@@ -120,14 +120,16 @@ impl Member {
         }
     }
 
-    /// The process gave its slot back (or is about to).
-    fn left_slot(&mut self) {
+    /// The process gave its slot back (or is about to); returns when (CLOCK_MONOTONIC).
+    fn left_slot(&mut self) -> u64 {
+        let now = pg::monotonic_ns();
         if let Some(since) = self.held_since_ns.take() {
-            self.acct.held_ns += pg::monotonic_ns().saturating_sub(since);
+            self.acct.held_ns += now.saturating_sub(since);
         }
         if let Some(before) = self.held_run_delay_ns.take() {
             self.acct.held_runqueue_ns += pg::thread_run_delay_ns().saturating_sub(before);
         }
+        now
     }
 
     /// A slice (or the tail of a run) used `used_ns` of CPU between two check-ins.
@@ -416,7 +418,7 @@ fn take_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     let outcome = sched.acquire(proc);
     hand_over(None, outcome.wake);
     if outcome.turn == Turn::Wait {
-        pause(shared, sched, proc);
+        pause(shared, sched, proc, None);
     } else {
         follow_slot(shared, sched, proc);
         count_check_in(shared);
@@ -621,8 +623,9 @@ pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
 
 /// Sleeps on the latch until the scheduler gives this process a slot again. Serves
 /// cancel, timeouts and termination (CHECK_FOR_INTERRUPTS raises their errors; the
-/// statement's cleanup then leaves the query) and postmaster death.
-fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
+/// statement's cleanup then leaves the query) and postmaster death. `since`: when the
+/// process gave up the slot it held, the start of its wait.
+fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Option<u64>) {
     debug_assert!(
         interrupts_can_be_processed(),
         "pg_stride pauses only where interrupts can be processed"
@@ -630,7 +633,8 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(1, Ordering::Release);
     }
-    let paused_at_ns = pg::monotonic_ns();
+    // Waiting from when the slot was given up (`since`), or from now.
+    let paused_at_ns = since.unwrap_or_else(pg::monotonic_ns);
     let is_running = || {
         let running = sched.is_running(proc);
         if let Some(entry) = shared.my_entry() {
@@ -881,18 +885,18 @@ unsafe extern "C-unwind" fn check_in() {
     // Per node, on the CPU the slice ended on (before a pause moves the process).
     numa::charge(shared, used_ns);
     let gave_up = (outcome.turn == Turn::Wait).then_some(proc);
-    if gave_up.is_some() {
-        // Before the wake-up: from then on the receiver may have this CPU, and the time
-        // this process still needs to get to its pause is not the slot's.
-        MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot));
-    }
+    // Before the wake-up: from then on the receiver may have this CPU, and the time this
+    // process still needs to get to its pause (the receiver may preempt it on their
+    // shared CPU) is waiting for a slot, not holding one.
+    let left_at =
+        gave_up.and_then(|_| MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot)));
     hand_over(gave_up, outcome.wake);
     if outcome.turn == Turn::Wait {
         if stealer {
             // May hand this process itself a slot: pause then returns at once.
             dispatch_free_slots(sched);
         }
-        pause(shared, sched, proc);
+        pause(shared, sched, proc, left_at);
     } else {
         follow_slot(shared, sched, proc);
     }
