@@ -93,6 +93,8 @@ def sim_settings(cfg: dict) -> dict:
     lam = float(s.get("pg_stride.decay_lambda", "0.9"))
     return {"slots": slots, "policy": "decay" if lam < 1.0 else "fair", "lambda": lam,
             "d-start": int(s.get("pg_stride.decay_start", "0")),
+            "p0": int(s.get("pg_stride.priority_initial", "10000")),
+            "p-min": int(s.get("pg_stride.priority_min", "100")),
             "slice-ms": float(s.get("pg_stride.slice", "2").rstrip("ms")),
             "max-active": int(s.get("pg_stride.max_active_queries", "128"))}
 
@@ -125,7 +127,8 @@ def replay(rows: list, classes: list, t0: float, settings: dict, workdir: Path) 
 # in the order the report lists them; each is a latency in ms on the query's critical
 # path, per process for the parts its processes add up.
 PARTS = [
-    ("pre", "before the executor: pgbench's send, parse, plan (client response − server time)"),
+    ("pre_base", "before the executor, as unloaded: pgbench's send, parse, plan (the least client response − server time of the same query in the run)"),
+    ("pre", "before the executor, added by the load (the rest of client response − server time)"),
     ("admission", "waiting for admission"),
     ("outside", "CPU outside CPU slots (ExecutorStart, worker start-up, output), per process"),
     ("runqueue", "holding a slot, runnable but not running (another process had the CPU), per process"),
@@ -140,11 +143,19 @@ def account(txns: list, rows: list, pairs: dict, sim: list, classes_by_row: list
             script_info: dict, iso: dict, window: tuple) -> dict:
     """Per class, the mean real and simulated response and slowdown, and each part of
     the difference (PARTS), as ms and as its share of the slowdown (ms / isolated)."""
+    measured = [(i, j) for i, j in pairs.items()
+                if window[0] <= txns[i].arrival_s < window[1]]
+    # The isolated latency has a query's parse and plan too, while the replay starts at
+    # the executor: the least time before the executor each query had stands for its
+    # unloaded share, the rest is what the load added.
+    pre_base = {}
+    for i, j in measured:
+        key = script_info[txns[i].script]
+        pre = txns[i].latency_s * 1000 - rows[j]["finished_ms"]
+        pre_base[key] = min(pre_base.get(key, pre), pre)
     per = {}
-    for i, j in pairs.items():
+    for i, j in measured:
         t = txns[i]
-        if not (window[0] <= t.arrival_s < window[1]):
-            continue
         q, cls = script_info[t.script]
         r, s = rows[j], sim[j]
         procs = max(1.0, r["processes"])
@@ -155,7 +166,8 @@ def account(txns: list, rows: list, pairs: dict, sim: list, classes_by_row: list
         paused = r["paused_ms"] / procs
         handoff = r["handoff_ms"] / procs
         parts = {
-            "pre": client - server,
+            "pre_base": pre_base[(q, cls)],
+            "pre": client - server - pre_base[(q, cls)],
             "admission": r["admitted_ms"],
             "outside": max(0.0, r["cpu_total_ms"] - r["cpu_ms"]) / procs,
             "runqueue": r["held_runqueue_ms"] / procs,
@@ -250,7 +262,8 @@ def report(res: dict, run_dir: Path) -> str:
            "\"Real against simulated\"). The simulator replayed every traced statement of "
            "the run (arrival, the CPU it was charged in CPU slots, its processes) with "
            f"{st['slots']} slots, policy {st['policy']}, λ = {st['lambda']}, "
-           f"d_start = {st['d-start']}, slice {st['slice-ms']} ms, "
+           f"d_start = {st['d-start']}, priorities {st['p0']} down to {st['p-min']}, "
+           f"slice {st['slice-ms']} ms, "
            f"{st['max-active']} active statements at most.",
            "",
            f"- pgbench transactions {res['transactions']}, traced statements "

@@ -378,10 +378,25 @@ class SimGapTest(unittest.TestCase):
         c = res["short"]
         self.assertAlmostEqual(sum(c["parts_ms"].values()), 45.0 - 25.0)
         self.assertAlmostEqual(sum(c["parts_sd"].values()), c["sd_real"] - c["sd_sim"])
-        self.assertAlmostEqual(c["parts_ms"]["pre"], 5.0)
+        self.assertAlmostEqual(c["parts_ms"]["pre_base"], 5.0)
+        self.assertAlmostEqual(c["parts_ms"]["pre"], 0.0)
         self.assertAlmostEqual(c["parts_ms"]["runqueue"], 1.0)
         self.assertAlmostEqual(c["parts_ms"]["asleep"], 1.0)    # held 22 - cpu 20 - 1
         self.assertAlmostEqual(c["parts_ms"]["extra_wait"], 3.0 - 0.5 - 5.0)
+
+
+    def test_time_before_the_executor_splits_into_unloaded_and_added_by_load(self):
+        # the same query twice, 5 and 9 ms between pgbench and the executor
+        rows = [self.row(100.0, 40.0), self.row(100.2, 40.0)]
+        txns = [analysis.Txn(0, 0, 0.045, 100.045, 0.0),
+                analysis.Txn(1, 0, 0.049, 100.249, 0.0)]
+        sim = [{"latency_ms": 25.0, "isolated_ms": 20.0}] * 2
+        res = simgap.account(txns, rows, {0: 0, 1: 1}, sim, ["short"] * 2,
+                             {0: ("q01", "short")}, {("q01", "short"): 0.020}, (99.0, 101.0))
+        c = res["short"]
+        self.assertAlmostEqual(c["parts_ms"]["pre_base"], 5.0)
+        self.assertAlmostEqual(c["parts_ms"]["pre"], 2.0)       # (0 + 4) / 2
+        self.assertAlmostEqual(sum(c["parts_ms"].values()), (45.0 + 49.0) / 2 - 25.0)
 
 
 class TunerPhasesTest(unittest.TestCase):

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Options: `--slots N` (`sweep`, `numa`: list), `--policy fifo|fair|decay|all`,
-//! `--slice-ms F`, `--lambda F`, `--d-start N`, `--max-active N`, `--group-weight G=W`
+//! `--slice-ms F`, `--lambda F`, `--d-start N`, `--p0 N`, `--p-min N`, `--max-active N`,
+//! `--group-weight G=W`
 //! (repeatable), `--queries N`, `--load F` (`sweep`, `numa`: list), `--seed N`,
 //! `--procs N`; `run --results FILE` (one policy: each query's times as CSV, in the
 //! workload's arrival order); `run --tuner` with `--tuner-interval S`, `--tuner-window S`;
@@ -22,6 +23,7 @@ use std::process::ExitCode;
 
 use std::time::Instant;
 
+use pg_stride_sched::decay::PriorityRange;
 use pg_stride_sched::sim::{
     self, NumaPlacement, NumaReport, NumaSim, QueryResult, QuerySpec, Shape, SimConfig,
 };
@@ -40,6 +42,8 @@ const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [optio
   --slice-ms F       slice length (default 2)
   --lambda F         decay factor per quantum (default 0.9)
   --d-start N        quanta before decay starts (default 8)
+  --p0 N, --p-min N  initial and lowest priority of group 0's queries and of the groups
+                     given a weight (default 10000 and 100)
   --max-active N     query table size; more queries wait for admission (default 4096)
   --group-weight G=W CPU weight of group G (repeatable)
   --queries N        generated queries (default 4000)
@@ -145,6 +149,21 @@ fn sim_config(args: &Args, slots: u32, policy: Policy) -> Result<SimConfig, Stri
             cfg.groups.resize(g + 1, GroupConfig::default());
         }
         cfg.groups[g].weight = w;
+    }
+    // The priority range of group 0 (the one a replayed trace uses) and of the groups
+    // given a weight: pg_stride.priority_initial and priority_min.
+    if args.opts.contains_key("p0") || args.opts.contains_key("p-min") {
+        let default = PriorityRange::default();
+        let range = PriorityRange::new(
+            args.get("p0", default.p0)?,
+            args.get("p-min", default.p_min)?,
+        );
+        if cfg.groups.is_empty() {
+            cfg.groups.push(GroupConfig::default());
+        }
+        for g in &mut cfg.groups {
+            g.priority = range;
+        }
     }
     Ok(cfg)
 }
