@@ -21,7 +21,8 @@ from its views (`pg_stride.pool`, `pg_stride.pool_fallbacks`) and counters
 - a leader with an XID runs with PostgreSQL's own workers, and the fallback is counted;
 - DROP DATABASE is not blocked by that database's pool;
 - pool workers idle for pg_stride.pool_idle_timeout exit;
-- pool workers show in pg_stat_activity as backend_type 'pg_stride pool'.
+- pool workers show in pg_stat_activity as backend_type 'pg_stride pool';
+- the trace counts a pool worker's CPU per fragment.
 
 Starts its own temporary server and prints one line per check, then
 "pool: N passed, N failed". Run as root, the server runs as postgres.
@@ -492,6 +493,24 @@ def a_rescanned_stride_gather_asks_the_pool_again_after_no_idle_worker(s):
                      gather["Pool"])
     assert m and int(m.group(1)) >= 10, gather["Pool"]
     print(f"    Pool: {gather['Pool']}")
+
+
+@check
+def a_pool_worker_counts_each_fragments_cpu_apart(s):
+    """The trace counts a pool worker's CPU per fragment, not over the process's life:
+    after many fragments, a statement's CPU in all stays near its CPU in slots."""
+    full_pool(s)
+    since = s.sql("SELECT now()")
+    s.sql("SET pg_stride.trace = on; " + "; ".join(["SELECT count(*) FROM s1.t"] * 20))
+    rows = [tuple(float(v) for v in line.split("|")) for line in s.sql(
+        "SELECT processes, cpu_ms, cpu_total_ms FROM pg_stride.trace "
+        f"WHERE arrival > '{since}' ORDER BY arrival").splitlines()]
+    pooled = [r for r in rows if r[0] >= 2]
+    assert len(pooled) >= 10, rows
+    worst = max(r[2] / max(r[1], 0.001) for r in pooled[-10:])
+    print(f"    {len(pooled)} statements with pool workers; CPU in all at most {worst:.2f}× "
+          f"the CPU in slots over the last 10 (e.g. {pooled[-1][2]:.1f} of {pooled[-1][1]:.1f} ms)")
+    assert all(r[2] <= 2 * r[1] + 20 for r in pooled[-10:]), pooled
 
 
 @check

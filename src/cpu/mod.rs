@@ -150,6 +150,9 @@ static MEMBER: BackendLocal<RefCell<Option<Member>>> = BackendLocal::new(RefCell
 /// Tuples left before the next check-in; counting down is all a yield point does on most
 /// tuples.
 static COUNTDOWN: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(u32::MAX));
+/// Thread CPU time when this process last ended a statement as a worker of a leader:
+/// a pool worker serves fragment after fragment, each counted from the one before.
+static WORKER_CPU_BASE: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
 /// Wrapped scan nodes, by node address, with the function each one ran before and the
 /// statement it belongs to. A yield point looks its node up for every tuple, so this is
 /// a hash table (O(1), no allocation on lookup) rather than a list: a plan over 500
@@ -493,9 +496,12 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     hand_over(Some(m.proc), sched.leave(m.proc));
     pinning::leave(shared, m.proc);
     if let Some(leader) = m.leader {
-        // A parallel worker's CPU clock started with the process, so its whole CPU is
-        // this statement's: the fork, attaching and restoring the leader's state count.
-        m.acct.cpu_total_ns = thread_cpu_ns();
+        // A worker's CPU since its previous statement for a leader is this one's: for a
+        // parallel worker of PostgreSQL's the whole process (the fork, attaching and
+        // restoring the leader's state count), for a pool worker what it spent since its
+        // last fragment (waiting for the ticket, restoring this leader's state).
+        let now = thread_cpu_ns();
+        m.acct.cpu_total_ns = now.saturating_sub(WORKER_CPU_BASE.replace(now));
         if let Some(entry) = shared.procs().get(leader) {
             entry.workers_acct.add(&m.acct);
         }
