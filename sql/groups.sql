@@ -41,6 +41,16 @@ SELECT pg_stride.alter_group('nosuch', weight => 10);
 SELECT pg_stride.alter_group('batch', priority_min => 6000);
 SELECT pg_stride.drop_group('nosuch');
 SELECT pg_stride.drop_group('default');
+-- NULL where a value is required: SQLSTATE 22004, not an internal error. drop_group
+-- is STRICT, so its NULL call does nothing.
+SELECT pg_stride.create_group(NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT pg_stride.create_group('x', weight => NULL);
+SELECT pg_stride.create_group('x', max_concurrency => NULL);
+SELECT pg_stride.create_group('x', pinned => NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT pg_stride.alter_group(NULL, weight => 10);
+SELECT pg_stride.drop_group(NULL);
 -- None of the failed calls left anything behind.
 SELECT name FROM pg_stride.groups;
 

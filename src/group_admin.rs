@@ -63,8 +63,21 @@ mod functions {
     use crate::{config, gucs, pg, shmem};
     use pgrx::datum::DatumWithOid;
 
-    /// The checks every group function makes before touching the table.
-    fn check_caller(name: &str) {
+    /// A required argument of a function that also takes NULLs (so PostgreSQL calls it
+    /// with NULL arguments too, where a STRICT function would return NULL unseen).
+    fn required<T>(value: Option<T>, argument: &str, hint: &str) -> T {
+        value.unwrap_or_else(|| {
+            fail(
+                PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                format!("{argument} of a resource group must not be NULL"),
+                Some(hint),
+            )
+        })
+    }
+
+    /// The checks every group function makes before touching the table; returns the
+    /// group's name.
+    fn check_caller(name: Option<&str>) -> &str {
         if !pg::is_superuser() {
             fail(
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
@@ -84,6 +97,7 @@ mod functions {
                 Some("Connect to the database named by pg_stride.database, or change that setting."),
             );
         }
+        let name = required(name, "the name", "A group name has 1 to 63 bytes.");
         if name.is_empty() || name.len() > MAX_NAME_LEN {
             fail(
                 PgSqlErrorCode::ERRCODE_INVALID_NAME,
@@ -91,6 +105,7 @@ mod functions {
                 Some("A group name has 1 to 63 bytes."),
             );
         }
+        name
     }
 
     fn check_settings(name: &str, settings: &GroupSettings) {
@@ -144,26 +159,27 @@ mod functions {
     #[allow(clippy::too_many_arguments)]
     #[pg_extern(volatile, parallel_unsafe, schema = "pg_stride")]
     fn create_group(
-        name: &str,
-        weight: default!(i32, 100),
-        max_concurrency: default!(i32, 0),
+        name: Option<&str>,
+        weight: default!(Option<i32>, 100),
+        max_concurrency: default!(Option<i32>, 0),
         max_parallel_workers: default!(Option<i32>, "NULL"),
         priority_initial: default!(Option<i32>, "NULL"),
         priority_min: default!(Option<i32>, "NULL"),
         decay_lambda: default!(Option<f64>, "NULL"),
         decay_start: default!(Option<i32>, "NULL"),
-        pinned: default!(bool, false),
+        pinned: default!(Option<bool>, false),
     ) {
-        check_caller(name);
+        let name = check_caller(name);
+        let leave_out = "Leave the argument out for its default.";
         let settings = GroupSettings {
-            weight,
-            max_concurrency,
+            weight: required(weight, "the weight", leave_out),
+            max_concurrency: required(max_concurrency, "max_concurrency", leave_out),
             max_parallel_workers,
             priority_initial,
             priority_min,
             decay_lambda,
             decay_start,
-            pinned,
+            pinned: required(pinned, "pinned", leave_out),
         };
         check_settings(name, &settings);
         if stored(name).is_some() {
@@ -180,7 +196,7 @@ mod functions {
     #[allow(clippy::too_many_arguments)]
     #[pg_extern(volatile, parallel_unsafe, schema = "pg_stride")]
     fn alter_group(
-        name: &str,
+        name: Option<&str>,
         weight: default!(Option<i32>, "NULL"),
         max_concurrency: default!(Option<i32>, "NULL"),
         max_parallel_workers: default!(Option<i32>, "NULL"),
@@ -190,7 +206,7 @@ mod functions {
         decay_start: default!(Option<i32>, "NULL"),
         pinned: default!(Option<bool>, "NULL"),
     ) {
-        check_caller(name);
+        let name = check_caller(name);
         let Some(old) = stored(name) else {
             fail(
                 PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
@@ -216,7 +232,7 @@ mod functions {
     /// back to `default`, with a WARNING at their next statement.
     #[pg_extern(volatile, parallel_unsafe, schema = "pg_stride")]
     fn drop_group(name: &str) {
-        check_caller(name);
+        check_caller(Some(name));
         if name == DEFAULT_GROUP {
             fail(
                 PgSqlErrorCode::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
