@@ -14,6 +14,9 @@ Lending (`pg_stride.lend_on_overrun`): with one slot, a statement sorting a big 
 the other, so that one always waits; with lending on, the scheduler view shows a second
 slot while the sort runs, with it off there is never a second slot.
 
+Settings: a reload that shortens the scheduler worker's round applies a new slot count
+at once.
+
 Starts its own temporary server and prints one line per check, then
 "slots: N passed, N failed". Run as root, the server runs as postgres. Needs two CPUs.
 """
@@ -199,6 +202,31 @@ def a_holder_with_no_yield_point_in_reach_gets_a_slot_lent(s):
                             f"{v[2]:.2f} s sort" for k, v in seen.items()))
     assert seen["off"][0] == [1], seen
     assert 2 in seen["on"][0], seen
+
+
+@check
+def a_reload_applies_a_new_slot_count_at_once(s):
+    # The scheduler worker applies the slot count at its watchdog round. After a reload
+    # that shortens the round, the next one comes at once, not when the old interval
+    # (10 s here) would have set it: the new count is in effect within a second.
+    concurrency.set_server(s, "pg_stride.watchdog_interval", "'10s'")
+    try:
+        concurrency.set_server(s, "pg_stride.watchdog_interval", None)
+        concurrency.set_server(s, "pg_stride.cpu_slots", 1)
+        deadline = time.monotonic() + 1
+        slots = s.sql("SELECT cpu_slots FROM pg_stride.scheduler")
+        while slots != "1" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            slots = s.sql("SELECT cpu_slots FROM pg_stride.scheduler")
+        print(f"    cpu_slots {slots} within a second of the reload")
+        assert slots == "1", f"cpu_slots still {slots} after the reload"
+    finally:
+        concurrency.set_server(s, "pg_stride.watchdog_interval", None)
+        concurrency.set_server(s, "pg_stride.cpu_slots", None)
+    deadline = time.monotonic() + 15
+    while s.sql("SELECT cpu_slots FROM pg_stride.scheduler") != "2":
+        assert time.monotonic() < deadline, "pg_stride.cpu_slots back to 2 not in effect"
+        time.sleep(0.1)
 
 
 def setup(s):

@@ -191,22 +191,23 @@ impl Hasher for AddressHasher {
     }
 }
 
-/// `from` gave its slot up (`None`: nobody did) and `to` was handed one: passes the
-/// CPU with the slot (`pg_stride.pin_slots`) and wakes `to`, noting when, for the
-/// hand-off's latency in its statement's trace record.
+/// `from` gave its slot up (`None`: nobody did) and `to` was handed one: notes when,
+/// for the hand-off's latency in `to`'s trace record, passes the CPU with the slot
+/// (`pg_stride.pin_slots`) and wakes `to`. The note comes first: moving `to` onto this
+/// CPU may let it run at once, preempting this process before it gets any further.
 fn hand_over(from: Option<ProcId>, to: Option<ProcId>) {
     let Some(shared) = shmem::shared() else {
         return;
     };
+    if let Some(entry) = to.and_then(|p| shared.procs().get(p.0 as usize)) {
+        entry
+            .slot_given_ns
+            .store(pg::monotonic_ns(), Ordering::Release);
+    }
     if shared.sched().is_some_and(pinning::enabled) {
         pinning::pass(shared, from, to);
     }
     if let Some(p) = to {
-        if let Some(entry) = shared.procs().get(p.0 as usize) {
-            entry
-                .slot_given_ns
-                .store(pg::monotonic_ns(), Ordering::Relaxed);
-        }
         pg::set_latch(p.0 as usize);
     }
 }
@@ -673,11 +674,15 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
     follow_slot(shared, sched, proc);
     count_check_in(shared);
     let now = pg::monotonic_ns();
-    // The slot was handed over while this process was paused, or before it got there.
+    // When the slot was handed over. A note older than this pause is a previous
+    // hand-off's: the slot reached this process before the giver noted it (between
+    // giving it in the scheduler and `hand_over`), or before the pause began, so it
+    // found the slot at once.
     let given = shared
         .my_entry()
-        .map_or(paused_at_ns, |e| e.slot_given_ns.load(Ordering::Relaxed))
-        .max(paused_at_ns);
+        .map(|e| e.slot_given_ns.load(Ordering::Acquire))
+        .filter(|&t| t >= paused_at_ns)
+        .unwrap_or(now);
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(0, Ordering::Release);
         let waited_us = now.saturating_sub(paused_at_ns) / 1_000;

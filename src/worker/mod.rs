@@ -65,6 +65,17 @@ struct Timers {
 }
 
 impl Timers {
+    /// Every task due now: at start, and after a reload, so that a changed interval or
+    /// slot count takes effect at once rather than at the time the old interval set.
+    fn due_now() -> Self {
+        let now = Instant::now();
+        Timers {
+            watchdog: now,
+            hint: now,
+            sweep: now,
+        }
+    }
+
     /// Whether the task due at `*due` is due; if so, schedules its next run `every` later.
     fn take(due: &mut Instant, every: Duration) -> bool {
         let now = Instant::now();
@@ -100,15 +111,11 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     let mut cpu_seen = Vec::new();
     let mut admission_waits = Vec::new();
     let sweep_context = PgMemoryContexts::new("pg_stride scheduler sweep");
-    let now = Instant::now();
-    let mut timers = Timers {
-        watchdog: now,
-        hint: now,
-        sweep: now,
-    };
+    let mut timers = Timers::due_now();
     while BackgroundWorker::wait_latch(Some(timers.sleep())) {
         if reload_config_if_signalled() {
             config::apply(shared);
+            timers = Timers::due_now();
         }
         if Timers::take(
             &mut timers.watchdog,
