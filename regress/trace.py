@@ -6,7 +6,8 @@ Each check runs real statements and reads their records back: with tracing off n
 is recorded; two scans sharing one CPU slot are each recorded once, with CPU charged in
 the slot, waits and hand-offs that add up, and times in order; a slot is held by one
 process at a time, also where the receiver of a hand-off preempts the giver; a hand-off's
-latency counts from the hand-over, not from the pause; a parallel scan records
+latency counts from the hand-over, not from the pause; a scan sharing its CPU with a
+CPU-bound process records its run delay; a parallel scan records
 its workers (processes, planned workers, their start-up CPU outside the slots); a sort
 whose output phase has no yield point shows up as CPU in slices beyond twice the
 target, a plain scan does not, and pg_stride.yield_above_scans cuts such slices; the
@@ -32,7 +33,7 @@ max_parallel_workers_per_gather = 0
 
 COLUMNS = ["admitted_ms", "first_slot_ms", "finished_ms", "processes", "workers_planned",
            "cpu_ms", "cpu_total_ms", "paused_ms", "handoff_ms", "handoffs", "held_ms",
-           "held_runqueue_ms", "long_slice_ms", "failed"]
+           "held_runqueue_ms", "runqueue_ms", "paused_runqueue_ms", "long_slice_ms", "failed"]
 
 CHECKS = []
 check = concurrency.collector(CHECKS)
@@ -92,6 +93,9 @@ def two_scans_on_one_slot_are_recorded_with_their_waits(s):
         assert r["held_ms"] + 1 >= r["cpu_ms"], r
         assert r["held_runqueue_ms"] <= r["held_ms"] + 1, r
         assert r["handoff_ms"] <= r["paused_ms"] + 0.01, r
+        assert r["paused_runqueue_ms"] <= r["paused_ms"] + 0.01, r
+        # run delay in all covers the parts holding a slot and paused
+        assert r["runqueue_ms"] + 0.01 >= r["held_runqueue_ms"] + r["paused_runqueue_ms"], r
         assert 0 <= r["admitted_ms"] <= r["first_slot_ms"] <= r["finished_ms"], r
         assert r["held_ms"] + r["paused_ms"] <= r["finished_ms"] + 1, r
         assert not r["failed"], r
@@ -180,6 +184,44 @@ def a_hand_off_counts_from_the_hand_over(s):
           f"{paused_ms:.1f} ms paused ({handoff_ms / max(handoffs, 1):.3f} ms each)")
     assert handoffs >= 30, f"the scans hardly took turns: {rows}"
     assert handoff_ms <= 0.2 * paused_ms, rows
+
+
+@check
+def a_scan_sharing_its_cpu_records_its_run_delay(s):
+    # A scan's backend shares one CPU with a process that only burns CPU: it is runnable
+    # but not running about half of its time, and the record says so (runqueue_ms), most
+    # of it while holding its slot. Without the run delay measured, runqueue_ms is 0.
+    since = s.sql("SELECT now()")
+    cpu = min(os.sched_getaffinity(0))
+    scan = subprocess.Popen(
+        s.psql_args("SET pg_stride.trace = on; SELECT pg_sleep(0.5); "
+                    "SELECT count(*) FROM big WHERE a % 7 <> 3"),
+        env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        pids = []
+        deadline = time.monotonic() + 5
+        while not pids and time.monotonic() < deadline:
+            pids = s.sql("SELECT pid FROM pg_stat_activity WHERE query LIKE "
+                         "'%pg_sleep(0.5)%' AND pid <> pg_backend_pid()").split()
+        for pid in pids:
+            os.sched_setaffinity(int(pid), {cpu})
+        result = finish(scan, timeout=120)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert pids, "the scan's backend"
+    assert result[0] == 0, result
+    rows = [r for r in records(s, since) if r["cpu_ms"] > 50]
+    assert len(rows) == 1, rows
+    r = rows[0]
+    print(f"    finished {r['finished_ms']:.1f} ms: cpu {r['cpu_ms']:.1f}, runnable not running "
+          f"{r['runqueue_ms']:.1f} (holding a slot {r['held_runqueue_ms']:.1f}, paused "
+          f"{r['paused_runqueue_ms']:.1f})")
+    assert r["runqueue_ms"] >= 0.3 * r["finished_ms"], r
+    assert r["runqueue_ms"] + 0.01 >= r["held_runqueue_ms"] + r["paused_runqueue_ms"], r
+    assert r["held_runqueue_ms"] >= 0.5 * r["runqueue_ms"], r
 
 
 @check

@@ -343,6 +343,8 @@ mod pg_stride {
             name!(handoffs, i64),
             name!(held_ms, f64),
             name!(held_runqueue_ms, f64),
+            name!(runqueue_ms, f64),
+            name!(paused_runqueue_ms, f64),
             name!(long_slice_ms, f64),
             name!(failed, bool),
         ),
@@ -376,6 +378,8 @@ mod pg_stride {
                 i64::from(a.handoffs),
                 ms(a.held_ns),
                 ms(a.held_runqueue_ns),
+                ms(a.runqueue_ns),
+                ms(a.paused_runqueue_ns),
                 ms(a.long_slice_ns),
                 r.flags & TraceRecord::ERROR != 0,
             )
@@ -654,7 +658,8 @@ CREATE VIEW pg_stride.trace AS
     SELECT timestamptz '2000-01-01 00:00:00+00' + t.arrival_us * interval '1 microsecond' AS arrival,
            t.admitted_ms, t.first_slot_ms, t.finished_ms, t.query_id, t.group_name,
            t.processes, t.workers_planned, t.cpu_ms, t.cpu_total_ms, t.paused_ms,
-           t.handoff_ms, t.handoffs, t.held_ms, t.held_runqueue_ms, t.long_slice_ms, t.failed
+           t.handoff_ms, t.handoffs, t.held_ms, t.held_runqueue_ms, t.runqueue_ms,
+           t.paused_runqueue_ms, t.long_slice_ms, t.failed
       FROM pg_stride.trace_records() t
      ORDER BY t.arrival_us;
 COMMENT ON VIEW pg_stride.trace IS

@@ -134,7 +134,9 @@ PARTS = [
     ("runqueue", "holding a slot, runnable but not running (another process had the CPU), per process"),
     ("asleep", "holding a slot but asleep (a lock, the client, a Gather waiting for its workers), per process"),
     ("handoff", "hand-off latency: slot given → process running, per process"),
-    ("extra_wait", "more waiting for slots than the simulator's (paused − hand-off − simulated wait), per process"),
+    ("paused_runnable", "paused but runnable (a process that gave its slot up, on its way to sleep while the receiver ran on their CPU), per process"),
+    ("extra_wait", "more waiting for slots than the simulator's (paused − hand-off − paused but runnable − simulated wait), per process"),
+    ("unslotted_runqueue", "runnable without a slot, not paused (before the first check-in, after ExecutorRun): another process had the CPU, per process"),
     ("residual", "the rest (leader alone before and after its workers, rounding of per-process means)"),
 ]
 
@@ -165,6 +167,11 @@ def account(txns: list, rows: list, pairs: dict, sim: list, classes_by_row: list
         sim_wait = max(0.0, sim_lat - s["isolated_ms"])
         paused = r["paused_ms"] / procs
         handoff = r["handoff_ms"] / procs
+        # Traces of builds before these two columns have neither.
+        paused_rq = (r.get("paused_runqueue_ms") or 0.0) / procs
+        runqueue = r.get("runqueue_ms")
+        unslotted_rq = (0.0 if runqueue is None else max(
+            0.0, runqueue - r["held_runqueue_ms"] - (r.get("paused_runqueue_ms") or 0.0)) / procs)
         parts = {
             "pre_base": pre_base[(q, cls)],
             "pre": client - server - pre_base[(q, cls)],
@@ -173,7 +180,9 @@ def account(txns: list, rows: list, pairs: dict, sim: list, classes_by_row: list
             "runqueue": r["held_runqueue_ms"] / procs,
             "asleep": max(0.0, r["held_ms"] - r["cpu_ms"] - r["held_runqueue_ms"]) / procs,
             "handoff": handoff,
-            "extra_wait": paused - handoff - sim_wait,
+            "paused_runnable": paused_rq,
+            "extra_wait": paused - handoff - paused_rq - sim_wait,
+            "unslotted_runqueue": unslotted_rq,
         }
         parts["residual"] = client - sim_lat - sum(parts.values())
         iso_ms = iso[(q, cls)] * 1000

@@ -83,6 +83,12 @@ struct Member {
     held_since_ns: Option<u64>,
     /// The thread's run delay when it took the slot, while statements are traced.
     held_run_delay_ns: Option<u64>,
+    /// The thread's run delay when it last gave its slot up, while traced.
+    left_run_delay_ns: Option<u64>,
+    /// The thread's run delay when its current pause began, while traced.
+    paused_run_delay_ns: Option<u64>,
+    /// The thread's run delay when it started working for the statements, while traced.
+    start_run_delay_ns: Option<u64>,
 }
 
 impl Member {
@@ -107,14 +113,22 @@ impl Member {
             },
             held_since_ns: None,
             held_run_delay_ns: None,
+            left_run_delay_ns: None,
+            paused_run_delay_ns: None,
+            start_run_delay_ns: trace::enabled().then(pg::thread_run_delay_ns),
         }
     }
 
-    /// The process runs on a slot from now on.
+    /// The process runs on a slot from now on (after a pause, if one began).
     fn holds_slot(&mut self) {
         let now = pg::monotonic_ns();
         self.held_since_ns = Some(now);
         self.held_run_delay_ns = trace::enabled().then(pg::thread_run_delay_ns);
+        if let (Some(before), Some(at)) = (self.paused_run_delay_ns.take(), self.held_run_delay_ns)
+        {
+            self.acct.paused_runqueue_ns += at.saturating_sub(before);
+        }
+        self.left_run_delay_ns = None;
         if self.acct.first_slot_ns == TraceRecord::PENDING {
             self.acct.first_slot_ns = now;
         }
@@ -127,9 +141,26 @@ impl Member {
             self.acct.held_ns += now.saturating_sub(since);
         }
         if let Some(before) = self.held_run_delay_ns.take() {
-            self.acct.held_runqueue_ns += pg::thread_run_delay_ns().saturating_sub(before);
+            let at = pg::thread_run_delay_ns();
+            self.acct.held_runqueue_ns += at.saturating_sub(before);
+            self.left_run_delay_ns = Some(at);
         }
         now
+    }
+
+    /// A pause begins: right after giving the slot up (`gave_up`), whose reading of the
+    /// run delay it starts from, or before a first slot.
+    fn pause_begins(&mut self, gave_up: bool) {
+        let left = self.left_run_delay_ns.take().filter(|_| gave_up);
+        self.paused_run_delay_ns = left.or_else(|| trace::enabled().then(pg::thread_run_delay_ns));
+    }
+
+    /// The run delay since the process started working for the statements, for its
+    /// trace record at their end.
+    fn count_runqueue(&mut self) {
+        if let Some(start) = self.start_run_delay_ns.take() {
+            self.acct.runqueue_ns = pg::thread_run_delay_ns().saturating_sub(start);
+        }
     }
 
     /// A slice (or the tail of a run) used `used_ns` of CPU between two check-ins.
@@ -494,6 +525,7 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     let Some(query) = m.query else { return };
     let snapshot = sched.query_snapshot(query);
     m.left_slot();
+    m.count_runqueue();
     hand_over(Some(m.proc), sched.leave(m.proc));
     pinning::leave(shared, m.proc);
     if let Some(leader) = m.leader {
@@ -642,6 +674,11 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
     }
     // Waiting from when the slot was given up (`since`), or from now.
     let paused_at_ns = since.unwrap_or_else(pg::monotonic_ns);
+    MEMBER.with_borrow_mut(|m| {
+        if let Some(m) = m.as_mut() {
+            m.pause_begins(since.is_some());
+        }
+    });
     let is_running = || {
         let running = sched.is_running(proc);
         if let Some(entry) = shared.my_entry() {

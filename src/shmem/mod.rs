@@ -101,6 +101,8 @@ pub struct SharedAccounting {
     handoff_ns: AtomicU64,
     held_ns: AtomicU64,
     held_runqueue_ns: AtomicU64,
+    runqueue_ns: AtomicU64,
+    paused_runqueue_ns: AtomicU64,
     long_slice_ns: AtomicU64,
     handoffs: AtomicU64,
 }
@@ -115,6 +117,9 @@ impl SharedAccounting {
         self.held_ns.fetch_add(a.held_ns, Ordering::Relaxed);
         self.held_runqueue_ns
             .fetch_add(a.held_runqueue_ns, Ordering::Relaxed);
+        self.runqueue_ns.fetch_add(a.runqueue_ns, Ordering::Relaxed);
+        self.paused_runqueue_ns
+            .fetch_add(a.paused_runqueue_ns, Ordering::Relaxed);
         self.long_slice_ns
             .fetch_add(a.long_slice_ns, Ordering::Relaxed);
         self.handoffs
@@ -129,6 +134,8 @@ impl SharedAccounting {
             handoff_ns: self.handoff_ns.swap(0, Ordering::Relaxed),
             held_ns: self.held_ns.swap(0, Ordering::Relaxed),
             held_runqueue_ns: self.held_runqueue_ns.swap(0, Ordering::Relaxed),
+            runqueue_ns: self.runqueue_ns.swap(0, Ordering::Relaxed),
+            paused_runqueue_ns: self.paused_runqueue_ns.swap(0, Ordering::Relaxed),
             long_slice_ns: self.long_slice_ns.swap(0, Ordering::Relaxed),
             handoffs: self
                 .handoffs

@@ -15,9 +15,8 @@ use crate::trace_ring::{Words, RECORD_WORDS};
 const _: () = assert!(std::mem::size_of::<TraceRecord>() == RECORD_WORDS * 8);
 
 /// One statement as the tracer saw it. Plain integers, `#[repr(C)]`, fixed size and
-/// `Copy`, so the extension can keep records in a shared-memory ring: 120 bytes, so with
-/// a sequence word per slot (a seqlock, to detect torn or overwritten records) a slot
-/// is two cache lines.
+/// `Copy`, so the extension can keep records in a shared-memory ring: 136 bytes, and a
+/// sequence word per slot (a seqlock, to detect torn or overwritten records).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceRecord {
@@ -72,6 +71,17 @@ pub struct Accounting {
     /// processes without a slot (or the rest of the machine) had it (the kernel's
     /// schedstat `run_delay`; 0 without schedstats).
     pub held_runqueue_ns: u64,
+    /// The time the processes were runnable but waited for a CPU, in all: from their
+    /// start for the statement (the leader's ExecutorStart, a worker's joining) to its
+    /// end, holding a slot or not (the kernel's schedstat `run_delay`; 0 without
+    /// schedstats). Minus `held_runqueue_ns` and `paused_runqueue_ns`: time they waited
+    /// for a CPU while running without a slot (before the first check-in, after
+    /// ExecutorRun), where the slots do not order them.
+    pub runqueue_ns: u64,
+    /// Of `paused_ns`, the time the processes were runnable but waited for a CPU: a
+    /// process that gave its slot up, on its way to sleep while the receiver ran on their
+    /// CPU.
+    pub paused_runqueue_ns: u64,
     /// CPU of slices beyond twice the target slice, summed: work the yield points did
     /// not cut, during which a waiting query cannot get the slot.
     pub long_slice_ns: u64,
@@ -118,6 +128,8 @@ impl TraceRecord {
             self.acct.handoff_ns,
             self.acct.held_ns,
             self.acct.held_runqueue_ns,
+            self.acct.runqueue_ns,
+            self.acct.paused_runqueue_ns,
             self.acct.long_slice_ns,
             self.acct.first_slot_ns,
             (u64::from(self.acct.workers_planned) << 32) | u64::from(self.acct.handoffs),
@@ -126,7 +138,7 @@ impl TraceRecord {
 
     /// The record a [`TraceRecord::to_words`] payload holds.
     pub fn from_words(words: &Words) -> TraceRecord {
-        let [arrival_ns, admit_ns, finish_ns, cpu_ns, query_id, group_procs, pinned_flags, cpu_total_ns, paused_ns, handoff_ns, held_ns, held_runqueue_ns, long_slice_ns, first_slot_ns, planned_handoffs] =
+        let [arrival_ns, admit_ns, finish_ns, cpu_ns, query_id, group_procs, pinned_flags, cpu_total_ns, paused_ns, handoff_ns, held_ns, held_runqueue_ns, runqueue_ns, paused_runqueue_ns, long_slice_ns, first_slot_ns, planned_handoffs] =
             *words;
         TraceRecord {
             arrival_ns,
@@ -144,6 +156,8 @@ impl TraceRecord {
                 handoff_ns,
                 held_ns,
                 held_runqueue_ns,
+                runqueue_ns,
+                paused_runqueue_ns,
                 long_slice_ns,
                 first_slot_ns,
                 workers_planned: (planned_handoffs >> 32) as u32,
@@ -273,6 +287,8 @@ mod tests {
                 handoff_ns: 7,
                 held_ns: 8,
                 held_runqueue_ns: 12,
+                runqueue_ns: 13,
+                paused_runqueue_ns: 14,
                 long_slice_ns: 9,
                 first_slot_ns: TraceRecord::PENDING,
                 workers_planned: u32::MAX,
@@ -300,7 +316,7 @@ mod tests {
 
     #[test]
     fn a_record_is_plain_and_fills_its_slot() {
-        assert_eq!(std::mem::size_of::<TraceRecord>(), 120);
+        assert_eq!(std::mem::size_of::<TraceRecord>(), 136);
         assert_eq!(std::mem::align_of::<TraceRecord>(), 8);
         let r = rec(1, 2, None);
         assert_eq!((r.admitted(), r.finished()), (Some(1_000_000), None));
