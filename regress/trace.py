@@ -33,7 +33,8 @@ max_parallel_workers_per_gather = 0
 
 COLUMNS = ["admitted_ms", "first_slot_ms", "finished_ms", "processes", "workers_planned",
            "cpu_ms", "cpu_total_ms", "paused_ms", "handoff_ms", "handoffs", "held_ms",
-           "held_runqueue_ms", "runqueue_ms", "paused_runqueue_ms", "long_slice_ms", "failed"]
+           "held_runqueue_ms", "runqueue_ms", "runqueue_before_slot_ms",
+           "paused_runqueue_ms", "long_slice_ms", "failed"]
 
 CHECKS = []
 check = concurrency.collector(CHECKS)
@@ -96,6 +97,8 @@ def two_scans_on_one_slot_are_recorded_with_their_waits(s):
         assert r["paused_runqueue_ms"] <= r["paused_ms"] + 0.01, r
         # run delay in all covers the parts holding a slot and paused
         assert r["runqueue_ms"] + 0.01 >= r["held_runqueue_ms"] + r["paused_runqueue_ms"], r
+        assert r["runqueue_before_slot_ms"] <= (r["runqueue_ms"] - r["held_runqueue_ms"]
+                                                - r["paused_runqueue_ms"] + 0.01), r
         assert 0 <= r["admitted_ms"] <= r["first_slot_ms"] <= r["finished_ms"], r
         assert r["held_ms"] + r["paused_ms"] <= r["finished_ms"] + 1, r
         assert not r["failed"], r

@@ -344,6 +344,7 @@ mod pg_stride {
             name!(held_ms, f64),
             name!(held_runqueue_ms, f64),
             name!(runqueue_ms, f64),
+            name!(runqueue_before_slot_ms, f64),
             name!(paused_runqueue_ms, f64),
             name!(long_slice_ms, f64),
             name!(failed, bool),
@@ -379,6 +380,7 @@ mod pg_stride {
                 ms(a.held_ns),
                 ms(a.held_runqueue_ns),
                 ms(a.runqueue_ns),
+                ms(a.runqueue_before_slot_ns),
                 ms(a.paused_runqueue_ns),
                 ms(a.long_slice_ns),
                 r.flags & TraceRecord::ERROR != 0,
@@ -659,7 +661,7 @@ CREATE VIEW pg_stride.trace AS
            t.admitted_ms, t.first_slot_ms, t.finished_ms, t.query_id, t.group_name,
            t.processes, t.workers_planned, t.cpu_ms, t.cpu_total_ms, t.paused_ms,
            t.handoff_ms, t.handoffs, t.held_ms, t.held_runqueue_ms, t.runqueue_ms,
-           t.paused_runqueue_ms, t.long_slice_ms, t.failed
+           t.runqueue_before_slot_ms, t.paused_runqueue_ms, t.long_slice_ms, t.failed
       FROM pg_stride.trace_records() t
      ORDER BY t.arrival_us;
 COMMENT ON VIEW pg_stride.trace IS

@@ -136,7 +136,8 @@ PARTS = [
     ("handoff", "hand-off latency: slot given → process running, per process"),
     ("paused_runnable", "paused but runnable (a process that gave its slot up, on its way to sleep while the receiver ran on their CPU), per process"),
     ("extra_wait", "more waiting for slots than the simulator's (paused − hand-off − paused but runnable − simulated wait), per process"),
-    ("unslotted_runqueue", "runnable without a slot, not paused (before the first check-in, after ExecutorRun): another process had the CPU, per process"),
+    ("unslotted_before", "runnable without a slot before the first, not paused (ExecutorStart, the first chunk of tuples): another process had the CPU, per process"),
+    ("unslotted_after", "runnable without a slot after the last (ExecutorRun's end to ExecutorEnd): another process had the CPU, per process"),
     ("residual", "the rest (leader alone before and after its workers, rounding of per-process means)"),
 ]
 
@@ -172,6 +173,7 @@ def account(txns: list, rows: list, pairs: dict, sim: list, classes_by_row: list
         runqueue = r.get("runqueue_ms")
         unslotted_rq = (0.0 if runqueue is None else max(
             0.0, runqueue - r["held_runqueue_ms"] - (r.get("paused_runqueue_ms") or 0.0)) / procs)
+        before_rq = min(unslotted_rq, (r.get("runqueue_before_slot_ms") or 0.0) / procs)
         parts = {
             "pre_base": pre_base[(q, cls)],
             "pre": client - server - pre_base[(q, cls)],
@@ -182,7 +184,8 @@ def account(txns: list, rows: list, pairs: dict, sim: list, classes_by_row: list
             "handoff": handoff,
             "paused_runnable": paused_rq,
             "extra_wait": paused - handoff - paused_rq - sim_wait,
-            "unslotted_runqueue": unslotted_rq,
+            "unslotted_before": before_rq,
+            "unslotted_after": unslotted_rq - before_rq,
         }
         parts["residual"] = client - sim_lat - sum(parts.values())
         iso_ms = iso[(q, cls)] * 1000

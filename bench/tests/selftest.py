@@ -353,7 +353,7 @@ class SimGapTest(unittest.TestCase):
              "processes": 1.0, "workers_planned": 0.0, "cpu_ms": finished_ms / 2,
              "cpu_total_ms": finished_ms / 2 + 1, "paused_ms": 3.0, "handoff_ms": 0.5,
              "handoffs": 2.0, "held_ms": finished_ms / 2 + 2, "held_runqueue_ms": 1.0,
-             "runqueue_ms": 2.5, "paused_runqueue_ms": 0.5,
+             "runqueue_ms": 2.5, "runqueue_before_slot_ms": 0.25, "paused_runqueue_ms": 0.5,
              "long_slice_ms": 0.0, "failed": False}
         r.update(kw)
         r["finish_epoch"] = r["arrival_epoch"] + r["finished_ms"] / 1000
@@ -380,7 +380,8 @@ class SimGapTest(unittest.TestCase):
         self.assertAlmostEqual(sum(c["parts_ms"].values()), 45.0 - 25.0)
         self.assertAlmostEqual(sum(c["parts_sd"].values()), c["sd_real"] - c["sd_sim"])
         # run delay: 1.0 holding, 0.5 paused, so 1.0 without a slot and not paused
-        self.assertAlmostEqual(c["parts_ms"]["unslotted_runqueue"], 1.0)
+        self.assertAlmostEqual(c["parts_ms"]["unslotted_before"], 0.25)
+        self.assertAlmostEqual(c["parts_ms"]["unslotted_after"], 0.75)
         self.assertAlmostEqual(c["parts_ms"]["paused_runnable"], 0.5)
         self.assertAlmostEqual(c["parts_ms"]["pre_base"], 5.0)
         self.assertAlmostEqual(c["parts_ms"]["pre"], 0.0)

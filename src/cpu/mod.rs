@@ -131,6 +131,12 @@ impl Member {
         self.left_run_delay_ns = None;
         if self.acct.first_slot_ns == TraceRecord::PENDING {
             self.acct.first_slot_ns = now;
+            if let (Some(start), Some(at)) = (self.start_run_delay_ns, self.held_run_delay_ns) {
+                // The only pause so far is the one for this first slot.
+                self.acct.runqueue_before_slot_ns = at
+                    .saturating_sub(start)
+                    .saturating_sub(self.acct.paused_runqueue_ns);
+            }
         }
     }
 
@@ -160,6 +166,12 @@ impl Member {
     fn count_runqueue(&mut self) {
         if let Some(start) = self.start_run_delay_ns.take() {
             self.acct.runqueue_ns = pg::thread_run_delay_ns().saturating_sub(start);
+            if self.acct.first_slot_ns == TraceRecord::PENDING {
+                self.acct.runqueue_before_slot_ns = self
+                    .acct
+                    .runqueue_ns
+                    .saturating_sub(self.acct.paused_runqueue_ns);
+            }
         }
     }
 

@@ -102,6 +102,7 @@ pub struct SharedAccounting {
     held_ns: AtomicU64,
     held_runqueue_ns: AtomicU64,
     runqueue_ns: AtomicU64,
+    runqueue_before_slot_ns: AtomicU64,
     paused_runqueue_ns: AtomicU64,
     long_slice_ns: AtomicU64,
     handoffs: AtomicU64,
@@ -118,6 +119,8 @@ impl SharedAccounting {
         self.held_runqueue_ns
             .fetch_add(a.held_runqueue_ns, Ordering::Relaxed);
         self.runqueue_ns.fetch_add(a.runqueue_ns, Ordering::Relaxed);
+        self.runqueue_before_slot_ns
+            .fetch_add(a.runqueue_before_slot_ns, Ordering::Relaxed);
         self.paused_runqueue_ns
             .fetch_add(a.paused_runqueue_ns, Ordering::Relaxed);
         self.long_slice_ns
@@ -135,6 +138,7 @@ impl SharedAccounting {
             held_ns: self.held_ns.swap(0, Ordering::Relaxed),
             held_runqueue_ns: self.held_runqueue_ns.swap(0, Ordering::Relaxed),
             runqueue_ns: self.runqueue_ns.swap(0, Ordering::Relaxed),
+            runqueue_before_slot_ns: self.runqueue_before_slot_ns.swap(0, Ordering::Relaxed),
             paused_runqueue_ns: self.paused_runqueue_ns.swap(0, Ordering::Relaxed),
             long_slice_ns: self.long_slice_ns.swap(0, Ordering::Relaxed),
             handoffs: self

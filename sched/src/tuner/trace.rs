@@ -15,7 +15,7 @@ use crate::trace_ring::{Words, RECORD_WORDS};
 const _: () = assert!(std::mem::size_of::<TraceRecord>() == RECORD_WORDS * 8);
 
 /// One statement as the tracer saw it. Plain integers, `#[repr(C)]`, fixed size and
-/// `Copy`, so the extension can keep records in a shared-memory ring: 136 bytes, and a
+/// `Copy`, so the extension can keep records in a shared-memory ring: 144 bytes, and a
 /// sequence word per slot (a seqlock, to detect torn or overwritten records).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +78,11 @@ pub struct Accounting {
     /// for a CPU while running without a slot (before the first check-in, after
     /// ExecutorRun), where the slots do not order them.
     pub runqueue_ns: u64,
+    /// Of `runqueue_ns`, the part before each process's first slot, outside its pauses
+    /// (ExecutorStart and the first chunk of tuples, for a leader); the rest of the time
+    /// runnable without a slot comes after its last slot (ExecutorRun's end to
+    /// ExecutorEnd).
+    pub runqueue_before_slot_ns: u64,
     /// Of `paused_ns`, the time the processes were runnable but waited for a CPU: a
     /// process that gave its slot up, on its way to sleep while the receiver ran on their
     /// CPU.
@@ -129,6 +134,7 @@ impl TraceRecord {
             self.acct.held_ns,
             self.acct.held_runqueue_ns,
             self.acct.runqueue_ns,
+            self.acct.runqueue_before_slot_ns,
             self.acct.paused_runqueue_ns,
             self.acct.long_slice_ns,
             self.acct.first_slot_ns,
@@ -138,7 +144,7 @@ impl TraceRecord {
 
     /// The record a [`TraceRecord::to_words`] payload holds.
     pub fn from_words(words: &Words) -> TraceRecord {
-        let [arrival_ns, admit_ns, finish_ns, cpu_ns, query_id, group_procs, pinned_flags, cpu_total_ns, paused_ns, handoff_ns, held_ns, held_runqueue_ns, runqueue_ns, paused_runqueue_ns, long_slice_ns, first_slot_ns, planned_handoffs] =
+        let [arrival_ns, admit_ns, finish_ns, cpu_ns, query_id, group_procs, pinned_flags, cpu_total_ns, paused_ns, handoff_ns, held_ns, held_runqueue_ns, runqueue_ns, runqueue_before_slot_ns, paused_runqueue_ns, long_slice_ns, first_slot_ns, planned_handoffs] =
             *words;
         TraceRecord {
             arrival_ns,
@@ -157,6 +163,7 @@ impl TraceRecord {
                 held_ns,
                 held_runqueue_ns,
                 runqueue_ns,
+                runqueue_before_slot_ns,
                 paused_runqueue_ns,
                 long_slice_ns,
                 first_slot_ns,
@@ -288,6 +295,7 @@ mod tests {
                 held_ns: 8,
                 held_runqueue_ns: 12,
                 runqueue_ns: 13,
+                runqueue_before_slot_ns: 15,
                 paused_runqueue_ns: 14,
                 long_slice_ns: 9,
                 first_slot_ns: TraceRecord::PENDING,
@@ -316,7 +324,7 @@ mod tests {
 
     #[test]
     fn a_record_is_plain_and_fills_its_slot() {
-        assert_eq!(std::mem::size_of::<TraceRecord>(), 136);
+        assert_eq!(std::mem::size_of::<TraceRecord>(), 144);
         assert_eq!(std::mem::align_of::<TraceRecord>(), 8);
         let r = rec(1, 2, None);
         assert_eq!((r.admitted(), r.finished()), (Some(1_000_000), None));
