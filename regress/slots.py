@@ -213,20 +213,12 @@ def a_reload_applies_a_new_slot_count_at_once(s):
     try:
         concurrency.set_server(s, "pg_stride.watchdog_interval", None)
         concurrency.set_server(s, "pg_stride.cpu_slots", 1)
-        deadline = time.monotonic() + 1
-        slots = s.sql("SELECT cpu_slots FROM pg_stride.scheduler")
-        while slots != "1" and time.monotonic() < deadline:
-            time.sleep(0.05)
-            slots = s.sql("SELECT cpu_slots FROM pg_stride.scheduler")
-        print(f"    cpu_slots {slots} within a second of the reload")
-        assert slots == "1", f"cpu_slots still {slots} after the reload"
+        s.wait_until("SELECT cpu_slots FROM pg_stride.scheduler", "1", timeout=1.0)
+        print("    cpu_slots 1 within a second of the reload")
     finally:
         concurrency.set_server(s, "pg_stride.watchdog_interval", None)
         concurrency.set_server(s, "pg_stride.cpu_slots", None)
-    deadline = time.monotonic() + 15
-    while s.sql("SELECT cpu_slots FROM pg_stride.scheduler") != "2":
-        assert time.monotonic() < deadline, "pg_stride.cpu_slots back to 2 not in effect"
-        time.sleep(0.1)
+    s.wait_until("SELECT cpu_slots FROM pg_stride.scheduler", "2", timeout=15)
 
 
 def setup(s):

@@ -67,6 +67,21 @@ def traced(s, sql, settings="SET pg_stride.trace = on;", clients=1):
     return results, records(s, since)
 
 
+def sleeping_backends_on_one_cpu(s, marker, n):
+    """The pids of the `n` backends whose query contains `marker` (a pg_sleep that
+    gives the caller time to find them), each restricted to the caller's first CPU;
+    fewer if they did not show up within 5 s."""
+    pids = []
+    deadline = time.monotonic() + 5
+    while len(pids) < n and time.monotonic() < deadline:
+        pids = s.sql("SELECT pid FROM pg_stat_activity WHERE query LIKE "
+                     f"'%{marker}%' AND pid <> pg_backend_pid()").split()
+    cpu = min(os.sched_getaffinity(0))
+    for pid in pids:
+        os.sched_setaffinity(int(pid), {cpu})
+    return pids
+
+
 @check
 def nothing_is_recorded_with_tracing_off(s):
     results, rows = traced(s, "SELECT count(*) FROM big", settings="")
@@ -124,14 +139,7 @@ def a_slot_is_held_by_one_process_at_a_time(s):
                         "SELECT count(*) FROM big WHERE a % 7 <> 3"),
             env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for _ in range(2)]
-        pids = []
-        deadline = time.monotonic() + 5
-        while len(pids) < 2 and time.monotonic() < deadline:
-            pids = s.sql("SELECT pid FROM pg_stat_activity WHERE query LIKE "
-                         "'%pg_sleep(1)%' AND pid <> pg_backend_pid()").split()
-        cpu = min(os.sched_getaffinity(0))
-        for pid in pids:
-            os.sched_setaffinity(int(pid), {cpu})
+        pids = sleeping_backends_on_one_cpu(s, "pg_sleep(1)", 2)
         results = [finish(p, timeout=120) for p in procs]
     finally:
         set_server(s, "pg_stride.watchdog_interval", None)
@@ -170,10 +178,7 @@ def a_hand_off_counts_from_the_hand_over(s):
     set_server(s, "pg_stride.cpu_slots", 2)
     set_server(s, "pg_stride.pin_slots", "on")
     try:
-        deadline = time.monotonic() + 15
-        while s.sql("SELECT cpu_slots FROM pg_stride.scheduler") != "2":
-            assert time.monotonic() < deadline, "pg_stride.cpu_slots = 2 not in effect"
-            time.sleep(0.1)
+        s.wait_until("SELECT cpu_slots FROM pg_stride.scheduler", "2", timeout=15)
         results, rows = traced(s, "SELECT count(*) FROM big WHERE a % 7 <> 3", clients=3)
     finally:
         set_server(s, "pg_stride.pin_slots", None)
@@ -195,21 +200,14 @@ def a_scan_sharing_its_cpu_records_its_run_delay(s):
     # but not running about half of its time, and the record says so (runqueue_ms), most
     # of it while holding its slot. Without the run delay measured, runqueue_ms is 0.
     since = s.sql("SELECT now()")
-    cpu = min(os.sched_getaffinity(0))
     scan = subprocess.Popen(
         s.psql_args("SET pg_stride.trace = on; SELECT pg_sleep(0.5); "
                     "SELECT count(*) FROM big WHERE a % 7 <> 3"),
         env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        os.sched_setaffinity(hog.pid, {cpu})
-        pids = []
-        deadline = time.monotonic() + 5
-        while not pids and time.monotonic() < deadline:
-            pids = s.sql("SELECT pid FROM pg_stat_activity WHERE query LIKE "
-                         "'%pg_sleep(0.5)%' AND pid <> pg_backend_pid()").split()
-        for pid in pids:
-            os.sched_setaffinity(int(pid), {cpu})
+        os.sched_setaffinity(hog.pid, {min(os.sched_getaffinity(0))})
+        pids = sleeping_backends_on_one_cpu(s, "pg_sleep(0.5)", 1)
         result = finish(scan, timeout=120)
     finally:
         hog.kill()

@@ -169,10 +169,11 @@ def account(txns: list, rows: list, pairs: dict, sim: list, classes_by_row: list
         paused = r["paused_ms"] / procs
         handoff = r["handoff_ms"] / procs
         # Traces of builds before these two columns have neither.
-        paused_rq = (r.get("paused_runqueue_ms") or 0.0) / procs
+        paused_rq_ms = r.get("paused_runqueue_ms") or 0.0
+        paused_rq = paused_rq_ms / procs
         runqueue = r.get("runqueue_ms")
         unslotted_rq = (0.0 if runqueue is None else max(
-            0.0, runqueue - r["held_runqueue_ms"] - (r.get("paused_runqueue_ms") or 0.0)) / procs)
+            0.0, runqueue - r["held_runqueue_ms"] - paused_rq_ms) / procs)
         before_rq = min(unslotted_rq, (r.get("runqueue_before_slot_ms") or 0.0) / procs)
         parts = {
             "pre_base": pre_base[(q, cls)],
