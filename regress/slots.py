@@ -7,7 +7,8 @@ Pinning (`pg_stride.pin_slots`): serial scans of `big` run at once while each ba
 different single CPUs, and get their own CPUs back after their statements; with one
 slot the CPU travels with the slot, so the holders taking turns are only ever pinned to
 one CPU; with pin_slots off nothing is pinned; a terminated holder's CPU is free for
-the next holders.
+the next holders. Pinned holders run with pg_stride.holder_time_slice as their kernel
+time slice (/proc/<pid>/sched), and with the default once unpinned.
 
 Lending (`pg_stride.lend_on_overrun`): with one slot, a statement sorting a big input
 (no yield point while it sorts) runs while another session runs short scans one after
@@ -160,6 +161,58 @@ def a_terminated_holders_cpu_goes_to_the_next_holders(s):
           f"two new holders pinned, e.g. {both[-1] if both else None}")
     assert len(both) >= len(samples) // 2, samples
     assert all(a != b for a, b in both), both
+
+
+def kernel_slice(pid):
+    """Process `pid`'s kernel time slice in ns (se.slice of /proc/<pid>/sched), or None
+    (it exited, or the kernel has no EEVDF slices)."""
+    try:
+        with open(f"/proc/{pid}/sched") as f:
+            for line in f:
+                if line.startswith("se.slice"):
+                    return int(float(line.split(":", 1)[1]))
+    except FileNotFoundError:
+        return None
+    return None
+
+
+@check
+def pinned_holders_ask_the_kernel_for_long_slices(s):
+    # A pinned holder runs with pg_stride.holder_time_slice as its kernel slice, so that
+    # a process without a slot waking on its CPU, with the default slice, preempts it at
+    # once; unpinned, it has the default back. With the setting at 0, holders keep the
+    # default too.
+    idle = concurrency.Session(s)
+    default = kernel_slice(int(idle.run("SELECT pg_backend_pid()")[0]))
+    idle.close()
+    if default is None:
+        print("    the kernel shows no time slices (before Linux 6.6): nothing to check")
+        return
+    seen = {}
+    for setting, expected in ((None, 20_000_000), (0, default)):
+        concurrency.set_server(s, "pg_stride.holder_time_slice", setting)
+        try:
+            sessions, pids, _ = start_scans(s, 2)
+            pinned = set()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and len(pinned) < 20:
+                for pid in pids:
+                    if single(allowed_cpus(pid)):
+                        pinned.add(kernel_slice(pid))
+                time.sleep(0.02)
+            for x in sessions:
+                assert x.run("SELECT 'done'", lines=2, timeout=180)[1] == "done"
+            after = {kernel_slice(p) for p in pids}
+            for x in sessions:
+                x.close()
+        finally:
+            concurrency.set_server(s, "pg_stride.holder_time_slice", None)
+        seen[setting] = (sorted(pinned - {None}), sorted(after - {None}))
+        assert pinned - {None} == {expected}, (setting, seen)
+        assert after == {default}, (setting, seen)
+    print(f"    default slice {default} ns; pinned / after: "
+          + "; ".join(f"holder_time_slice {k if k is not None else '20ms'}: {v[0]} / {v[1]}"
+                      for k, v in seen.items()))
 
 
 SORT = "SELECT count(DISTINCT x) FROM (SELECT md5(a::text) AS x FROM big ORDER BY 1 OFFSET 0) s"

@@ -6,7 +6,9 @@ Each check runs real statements and reads their records back: with tracing off n
 is recorded; two scans sharing one CPU slot are each recorded once, with CPU charged in
 the slot, waits and hand-offs that add up, and times in order; a slot is held by one
 process at a time, also where the receiver of a hand-off preempts the giver; a hand-off's
-latency counts from the hand-over, not from the pause; a scan sharing its CPU with a
+latency counts from the hand-over, not from the pause; a statement ending its run is not
+held back by the receiver of its slot (pg_stride.finish_before_handoff), and no backend
+stays SCHED_BATCH; a scan sharing its CPU with a
 CPU-bound process records its run delay; a parallel scan records
 its workers (processes, planned workers, their start-up CPU outside the slots); a sort
 whose output phase has no yield point shows up as CPU in slices beyond twice the
@@ -192,6 +194,74 @@ def a_hand_off_counts_from_the_hand_over(s):
           f"{paused_ms:.1f} ms paused ({handoff_ms / max(handoffs, 1):.3f} ms each)")
     assert handoffs >= 30, f"the scans hardly took turns: {rows}"
     assert handoff_ms <= 0.2 * paused_ms, rows
+
+
+def backend_policies(s):
+    """The kernel scheduling policy of each client backend, by pid (os.SCHED_*)."""
+    pids = s.sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                 "AND pid <> pg_backend_pid()").split()
+    policies = {}
+    for pid in pids:
+        try:
+            policies[int(pid)] = os.sched_getscheduler(int(pid))
+        except ProcessLookupError:
+            pass
+    return policies
+
+
+@check
+def a_statement_ending_its_run_is_not_held_back_by_its_slots_receiver(s):
+    # Short counts run one after the other beside three scans on two pinned slots, so
+    # that each count hands its slot to a waiting scan when its ExecutorRun ends. With
+    # pg_stride.finish_before_handoff off, the scan, moved onto the count's CPU, preempts
+    # it there, and the count reaches ExecutorEnd only after the scan's kernel time slice
+    # (2.1-2.9 ms, release build): time runnable without a slot after its last. On, the
+    # scan wakes as SCHED_BATCH and waits for the count to finish (0.1-0.4 ms). No
+    # backend stays SCHED_BATCH after it ran.
+    scan = "SELECT count(*) FROM big WHERE a % 7 <> 3;" * 40
+    count = "SET pg_stride.trace = on;" + "SELECT count(*) FROM big WHERE a <= 200000;" * 30
+    set_server(s, "pg_stride.cpu_slots", 2)
+    set_server(s, "pg_stride.pin_slots", "on")
+    after_last, policies = {}, {}
+    try:
+        s.wait_until("SELECT cpu_slots FROM pg_stride.scheduler", "2", timeout=15)
+        for mode in ("off", "on"):
+            set_server(s, "pg_stride.finish_before_handoff", mode)
+            scans = [subprocess.Popen(s.psql_args(scan), env=ENV, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                     for _ in range(3)]
+            try:
+                time.sleep(0.5)
+                results, rows = traced(s, count, settings="")
+                policies[mode] = backend_policies(s)
+            finally:
+                for p in scans:
+                    p.kill()
+                    p.wait()
+                # A backend notices its client gone only when it next talks to it.
+                s.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE query LIKE '%a % 7 <> 3%' AND pid <> pg_backend_pid()")
+                s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE query LIKE "
+                             "'%a % 7 <> 3%' AND pid <> pg_backend_pid()", "0", timeout=15)
+            assert all(r[0] == 0 for r in results), results
+            rows = [r for r in rows if r["first_slot_ms"] is not None]
+            assert len(rows) >= 20, f"{mode}: {len(rows)} counts took a slot: {rows}"
+            after_last[mode] = sum(
+                r["runqueue_ms"] - r["held_runqueue_ms"] - r["paused_runqueue_ms"]
+                - r["runqueue_before_slot_ms"] for r in rows) / len(rows)
+    finally:
+        for setting in ("finish_before_handoff", "pin_slots"):
+            set_server(s, f"pg_stride.{setting}", None)
+        set_server(s, "pg_stride.cpu_slots", 0)
+    print("    runnable without a slot after the last, a count: "
+          + ", ".join(f"finish_before_handoff {k} {v:.3f} ms" for k, v in after_last.items()))
+    assert after_last["off"] >= 0.3, after_last
+    assert after_last["on"] <= 0.5 * after_last["off"], after_last
+    batch = {m: [p for p, x in v.items() if x == os.SCHED_BATCH] for m, v in policies.items()}
+    # A scan may be waiting as SCHED_BATCH at the moment of the reading; the counts'
+    # backend and the ones the scans finished with never.
+    print(f"    backends SCHED_BATCH at the counts' end: {batch}; after: {backend_policies(s)}")
+    assert os.SCHED_BATCH not in backend_policies(s).values()
 
 
 @check

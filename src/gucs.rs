@@ -80,6 +80,10 @@ pub static POOL_SIZE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static POOL_IDLE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static LEND_ON_OVERRUN: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static FINISH_BEFORE_HANDOFF: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// Largest accepted `pg_stride.holder_time_slice`, ms: the kernel's own limit.
+pub const MAX_HOLDER_TIME_SLICE_MS: i32 = 100;
+pub static HOLDER_TIME_SLICE_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
 pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
 pub static DATABASE: GucSetting<Option<CString>> =
@@ -375,6 +379,24 @@ pub fn register(group_exists: GroupExists) {
         &PIN_SLOTS,
         GucContext::Sighup,
         GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.finish_before_handoff",
+        c"With pinned slots, a statement ending its ExecutorRun finishes before the process it hands its slot to runs on its CPU.",
+        c"The receiver wakes as SCHED_BATCH, which does not preempt, until it runs. Off: it may preempt the statement's ExecutorEnd, commit and reply.",
+        &FINISH_BEFORE_HANDOFF,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.holder_time_slice",
+        c"Kernel time slice of a pinned CPU-slot holder; 0: the kernel's default.",
+        c"With pg_stride.pin_slots, on Linux 6.12 and later. Longer than the default, so that a process without a slot waking on the holder's CPU runs at once.",
+        &HOLDER_TIME_SLICE_MS,
+        0,
+        MAX_HOLDER_TIME_SLICE_MS,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(
         c"pg_stride.numa_steal_after",

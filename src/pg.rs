@@ -386,6 +386,54 @@ pub fn set_allowed_cpus_of(pid: i32, cpus: &[u32]) -> std::io::Result<()> {
     }
 }
 
+/// Sets the kernel's scheduling policy of process `pid` (0: this one) to `SCHED_BATCH`
+/// (`batch`) or back to `SCHED_OTHER`. A batch process woken up does not preempt the
+/// one running on its CPU; it runs when that one sleeps or uses up its time slice.
+/// Another process of the server runs as the same user, which the kernel requires.
+pub fn set_batch_policy(pid: i32, batch: bool) -> std::io::Result<()> {
+    let policy = if batch {
+        libc::SCHED_BATCH
+    } else {
+        libc::SCHED_OTHER
+    };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler reads `param` and changes process `pid`'s policy only.
+    if unsafe { libc::sched_setscheduler(pid, policy, &param) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Sets the kernel time slice of process `pid` (0: this one), ns (`sched_setattr`'s
+/// `sched_runtime`: the size of each request EEVDF serves, Linux 6.12 and later),
+/// keeping its policy and nice value; 0 gives the kernel's default back. A process with
+/// a longer slice than a waking one is preempted by it at once (the kernel's
+/// PREEMPT_SHORT). Another process of the server runs as the same user, which the
+/// kernel requires.
+pub fn set_time_slice(pid: i32, ns: u64) -> std::io::Result<()> {
+    /// Keep the policy (include/uapi/linux/sched.h).
+    const SCHED_FLAG_KEEP_POLICY: u64 = 0x08;
+    // SAFETY: getpriority only reads a process's nice value.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, pid as libc::id_t) };
+    let attr = libc::sched_attr {
+        size: size_of::<libc::sched_attr>() as u32,
+        sched_policy: libc::SCHED_OTHER as u32,
+        sched_flags: SCHED_FLAG_KEEP_POLICY,
+        sched_nice: nice,
+        sched_priority: 0,
+        sched_runtime: ns,
+        sched_deadline: 0,
+        sched_period: 0,
+    };
+    // SAFETY: sched_setattr reads `attr`, of the size it says, for process `pid` only.
+    if unsafe { libc::syscall(libc::SYS_sched_setattr, pid, &attr, 0) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// The CPU this process runs on now (`sched_getcpu`: a vDSO read on Linux, tens of ns,
 /// no system call); it may have moved by the time the caller looks. `None` if the
 /// kernel cannot tell.

@@ -76,14 +76,9 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
         admission::reclaim(shared, entry);
     }
     let exempt = || gucs::EXEMPT_SUPERUSER.get() && pg::is_superuser();
-    let arrival_ns = pg::monotonic_ns();
-    let arrival_cpu_ns = pg::thread_cpu_ns();
+    let mut arrival = cpu::Arrival::now();
     let admitted = !holds_one && !exempt() && admission::admit(shared, entry, group);
-    let arrival = cpu::Arrival {
-        arrival_ns,
-        admit_ns: pg::monotonic_ns(),
-        cpu_ns: arrival_cpu_ns,
-    };
+    arrival.admit_ns = pg::monotonic_ns();
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| {

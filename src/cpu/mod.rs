@@ -238,16 +238,30 @@ impl Hasher for AddressHasher {
 /// for the hand-off's latency in `to`'s trace record, passes the CPU with the slot
 /// (`pg_stride.pin_slots`) and wakes `to`. The note comes first: moving `to` onto this
 /// CPU may let it run at once, preempting this process before it gets any further.
-fn hand_over(from: Option<ProcId>, to: Option<ProcId>) {
+///
+/// That preemption is right when this process goes to sleep next (a pause), but not
+/// when it `goes_on` without a slot: a statement leaving ExecutorRun still has its
+/// ExecutorEnd, commit and reply to do, well under a millisecond, and a receiver that
+/// preempted it would hold it back for the receiver's whole kernel time slice (1.7 ms a
+/// short statement, bench/results/SIM_GAP.md). The shorter job goes first: with
+/// pinning, the receiver then wakes as `SCHED_BATCH`, which the kernel does not let
+/// preempt, and runs as soon as this process sleeps; it sets itself back to
+/// `SCHED_OTHER` once it runs (`run_as_other`).
+fn hand_over(from: Option<ProcId>, to: Option<ProcId>, goes_on: bool) {
     let Some(shared) = shmem::shared() else {
         return;
     };
-    if let Some(entry) = to.and_then(|p| shared.procs().get(p.0 as usize)) {
+    let entry = to.and_then(|p| shared.procs().get(p.0 as usize));
+    if let Some(entry) = entry {
         entry
             .slot_given_ns
             .store(pg::monotonic_ns(), Ordering::Release);
     }
     if shared.sched().is_some_and(pinning::enabled) {
+        let finish_first = goes_on && gucs::FINISH_BEFORE_HANDOFF.get();
+        if let (true, Some(entry), Some(p)) = (finish_first, entry, to) {
+            wake_as_batch(entry, p);
+        }
         pinning::pass(shared, from, to);
     }
     if let Some(p) = to {
@@ -255,10 +269,33 @@ fn hand_over(from: Option<ProcId>, to: Option<ProcId>) {
     }
 }
 
+/// Makes process `to` (entry `entry`) `SCHED_BATCH` until it runs: see [`hand_over`].
+fn wake_as_batch(entry: &shmem::ProcEntry, to: ProcId) {
+    let pid = pg::proc_pid(to.0 as usize);
+    if pid == 0 {
+        return;
+    }
+    // Flagged first: the receiver, already running, may look before the policy changes;
+    // it then sets itself back at its next pause or statement.
+    entry.woken_as_batch.store(1, Ordering::Release);
+    if pg::set_batch_policy(pid, true).is_err() {
+        entry.woken_as_batch.store(0, Ordering::Release);
+    }
+}
+
+/// This process runs again: undo a `SCHED_BATCH` that a hand-over gave it.
+fn run_as_other(shared: &shmem::Shared) {
+    if let Some(entry) = shared.my_entry() {
+        if entry.woken_as_batch.swap(0, Ordering::AcqRel) == 1 {
+            let _ = pg::set_batch_policy(0, false);
+        }
+    }
+}
+
 /// Hands every free slot to a waiter that may take it, waking each.
 fn dispatch_free_slots(sched: &SchedShared) {
     while let Some(p) = sched.dispatch() {
-        hand_over(None, Some(p));
+        hand_over(None, Some(p), false);
     }
 }
 
@@ -346,6 +383,8 @@ pub fn start_statement(
         None => {
             let mut m = Member::new(ProcId(procno as u32), group, None, true);
             (m.arrival, m.query_id, m.procs) = (arrival, query_id, procs);
+            // The leader's run delay counts from the arrival: ExecutorStart included.
+            m.start_run_delay_ns = arrival.run_delay_ns.or(m.start_run_delay_ns);
             *member = Some(m);
         }
     });
@@ -463,7 +502,7 @@ pub fn begin_run(shared: &shmem::Shared) {
 /// Takes a CPU slot for `proc`, pausing until one is handed over if none is free.
 fn take_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     let outcome = sched.acquire(proc);
-    hand_over(None, outcome.wake);
+    hand_over(None, outcome.wake, false);
     if outcome.turn == Turn::Wait {
         pause(shared, sched, proc, None);
     } else {
@@ -508,7 +547,12 @@ pub fn end_run(shared: &shmem::Shared) {
         return;
     };
     if sched.is_running(proc) {
-        hand_over(Some(proc), sched.release(proc, used));
+        let to = sched.release(proc, used);
+        // Off its CPU's pinning before the receiver is queued there: widening the mask
+        // of a running process whose CPU has another one waiting lets that one run at
+        // once, and the statement's ExecutorEnd would wait out the receiver's time slice.
+        pinning::unpin(shared, proc);
+        hand_over(Some(proc), to, true);
         numa::charge(shared, used);
     }
 }
@@ -538,7 +582,8 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     let snapshot = sched.query_snapshot(query);
     m.left_slot();
     m.count_runqueue();
-    hand_over(Some(m.proc), sched.leave(m.proc));
+    hand_over(Some(m.proc), sched.leave(m.proc), true);
+    run_as_other(shared);
     pinning::leave(shared, m.proc);
     if let Some(leader) = m.leader {
         // A worker's CPU since its previous statement for a leader is this one's: for a
@@ -720,6 +765,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
             }
         }
     }
+    run_as_other(shared);
     follow_slot(shared, sched, proc);
     count_check_in(shared);
     let now = pg::monotonic_ns();
@@ -950,7 +996,7 @@ unsafe extern "C-unwind" fn check_in() {
     // shared CPU) is waiting for a slot, not holding one.
     let left_at =
         gave_up.and_then(|_| MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot)));
-    hand_over(gave_up, outcome.wake);
+    hand_over(gave_up, outcome.wake, false);
     if outcome.turn == Turn::Wait {
         if stealer {
             // May hand this process itself a slot: pause then returns at once.

@@ -96,6 +96,13 @@ pub fn leave(shared: &shmem::Shared, me: ProcId) {
     pin(shared, me.0 as usize, None);
 }
 
+/// This process gave its slot up and goes on without one: it runs with the
+/// postmaster's CPUs again, while the CPU it owns stays its own until `pass` hands it
+/// on. Nothing to do if it was never pinned.
+pub fn unpin(shared: &shmem::Shared, me: ProcId) {
+    pin(shared, me.0 as usize, None);
+}
+
 /// The scheduler worker's safety net: a CPU whose owner holds no slot (it died, or it
 /// left while a slot was being handed to it) is freed, and the owner unpinned. An
 /// owner between giving its slot up and passing its CPU on loses it here too; `pass`
@@ -144,7 +151,16 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
         None => shared.cpu_owners.allowed(),
     };
     match pg::set_allowed_cpus_of(pid, &mask) {
-        Ok(()) => entry.pinned_cpu.store(want, Ordering::Release),
+        Ok(()) => {
+            entry.pinned_cpu.store(want, Ordering::Release);
+            // A pinned holder asks the kernel for long slices (`holder_time_slice`): a
+            // process without a slot that wakes on its CPU, with the default slice, then
+            // preempts it at once (EEVDF serves shorter requests first) to parse and
+            // plan or to answer its client, rather than waiting out the holder's slice
+            // (bench/results/SIM_GAP.md). An older kernel ignores the request.
+            let slice_ms = cpu.map_or(0, |_| gucs::HOLDER_TIME_SLICE_MS.get());
+            let _ = pg::set_time_slice(pid, slice_ms.max(0) as u64 * 1_000_000);
+        }
         Err(e) => {
             if shared.nodes.first_bind_failure() {
                 pgrx::log!(

@@ -16,12 +16,26 @@ use pg_stride_sched::QueryId;
 use std::sync::atomic::Ordering;
 
 /// When a statement arrived (before admission) and was admitted, CLOCK_MONOTONIC ns,
-/// and the thread CPU clock at its arrival.
+/// and the thread CPU clock and, while statements are traced, run delay at its arrival.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Arrival {
     pub arrival_ns: u64,
     pub admit_ns: u64,
     pub cpu_ns: u64,
+    pub run_delay_ns: Option<u64>,
+}
+
+impl Arrival {
+    /// A statement arrives now; it is admitted when the caller sets `admit_ns`.
+    pub fn now() -> Arrival {
+        let arrival_ns = pg::monotonic_ns();
+        Arrival {
+            arrival_ns,
+            admit_ns: arrival_ns,
+            cpu_ns: pg::thread_cpu_ns(),
+            run_delay_ns: enabled().then(pg::thread_run_delay_ns),
+        }
+    }
 }
 
 /// What the statement's record says beyond its query entry's snapshot.

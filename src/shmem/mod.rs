@@ -68,6 +68,9 @@ pub struct ProcEntry {
     /// When a slot was last handed to this process (CLOCK_MONOTONIC ns), written by the
     /// process that hands it over just before setting the latch: the hand-off's latency.
     pub slot_given_ns: AtomicU64,
+    /// 1 while this process runs as `SCHED_BATCH` because a statement leaving
+    /// ExecutorRun handed it a slot (`cpu::hand_over`); the process sets itself back.
+    pub woken_as_batch: AtomicU32,
     /// Check-ins and slots taken by this process, counted (wrapping) so that the
     /// watchdog sees a holder that reached no yield point during a whole round.
     pub checkins: AtomicU32,
