@@ -12,7 +12,10 @@
 //! Who owns which CPU is `shmem::CpuOwners`; each process's entry says which CPU it owns
 //! (`slot_cpu`) and which it is pinned to (`pinned_cpu`). A holder that finds no CPU free
 //! (slots lent for blocked holders, more slots than CPUs) runs unpinned. A process that
-//! leaves its statement runs with the postmaster's CPUs again. With
+//! gives its slot up at ExecutorRun's end, or leaves its statement, runs with the
+//! postmaster's CPUs again. A pinned holder asks the kernel for long time slices
+//! (`pg_stride.holder_time_slice`), so that a process without a slot waking on its CPU
+//! preempts it at once. With
 //! `pg_stride.numa = bind` the slots belong to nodes and processes follow their node's
 //! CPUs instead (`numa::follow_slot`).
 
