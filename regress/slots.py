@@ -197,8 +197,12 @@ def pinned_holders_ask_the_kernel_for_long_slices(s):
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and len(pinned) < 20:
                 for pid in pids:
-                    if single(allowed_cpus(pid)):
-                        pinned.add(kernel_slice(pid))
+                    # Pinned both before and after the slice was read: the slice is
+                    # set before the pinning and reset after the unpinning.
+                    before = allowed_cpus(pid)
+                    slice_ns = kernel_slice(pid)
+                    if single(before) and allowed_cpus(pid) == before:
+                        pinned.add(slice_ns)
                 time.sleep(0.02)
             for x in sessions:
                 assert x.run("SELECT 'done'", lines=2, timeout=180)[1] == "done"
