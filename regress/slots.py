@@ -197,12 +197,14 @@ def pinned_holders_ask_the_kernel_for_long_slices(s):
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and len(pinned) < 20:
                 for pid in pids:
-                    # Pinned both before and after the slice was read: the slice is
-                    # set before the pinning and reset after the unpinning.
-                    before = allowed_cpus(pid)
-                    slice_ns = kernel_slice(pid)
-                    if single(before) and allowed_cpus(pid) == before:
-                        pinned.add(slice_ns)
+                    # The slice follows the pinning by a system call: a process seen
+                    # pinned is read again 10 ms later, if it is still on that CPU.
+                    cpus = allowed_cpus(pid)
+                    if single(cpus):
+                        time.sleep(0.01)
+                        slice_ns = kernel_slice(pid)
+                        if allowed_cpus(pid) == cpus:
+                            pinned.add(slice_ns)
                 time.sleep(0.02)
             for x in sessions:
                 assert x.run("SELECT 'done'", lines=2, timeout=180)[1] == "done"

@@ -153,27 +153,18 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
         Some(c) => vec![c],
         None => shared.cpu_owners.allowed(),
     };
-    // A pinned holder asks the kernel for long slices (`holder_time_slice`): a process
-    // without a slot that wakes on its CPU, with the default slice, then preempts it at
-    // once (EEVDF serves shorter requests first) to parse and plan or to answer its
-    // client, rather than waiting out the holder's slice (bench/results/SIM_GAP.md). An
-    // older kernel ignores the request. The slice changes before the pinning and after
-    // the unpinning, so that a pinned process always has its long slice.
-    if cpu.is_some() {
-        let slice_ms = gucs::HOLDER_TIME_SLICE_MS.get().max(0) as u64;
-        let _ = pg::set_time_slice(pid, slice_ms * 1_000_000);
-    }
     match pg::set_allowed_cpus_of(pid, &mask) {
         Ok(()) => {
             entry.pinned_cpu.store(want, Ordering::Release);
-            if cpu.is_none() {
-                let _ = pg::set_time_slice(pid, 0);
-            }
+            // A pinned holder asks the kernel for long slices (`holder_time_slice`): a
+            // process without a slot that wakes on its CPU, with the default slice, then
+            // preempts it at once (EEVDF serves shorter requests first) to parse and
+            // plan or to answer its client, rather than waiting out the holder's slice
+            // (bench/results/SIM_GAP.md). An older kernel ignores the request.
+            let slice_ms = cpu.map_or(0, |_| gucs::HOLDER_TIME_SLICE_MS.get());
+            let _ = pg::set_time_slice(pid, slice_ms.max(0) as u64 * 1_000_000);
         }
         Err(e) => {
-            if cpu.is_some() {
-                let _ = pg::set_time_slice(pid, 0);
-            }
             if shared.nodes.first_bind_failure() {
                 pgrx::log!(
                     "pg_stride: cannot pin process {procno} to CPUs {}: {e}; slot holders may run unpinned",
