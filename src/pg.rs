@@ -379,7 +379,12 @@ pub fn set_allowed_cpus_of(pid: i32, cpus: &[u32]) -> std::io::Result<()> {
     }
     // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set` for
     // process `pid`.
-    if unsafe { libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &set) } == 0 {
+    os_result(unsafe { libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &set) }.into())
+}
+
+/// A system call's result: 0 is success, anything else leaves its error in `errno`.
+fn os_result(rc: i64) -> std::io::Result<()> {
+    if rc == 0 {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
@@ -398,24 +403,18 @@ pub fn set_batch_policy(pid: i32, batch: bool) -> std::io::Result<()> {
     };
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler reads `param` and changes process `pid`'s policy only.
-    if unsafe { libc::sched_setscheduler(pid, policy, &param) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    os_result(unsafe { libc::sched_setscheduler(pid, policy, &param) }.into())
 }
 
-/// Sets the kernel time slice of process `pid` (0: this one), ns (`sched_setattr`'s
-/// `sched_runtime`: the size of each request EEVDF serves, Linux 6.12 and later),
-/// keeping its policy and nice value; 0 gives the kernel's default back. A process with
-/// a longer slice than a waking one is preempted by it at once (the kernel's
-/// PREEMPT_SHORT). Another process of the server runs as the same user, which the
-/// kernel requires.
-pub fn set_time_slice(pid: i32, ns: u64) -> std::io::Result<()> {
+/// Sets this process's kernel time slice, ns (`sched_setattr`'s `sched_runtime`: the
+/// size of each request EEVDF serves, Linux 6.12 and later), keeping its policy and nice
+/// value; 0 gives the kernel's default back. A process with a longer slice than a waking
+/// one is preempted by it at once (the kernel's PREEMPT_SHORT).
+pub fn set_own_time_slice(ns: u64) -> std::io::Result<()> {
     /// Keep the policy (include/uapi/linux/sched.h).
     const SCHED_FLAG_KEEP_POLICY: u64 = 0x08;
-    // SAFETY: getpriority only reads a process's nice value.
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, pid as libc::id_t) };
+    // SAFETY: getpriority only reads this process's nice value.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
     let attr = libc::sched_attr {
         size: size_of::<libc::sched_attr>() as u32,
         sched_policy: libc::SCHED_OTHER as u32,
@@ -426,12 +425,8 @@ pub fn set_time_slice(pid: i32, ns: u64) -> std::io::Result<()> {
         sched_deadline: 0,
         sched_period: 0,
     };
-    // SAFETY: sched_setattr reads `attr`, of the size it says, for process `pid` only.
-    if unsafe { libc::syscall(libc::SYS_sched_setattr, pid, &attr, 0) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    // SAFETY: sched_setattr reads `attr`, of the size it says, for this process only.
+    os_result(unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr, 0) })
 }
 
 /// The CPU this process runs on now (`sched_getcpu`: a vDSO read on Linux, tens of ns,

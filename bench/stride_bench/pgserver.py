@@ -22,6 +22,17 @@ def _server_can_reach(path: Path) -> bool:
     return res.returncode == 0
 
 
+def without_altered_settings(auto_conf: str) -> tuple:
+    """`postgresql.auto.conf`'s text with what ALTER SYSTEM set taken out (its header
+    comments kept), and the settings taken out. They override postgresql.conf and so
+    every configuration's bench_config.conf: one left by a session at the bench's server
+    would run in every configuration after it."""
+    kept, dropped = [], []
+    for line in auto_conf.splitlines():
+        (kept if not line.strip() or line.lstrip().startswith("#") else dropped).append(line)
+    return "".join(f"{line}\n" for line in kept), dropped
+
+
 def _server_base() -> tuple:
     """Where the server's files go: bench/data and bench/out normally; a directory under
     /var/tmp when the server user cannot reach the checkout (e.g. a clone under /root)."""
@@ -139,6 +150,13 @@ class Server:
         which containers often lack)."""
         if self.running():
             self.stop()
+        auto = self.pgdata / "postgresql.auto.conf"
+        if auto.exists():
+            text, dropped = without_altered_settings(auto.read_text())
+            if dropped:
+                log(f"{auto}: dropped what ALTER SYSTEM set, which would override the "
+                    f"configuration's settings: {'; '.join(dropped)}")
+                self._write(auto, text)
         self._write(self.pgdata / "bench_config.conf",
                     f"# configuration {name}, written by bench/run\n" + "\n".join(settings) + "\n")
         logfile = self.logdir / f"server-{name}.log"

@@ -15,13 +15,18 @@
 //! gives its slot up at ExecutorRun's end, or leaves its statement, runs with the
 //! postmaster's CPUs again. A pinned holder asks the kernel for long time slices
 //! (`pg_stride.holder_time_slice`), so that a process without a slot waking on its CPU
-//! preempts it at once. With
+//! preempts it at once; each process asks for its own (`fit_own_slice`). With
 //! `pg_stride.numa = bind` the slots belong to nodes and processes follow their node's
 //! CPUs instead (`numa::follow_slot`).
 
+use crate::backend_local::BackendLocal;
 use crate::{gucs, pg, shmem};
 use pg_stride_sched::{ProcId, SchedShared};
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
+
+/// The kernel time slice this process last asked for, ns (0: the kernel's default).
+static OWN_SLICE_NS: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
 
 /// Whether slot holders are pinned: on, and the slots are not split by node.
 pub fn enabled(sched: &SchedShared) -> bool {
@@ -30,7 +35,7 @@ pub fn enabled(sched: &SchedShared) -> bool {
 
 /// This process holds a slot it took itself (or kept at a slice end): make sure it owns
 /// a CPU — the one it runs on if that is free, so that nothing moves — and is pinned to
-/// it. Two atomic reads when it already is.
+/// it, with its long slice. Three atomic reads when it already is.
 pub fn hold(shared: &shmem::Shared, me: ProcId) {
     let Some(entry) = shared.procs().get(me.0 as usize) else {
         return;
@@ -47,6 +52,7 @@ pub fn hold(shared: &shmem::Shared, me: ProcId) {
         cpu
     });
     pin(shared, me, cpu);
+    fit_own_slice(entry);
 }
 
 /// `from` gave its slot up (`None`: nobody did) and `to` was handed one (`None`: nobody
@@ -96,7 +102,7 @@ pub fn leave(shared: &shmem::Shared, me: ProcId) {
     if let Some(cpu) = cpu_of(entry.slot_cpu.swap(0, Ordering::AcqRel)) {
         shared.cpu_owners.pass(cpu, me.0 as usize, None);
     }
-    pin(shared, me.0 as usize, None);
+    unpin(shared, me);
 }
 
 /// This process gave its slot up and goes on without one: it runs with the
@@ -104,6 +110,33 @@ pub fn leave(shared: &shmem::Shared, me: ProcId) {
 /// on. Nothing to do if it was never pinned.
 pub fn unpin(shared: &shmem::Shared, me: ProcId) {
     pin(shared, me.0 as usize, None);
+    if let Some(entry) = shared.procs().get(me.0 as usize) {
+        fit_own_slice(entry);
+    }
+}
+
+/// A pinned holder asks the kernel for long slices (`holder_time_slice`): a process
+/// without a slot that wakes on its CPU, with the default slice, then preempts it at once
+/// (EEVDF serves shorter requests first) to parse and plan or to answer its client,
+/// rather than waiting out the holder's slice (bench/results/SIM_GAP.md). An older
+/// kernel ignores the request.
+///
+/// Each process asks for its own slice, when it runs with a slot (or without one again),
+/// never for a receiver it pins: a sleeping process whose scheduling attributes another
+/// one changes is placed differently at its wake-up, and then runs inside the tail of
+/// the statement that woke it (bench/results/alpha095_slices). A system call only when
+/// the wanted slice changes.
+fn fit_own_slice(entry: &shmem::ProcEntry) {
+    let pinned = entry.pinned_cpu.load(Ordering::Acquire) != 0;
+    let ms = if pinned {
+        gucs::HOLDER_TIME_SLICE_MS.get().max(0)
+    } else {
+        0
+    };
+    let want = ms as u64 * 1_000_000;
+    if OWN_SLICE_NS.replace(want) != want {
+        let _ = pg::set_own_time_slice(want);
+    }
 }
 
 /// The scheduler worker's safety net: a CPU whose owner holds no slot (it died, or it
@@ -154,16 +187,7 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
         None => shared.cpu_owners.allowed(),
     };
     match pg::set_allowed_cpus_of(pid, &mask) {
-        Ok(()) => {
-            entry.pinned_cpu.store(want, Ordering::Release);
-            // A pinned holder asks the kernel for long slices (`holder_time_slice`): a
-            // process without a slot that wakes on its CPU, with the default slice, then
-            // preempts it at once (EEVDF serves shorter requests first) to parse and
-            // plan or to answer its client, rather than waiting out the holder's slice
-            // (bench/results/SIM_GAP.md). An older kernel ignores the request.
-            let slice_ms = cpu.map_or(0, |_| gucs::HOLDER_TIME_SLICE_MS.get());
-            let _ = pg::set_time_slice(pid, slice_ms.max(0) as u64 * 1_000_000);
-        }
+        Ok(()) => entry.pinned_cpu.store(want, Ordering::Release),
         Err(e) => {
             if shared.nodes.first_bind_failure() {
                 pgrx::log!(
