@@ -13,8 +13,7 @@ CPU-bound process records its run delay; a parallel scan records
 its workers (processes, planned workers, their start-up CPU outside the slots); a sort
 whose output phase has no yield point shows up as CPU in slices beyond twice the
 target, a plain scan does not, and pg_stride.yield_above_scans cuts such slices; the
-scans of an InitPlan are yield points; a serial statement is scheduled only after its
-first pg_stride.schedule_after of CPU; a statement that fails is recorded as failed.
+scans of an InitPlan are yield points; a statement that fails is recorded as failed.
 
 Starts its own temporary server and prints one line per check, then
 "trace: N passed, N failed". Run as root, the server runs as postgres.
@@ -320,33 +319,6 @@ def a_parallel_scan_records_its_workers(s):
     assert 2 <= r["processes"] <= 3, f"no worker granted on an idle server: {r}"
     # each worker's CPU from its start counts: start-up happens outside the slots
     assert r["cpu_total_ms"] > r["cpu_ms"], r
-
-
-@check
-def a_serial_statement_runs_its_first_schedule_after_unscheduled(s):
-    # A statement joins its query, and so gets a record, only once it has used
-    # pg_stride.schedule_after of executor CPU: a small count needing less is never
-    # scheduled, the same count with 0 is, and a full count runs that much first.
-    small = "SELECT count(*) FROM (SELECT a FROM big LIMIT 20000) x"
-    seen = {}
-    for after in ("0", "1s"):
-        results, rows = traced(s, small, settings=f"SET pg_stride.trace = on; "
-                                                  f"SET pg_stride.schedule_after = '{after}';")
-        assert results[0][0] == 0, results
-        seen[after] = rows
-    results, full = traced(s, "SELECT count(*) FROM big",
-                           settings="SET pg_stride.trace = on; "
-                                    "SET pg_stride.schedule_after = '20ms';")
-    assert results[0][0] == 0, results
-    print(f"    small count: {len(seen['0'])} record with 0, {len(seen['1s'])} with 1s; "
-          f"full count with 20ms: {len(full)} record"
-          + (f", {full[0]['cpu_total_ms'] - full[0]['cpu_ms']:.1f} ms of its "
-             f"{full[0]['cpu_total_ms']:.1f} ms CPU outside the slot" if full else ""))
-    assert len(seen["0"]) == 1 and seen["0"][0]["first_slot_ms"] is not None, seen
-    assert seen["1s"] == [], f"scheduled within its first 1 s of CPU: {seen}"
-    assert len(full) == 1 and full[0]["first_slot_ms"] is not None, full
-    # 1 ms of slack for the clock reads around ExecutorStart and ExecutorEnd.
-    assert full[0]["cpu_total_ms"] - full[0]["cpu_ms"] >= 19, full
 
 
 @check

@@ -54,7 +54,6 @@ pub static CPU_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static MAX_ACTIVE_QUERIES: GucSetting<i32> = GucSetting::<i32>::new(128);
 pub static SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(2.0);
 pub static YIELD_ABOVE_SCANS: GucSetting<bool> = GucSetting::<bool>::new(true);
-pub static SCHEDULE_AFTER_MS: GucSetting<f64> = GucSetting::<f64>::new(0.0);
 pub static RESOURCE_GROUP: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"default"));
 pub static QUEUE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -334,16 +333,6 @@ pub fn register(group_exists: GroupExists) {
         GucContext::Suset,
         GucFlags::UNIT_MS,
     );
-    GucRegistry::define_float_guc(
-        c"pg_stride.schedule_after",
-        c"Executor CPU time a serial statement runs before it takes a CPU slot.",
-        c"A statement that needs less never waits for a slot; one that needs more runs this much unscheduled first. 0: every statement is scheduled from its first tuples.",
-        &SCHEDULE_AFTER_MS,
-        0.0,
-        1000.0,
-        GucContext::Suset,
-        GucFlags::UNIT_MS,
-    );
     GucRegistry::define_bool_guc(
         c"pg_stride.yield_above_scans",
         c"Scheduled statements also reach yield points where sorts, aggregates, window functions and materialized results return their tuples.",
@@ -614,11 +603,6 @@ pub fn pool_mode() -> bool {
 /// `pg_stride.slice` in ns.
 pub fn slice_ns() -> u64 {
     (SLICE_MS.get() * 1_000_000.0) as u64
-}
-
-/// `pg_stride.schedule_after` in ns.
-pub fn schedule_after_ns() -> u64 {
-    (SCHEDULE_AFTER_MS.get() * 1_000_000.0) as u64
 }
 
 /// The decay settings as the scheduling core takes them; one quantum is one slice

@@ -89,9 +89,6 @@ struct Member {
     paused_run_delay_ns: Option<u64>,
     /// The thread's run delay when it started working for the statements, while traced.
     start_run_delay_ns: Option<u64>,
-    /// Thread CPU time until which a serial statement runs before it joins its query
-    /// (`pg_stride.schedule_after`), ns; 0 when it joins at its first check-in.
-    unscheduled_until_ns: u64,
 }
 
 impl Member {
@@ -119,7 +116,6 @@ impl Member {
             left_run_delay_ns: None,
             paused_run_delay_ns: None,
             start_run_delay_ns: trace::enabled().then(pg::thread_run_delay_ns),
-            unscheduled_until_ns: 0,
         }
     }
 
@@ -387,11 +383,6 @@ pub fn start_statement(
         None => {
             let mut m = Member::new(ProcId(procno as u32), group, None, true);
             (m.arrival, m.query_id, m.procs) = (arrival, query_id, procs);
-            let after = gucs::schedule_after_ns();
-            if !parallel && after > 0 {
-                let now = thread_cpu_ns();
-                (m.chunk_start_ns, m.unscheduled_until_ns) = (now, now.saturating_add(after));
-            }
             // The leader's run delay counts from the arrival: ExecutorStart included.
             m.start_run_delay_ns = arrival.run_delay_ns.or(m.start_run_delay_ns);
             *member = Some(m);
@@ -956,9 +947,7 @@ unsafe extern "C-unwind" fn check_in() {
     let Some(sched) = shared.sched() else { return };
     count_check_in(shared);
     if MEMBER.with_borrow(|m| m.as_ref().is_some_and(|m| m.query.is_none())) {
-        if !runs_unscheduled() {
-            join_at_first_check_in(shared, sched);
-        }
+        join_at_first_check_in(shared, sched);
         return;
     }
     let now = thread_cpu_ns();
@@ -1025,29 +1014,6 @@ fn count_check_in(shared: &shmem::Shared) {
         let n = entry.checkins.load(Ordering::Relaxed);
         entry.checkins.store(n.wrapping_add(1), Ordering::Relaxed);
     }
-}
-
-/// A serial statement not yet scheduled finished a chunk: whether it is still within its
-/// first `pg_stride.schedule_after` of CPU, and then runs the next chunk unscheduled too.
-/// A statement that ends within it never waits for a slot: a statement needing less CPU
-/// than a slice or two is done sooner by sharing a CPU with a holder through the kernel
-/// than by waiting for a holder's slice to end, or for one that reached no yield point
-/// (a bitmap index scan's build, a sort) to end its work (bench/results/SIM_GAP.md).
-fn runs_unscheduled() -> bool {
-    MEMBER.with_borrow_mut(|m| {
-        let Some(m) = m.as_mut().filter(|m| m.unscheduled_until_ns != 0) else {
-            return false;
-        };
-        let now = thread_cpu_ns();
-        if now >= m.unscheduled_until_ns {
-            return false;
-        }
-        // Sizes the chunks as in a slice, so that the check comes about once a slice.
-        m.clock.chunk_done(now.saturating_sub(m.chunk_start_ns));
-        m.chunk_start_ns = now;
-        COUNTDOWN.set(m.clock.chunk());
-        true
-    })
 }
 
 /// The statement's scans produced their first chunk: it is long enough to be scheduled.
