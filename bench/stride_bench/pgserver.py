@@ -2,6 +2,7 @@
 each configuration's settings, plus CPU accounting of the server processes."""
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -348,6 +349,40 @@ def process_tree_cpu(root_pids: list) -> float:
     return total
 
 
+def all_processes_cpu() -> dict:
+    """pid -> (command name, ppid, CPU seconds used so far) of every process now."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        st = _proc_stat(int(entry))
+        if st:
+            out[int(entry)] = (raw[raw.index("(") + 1:raw.rindex(")")], st[0], st[1])
+    return out
+
+
+def others_cpu(before: dict, after: dict, server_roots: set, top: int = 5) -> dict:
+    """CPU seconds that processes outside the server (outside `server_roots` and their
+    children) used between two all_processes_cpu() snapshots: in all, and the largest by
+    command name with digits folded ("kworker/N:N"). A process started in between counts
+    from 0; one that ended in between is missed."""
+    by_name = {}
+    for pid, (name, ppid, cpu) in after.items():
+        if pid in server_roots or ppid in server_roots:
+            continue
+        used = cpu - before[pid][2] if pid in before else cpu
+        if used > 0:
+            key = re.sub(r"\d+", "N", name)
+            by_name[key] = by_name.get(key, 0.0) + used
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])
+    return {"total_s": sum(by_name.values()),
+            "top": [[name, round(s, 3)] for name, s in ranked[:top]]}
+
+
 def machine_cpu() -> tuple:
     """(busy, total) jiffies of the whole machine from /proc/stat."""
     parts = Path("/proc/stat").read_text().split("\n")[0].split()[1:]
@@ -368,12 +403,14 @@ class CpuMeter:
         self.t0 = time.monotonic()
         self.cpu0 = process_tree_cpu(self.pids)
         self.m0 = machine_cpu()
+        self.procs0 = all_processes_cpu()
         return self
 
     def __exit__(self, *exc):
         time.sleep(0.3)  # let the postmaster reap the backends that just exited
         self.wall = time.monotonic() - self.t0
         self.server_cpu_s = process_tree_cpu(self.pids) - self.cpu0
+        self.others = others_cpu(self.procs0, all_processes_cpu(), {p for p in self.pids if p})
         m1 = machine_cpu()
         busy, total = m1[0] - self.m0[0], m1[1] - self.m0[1]
         self.machine_busy = busy / total if total else 0.0
@@ -383,4 +420,4 @@ class CpuMeter:
         n = ncpus()
         return {"wall_s": self.wall, "server_cpu_s": self.server_cpu_s,
                 "server_cpu_util": self.server_cpu_s / self.wall / n if self.wall else 0.0,
-                "machine_busy": self.machine_busy, "ncpus": n}
+                "machine_busy": self.machine_busy, "ncpus": n, "others": self.others}

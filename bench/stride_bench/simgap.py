@@ -228,8 +228,10 @@ def machine(rows: list, t_lo: float, t_hi: float, server_cpu_s: float) -> dict:
     total = sum(r["cpu_total_ms"] for r in inrun) / 1000
     slots = sum(r["cpu_ms"] for r in inrun) / 1000
     long_ = sum(r["long_slice_ms"] for r in inrun) / 1000
+    held = sum(r["held_ms"] for r in inrun) / 1000
     return {"statements": len(inrun), "server_cpu_s": server_cpu_s,
             "statement_cpu_s": total, "slot_cpu_s": slots, "long_slice_cpu_s": long_,
+            "held_s": held,
             "handoffs": sum(r["handoffs"] for r in inrun),
             "handoff_s": sum(r["handoff_ms"] for r in inrun) / 1000}
 
@@ -271,6 +273,8 @@ def analyse(run_dir: Path, config: str, alpha: str, workdir: Path) -> dict:
         "held": {cls: {k: c[k] for k in ("sd_sim", "sd_sim_p99")}
                  for cls, c in held_classes.items()},
         "machine": machine(rows, t0, t_end, point["cpu"]["server_cpu_s"]),
+        # Runs before 2026-11-26 did not measure the processes outside the server.
+        "others": point["cpu"].get("others"),
         "wall_s": point["cpu"]["wall_s"],
     }
 
@@ -342,7 +346,16 @@ def report(res: dict, run_dir: Path) -> str:
             f"| of which outside CPU slots | {m['statement_cpu_s'] - m['slot_cpu_s']:.1f} | {share(m['statement_cpu_s'] - m['slot_cpu_s'])} |",
             f"| outside traced statements (parse, plan, connections, background, untraced statements) | {m['server_cpu_s'] - m['statement_cpu_s']:.1f} | {share(m['server_cpu_s'] - m['statement_cpu_s'])} |",
             f"| slices beyond twice the target (CPU past 2× slice, in slots) | {m['long_slice_cpu_s']:.1f} | {share(m['long_slice_cpu_s'])} |",
-            "",
-            f"Hand-offs: {int(m['handoffs'])}, {m['handoff_s'] * 1000 / max(1, m['handoffs']):.3f} ms "
-            "each on average.", ""]
+            ""]
+    others = res.get("others")
+    out += [f"Slots held {m['held_s']:.1f} s for {m['slot_cpu_s']:.1f} s of CPU in them: "
+            f"{m['held_s'] - m['slot_cpu_s']:.1f} s in which a holder's CPU did other work "
+            "or the holder slept. With as many slots as CPUs, that work is the server's "
+            f"outside the slots ({m['server_cpu_s'] - m['slot_cpu_s']:.1f} s above)"
+            + (f" and that of the processes outside the server, {others['total_s']:.1f} s "
+               "(largest: " + ", ".join(f"{n} {s:.2f} s" for n, s in others["top"]) + ")."
+               if others else "; the processes outside the server were not measured in "
+               "this run."), ""]
+    out += [f"Hand-offs: {int(m['handoffs'])}, "
+            f"{m['handoff_s'] * 1000 / max(1, m['handoffs']):.3f} ms each on average.", ""]
     return "\n".join(out)

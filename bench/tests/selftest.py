@@ -204,6 +204,21 @@ class ServerTest(unittest.TestCase):
                                "# It will be overwritten by the ALTER SYSTEM command.\n")
         self.assertEqual(pgserver.without_altered_settings(text), (text, []))
 
+    def test_others_cpu_leaves_the_server_out_and_folds_digits(self):
+        # pid -> (command name, ppid, CPU s): the postmaster 100 and its backend 101, a
+        # kernel thread per CPU, pgbench, and a process that started in between (300).
+        before = {100: ("postgres", 1, 5.0), 101: ("postgres", 100, 2.0),
+                  20: ("kworker/0:1", 2, 1.0), 21: ("kworker/1:0", 2, 1.0),
+                  30: ("kdamond.0", 2, 10.0), 40: ("pgbench", 50, 0.5)}
+        after = {100: ("postgres", 1, 6.0), 101: ("postgres", 100, 9.0),
+                 20: ("kworker/0:1", 2, 1.25), 21: ("kworker/1:0", 2, 1.5),
+                 30: ("kdamond.0", 2, 13.0), 40: ("pgbench", 50, 0.75),
+                 300: ("sh", 1, 0.25)}
+        got = pgserver.others_cpu(before, after, {100})
+        self.assertAlmostEqual(got["total_s"], 4.25)
+        self.assertEqual(got["top"], [["kdamond.N", 3.0], ["kworker/N:N", 0.75],
+                                      ["pgbench", 0.25], ["sh", 0.25]])
+
 
 class CalibrationTest(unittest.TestCase):
     """The rate calibration: the offered CPU share of an arrival sequence, the bisection
