@@ -365,12 +365,14 @@ def all_processes_cpu() -> dict:
     return out
 
 
-def others_cpu(before: dict, after: dict, server_roots: set, top: int = 5) -> dict:
+def others_cpu(before: dict, after: dict, server_roots: set, top: int = 5,
+               children_s: float = 0.0) -> dict:
     """CPU seconds that processes outside the server (outside `server_roots` and their
     children) used between two all_processes_cpu() snapshots: in all, and the largest by
     command name with digits folded ("kworker/N:N"). A process started in between counts
-    from 0; one that ended in between is missed."""
-    by_name = {}
+    from 0; one that ended in between is missed, except this process's own children
+    (pgbench, psql), whose CPU the caller passes as `children_s` (os.times())."""
+    by_name = {"pgbench and psql (the bench's children)": children_s} if children_s else {}
     for pid, (name, ppid, cpu) in after.items():
         if pid in server_roots or ppid in server_roots:
             continue
@@ -381,6 +383,12 @@ def others_cpu(before: dict, after: dict, server_roots: set, top: int = 5) -> di
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1])
     return {"total_s": sum(by_name.values()),
             "top": [[name, round(s, 3)] for name, s in ranked[:top]]}
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have ended and been waited for."""
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 def machine_cpu() -> tuple:
@@ -404,13 +412,15 @@ class CpuMeter:
         self.cpu0 = process_tree_cpu(self.pids)
         self.m0 = machine_cpu()
         self.procs0 = all_processes_cpu()
+        self.children0 = children_cpu()
         return self
 
     def __exit__(self, *exc):
         time.sleep(0.3)  # let the postmaster reap the backends that just exited
         self.wall = time.monotonic() - self.t0
         self.server_cpu_s = process_tree_cpu(self.pids) - self.cpu0
-        self.others = others_cpu(self.procs0, all_processes_cpu(), {p for p in self.pids if p})
+        self.others = others_cpu(self.procs0, all_processes_cpu(), {p for p in self.pids if p},
+                                 children_s=children_cpu() - self.children0)
         m1 = machine_cpu()
         busy, total = m1[0] - self.m0[0], m1[1] - self.m0[1]
         self.machine_busy = busy / total if total else 0.0

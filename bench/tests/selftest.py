@@ -218,6 +218,12 @@ class ServerTest(unittest.TestCase):
         self.assertAlmostEqual(got["total_s"], 4.25)
         self.assertEqual(got["top"], [["kdamond.N", 3.0], ["kworker/N:N", 0.75],
                                       ["pgbench", 0.25], ["sh", 0.25]])
+        # pgbench ended in between: its CPU comes as this process's children's.
+        del after[40]
+        got = pgserver.others_cpu(before, after, {100}, children_s=0.5)
+        self.assertAlmostEqual(got["total_s"], 4.5)
+        self.assertEqual(got["top"][:2], [["kdamond.N", 3.0], ["kworker/N:N", 0.75]])
+        self.assertIn(["pgbench and psql (the bench's children)", 0.5], got["top"])
 
 
 class CalibrationTest(unittest.TestCase):
