@@ -315,6 +315,10 @@ class Runner:
         c = self.wl.mean_isolated({k: v["cpu_s"] for k, v in iso.items()})
         self.meta["mean_isolated_s"] = d
         self.meta["mean_cpu_s"] = c
+        # how fast the machine ran while the isolated CPU (the rates' basis) was measured
+        self.meta["probe_ms"] = workload.speed_probe(self.server, self.schemas[0])
+        log(f"speed probe (serial scan of {self.schemas[0]}.lineitem): "
+            f"{self.meta['probe_ms']:.1f} ms")
         # the rates from the mix's means; with load_from "cpu", calibrate() replaces them
         self.meta["nominal_rates"] = {
             str(a): workload.arrival_rate(a, self.plan.load_from, d, c, ncpus())
@@ -401,10 +405,12 @@ class Runner:
                                        self.run_dir / "open_loop", name + "_prime")
                 log(f"open loop: {cfg['name']}, alpha {alpha}, {rate:.2f} arrivals/s, "
                     f"{p.ol_duration} s")
+                probe = [workload.speed_probe(self.server, self.schemas[0])]
                 r = workload.open_loop(self.server, self.workload_for(cfg),
                                        self.conn(cfg, workload.TPCH_DB),
                                        rate, p.ol_duration, p.clients, SEED,
                                        self.run_dir / "open_loop", name)
+                probe.append(workload.speed_probe(self.server, self.schemas[0]))
                 retried = None
                 if r["rc"] != 0 or r["server_crash"]:
                     # e.g. pg_stride.so replaced under a running server: run the point once
@@ -421,7 +427,7 @@ class Runner:
                 st = {"rate": rate, "nominal_rate": self.meta["nominal_rates"][str(alpha)],
                       "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
                       "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
-                      "retried_after": retried}
+                      "retried_after": retried, "probe_ms": probe}
                 st.update(analyse_open_loop(self.meta, self.run_dir, cfg["name"], alpha, dry))
                 if cfg.get("library") and self.server.guc_exists("pg_stride.trace"):
                     # what bench/sim_gap.py replays in the simulator
@@ -432,7 +438,8 @@ class Runner:
                     f"{cls}: mean {c[cls]['slowdown']['mean']:.2f} p99 {c[cls]['slowdown']['p99']:.2f}"
                     for cls in ("short", "long") if cls in c) +
                     f"  max in system {st.get('max_in_system')}  server CPU "
-                    f"{r['cpu']['server_cpu_util'] * 100:.0f}%")
+                    f"{r['cpu']['server_cpu_util'] * 100:.0f}%  speed probe "
+                    f"{probe[0]:.1f} / {probe[1]:.1f} ms")
                 self.save()
 
     def mixed(self):

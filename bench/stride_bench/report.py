@@ -92,6 +92,17 @@ def point_problem(st) -> str | None:
     return None
 
 
+def speed_rows(meta) -> list:
+    """(configuration, speed probe before, after) at the highest load; runs before
+    2026-11-26 had no probe."""
+    if not meta.get("probe_ms"):
+        return []
+    a = top_alpha(meta)
+    ol = meta.get("open_loop", {})
+    return [(name, *ol[name][a]["probe_ms"]) for name in ran_configs(meta)
+            if ol.get(name, {}).get(a, {}).get("probe_ms")]
+
+
 def headline_rows(meta):
     """Per configuration at the highest load: the figures the issue's targets name."""
     a = top_alpha(meta)
@@ -405,6 +416,18 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     for r in rows:
         if r["problem"]:
             w(f"\n{r['config']}: {r['problem']}.")
+    speed = speed_rows(meta)
+    if speed:
+        w("\nHow fast the machine ran around each point: a serial scan of the short scale's "
+          f"lineitem on the idle server, median of 5, just before and after the point, against "
+          f"the {meta['probe_ms']:.1f} ms measured with the isolated runs (on which the rate "
+          "rests). The machine is shared: a point whose scan took longer ran on a slower "
+          "machine, at more than its α.\n")
+        w("| configuration | before | after | vs the isolated runs' |")
+        w("|---|---:|---:|---:|")
+        for name, before, after in speed:
+            w(f"| {name} | {before:.1f} ms | {after:.1f} ms | "
+              f"×{before / meta['probe_ms']:.2f} / ×{after / meta['probe_ms']:.2f} |")
     oh = overhead_summary(meta)
     if oh:
         w("")

@@ -5,6 +5,7 @@ logs under the run directory."""
 import math
 import re
 import signal
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -161,6 +162,45 @@ def measure_isolated(server: Server, wl: Workload, runs: int, outdir: Path, seed
             f"(min {res['min_s'] * 1000:.1f}, max {res['max_s'] * 1000:.1f}), "
             f"CPU {res['cpu_s'] * 1000:.1f} ms")
     return iso
+
+
+# A serial, CPU-bound scan whose time on the idle server tracks how fast the machine runs
+# at the moment: the host's other work slows it as much as it slows a run's statements.
+PROBE = "SELECT count(*), sum(l_extendedprice * (1 - l_discount)) FROM {schema}.lineitem"
+PROBE_RUNS = 5
+
+
+def speed_probe(server: Server, schema: str) -> float:
+    """Median execution time, ms, of PROBE_RUNS serial executions of PROBE, one after the
+    other on the otherwise idle server."""
+    wait_idle(server)
+    explain = f"EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) {PROBE.format(schema=schema)};"
+    out = server.psql("SET max_parallel_workers_per_gather = 0; " + explain * PROBE_RUNS,
+                      db=TPCH_DB)
+    return statistics.median(probe_times(out))
+
+
+def wait_idle(server: Server, timeout_s: float = 60.0):
+    """Waits until no other client backend runs a statement, cancelling what still runs
+    after `timeout_s`: when pgbench -T ends it closes its connections without waiting,
+    and their statements run on until they are done."""
+    busy = ("select count(*) from pg_stat_activity where backend_type = 'client backend' "
+            "and state = 'active' and pid <> pg_backend_pid()")
+    for cancelled in (False, True):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if server.psql(busy) == "0":
+                return
+            time.sleep(0.2)
+        if cancelled:
+            log(f"statements still running {timeout_s:.0f} s after a cancel; probing anyway")
+            return
+        server.cancel_all()
+
+
+def probe_times(explain_json: str) -> list:
+    """The execution times (ms) of EXPLAIN (ANALYZE, FORMAT JSON) outputs, in order."""
+    return [float(x) for x in re.findall(r'"Execution Time": ([0-9.]+)', explain_json)]
 
 
 def open_loop(server: Server, wl: Workload, conn: list, rate: float, duration: int,

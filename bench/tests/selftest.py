@@ -12,7 +12,7 @@ import tomllib
 import unittest
 from pathlib import Path
 
-from stride_bench import analysis, pgserver, queries, simgap
+from stride_bench import analysis, pgserver, queries, report, simgap, workload
 from stride_bench.common import BENCH
 
 
@@ -224,6 +224,25 @@ class ServerTest(unittest.TestCase):
         self.assertAlmostEqual(got["total_s"], 4.5)
         self.assertEqual(got["top"][:2], [["kdamond.N", 3.0], ["kworker/N:N", 0.75]])
         self.assertIn(["pgbench and psql (the bench's children)", 0.5], got["top"])
+
+
+class SpeedProbeTest(unittest.TestCase):
+    def test_execution_times_of_explain_json(self):
+        one = ('[\n  {\n    "Plan": {\n      "Node Type": "Aggregate"\n    },\n'
+               '    "Planning Time": 0.120,\n    "Triggers": [\n    ],\n'
+               '    "Execution Time": {}\n  }\n]')
+        out = "\n".join(one.replace("{}", t) for t in ("41.250", "39.9", "40.002"))
+        self.assertEqual(workload.probe_times(out), [41.25, 39.9, 40.002])
+        self.assertEqual(workload.probe_times("SET"), [])
+
+    def test_speed_rows_at_the_highest_load(self):
+        meta = {"plan": {"alphas": [0.5, 0.95]}, "probe_ms": 40.0,
+                "configs": {"stock": {"status": "ran"}, "stride": {"status": "ran"}},
+                "open_loop": {"stock": {"0.95": {"probe_ms": [40.0, 48.0]},
+                                        "0.5": {"probe_ms": [1.0, 1.0]}},
+                              "stride": {"0.95": {}}}}
+        self.assertEqual(report.speed_rows(meta), [("stock", 40.0, 48.0)])
+        self.assertEqual(report.speed_rows({**meta, "probe_ms": None}), [])
 
 
 class CalibrationTest(unittest.TestCase):
