@@ -405,12 +405,7 @@ class Runner:
                                        self.run_dir / "open_loop", name + "_prime")
                 log(f"open loop: {cfg['name']}, alpha {alpha}, {rate:.2f} arrivals/s, "
                     f"{p.ol_duration} s")
-                probe = [workload.speed_probe(self.server, self.schemas[0])]
-                r = workload.open_loop(self.server, self.workload_for(cfg),
-                                       self.conn(cfg, workload.TPCH_DB),
-                                       rate, p.ol_duration, p.clients, SEED,
-                                       self.run_dir / "open_loop", name)
-                probe.append(workload.speed_probe(self.server, self.schemas[0]))
+                r = self.probed_point(cfg, rate, name)
                 retried = None
                 if r["rc"] != 0 or r["server_crash"]:
                     # e.g. pg_stride.so replaced under a running server: run the point once
@@ -420,10 +415,8 @@ class Runner:
                     self.current = None
                     if not self.use(cfg):
                         continue
-                    r = workload.open_loop(self.server, self.workload_for(cfg),
-                                           self.conn(cfg, workload.TPCH_DB),
-                                           rate, p.ol_duration, p.clients, SEED,
-                                           self.run_dir / "open_loop", name)
+                    r = self.probed_point(cfg, rate, name)
+                probe = r.get("probe_ms")
                 st = {"rate": rate, "nominal_rate": self.meta["nominal_rates"][str(alpha)],
                       "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
                       "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
@@ -438,9 +431,22 @@ class Runner:
                     f"{cls}: mean {c[cls]['slowdown']['mean']:.2f} p99 {c[cls]['slowdown']['p99']:.2f}"
                     for cls in ("short", "long") if cls in c) +
                     f"  max in system {st.get('max_in_system')}  server CPU "
-                    f"{r['cpu']['server_cpu_util'] * 100:.0f}%  speed probe "
-                    f"{probe[0]:.1f} / {probe[1]:.1f} ms")
+                    f"{r['cpu']['server_cpu_util'] * 100:.0f}%" +
+                    (f"  speed probe {probe[0]:.1f} / {probe[1]:.1f} ms" if probe else ""))
                 self.save()
+
+    def probed_point(self, cfg: dict, rate: float, name: str) -> dict:
+        """One open-loop point (workload.open_loop) between two speed probes; a run that
+        failed (its server may be down) gets no probe after it, and none in its result."""
+        p = self.plan
+        before = workload.speed_probe(self.server, self.schemas[0])
+        r = workload.open_loop(self.server, self.workload_for(cfg),
+                               self.conn(cfg, workload.TPCH_DB),
+                               rate, p.ol_duration, p.clients, SEED,
+                               self.run_dir / "open_loop", name)
+        if r["rc"] == 0 and not r["server_crash"]:
+            r["probe_ms"] = [before, workload.speed_probe(self.server, self.schemas[0])]
+        return r
 
     def mixed(self):
         p = self.plan

@@ -317,7 +317,7 @@ log_disconnections = 0
 # ---- CPU accounting -----------------------------------------------------------------
 
 def _proc_stat(pid: int):
-    """(ppid, utime+stime, cutime+cstime) in seconds, or None."""
+    """(ppid, utime+stime, cutime+cstime in seconds, command name), or None."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -327,7 +327,7 @@ def _proc_stat(pid: int):
     ppid = int(rest[1])
     own = (int(rest[11]) + int(rest[12])) / CLK_TCK
     children = (int(rest[13]) + int(rest[14])) / CLK_TCK
-    return ppid, own, children
+    return ppid, own, children, raw[raw.index("(") + 1:raw.rindex(")")]
 
 
 def process_tree_cpu(root_pids: list) -> float:
@@ -355,13 +355,9 @@ def all_processes_cpu() -> dict:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
         st = _proc_stat(int(entry))
         if st:
-            out[int(entry)] = (raw[raw.index("(") + 1:raw.rindex(")")], st[0], st[1])
+            out[int(entry)] = (st[3], st[0], st[1])
     return out
 
 
