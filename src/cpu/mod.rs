@@ -668,6 +668,8 @@ pub struct Seen {
     blocked: bool,
     /// Its check-in count, while it held a slot and was not waiting.
     checkins: Option<u32>,
+    /// Whether the slot count was raised for it.
+    lent: bool,
 }
 
 /// The watchdog (psaroudakis2013 §5): a slot holder that waits — on a lock, I/O, the
@@ -701,13 +703,19 @@ pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
             .flatten()
             .map(|e| e.checkins.load(Ordering::Relaxed));
         let overran = lend_on_overrun && checkins.is_some() && checkins == seen.checkins;
-        if (waiting && seen.blocked) || overran {
+        let blocked = waiting && seen.blocked;
+        if blocked || overran {
             let node = sched.slot_node(proc).unwrap_or(0) as usize;
             slots[node.min(last)] += 1;
+            if !seen.lent {
+                let count = if blocked { &shared.lends.blocked } else { &shared.lends.overrun };
+                count.fetch_add(1, Ordering::Relaxed);
+            }
         }
         *seen = Seen {
             blocked: waiting,
             checkins,
+            lent: blocked || overran,
         };
     }
     if sched.node_slots() != slots {

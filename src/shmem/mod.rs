@@ -198,6 +198,18 @@ pub struct Shared {
     pub nodes: NodeCounters,
     /// Which slot holder owns which CPU (`pg_stride.pin_slots`).
     pub cpu_owners: CpuOwners,
+    /// Extra slots the watchdog lent since the server started (`pg_stride.scheduler`).
+    pub lends: LendCounts,
+}
+
+/// How often the watchdog lent a holder an extra slot, by the reason: the holder was
+/// waiting on an event, or ran a whole round without reaching a yield point
+/// (`pg_stride.lend_on_overrun`). A lend counts once however many rounds it lasts.
+/// Written by the scheduler worker only.
+#[derive(Default)]
+pub struct LendCounts {
+    pub blocked: AtomicU64,
+    pub overrun: AtomicU64,
 }
 
 // The region's interior mutability is either atomics or data changed only under an
@@ -485,6 +497,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
             TunerState::init(&raw mut (*region).tuner, gucs::decay_params());
             NodeCounters::init(&raw mut (*region).nodes);
+            (&raw mut (*region).lends).write(LendCounts::default());
             CpuOwners::init(
                 &raw mut (*region).cpu_owners,
                 &pg::allowed_cpus().unwrap_or_default(),
