@@ -93,11 +93,14 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in xs) / len(xs))
 
 
-def isolated_latency(txns, skip_first: int = 1) -> dict:
-    """Isolated latency from a single-client run: median of the runs after the first
-    `skip_first` (warm-up) ones."""
-    ok = [t.latency_s for t in sorted(txns, key=lambda t: t.end_s) if not t.failed]
-    runs = ok[skip_first:] if len(ok) > skip_first else ok
+def isolated_latency(rounds, skip_first: int = 1) -> dict:
+    """Isolated latency from single-client runs (`rounds`: one list of transactions per
+    run, each on a connection of its own): median of the executions after each run's
+    first `skip_first` (warm-up: a new connection's caches are cold)."""
+    runs = []
+    for txns in rounds:
+        ok = [t.latency_s for t in sorted(txns, key=lambda t: t.end_s) if not t.failed]
+        runs += ok[skip_first:] if len(ok) > skip_first else ok
     return {"median_s": median(runs), "runs": len(runs), "min_s": min(runs) if runs else
             float("nan"), "max_s": max(runs) if runs else float("nan")}
 

@@ -306,7 +306,8 @@ class Runner:
         stock = next(c for c in self.cfgfile["config"] if c["name"] == "stock")
         self.use(stock)
         log(f"isolated latencies: {len(self.wl.order)} query/scale pairs x "
-            f"{self.plan.iso_runs} runs")
+            f"{self.plan.iso_runs} runs, then {workload.SPREAD_ROUNDS} more rounds of "
+            f"{workload.SPREAD_RUNS}")
         iso = workload.measure_isolated(self.server, self.wl, self.plan.iso_runs,
                                         self.run_dir / "isolated", SEED)
         self.iso = {k: v["median_s"] for k, v in iso.items()}

@@ -2,6 +2,7 @@
 workload and the overhead runs.  Each one drives pgbench and keeps its per-transaction
 logs under the run directory."""
 
+import contextlib
 import math
 import re
 import signal
@@ -136,31 +137,52 @@ def dry_run(conn: list, wl: Workload, clients: int, seed: int, arrivals: int,
             "rate": float(f"{rate:.4f}"), "duration": duration}
 
 
+# Rounds of isolated executions after the first, and executions per round (after its
+# warm-up). The machine's speed moves in spells of a few seconds (bench/README.md, "How
+# fast the machine ran"): the few executions of a small query back to back all fall in
+# one spell, so its median, the denominator of every slowdown of that query, would be a
+# fast or a slow spell's. Rounds spread over the whole measurement sample several.
+SPREAD_ROUNDS = 2
+SPREAD_RUNS = 2
+
+
 def measure_isolated(server: Server, wl: Workload, runs: int, outdir: Path, seed: int) -> dict:
-    """Each query alone, one client, default parallelism: median of `runs` executions
-    (parameters drawn per execution), after one warm-up execution; and the server's CPU
-    seconds per execution (`cpu_s`: every server process, parallel workers included,
-    over the whole pgbench run, divided by its executions)."""
+    """Each query alone, one client, default parallelism: the median of its executions in
+    SPREAD_ROUNDS + 1 rounds over all the queries (the first with `runs` executions, the
+    others with SPREAD_RUNS, each after one warm-up execution on its new connection;
+    parameters drawn per execution); and the server's CPU seconds per execution (`cpu_s`:
+    every server process, parallel workers included, over the first round's pgbench run,
+    warm-up included, divided by its executions)."""
     outdir.mkdir(parents=True, exist_ok=True)
+    rounds = {key: [] for key in wl.order}
+    cpu_s = {}
+    for r in range(SPREAD_ROUNDS + 1):
+        n = runs if r == 0 else SPREAD_RUNS
+        for q, cls in wl.order:
+            name = f"iso_{cls}_{q}" + (f"_r{r}" if r else "")
+            prefix = outdir / name
+            # only the first round's CPU is measured (the meter waits for exited backends)
+            with CpuMeter(server) if r == 0 else contextlib.nullcontext() as cpu:
+                res = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", n + 1,
+                               f"--random-seed={seed + r}", "-l", f"--log-prefix={prefix}",
+                               "-f", wl.scripts[(q, cls)]],
+                              server.conn_args(TPCH_DB), outdir / f"{name}.out",
+                              timeout=600, cwd=outdir)
+            txns = analysis.parse_logs(str(prefix))
+            if res["rc"] != 0 or len(txns) < n + 1 or any(t.failed for t in txns):
+                raise RuntimeError(f"isolated run of {q} ({cls}) failed; see "
+                                   f"{outdir / f'{name}.out'}")
+            rounds[(q, cls)].append(txns)
+            if r == 0:
+                cpu_s[(q, cls)] = cpu.result()["server_cpu_s"] / (n + 1)
     iso = {}
     for q, cls in wl.order:
-        prefix = outdir / f"iso_{cls}_{q}"
-        with CpuMeter(server) as cpu:
-            r = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", runs + 1,
-                         f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
-                         "-f", wl.scripts[(q, cls)]],
-                        server.conn_args(TPCH_DB), outdir / f"iso_{cls}_{q}.out",
-                        timeout=600, cwd=outdir)
-        txns = analysis.parse_logs(str(prefix))
-        if r["rc"] != 0 or len(txns) < runs + 1 or any(t.failed for t in txns):
-            raise RuntimeError(f"isolated run of {q} ({cls}) failed; see "
-                               f"{outdir / f'iso_{cls}_{q}.out'}")
-        res = analysis.isolated_latency(txns, skip_first=1)
-        res["cpu_s"] = cpu.result()["server_cpu_s"] / (runs + 1)
+        res = analysis.isolated_latency(rounds[(q, cls)], skip_first=1)
+        res["cpu_s"] = cpu_s[(q, cls)]
         iso[(q, cls)] = res
         log(f"  isolated {q} {cls:5s}: median {res['median_s'] * 1000:8.1f} ms "
-            f"(min {res['min_s'] * 1000:.1f}, max {res['max_s'] * 1000:.1f}), "
-            f"CPU {res['cpu_s'] * 1000:.1f} ms")
+            f"(min {res['min_s'] * 1000:.1f}, max {res['max_s'] * 1000:.1f}, "
+            f"{res['runs']} runs), CPU {res['cpu_s'] * 1000:.1f} ms")
     return iso
 
 

@@ -72,10 +72,21 @@ class StatsTest(unittest.TestCase):
     def test_isolated_latency_skips_warmup(self):
         lines = [line(0, i, lat, 0, 10 + i) for i, lat in
                  enumerate([900000, 12000, 10000, 11000, 13000, 10500])]
-        res = analysis.isolated_latency(analysis.parse_log_lines(lines), skip_first=1)
+        res = analysis.isolated_latency([analysis.parse_log_lines(lines)], skip_first=1)
         self.assertEqual(res["runs"], 5)
         self.assertAlmostEqual(res["median_s"], 0.011)
         self.assertAlmostEqual(res["max_s"], 0.013)
+
+    def test_isolated_latency_pools_rounds_skipping_each_warmup(self):
+        # a slow first round (machine busy) and a fast later one: the median is over both
+        first = [line(0, i, lat, 0, 10 + i) for i, lat in enumerate([900000, 20000, 21000, 22000])]
+        later = [line(0, i, lat, 0, 50 + i) for i, lat in enumerate([800000, 10000, 11000])]
+        res = analysis.isolated_latency([analysis.parse_log_lines(first),
+                                         analysis.parse_log_lines(later)], skip_first=1)
+        self.assertEqual(res["runs"], 5)
+        self.assertAlmostEqual(res["median_s"], 0.020)
+        self.assertAlmostEqual(res["min_s"], 0.010)
+        self.assertAlmostEqual(res["max_s"], 0.022)
 
     def test_max_in_system(self):
         # arrivals/completions: [0,2] [1,3] [1.5,1.8] [3,4] -> three at once around 1.6
