@@ -18,6 +18,10 @@ lent for an overrun while the sort runs, with it off none, and never shows a sec
 A holder waiting on an event (a sleep) gets an extra slot lent, counted in the
 scheduler view, and a scan from another session ends before the sleep does.
 
+Preemption (`pg_stride.preempt_lower_priority`): with one slot and a decayed holder with
+long slices, short statements arriving one after the other wait for the rest of its
+slice with it off, and not with it on, where the scheduler view counts the requests.
+
 Settings: a reload that shortens the scheduler worker's round applies a new slot count
 at once.
 
@@ -310,6 +314,60 @@ def a_holder_waiting_on_an_event_gets_a_slot_lent(s):
     assert after[0] - before[0] >= 1, (before, after)
 
 
+def yield_requests(s):
+    return int(s.sql("SET pg_stride.enabled = off; "
+                     "SELECT yield_requests FROM pg_stride.scheduler"))
+
+
+# 20 000 rows: a few ms in a debug build, but past the first check-in, so it takes a slot.
+PROBE = "SELECT count(*) FROM mid"
+# A minute and more of CPU, rescanning `big` (in shared buffers: no I/O wait, for which
+# the watchdog would lend a slot): it is cancelled once the probes are done.
+LONG = ("SELECT sum(x.n) FROM generate_series(1, 1000) g, "
+        "LATERAL (SELECT count(*) AS n FROM big WHERE a > g) x")
+
+
+@check
+def a_new_statement_does_not_wait_for_a_decayed_holders_slice(s):
+    # One slot, and a holder with 1-s slices whose priority has decayed (it was charged
+    # two slices already). Statements arriving meanwhile wait for the rest of its slice,
+    # half a second on average; with pg_stride.preempt_lower_priority each asks the
+    # holder to end its slice at its next tuple, and the scheduler view counts the
+    # requests.
+    concurrency.set_server(s, "pg_stride.cpu_slots", 1)
+    seen = {}
+    try:
+        for preempt in ("off", "on"):
+            concurrency.set_server(s, "pg_stride.preempt_lower_priority", preempt)
+            holder, prober = concurrency.Session(s), concurrency.Session(s)
+            pid = holder.run("SET pg_stride.slice = '1s'; SELECT pg_backend_pid()")[0]
+            before = yield_requests(s)
+            holder.send(LONG)
+            time.sleep(2.5)
+            times = []
+            for _ in range(7):
+                started = time.monotonic()
+                assert prober.run(PROBE, timeout=60) == ["20000"]
+                times.append(time.monotonic() - started)
+            ran_through = not holder.has_result()
+            after = yield_requests(s)
+            s.sql(f"SELECT pg_cancel_backend({pid})")
+            for x in (holder, prober):
+                x.close()
+            assert ran_through, "the holder ended before the probes did"
+            seen[preempt] = (sorted(times), after - before)
+    finally:
+        concurrency.set_server(s, "pg_stride.preempt_lower_priority", None)
+        concurrency.set_server(s, "pg_stride.cpu_slots", None)
+    print("    " + "; ".join(f"preempt {k}: probes {', '.join(f'{t * 1e3:.0f}' for t in v[0])} ms, "
+                            f"{v[1]} requests" for k, v in seen.items()))
+    off, on = seen["off"], seen["on"]
+    assert off[1] == 0 and on[1] >= 7, seen
+    # Off: the median probe waited for a good part of a slice; on: every probe ran
+    # within a small fraction of one.
+    assert off[0][3] > 4 * on[0][-1], seen
+
+
 @check
 def a_reload_applies_a_new_slot_count_at_once(s):
     # The scheduler worker applies the slot count at its watchdog round. After a reload
@@ -330,7 +388,8 @@ def a_reload_applies_a_new_slot_count_at_once(s):
 def setup(s):
     s.sql("CREATE EXTENSION pg_stride")
     s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 2000000) g")
-    s.sql("VACUUM ANALYZE big")
+    s.sql("CREATE TABLE mid AS SELECT g AS a FROM generate_series(1, 20000) g")
+    s.sql("VACUUM ANALYZE big, mid")
 
 
 def main():

@@ -81,6 +81,7 @@ pub static POOL_IDLE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(300_00
 pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static LEND_ON_OVERRUN: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static FINISH_BEFORE_HANDOFF: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static PREEMPT_LOWER_PRIORITY: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Largest accepted `pg_stride.holder_time_slice`, ms: the kernel's own limit.
 pub const MAX_HOLDER_TIME_SLICE_MS: i32 = 100;
 pub static HOLDER_TIME_SLICE_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
@@ -385,6 +386,14 @@ pub fn register(group_exists: GroupExists) {
         c"With pinned slots, a statement ending its ExecutorRun finishes before the process it hands its slot to runs on its CPU.",
         c"The receiver wakes as SCHED_BATCH, which does not preempt, until it runs. Off: it may preempt the statement's ExecutorEnd, commit and reply.",
         &FINISH_BEFORE_HANDOFF,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.preempt_lower_priority",
+        c"A process that has to wait for a CPU slot asks a holder of a lower priority to end its slice at its next tuple.",
+        c"Off: it waits for the end of a holder's slice (pg_stride.slice).",
+        &PREEMPT_LOWER_PRIORITY,
         GucContext::Sighup,
         GucFlags::default(),
     );

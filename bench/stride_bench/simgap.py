@@ -96,7 +96,9 @@ def sim_settings(cfg: dict) -> dict:
             "p0": int(s.get("pg_stride.priority_initial", "10000")),
             "p-min": int(s.get("pg_stride.priority_min", "100")),
             "slice-ms": float(s.get("pg_stride.slice", "2").rstrip("ms")),
-            "max-active": int(s.get("pg_stride.max_active_queries", "128"))}
+            "max-active": int(s.get("pg_stride.max_active_queries", "128")),
+            "preempt": str(s.get("pg_stride.preempt_lower_priority", "on") in ("on", "true"))
+            .lower()}
 
 
 def replay(rows: list, classes: list, t0: float, settings: dict, workdir: Path,

@@ -121,6 +121,31 @@ impl SliceClock {
         }
     }
 
+    /// The slice ends early, `tuples` into the current chunk, after `elapsed_ns` of CPU
+    /// since the last check-in (the holder was asked to yield): returns the slice's CPU
+    /// time. The partial chunk still measures the throughput, unless it is empty.
+    pub fn cut(&mut self, tuples: u32, elapsed_ns: u64) -> u64 {
+        let spent_ns = match self.phase {
+            Phase::Startup { spent_ns } => spent_ns + elapsed_ns,
+            Phase::Steady { .. } => elapsed_ns,
+        };
+        if tuples > 0 {
+            let measured = tuples as f64 / elapsed_ns.max(1) as f64;
+            let estimate = match self.phase {
+                Phase::Startup { .. } => measured,
+                Phase::Steady { tuples_per_ns } => ALPHA * measured + (1.0 - ALPHA) * tuples_per_ns,
+            };
+            self.phase = Phase::Steady {
+                tuples_per_ns: estimate,
+            };
+            self.chunk = self.steady_chunk(estimate);
+        } else if let Phase::Startup { .. } = self.phase {
+            // Nothing measured yet: start the next slice's startup afresh.
+            self.phase = Phase::Startup { spent_ns: 0 };
+        }
+        spent_ns
+    }
+
     fn steady_chunk(&self, tuples_per_ns: f64) -> u32 {
         (tuples_per_ns * self.target_ns as f64).clamp(1.0, MAX_CHUNK as f64) as u32
     }
@@ -188,6 +213,27 @@ mod tests {
             Checkpoint::SliceEnd { used_ns: 3_000_000 }
         );
         assert_eq!(clock.chunk(), 10); // 16 tuples per 3 ms, scaled to 2 ms
+    }
+
+    #[test]
+    fn a_cut_slice_charges_its_cpu_and_keeps_measuring() {
+        let mut clock = SliceClock::new(2_000_000);
+        // T = 0.01 tuples/ns: chunks of 20 000. Asked to yield 5 000 tuples (0.5 ms)
+        // into the chunk, at the same speed:
+        one_slice(&mut clock, 100);
+        assert_eq!(clock.cut(5_000, 500_000), 500_000);
+        assert_eq!(clock.chunk(), 20_000);
+        // Cut during startup: the startup's CPU is charged, and its throughput kept.
+        let mut clock = SliceClock::new(2_000_000);
+        assert_eq!(clock.chunk_done(16_000), Checkpoint::Continue);
+        assert_eq!(clock.cut(10, 10_000), 26_000);
+        // 10 tuples per 10 µs, scaled to 2 ms.
+        assert_eq!(clock.chunk(), 2_000);
+        // Cut before any tuple of a startup: nothing measured, startup again.
+        let mut clock = SliceClock::new(2_000_000);
+        assert_eq!(clock.cut(0, 7_000), 7_000);
+        assert_eq!(clock.chunk(), C0);
+        assert_eq!(clock.chunk_done(16_000), Checkpoint::Continue);
     }
 
     #[test]

@@ -45,7 +45,7 @@ use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Chunk used when a slice ends where the process may not pause: check again soon.
 const RETRY_CHUNK: u32 = 16;
@@ -193,6 +193,11 @@ static MEMBER: BackendLocal<RefCell<Option<Member>>> = BackendLocal::new(RefCell
 /// Tuples left before the next check-in; counting down is all a yield point does on most
 /// tuples.
 static COUNTDOWN: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(u32::MAX));
+/// This process's request to end its slice early, in the scheduler's shared memory
+/// (`pg_stride.preempt_lower_priority`): a yield point reads it at every tuple. Set when
+/// the process first takes a slot; its process entry stays the same for its lifetime.
+static YIELD_FLAG: BackendLocal<Cell<Option<&'static AtomicU32>>> =
+    BackendLocal::new(Cell::new(None));
 /// Thread CPU time when this process last ended a statement as a worker of a leader:
 /// a pool worker serves fragment after fragment, each counted from the one before.
 static WORKER_CPU_BASE: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
@@ -500,7 +505,8 @@ pub fn begin_run(shared: &shmem::Shared) {
 }
 
 /// Takes a CPU slot for `proc`, pausing until one is handed over if none is free.
-fn take_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
+fn take_slot(shared: &shmem::Shared, sched: &'static SchedShared, proc: ProcId) {
+    YIELD_FLAG.set(Some(sched.yield_flag(proc)));
     let outcome = sched.acquire(proc);
     hand_over(None, outcome.wake, false);
     if outcome.turn == Turn::Wait {
@@ -708,7 +714,11 @@ pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
             let node = sched.slot_node(proc).unwrap_or(0) as usize;
             slots[node.min(last)] += 1;
             if !seen.lent {
-                let count = if blocked { &shared.lends.blocked } else { &shared.lends.overrun };
+                let count = if blocked {
+                    &shared.lends.blocked
+                } else {
+                    &shared.lends.overrun
+                };
                 count.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -736,6 +746,9 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
     );
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(1, Ordering::Release);
+    }
+    if gucs::PREEMPT_LOWER_PRIORITY.get() && sched.ask_holder_to_yield(proc).is_some() {
+        shared.yield_requests.fetch_add(1, Ordering::Relaxed);
     }
     // Waiting from when the slot was given up (`since`), or from now.
     let paused_at_ns = since.unwrap_or_else(pg::monotonic_ns);
@@ -921,7 +934,7 @@ unsafe extern "C-unwind" fn yield_point(
     node: *mut pg_sys::PlanState,
 ) -> *mut pg_sys::TupleTableSlot {
     let left = COUNTDOWN.get();
-    if left <= 1 {
+    if left <= 1 || asked_to_yield() {
         // SAFETY: a guarded function; it raises errors as PostgreSQL errors.
         unsafe { check_in() };
     } else {
@@ -936,6 +949,15 @@ unsafe extern "C-unwind" fn yield_point(
         // SAFETY: a guarded function that raises an ERROR.
         None => unsafe { lost_scan_function() },
     }
+}
+
+/// Whether a waiter of a higher priority asked this process to end its slice: one load
+/// per tuple.
+#[inline]
+fn asked_to_yield() -> bool {
+    YIELD_FLAG
+        .get()
+        .is_some_and(|f| f.load(Ordering::Relaxed) != 0)
 }
 
 /// A wrapped node whose own function is not known any more: an internal error, never
@@ -953,17 +975,35 @@ unsafe extern "C-unwind" fn check_in() {
         return;
     };
     let Some(sched) = shared.sched() else { return };
+    // Answered here whatever follows, so that a yield point reads it set only once.
+    let asked = YIELD_FLAG
+        .get()
+        .is_some_and(|f| f.swap(0, Ordering::AcqRel) != 0);
     count_check_in(shared);
     if MEMBER.with_borrow(|m| m.as_ref().is_some_and(|m| m.query.is_none())) {
         join_at_first_check_in(shared, sched);
         return;
     }
     let now = thread_cpu_ns();
+    let left = COUNTDOWN.get();
     let decision = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
         let elapsed = now.saturating_sub(m.chunk_start_ns);
         m.chunk_start_ns = now;
-        let checkpoint = m.clock.chunk_done(elapsed);
+        let checkpoint = if asked && left > 1 {
+            // A waiter of a higher priority asked: the slice ends inside the chunk.
+            let tuples = m.clock.chunk().saturating_sub(left);
+            Checkpoint::SliceEnd {
+                used_ns: m.clock.cut(tuples, elapsed),
+            }
+        } else {
+            match m.clock.chunk_done(elapsed) {
+                Checkpoint::Continue if asked => Checkpoint::SliceEnd {
+                    used_ns: m.clock.cut(0, 0),
+                },
+                checkpoint => checkpoint,
+            }
+        };
         COUNTDOWN.set(m.clock.chunk());
         match checkpoint {
             Checkpoint::Continue => None,
@@ -1026,7 +1066,7 @@ fn count_check_in(shared: &shmem::Shared) {
 
 /// The statement's scans produced their first chunk: it is long enough to be scheduled.
 /// Joins its query and takes a slot (pausing if none is free), where a pause is allowed.
-fn join_at_first_check_in(shared: &shmem::Shared, sched: &SchedShared) {
+fn join_at_first_check_in(shared: &shmem::Shared, sched: &'static SchedShared) {
     if transaction_wrote() {
         // Rule 2: a statement of a transaction holding row locks is never paused.
         COUNTDOWN.set(u32::MAX);

@@ -200,6 +200,9 @@ pub struct Shared {
     pub cpu_owners: CpuOwners,
     /// Extra slots the watchdog lent since the server started (`pg_stride.scheduler`).
     pub lends: LendCounts,
+    /// Holders asked to end their slice early by a waiter of a higher priority
+    /// (`pg_stride.preempt_lower_priority`), since the server started.
+    pub yield_requests: AtomicU64,
 }
 
 /// How often the watchdog lent a holder an extra slot, by the reason: the holder was
@@ -498,6 +501,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             TunerState::init(&raw mut (*region).tuner, gucs::decay_params());
             NodeCounters::init(&raw mut (*region).nodes);
             (&raw mut (*region).lends).write(LendCounts::default());
+            (&raw mut (*region).yield_requests).write(AtomicU64::new(0));
             CpuOwners::init(
                 &raw mut (*region).cpu_owners,
                 &pg::allowed_cpus().unwrap_or_default(),

@@ -145,7 +145,7 @@ fn round(shared: &shmem::Shared, sched: &SchedShared, t: &mut Tracking) {
 }
 
 /// The system as it is, for the simulator: the slots, slice, decay and groups in
-/// force, and the admission limit.
+/// force, the admission limit, and whether waiters preempt lower priorities.
 fn sim_config(sched: &SchedShared) -> SimConfig {
     SimConfig {
         slots: gucs::effective_cpu_slots(),
@@ -159,6 +159,7 @@ fn sim_config(sched: &SchedShared) -> SimConfig {
         horizon_ns: None,
         // The tuner replays the decision rule; its replay has no NUMA nodes.
         numa: None,
+        preempt: gucs::PREEMPT_LOWER_PRIORITY.get(),
     }
 }
 

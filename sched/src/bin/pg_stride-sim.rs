@@ -10,9 +10,8 @@
 //!
 //! Options: `--slots N` (`sweep`, `numa`: list), `--policy fifo|fair|decay|all`,
 //! `--slice-ms F`, `--lambda F`, `--d-start N`, `--p0 N`, `--p-min N`, `--max-active N`,
-//! `--group-weight G=W`
-//! (repeatable), `--queries N`, `--load F` (`sweep`, `numa`: list), `--seed N`,
-//! `--procs N`; `run --results FILE` (one policy: each query's times as CSV, in the
+//! `--preempt true|false`, `--group-weight G=W` (repeatable), `--queries N`, `--load F`
+//! (`sweep`, `numa`: list), `--seed N`, `--procs N`; `run --results FILE` (one policy: each query's times as CSV, in the
 //! workload's arrival order); `run --tuner` with `--tuner-interval S`, `--tuner-window S`;
 //! `tune --margin F`; NUMA (`run`, `numa`): `--nodes N`, `--penalty F`,
 //! `--placement affine|oblivious` (`run`), `--steal-after K|never` (`numa`: list).
@@ -45,6 +44,8 @@ const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [optio
   --p0 N, --p-min N  initial and lowest priority of group 0's queries and of the groups
                      given a weight (default 10000 and 100)
   --max-active N     query table size; more queries wait for admission (default 4096)
+  --preempt B        true: a process that starts waiting ends a lower-priority holder's
+                     slice at once (pg_stride.preempt_lower_priority; default false)
   --group-weight G=W CPU weight of group G (repeatable)
   --queries N        generated queries (default 4000)
   --load F           load factor (sweep: comma list, default 0.8,0.9,1.0; numa: list,
@@ -139,6 +140,7 @@ fn sim_config(args: &Args, slots: u32, policy: Policy) -> Result<SimConfig, Stri
     cfg.decay.d_start = args.get("d-start", cfg.decay.d_start)?;
     cfg.decay.quantum_ns = cfg.slice_ns;
     cfg.max_active = args.get("max-active", cfg.max_active)?;
+    cfg.preempt = args.get("preempt", false)?;
     for gw in args.opts.get("group-weight").into_iter().flatten() {
         let (g, w) = gw
             .split_once('=')

@@ -132,4 +132,7 @@ pub(crate) struct ProcEntry {
     pub slices: AtomicU64,
     /// Times the process gave its slot to another at a slice end.
     pub switches: AtomicU64,
+    /// Non-zero: a waiting process of a higher priority asked this holder to end its
+    /// slice at its next tuple (`preempt`).
+    pub yield_asked: AtomicU32,
 }

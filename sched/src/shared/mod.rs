@@ -30,13 +30,15 @@
 //! # Modules
 //!
 //! `registry` adds and removes groups, queries and processes (rare path), `waitset`
-//! keeps the bits above, `slots` holds the per-slice operations, `charge` the stride
-//! and decay accounting, `workers` the concurrency hint and worker grants.
+//! keeps the bits above, `slots` holds the per-slice operations, `preempt` the early
+//! end of a lower-priority holder's slice, `charge` the stride and decay accounting,
+//! `workers` the concurrency hint and worker grants.
 
 mod chaos;
 mod charge;
 mod entries;
 mod nodes;
+mod preempt;
 mod registry;
 mod slots;
 mod waitset;

@@ -73,6 +73,8 @@ impl SchedShared {
         debug_assert!(self.is_running(p), "{p:?} ends a slice without a slot");
         self.charge(p, used_ns);
         let pe = self.proc(p);
+        // A request to end the slice early is answered by this check-in.
+        pe.yield_asked.store(0, Relaxed);
         let n = pe.node.load(Relaxed) as usize;
         let node = self.node(n);
         if self.nobody_waits() && node.running.load(SeqCst) <= node.slots.load(SeqCst) {
@@ -103,6 +105,7 @@ impl SchedShared {
         debug_assert!(self.is_running(p), "{p:?} releases a slot it does not hold");
         self.charge(p, used_ns);
         let pe = self.proc(p);
+        pe.yield_asked.store(0, Relaxed);
         let n = pe.node.load(Relaxed) as usize;
         pe.state.store(PROC_IDLE, SeqCst);
         self.pass_slot_on(n)

@@ -527,3 +527,88 @@ fn a_waiter_at_home_takes_its_free_home_slot_while_others_wait_elsewhere() {
     assert_eq!(s.node_loads()[1].running, 0);
     assert!(!s.is_running(ProcId(1)));
 }
+
+/// Runs `p` (holding a slot, alone in the way) for `n` slices.
+fn run_slices(s: &SchedShared, p: u32, n: u32) {
+    for _ in 0..n {
+        assert_eq!(s.end_slice(ProcId(p), SLICE).turn, Turn::Run);
+    }
+}
+
+#[test]
+fn a_new_query_asks_a_decayed_holder_to_yield_once() {
+    let s = region(1, Policy::DecayingStride);
+    let long = query_with(&s, 0, 0);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    run_slices(&s, 0, 40);
+    assert!(s.query_snapshot(long).unwrap().priority < P0);
+    query_with(&s, 0, 1);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    assert_eq!(s.ask_holder_to_yield(ProcId(1)), Some(ProcId(0)));
+    assert_ne!(s.yield_flag(ProcId(0)).load(Relaxed), 0);
+    // A second waiter finds nobody else to ask: one request per holder.
+    query_with(&s, 0, 2);
+    assert_eq!(s.acquire(ProcId(2)), WAIT);
+    assert_eq!(s.ask_holder_to_yield(ProcId(2)), None);
+    // The holder checks in early (a short slice) and loses its slot to a new query.
+    assert!(s.take_yield_request(ProcId(0)));
+    assert!(!s.take_yield_request(ProcId(0)));
+    let out = s.end_slice(ProcId(0), SLICE / 10);
+    assert_eq!(out.turn, Turn::Wait);
+    assert!(matches!(out.wake, Some(ProcId(1 | 2))));
+}
+
+#[test]
+fn holders_of_equal_or_higher_priority_are_not_asked() {
+    // Two new queries: equal priorities, the slice decides.
+    let s = region(1, Policy::DecayingStride);
+    query_with(&s, 0, 0);
+    query_with(&s, 0, 1);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    assert_eq!(s.ask_holder_to_yield(ProcId(1)), None);
+    // A decayed query waiting behind a new one asks nobody either.
+    let s = region(1, Policy::DecayingStride);
+    query_with(&s, 0, 0);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    run_slices(&s, 0, 40);
+    assert_eq!(s.release(ProcId(0), 0), None);
+    query_with(&s, 0, 1);
+    assert_eq!(s.acquire(ProcId(1)), RUN);
+    assert_eq!(s.acquire(ProcId(0)), WAIT);
+    assert_eq!(s.ask_holder_to_yield(ProcId(0)), None);
+    // Without decay nobody is ever asked.
+    let s = region(1, Policy::FairStride);
+    query_with(&s, 0, 0);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    run_slices(&s, 0, 40);
+    query_with(&s, 0, 1);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    assert_eq!(s.ask_holder_to_yield(ProcId(1)), None);
+}
+
+#[test]
+fn the_lowest_priority_holder_is_asked_and_a_check_in_clears_the_request() {
+    let s = region(2, Policy::DecayingStride);
+    let long = query_with(&s, 0, 0);
+    let mid = query_with(&s, 0, 1);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), RUN);
+    run_slices(&s, 0, 60);
+    run_slices(&s, 1, 20);
+    let (pl, pm) = (
+        s.query_snapshot(long).unwrap().priority,
+        s.query_snapshot(mid).unwrap().priority,
+    );
+    assert!(pl < pm && pm < P0, "priorities {pl} {pm}");
+    query_with(&s, 0, 2);
+    assert_eq!(s.acquire(ProcId(2)), WAIT);
+    assert_eq!(s.ask_holder_to_yield(ProcId(2)), Some(ProcId(0)));
+    // The next waiter does not ask the same holder again.
+    query_with(&s, 0, 3);
+    assert_eq!(s.acquire(ProcId(3)), WAIT);
+    assert_ne!(s.ask_holder_to_yield(ProcId(3)), Some(ProcId(0)));
+    // A check-in answers the request even when the holder did not look at its flag.
+    let _ = s.end_slice(ProcId(0), SLICE);
+    assert_eq!(s.yield_flag(ProcId(0)).load(Relaxed), 0);
+}

@@ -36,6 +36,9 @@ pub struct SimConfig {
     pub horizon_ns: Option<u64>,
     /// NUMA nodes, remote penalty and placement; `None`: one node, every slot local.
     pub numa: Option<NumaSim>,
+    /// A process that starts waiting asks a lower-priority holder to end its slice now
+    /// (`pg_stride.preempt_lower_priority`; shared/preempt.rs). Without NUMA only.
+    pub preempt: bool,
 }
 
 impl SimConfig {
@@ -50,6 +53,7 @@ impl SimConfig {
             max_active: 4_096,
             horizon_ns: None,
             numa: None,
+            preempt: false,
         }
     }
 }
@@ -95,9 +99,11 @@ impl QueryResult {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Arrival(usize),
+    /// The slice numbered `slice` ends, unless it was cut short before (a stale event).
     SliceEnd {
         proc: u32,
         used_ns: u64,
+        slice: u64,
     },
     Tick,
     /// Affine NUMA placement: a waiting process has waited long enough to steal, unless
@@ -137,6 +143,15 @@ struct Running {
     phys: Option<u32>,
     last_phys: Option<u32>,
     slice_on: Option<(u32, bool)>,
+    /// The running slice: its number, start and the work handed to it.
+    slice: Option<RunningSlice>,
+}
+
+#[derive(Clone, Copy)]
+struct RunningSlice {
+    number: u64,
+    start: u64,
+    work: u64,
 }
 
 /// NUMA state of a run ([`SimConfig::numa`]).
@@ -325,7 +340,17 @@ impl<'a, 'f> Engine<'a, 'f> {
                         self.pending.push_back(i);
                     }
                 }
-                Event::SliceEnd { proc, used_ns } => self.slice_end(ProcId(proc), used_ns),
+                Event::SliceEnd {
+                    proc,
+                    used_ns,
+                    slice,
+                } => {
+                    let r = self.procs[proc as usize].as_mut();
+                    if r.and_then(|r| r.slice).is_some_and(|s| s.number == slice) {
+                        self.running_mut(ProcId(proc)).slice = None;
+                        self.slice_end(ProcId(proc), used_ns);
+                    }
+                }
                 Event::Tick => self.tick(),
                 Event::StealTimer { proc, wait } => self.steal_timer(ProcId(proc), wait),
                 Event::NodeSample => self.node_sample(),
@@ -387,6 +412,7 @@ impl<'a, 'f> Engine<'a, 'f> {
                 phys: None,
                 last_phys: None,
                 slice_on: None,
+                slice: None,
             });
             let out = self.sched.acquire(p);
             self.apply(p, out);
@@ -402,6 +428,10 @@ impl<'a, 'f> Engine<'a, 'f> {
                 self.running_mut(p).waiting_since = Some(self.now);
                 if self.numa.is_some() {
                     self.numa_wait(p);
+                } else if self.cfg.preempt {
+                    if let Some(h) = self.sched.ask_holder_to_yield(p) {
+                        self.cut_slice(h);
+                    }
                 }
             }
         }
@@ -443,11 +473,38 @@ impl<'a, 'f> Engine<'a, 'f> {
             (chunk, chunk)
         };
         self.unassigned_ns[i] -= work;
+        let number = self.seq;
+        self.running_mut(p).slice = Some(RunningSlice {
+            number,
+            start: self.now,
+            work,
+        });
         self.push(
             self.now + used,
             Event::SliceEnd {
                 proc: p.0,
                 used_ns: used,
+                slice: number,
+            },
+        );
+    }
+
+    /// Holder `h` was asked to yield: its slice ends now, the work it did not get to
+    /// going back to its query. Its check-in answers the request.
+    fn cut_slice(&mut self, h: ProcId) {
+        let (now, number) = (self.now, self.seq);
+        let r = self.running_mut(h);
+        let Some(slice) = r.slice else { return };
+        let i = r.query;
+        let used = (now - slice.start).min(slice.work);
+        r.slice = Some(RunningSlice { number, ..slice });
+        self.unassigned_ns[i] += slice.work - used;
+        self.push(
+            now,
+            Event::SliceEnd {
+                proc: h.0,
+                used_ns: used,
+                slice: number,
             },
         );
     }
@@ -795,6 +852,38 @@ mod tests {
         assert_eq!(seen[0].1, 8_000_000);
         assert_eq!((seen[3].2, seen[4].2), (None, Some(50_000_000)));
         assert_eq!(ticked[1].admitted_ns, Some(50_000_000));
+    }
+
+    #[test]
+    fn preempting_ends_a_decayed_holders_slice_for_an_arrival() {
+        // One slot, 10-ms slices: a 100 ms query, and at 55 ms, in the middle of one of
+        // its slices, a 2 ms one.
+        let w = [q(0, 100, "long"), q(55, 2, "short")];
+        let plain = SimConfig {
+            slice_ns: 10_000_000,
+            ..SimConfig::new(1, Policy::DecayingStride)
+        };
+        let preempt = SimConfig {
+            preempt: true,
+            ..plain.clone()
+        };
+        let (a, b) = (simulate(&w, &plain), simulate(&w, &preempt));
+        // Without: it waits for the slice's end at 60 ms.
+        assert_eq!(a[1].finish_ns, Some(62_000_000));
+        assert_eq!(a[1].max_wait_ns, 5_000_000);
+        // With: it runs at once; the long query gets back the 5 ms it did not use.
+        assert_eq!(b[1].finish_ns, Some(57_000_000));
+        assert_eq!(b[1].max_wait_ns, 0);
+        assert_eq!(a[0].finish_ns, Some(102_000_000));
+        assert_eq!(b[0].finish_ns, Some(102_000_000));
+        assert_eq!(b[0].received_ns, 100_000_000);
+        // Without decay (equal priorities) nothing is cut.
+        let fair = SimConfig {
+            preempt: true,
+            ..SimConfig::new(1, Policy::FairStride)
+        };
+        let fair_plain = SimConfig::new(1, Policy::FairStride);
+        assert_eq!(simulate(&w, &fair), simulate(&w, &fair_plain));
     }
 
     #[test]
