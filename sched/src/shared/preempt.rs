@@ -40,11 +40,19 @@ impl SchedShared {
         let my_priority = qe.priority.load(Relaxed);
         let home = self.home_of(qe);
         let mut best: Option<(u32, (u64, u64), usize)> = None;
+        // The scan stops once it met as many holders as the node has slots in use, so
+        // that it reads little of the table when the holders are near its start. A
+        // holder missed in a race with a hand-off costs at most one request too few.
+        let mut holders_left = self.node(home).running.load(SeqCst);
         for (i, h) in self.procs().iter().enumerate() {
-            if h.state.load(SeqCst) != PROC_RUNNING || h.yield_asked.load(Relaxed) != 0 {
+            if holders_left == 0 {
+                break;
+            }
+            if h.state.load(SeqCst) != PROC_RUNNING || h.node.load(Relaxed) as usize != home {
                 continue;
             }
-            if h.node.load(Relaxed) as usize != home {
+            holders_left -= 1;
+            if h.yield_asked.load(Relaxed) != 0 {
                 continue;
             }
             let Some(hq) = self.queries().get(h.query.load(Relaxed) as usize) else {
