@@ -238,30 +238,42 @@ def machine(rows: list, t_lo: float, t_hi: float, server_cpu_s: float) -> dict:
             "handoff_s": sum(r["handoff_ms"] for r in inrun) / 1000}
 
 
+class Point:
+    """One open-loop point of a finished run: its pgbench transactions, its traced
+    statements (the run's only) and which transaction each one was, the measurement
+    window, and the queries' classes and isolated latencies."""
+
+    def __init__(self, run_dir: Path, config: str, alpha: str):
+        self.meta = meta = json.loads((run_dir / "results.json").read_text())
+        self.script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
+        self.iso = {tuple(k.split("|")): v["median_s"] for k, v in meta["isolated"].items()}
+        name = f"ol_{config}_a{alpha}"
+        self.txns = txns = analysis.parse_logs(str(run_dir / "open_loop" / name))
+        rows = read_trace(run_dir / "open_loop" / f"{name}.trace.csv")
+        self.t0 = min(t.arrival_s for t in txns)
+        self.t_end = max(t.end_s for t in txns)
+        # the run's statements only (the ring may hold earlier ones, a prime phase's)
+        self.rows = [r for r in rows if self.t0 - 0.01 <= r["arrival_epoch"] <= self.t_end]
+        self.pairs = match(txns, self.rows)
+        plan = meta["plan"]
+        d = plan["ol_duration"]
+        self.window = (self.t0 + d * plan["warmup_frac"], self.t0 + d - max(3.0, 0.05 * d))
+
+
 def analyse(run_dir: Path, config: str, alpha: str, workdir: Path) -> dict:
     """The whole comparison for one open-loop point of a finished run."""
-    meta = json.loads((run_dir / "results.json").read_text())
     with open(BENCH / "configs.toml", "rb") as fh:
         cfg = next(c for c in tomllib.load(fh)["config"] if c["name"] == config)
-    script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
-    iso = {tuple(k.split("|")): v["median_s"] for k, v in meta["isolated"].items()}
-    name = f"ol_{config}_a{alpha}"
-    txns = analysis.parse_logs(str(run_dir / "open_loop" / name))
-    rows = read_trace(run_dir / "open_loop" / f"{name}.trace.csv")
-    t0 = min(t.arrival_s for t in txns)
-    t_end = max(t.end_s for t in txns)
-    # the run's statements only (the ring may hold earlier ones, a prime phase's)
-    rows = [r for r in rows if t0 - 0.01 <= r["arrival_epoch"] <= t_end]
-    pairs = match(txns, rows)
+    pt = Point(run_dir, config, alpha)
+    meta, script_info, iso, txns, rows, pairs = (pt.meta, pt.script_info, pt.iso, pt.txns,
+                                                 pt.rows, pt.pairs)
+    t0, t_end, window = pt.t0, pt.t_end, pt.window
     classes = ["other"] * len(rows)
     for i, j in pairs.items():
         classes[j] = script_info[txns[i].script][1]
     settings = sim_settings(cfg)
     workdir.mkdir(parents=True, exist_ok=True)
     sim = replay(rows, classes, t0, settings, workdir)
-    plan = meta["plan"]
-    d = plan["ol_duration"]
-    window = (t0 + d * plan["warmup_frac"], t0 + d - max(3.0, 0.05 * d))
     point = meta["open_loop"][config][alpha]
     # The same statements needing the slots for as long as they held them: what the
     # replay lacks for the time a holder's CPU went to work outside the slots.
@@ -361,3 +373,60 @@ def report(res: dict, run_dir: Path) -> str:
     out += [f"Hand-offs: {int(m['handoffs'])}, "
             f"{m['handoff_s'] * 1000 / max(1, m['handoffs']):.3f} ms each on average.", ""]
     return "\n".join(out)
+
+
+# The short tail (bench/short_tail.py): parts of a short statement's response time, each
+# taken out of every statement in turn to see what the mean and p99 would be without it.
+# "pre" is the time before the executor beyond the least the same query had in the run;
+# "outside" the statement's CPU outside the CPU slots; the others are trace columns.
+TAIL_PARTS = [
+    ("pre", "time before the executor beyond the query's least in the run"),
+    ("outside", "CPU outside the slots"),
+    ("held_runqueue_ms", "runnable but not running while holding a slot"),
+    ("paused_runqueue_ms", "paused, runnable but not running (on the way to sleep, or "
+                           "handed a slot)"),
+    ("runqueue_ms", "runnable but not running, all of it (holding, paused, before and "
+                    "after the slots)"),
+    ("paused_ms", "paused (waiting for a slot)"),
+]
+
+
+def short_statements(pt: Point) -> list:
+    """The short statements of the point's window: query, isolated and real response
+    (ms), processes, first-slot wait, and the TAIL_PARTS."""
+    out = []
+    for i, j in pt.pairs.items():
+        q, cls = pt.script_info[pt.txns[i].script]
+        t, r = pt.txns[i], pt.rows[j]
+        if cls != "short" or not pt.window[0] <= t.arrival_s < pt.window[1]:
+            continue
+        lat = (t.end_s - t.arrival_s) * 1000
+        s = {"query": q, "iso": pt.iso[(q, cls)] * 1000, "lat": lat,
+             "processes": r["processes"], "first_slot_ms": r["first_slot_ms"],
+             "pre": lat - r["finished_ms"],
+             "outside": max(0.0, r["cpu_total_ms"] - r["cpu_ms"])}
+        for col, _ in TAIL_PARTS[2:]:
+            s[col] = r[col] or 0.0
+        out.append(s)
+    least = {}
+    for s in out:
+        least[s["query"]] = min(least.get(s["query"], s["pre"]), s["pre"])
+    for s in out:
+        s["pre"] -= least[s["query"]]
+    return out
+
+
+def without_part(stmts: list, part) -> tuple:
+    """(mean, p99) of the short slowdowns with `part` (a key, or None) taken out of
+    each statement's response (never below 1 % of its isolated latency)."""
+    sds = [max(s["lat"] - (s[part] if part else 0.0), 0.01 * s["iso"]) / s["iso"]
+           for s in stmts]
+    return sum(sds) / len(sds), analysis.percentile(sds, 99)
+
+
+def first_slot_waits(stmts: list) -> dict:
+    """The first-slot waits (ms) of the single-process short statements that took a slot."""
+    w = [s["first_slot_ms"] for s in stmts
+         if s["processes"] == 1 and s["first_slot_ms"] is not None]
+    return {"n": len(w), "p50": analysis.percentile(w, 50), "p90": analysis.percentile(w, 90),
+            "p99": analysis.percentile(w, 99), "over_10ms": sum(1 for x in w if x > 10)}

@@ -9,6 +9,7 @@ import re
 import sys
 import tempfile
 import tomllib
+import types
 import unittest
 from pathlib import Path
 
@@ -467,6 +468,29 @@ class SimGapTest(unittest.TestCase):
         self.assertAlmostEqual(c["parts_ms"]["pre_base"], 5.0)
         self.assertAlmostEqual(c["parts_ms"]["pre"], 2.0)       # (0 + 4) / 2
         self.assertAlmostEqual(sum(c["parts_ms"].values()), (45.0 + 49.0) / 2 - 25.0)
+
+    def test_the_short_tail_takes_each_part_out_of_every_statement(self):
+        # Three runs of one short query (isolated 10 ms): 20, 30 and 60 ms, the first
+        # with 2 ms before the executor, the others 4 and 12; a long one is left out.
+        rows = [self.row(100.0, 18.0, first_slot_ms=0.5),
+                self.row(100.2, 26.0, paused_ms=10.0, first_slot_ms=4.0),
+                self.row(100.4, 48.0, paused_ms=30.0, first_slot_ms=25.0),
+                self.row(100.6, 500.0, first_slot_ms=1.0)]
+        txns = [analysis.Txn(0, 0, 0.020, 100.020, 0.0), analysis.Txn(1, 0, 0.030, 100.230, 0.0),
+                analysis.Txn(2, 0, 0.060, 100.460, 0.0), analysis.Txn(3, 1, 0.5, 101.1, 0.0)]
+        pt = types.SimpleNamespace(
+            pairs={0: 0, 1: 1, 2: 2, 3: 3}, txns=txns, rows=rows, window=(99.0, 101.0),
+            script_info={0: ("q01", "short"), 1: ("q01", "long")},
+            iso={("q01", "short"): 0.010, ("q01", "long"): 0.5})
+        stmts = simgap.short_statements(pt)
+        self.assertEqual([round(s["pre"], 6) for s in stmts], [0.0, 2.0, 10.0])
+        self.assertAlmostEqual(simgap.without_part(stmts, None)[0], (2 + 3 + 6) / 3)
+        mean, p99 = simgap.without_part(stmts, "paused_ms")
+        self.assertAlmostEqual(mean, ((20 - 3) + (30 - 10) + (60 - 30)) / 30)
+        self.assertAlmostEqual(p99, 2.0 + 0.98 * (3.0 - 2.0))    # 1.7, 2.0, 3.0
+        self.assertAlmostEqual(simgap.without_part(stmts, "pre")[0], (2 + 2.8 + 5) / 3)
+        w = simgap.first_slot_waits(stmts)
+        self.assertEqual((w["n"], w["over_10ms"]), (3, 1))
 
 
 class TunerPhasesTest(unittest.TestCase):

@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""What the short tail of an open-loop point is made of: the first-slot waits of the
+short single-process statements, and the short mean and p99 slowdown with one part of
+every short statement's response time taken out (stride_bench/simgap.py, TAIL_PARTS).
+
+Usage: bench/short_tail.py RUN_DIR --config stride-pinned-lowmin [--alpha 0.95]
+
+The point must come from a configuration with `pg_stride.trace = on`. Prints Markdown.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stride_bench import simgap  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--alpha", default=None, help="load point (default: the highest)")
+    a = ap.parse_args()
+    run_dir = Path(a.run_dir).resolve()
+    meta = json.loads((run_dir / "results.json").read_text())
+    alpha = a.alpha or max(meta["open_loop"][a.config], key=float)
+    stmts = simgap.short_statements(simgap.Point(run_dir, a.config, alpha))
+    w = simgap.first_slot_waits(stmts)
+    print(f"# Short tail: {a.config}, α = {alpha}\n\nRun `{run_dir}`; {len(stmts)} short "
+          "statements in the measurement window.\n")
+    print(f"First-slot waits of the {w['n']} single-process ones: median {w['p50']:.2f} ms, "
+          f"p90 {w['p90']:.2f} ms, p99 {w['p99']:.2f} ms; {w['over_10ms']} waited more "
+          "than 10 ms.\n")
+    print("| taken out of every short statement | short mean | short p99 |\n|---|---:|---:|")
+    for part, label in [(None, "nothing")] + simgap.TAIL_PARTS:
+        mean, p99 = simgap.without_part(stmts, part)
+        print(f"| {label} | {mean:.2f} | {p99:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
