@@ -535,15 +535,22 @@ fn run_slices(s: &SchedShared, p: u32, n: u32) {
     }
 }
 
-#[test]
-fn a_new_query_asks_a_decayed_holder_to_yield_once() {
-    let s = region(1, Policy::DecayingStride);
-    let long = query_with(&s, 0, 0);
+/// One slot: process 0's query ran 40 slices alone, then process 1's new query waits.
+fn newcomer_behind_a_long_holder(policy: Policy) -> OwnedRegion {
+    let s = region(1, policy);
+    query_with(&s, 0, 0);
     assert_eq!(s.acquire(ProcId(0)), RUN);
     run_slices(&s, 0, 40);
-    assert!(s.query_snapshot(long).unwrap().priority < P0);
     query_with(&s, 0, 1);
     assert_eq!(s.acquire(ProcId(1)), WAIT);
+    s
+}
+
+#[test]
+fn a_new_query_asks_a_decayed_holder_to_yield_once() {
+    let s = newcomer_behind_a_long_holder(Policy::DecayingStride);
+    let long = s.query_of(ProcId(0)).unwrap();
+    assert!(s.query_snapshot(long).unwrap().priority < P0);
     assert_eq!(s.ask_holder_to_yield(ProcId(1)), Some(ProcId(0)));
     assert_ne!(s.yield_flag(ProcId(0)).load(Relaxed), 0);
     // A second waiter finds nobody else to ask: one request per holder.
@@ -578,12 +585,7 @@ fn holders_of_equal_or_higher_priority_are_not_asked() {
     assert_eq!(s.acquire(ProcId(0)), WAIT);
     assert_eq!(s.ask_holder_to_yield(ProcId(0)), None);
     // Without decay nobody is ever asked.
-    let s = region(1, Policy::FairStride);
-    query_with(&s, 0, 0);
-    assert_eq!(s.acquire(ProcId(0)), RUN);
-    run_slices(&s, 0, 40);
-    query_with(&s, 0, 1);
-    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    let s = newcomer_behind_a_long_holder(Policy::FairStride);
     assert_eq!(s.ask_holder_to_yield(ProcId(1)), None);
 }
 
