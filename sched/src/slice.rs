@@ -91,7 +91,6 @@ impl SliceClock {
 
     /// The chunk of [`SliceClock::chunk`] tuples took `elapsed_ns` of CPU.
     pub fn chunk_done(&mut self, elapsed_ns: u64) -> Checkpoint {
-        let measured = self.chunk as f64 / elapsed_ns.max(1) as f64;
         match self.phase {
             Phase::Startup { spent_ns } => {
                 let spent_ns = spent_ns + elapsed_ns;
@@ -101,19 +100,12 @@ impl SliceClock {
                     self.phase = Phase::Startup { spent_ns };
                     Checkpoint::Continue
                 } else {
-                    self.phase = Phase::Steady {
-                        tuples_per_ns: measured,
-                    };
-                    self.chunk = self.steady_chunk(measured);
+                    self.measure(self.chunk, elapsed_ns);
                     Checkpoint::SliceEnd { used_ns: spent_ns }
                 }
             }
-            Phase::Steady { tuples_per_ns } => {
-                let estimate = ALPHA * measured + (1.0 - ALPHA) * tuples_per_ns;
-                self.phase = Phase::Steady {
-                    tuples_per_ns: estimate,
-                };
-                self.chunk = self.steady_chunk(estimate);
+            Phase::Steady { .. } => {
+                self.measure(self.chunk, elapsed_ns);
                 Checkpoint::SliceEnd {
                     used_ns: elapsed_ns,
                 }
@@ -130,20 +122,26 @@ impl SliceClock {
             Phase::Steady { .. } => elapsed_ns,
         };
         if tuples > 0 {
-            let measured = tuples as f64 / elapsed_ns.max(1) as f64;
-            let estimate = match self.phase {
-                Phase::Startup { .. } => measured,
-                Phase::Steady { tuples_per_ns } => ALPHA * measured + (1.0 - ALPHA) * tuples_per_ns,
-            };
-            self.phase = Phase::Steady {
-                tuples_per_ns: estimate,
-            };
-            self.chunk = self.steady_chunk(estimate);
+            self.measure(tuples, elapsed_ns);
         } else if let Phase::Startup { .. } = self.phase {
             // Nothing measured yet: start the next slice's startup afresh.
             self.phase = Phase::Startup { spent_ns: 0 };
         }
         spent_ns
+    }
+
+    /// `tuples` took `elapsed_ns`: the first throughput estimate `T` after startup, or
+    /// the next `T' = α·T̂ + (1 − α)·T`; the next slice is one chunk of `T' · t_max`.
+    fn measure(&mut self, tuples: u32, elapsed_ns: u64) {
+        let measured = tuples as f64 / elapsed_ns.max(1) as f64;
+        let estimate = match self.phase {
+            Phase::Startup { .. } => measured,
+            Phase::Steady { tuples_per_ns } => ALPHA * measured + (1.0 - ALPHA) * tuples_per_ns,
+        };
+        self.phase = Phase::Steady {
+            tuples_per_ns: estimate,
+        };
+        self.chunk = self.steady_chunk(estimate);
     }
 
     fn steady_chunk(&self, tuples_per_ns: f64) -> u32 {
