@@ -960,6 +960,13 @@ fn asked_to_yield() -> bool {
         .is_some_and(|f| f.load(Ordering::Relaxed) != 0)
 }
 
+/// Clears this process's request to end its slice; returns whether there was one.
+fn take_yield_request() -> bool {
+    YIELD_FLAG
+        .get()
+        .is_some_and(|f| f.swap(0, Ordering::AcqRel) != 0)
+}
+
 /// A wrapped node whose own function is not known any more: an internal error, never
 /// a silently shortened scan.
 #[pgrx::pg_guard]
@@ -976,9 +983,7 @@ unsafe extern "C-unwind" fn check_in() {
     };
     let Some(sched) = shared.sched() else { return };
     // Answered here whatever follows, so that a yield point reads it set only once.
-    let asked = YIELD_FLAG
-        .get()
-        .is_some_and(|f| f.swap(0, Ordering::AcqRel) != 0);
+    let asked = take_yield_request();
     count_check_in(shared);
     if MEMBER.with_borrow(|m| m.as_ref().is_some_and(|m| m.query.is_none())) {
         join_at_first_check_in(shared, sched);

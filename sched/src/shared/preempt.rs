@@ -86,14 +86,10 @@ impl SchedShared {
     }
 
     /// The flag a holder reads at every tuple: non-zero when it was asked to end its
-    /// slice (see [`SchedShared::ask_holder_to_yield`]).
+    /// slice (see [`SchedShared::ask_holder_to_yield`]). The holder answers by swapping
+    /// it back to 0 at its check-in; `end_slice` and `release` clear it too.
     pub fn yield_flag(&self, p: ProcId) -> &AtomicU32 {
         &self.proc(p).yield_asked
-    }
-
-    /// Clears `p`'s request to yield; returns whether there was one.
-    pub fn take_yield_request(&self, p: ProcId) -> bool {
-        self.proc(p).yield_asked.swap(0, AcqRel) != 0
     }
 }
 

@@ -558,8 +558,8 @@ fn a_new_query_asks_a_decayed_holder_to_yield_once() {
     assert_eq!(s.acquire(ProcId(2)), WAIT);
     assert_eq!(s.ask_holder_to_yield(ProcId(2)), None);
     // The holder checks in early (a short slice) and loses its slot to a new query.
-    assert!(s.take_yield_request(ProcId(0)));
-    assert!(!s.take_yield_request(ProcId(0)));
+    assert_ne!(s.yield_flag(ProcId(0)).swap(0, Relaxed), 0);
+    assert_eq!(s.yield_flag(ProcId(0)).swap(0, Relaxed), 0);
     let out = s.end_slice(ProcId(0), SLICE / 10);
     assert_eq!(out.turn, Turn::Wait);
     assert!(matches!(out.wake, Some(ProcId(1 | 2))));
