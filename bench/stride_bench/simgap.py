@@ -405,8 +405,8 @@ def short_statements(pt: Point) -> list:
              "processes": r["processes"], "first_slot_ms": r["first_slot_ms"],
              "pre": lat - r["finished_ms"],
              "outside": max(0.0, r["cpu_total_ms"] - r["cpu_ms"])}
-        for col, _ in TAIL_PARTS[2:]:
-            s[col] = r[col] or 0.0
+        for col, _ in TAIL_PARTS:
+            s.setdefault(col, r.get(col) or 0.0)
         out.append(s)
     least = {}
     for s in out:

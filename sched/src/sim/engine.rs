@@ -345,7 +345,7 @@ impl<'a, 'f> Engine<'a, 'f> {
                     used_ns,
                     slice,
                 } => {
-                    let r = self.procs[proc as usize].as_mut();
+                    let r = self.procs[proc as usize].as_ref();
                     if r.and_then(|r| r.slice).is_some_and(|s| s.number == slice) {
                         self.running_mut(ProcId(proc)).slice = None;
                         self.slice_end(ProcId(proc), used_ns);
