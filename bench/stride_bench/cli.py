@@ -258,6 +258,10 @@ class Runner:
                              + ", ".join(missing) + " yet")
                 log(f"SKIP {name}: {state['reason']}")
                 return False
+            if cfg.get("class_groups"):
+                groups = {queries.GROUP[cls]: args for cls, args in cfg["class_groups"].items()}
+                self.server.define_groups(groups)
+                state["groups"] = groups
             if cfg.get("pgbouncer"):
                 ps = cfg.get("pool_size", "cpus")
                 pool = ncpus() if ps == "cpus" else int(ps)
@@ -269,7 +273,9 @@ class Runner:
         return True
 
     def workload_for(self, cfg: dict) -> workload.Workload:
-        return self.wl_niced if cfg.get("prioritize") else self.wl
+        if cfg.get("prioritize"):
+            return self.wl_niced
+        return self.wl_grouped if cfg.get("class_groups") else self.wl
 
     def conn(self, cfg: dict, db: str) -> list:
         return self.server.conn_args(db, through_bouncer=bool(cfg.get("pgbouncer")))
@@ -284,20 +290,25 @@ class Runner:
         data.load(self.server, workload.TPCH_DB, p.large_sf)
         data.load_pgbench(self.server, workload.OLTP_DB, p.oltp_scale)
         self.schemas = [data.schema_name(p.small_sf), data.schema_name(p.large_sf)]
-        scripts, niced = {}, {}
+        scripts, niced, grouped = {}, {}, {}
         sdir = self.run_dir / "scripts"
         for cls, sf in (("short", p.small_sf), ("long", p.large_sf)):
-            for q, path in queries.write_scripts(sdir, queries.INCLUDED,
-                                                 data.schema_name(sf), sf).items():
+            schema = data.schema_name(sf)
+            for q, path in queries.write_scripts(sdir, queries.INCLUDED, schema, sf).items():
                 scripts[(q, cls)] = path
             for q, path in queries.write_scripts(sdir / "prioritize", queries.INCLUDED,
-                                                 data.schema_name(sf), sf,
-                                                 queries.nice_prefix(cls)).items():
+                                                 schema, sf, queries.nice_lead(cls)).items():
                 niced[(q, cls)] = path
+            for q, path in queries.write_scripts(sdir / "groups", queries.INCLUDED,
+                                                 schema, sf, queries.group_lead(cls)).items():
+                grouped[(q, cls)] = path
         self.wl = workload.Workload(scripts, queries.INCLUDED)
         # the `prioritize` configuration's scripts: the same queries, each after setting
         # its backend's nice value by class
         self.wl_niced = workload.Workload(niced, queries.INCLUDED)
+        # the `class_groups` configurations' scripts: each after choosing its class's
+        # resource group
+        self.wl_grouped = workload.Workload(grouped, queries.INCLUDED)
         self.meta["queries"] = {"included": queries.INCLUDED, "excluded": queries.EXCLUDED}
         self.meta["scales"] = {"short": p.small_sf, "long": p.large_sf}
         self.meta["script_info"] = {str(k): list(v) for k, v in self.wl.script_info.items()}

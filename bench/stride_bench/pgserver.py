@@ -305,6 +305,30 @@ log_disconnections = 0
                "-c", f"CREATE EXTENSION IF NOT EXISTS {name}"]
         return run(cmd, capture=True, check=False, quiet=True).returncode == 0
 
+    def define_groups(self, groups: dict):
+        """Defines pg_stride's resource groups `groups` (name -> {create_group argument:
+        value}) afresh in `pg_stride.database` and waits until the server has loaded
+        them as given."""
+        db = self.psql("show pg_stride.database")
+        self.psql("create extension if not exists pg_stride", db=db)
+
+        def sql(v):
+            return str(v).lower() if isinstance(v, bool) else repr(v)
+
+        for name, args in groups.items():
+            self.psql("select pg_stride.drop_group(name) from pg_stride.resource_groups "
+                      f"where name = '{name}'", db=db)
+            named = "".join(f", {k} => {sql(v)}" for k, v in args.items())
+            self.psql(f"select pg_stride.create_group('{name}'{named})", db=db)
+        want = " and ".join(f"exists (select from pg_stride.groups where name = '{name}'"
+                            + "".join(f" and {k} = {sql(v)}" for k, v in args.items()) + ")"
+                            for name, args in groups.items())
+        deadline = time.monotonic() + 30
+        while self.psql(f"select {want}", db=db) != "t":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not load the resource groups {groups}")
+            time.sleep(0.2)
+
     def guc_exists(self, name: str) -> bool:
         out = self.psql(f"select count(*) from pg_settings where name = '{name}'")
         return out == "1"

@@ -34,22 +34,44 @@ def render(query: str, schema: str, sf: float) -> str:
             .replace("@COLORS@", colors))
 
 
-def write_scripts(outdir: Path, queries, schema: str, sf: float, prefix: str = "") -> dict:
-    """Write one pgbench script per query, each starting with `prefix` (SQL, may be
-    empty); returns query -> path."""
+def write_scripts(outdir: Path, queries, schema: str, sf: float, lead: str = "") -> dict:
+    """Write one pgbench script per query; returns query -> path. A `lead` statement
+    (SQL without its semicolon) goes in front of the query, in the same message
+    (pgbench's compound `\\;`): it costs no round trip of its own."""
     outdir.mkdir(parents=True, exist_ok=True)
     paths = {}
     for q in queries:
         p = outdir / f"{schema}_{q}.sql"
-        p.write_text(prefix + render(q, schema, sf))
+        text = render(q, schema, sf)
+        p.write_text(with_lead(text, lead) if lead else text)
         paths[q] = p
     return paths
+
+
+def with_lead(script: str, lead: str) -> str:
+    """`script` with `lead` sent in one message with its SQL statement: before the first
+    line that is not a comment or a meta-command."""
+    lines = script.splitlines(keepends=True)
+    i = next(i for i, ln in enumerate(lines)
+             if ln.strip() and not ln.lstrip().startswith(("--", "\\")))
+    return "".join(lines[:i]) + lead + " \\;\n" + "".join(lines[i:])
 
 
 # The nice value of a query's backend in the `prioritize` configuration, by class.
 NICE = {"short": 0, "long": 19}
 
 
-def nice_prefix(cls: str) -> str:
-    """The statement a `prioritize` script starts with: set this backend's nice value."""
-    return f"SELECT set_backend_priority(pg_backend_pid(), {NICE[cls]});\n"
+def nice_lead(cls: str) -> str:
+    """The statement a `prioritize` script sends with its query: set this backend's nice
+    value."""
+    return f"SELECT set_backend_priority(pg_backend_pid(), {NICE[cls]})"
+
+
+# The resource group of a query's class in the configurations with `class_groups`.
+GROUP = {"short": "interactive", "long": "analytics"}
+
+
+def group_lead(cls: str) -> str:
+    """The statement a `class_groups` script sends with its query: put the session's
+    statements into its class's resource group."""
+    return f"SET pg_stride.resource_group = '{GROUP[cls]}'"

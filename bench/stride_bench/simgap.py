@@ -98,25 +98,45 @@ def sim_settings(cfg: dict) -> dict:
             "slice-ms": float(s.get("pg_stride.slice", "2").rstrip("ms")),
             "max-active": int(s.get("pg_stride.max_active_queries", "128")),
             "preempt": str(s.get("pg_stride.preempt_lower_priority", "on") in ("on", "true"))
-            .lower()}
+            .lower(),
+            "group-weight": [f"{g}={w}" for g, (w, _) in sim_groups(cfg).items()]}
+
+
+def sim_groups(cfg: dict) -> dict:
+    """The simulator's groups of a configuration with `class_groups`: group number (1, 2,
+    …, in the order of the classes; 0 is the default group) -> (weight, whether its
+    queries keep the initial priority)."""
+    return {i: (g.get("weight", 100), bool(g.get("pinned")))
+            for i, g in enumerate(cfg.get("class_groups", {}).values(), 1)}
+
+
+def class_group(cfg: dict) -> dict:
+    """Class -> its group's number in the simulator (see `sim_groups`)."""
+    return {cls: i for i, cls in enumerate(cfg.get("class_groups", {}), 1)}
 
 
 def replay(rows: list, classes: list, t0: float, settings: dict, workdir: Path,
-           work: str = "cpu_ms") -> list:
+           work: str = "cpu_ms", cfg: dict | None = None) -> list:
     """Replays the traced statements (arrival, charged CPU, processes) in pg_stride-sim;
     returns each one's simulated times (dicts in the rows' order). `work` is the trace
     column each statement needs of the slots: its CPU in them, or `held_ms`, the time its
-    processes held them (CPU, plus runnable but not running, plus asleep)."""
+    processes held them (CPU, plus runnable but not running, plus asleep). A statement
+    runs in its class's group of `cfg`'s `class_groups`, if it has them."""
+    cfg = cfg or {}
+    group_of, groups = class_group(cfg), sim_groups(cfg)
     wl = workdir / "replay_workload.csv"
     res = workdir / "replay_results.csv"
     with open(wl, "w") as fh:
         fh.write("arrival_ms,cpu_ms,group,class,procs,priority\n")
         for r, cls in zip(rows, classes):
-            fh.write(f"{max(0.0, r['arrival_epoch'] - t0) * 1000:.6f},{max(r[work], 0.001):.6f},0,"
-                     f"{cls},{int(r['processes'])},0\n")
+            g = group_of.get(cls, 0)
+            pinned = settings["p0"] if g and groups[g][1] else 0
+            fh.write(f"{max(0.0, r['arrival_epoch'] - t0) * 1000:.6f},{max(r[work], 0.001):.6f},"
+                     f"{g},{cls},{int(r['processes'])},{pinned}\n")
     opts = []
     for k, v in settings.items():
-        opts += [f"--{k}", str(v)]
+        for x in v if isinstance(v, list) else [v]:
+            opts += [f"--{k}", str(x)]
     subprocess.run(["cargo", "run", "-q", "--release", "--manifest-path",
                     str(REPO / "sched" / "Cargo.toml"), "--bin", "pg_stride-sim", "--",
                     "run", str(wl), *opts, "--results", str(res)],
@@ -273,14 +293,15 @@ def analyse(run_dir: Path, config: str, alpha: str, workdir: Path) -> dict:
         classes[j] = script_info[txns[i].script][1]
     settings = sim_settings(cfg)
     workdir.mkdir(parents=True, exist_ok=True)
-    sim = replay(rows, classes, t0, settings, workdir)
+    sim = replay(rows, classes, t0, settings, workdir, cfg=cfg)
     point = meta["open_loop"][config][alpha]
     # The same statements needing the slots for as long as they held them: what the
     # replay lacks for the time a holder's CPU went to work outside the slots.
-    held = replay(rows, classes, t0, settings, workdir, work="held_ms")
+    held = replay(rows, classes, t0, settings, workdir, work="held_ms", cfg=cfg)
     held_classes = account(txns, rows, pairs, held, classes, script_info, iso, window)
     return {
         "config": config, "alpha": alpha, "settings": settings,
+        "class_groups": cfg.get("class_groups", {}),
         "transactions": sum(1 for t in txns if not t.failed), "traced": len(rows),
         "matched": len(pairs),
         "classes": account(txns, rows, pairs, sim, classes, script_info, iso, window),
@@ -304,7 +325,11 @@ def report(res: dict, run_dir: Path) -> str:
            f"{st['slots']} slots, policy {st['policy']}, λ = {st['lambda']}, "
            f"d_start = {st['d-start']}, priorities {st['p0']} down to {st['p-min']}, "
            f"slice {st['slice-ms']} ms, "
-           f"{st['max-active']} active statements at most.",
+           f"{st['max-active']} active statements at most."
+           + "".join(f" The {cls} statements ran in a group of their own, weight "
+                     f"{g.get('weight', 100)}"
+                     + (f", at priority {st['p0']} throughout." if g.get("pinned") else ".")
+                     for cls, g in res.get("class_groups", {}).items()),
            "",
            f"- pgbench transactions {res['transactions']}, traced statements "
            f"{res['traced']}, matched {res['matched']}.",

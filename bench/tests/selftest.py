@@ -12,6 +12,7 @@ import tomllib
 import types
 import unittest
 from pathlib import Path
+from unittest import mock
 
 from stride_bench import analysis, pgserver, queries, report, simgap, workload
 from stride_bench.common import BENCH
@@ -193,6 +194,23 @@ class WorkloadTest(unittest.TestCase):
             defined = set(re.findall(r"^\\set (\w+)", text, re.M))
             self.assertTrue(used <= defined, f"{q}: undefined pgbench variables {used - defined}")
 
+    def test_a_lead_statement_goes_in_the_querys_message(self):
+        lead = queries.group_lead("short")
+        for q in queries.ALL:
+            text = queries.with_lead(queries.render(q, "sf0_01", 0.01), lead)
+            sql = [ln for ln in text.splitlines()
+                   if ln.strip() and not ln.lstrip().startswith(("--", "\\"))]
+            # one pgbench command: the lead, `\;`, then the query up to its only `;`
+            self.assertEqual(sql[0], f"{lead} \\;", q)
+            self.assertEqual("\n".join(sql).replace("\\;", "").count(";"), 1, q)
+            self.assertTrue(sql[-1].rstrip().endswith(";"), q)
+            # the meta-commands (\\set) stay before the command they feed
+            lines = text.splitlines()
+            metas = [i for i, ln in enumerate(lines) if ln.startswith("\\")]
+            self.assertLess(max(metas, default=-1), lines.index(sql[0]), q)
+        self.assertEqual(queries.group_lead("long"),
+                         "SET pg_stride.resource_group = 'analytics'")
+
     def test_configs_table(self):
         with open(BENCH / "configs.toml", "rb") as fh:
             cfg = tomllib.load(fh)
@@ -202,6 +220,14 @@ class WorkloadTest(unittest.TestCase):
         for c in cfg["config"]:
             if c.get("library"):
                 self.assertTrue(any("pg_stride" in s for s in c["settings"]), c["name"])
+            # every class has its group, and only the arguments create_group takes
+            if "class_groups" in c:
+                self.assertEqual(set(c["class_groups"]), set(queries.GROUP), c["name"])
+                for args in c["class_groups"].values():
+                    self.assertLessEqual(set(args), {
+                        "weight", "max_concurrency", "max_parallel_workers",
+                        "priority_initial", "priority_min", "decay_lambda",
+                        "decay_start", "pinned"}, c["name"])
 
 
 class ServerTest(unittest.TestCase):
@@ -491,6 +517,37 @@ class SimGapTest(unittest.TestCase):
         self.assertAlmostEqual(simgap.without_part(stmts, "pre")[0], (2 + 2.8 + 5) / 3)
         w = simgap.first_slot_waits(stmts)
         self.assertEqual((w["n"], w["over_10ms"]), (3, 1))
+
+
+    def test_class_groups_are_replayed_as_groups_of_their_own(self):
+        cfg = {"settings": ["pg_stride.priority_initial = 500"],
+               "class_groups": {"short": {"weight": 1000, "pinned": True},
+                                "long": {"weight": 100}}}
+        settings = simgap.sim_settings(cfg)
+        self.assertEqual(settings["group-weight"], ["1=1000", "2=100"])
+        rows = [self.row(100.0, 10.0), self.row(100.1, 40.0), self.row(100.2, 4.0)]
+        calls = []
+
+        def fake_sim(cmd, **kw):
+            calls.append(cmd)
+            res = Path(cmd[cmd.index("--results") + 1])
+            res.write_text("arrival_ms,latency_ms\n" + "0,1\n" * len(rows))
+
+        with tempfile.TemporaryDirectory() as d, \
+                mock.patch.object(simgap.subprocess, "run", fake_sim):
+            out = simgap.replay(rows, ["short", "long", "other"], 100.0, settings, Path(d),
+                                cfg=cfg)
+            wl = (Path(d) / "replay_workload.csv").read_text().splitlines()
+        self.assertEqual(len(out), 3)
+        # group and pinned priority: the short statement's group keeps p0
+        self.assertEqual([ln.split(",")[2:] for ln in wl[1:]],
+                         [["1", "short", "1", "500"], ["2", "long", "1", "0"],
+                          ["0", "other", "1", "0"]])
+        cmd = calls[0]
+        self.assertEqual([cmd[i + 1] for i, a in enumerate(cmd) if a == "--group-weight"],
+                         ["1=1000", "2=100"])
+        # a configuration without groups: everything in group 0, no --group-weight
+        self.assertEqual(simgap.sim_settings({"settings": []})["group-weight"], [])
 
 
 class TunerPhasesTest(unittest.TestCase):
