@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import analysis, data, queries, simgap, workload
 from .common import BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, log, ncpus, run
-from .pgserver import Server, pkglibdir, stride_library_present
+from .pgserver import Server, has_debug_info, pkglibdir, stride_library_problem
 
 SEED = 20210
 
@@ -98,6 +98,7 @@ def machine_info() -> dict:
     if so.exists():
         info["pg_stride_so_mtime"] = dt.datetime.fromtimestamp(so.stat().st_mtime).isoformat(
             timespec="seconds")
+        info["pg_stride_so_build"] = "debug" if has_debug_info(so) else "release"
     return info
 
 
@@ -221,9 +222,9 @@ class Runner:
                                                        "status": "pending"})
         if state["status"] == "skipped":
             return False
-        if cfg.get("library") and not stride_library_present():
-            state.update(status="skipped",
-                         reason=f"{pkglibdir() / 'pg_stride.so'} is not installed")
+        problem = cfg.get("library") and stride_library_problem()
+        if problem:
+            state.update(status="skipped", reason=problem)
             log(f"SKIP {name}: {state['reason']}")
             return False
         if self.current != name or not self.server.running():
@@ -484,8 +485,8 @@ class Runner:
         p = self.plan
         oh = self.cfgfile.get("overhead", {})
         variants = [("not loaded", [])]
-        note = None
-        if stride_library_present():
+        note = stride_library_problem()
+        if note is None:
             self.current = "overhead-loaded"
             try:
                 self.server.start(expand(oh.get("loaded", [])), "overhead-loaded")
@@ -496,8 +497,6 @@ class Runner:
                 note = "the installed pg_stride does not define " + ", ".join(missing)
             else:
                 variants.append(("loaded, enabled", expand(oh.get("loaded", []))))
-        else:
-            note = f"{pkglibdir() / 'pg_stride.so'} is not installed"
         if len(variants) == 1:
             # Without the library, an A/A comparison: the noise floor of the measurement.
             variants.append(("not loaded (A/A)", []))

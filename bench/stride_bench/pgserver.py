@@ -4,6 +4,7 @@ each configuration's settings, plus CPU accounting of the server processes."""
 import os
 import re
 import signal
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -74,8 +75,34 @@ def major_version() -> str:
     return res.stdout.split()[1].split(".")[0]
 
 
-def stride_library_present() -> bool:
-    return (pkglibdir() / "pg_stride.so").exists()
+def stride_library_problem() -> str | None:
+    """Why the installed pg_stride.so cannot be benchmarked (absent, or a debug build),
+    or None."""
+    so = pkglibdir() / "pg_stride.so"
+    if not so.exists():
+        return f"{so} is not installed (make install)"
+    if has_debug_info(so):
+        return (f"{so} is a debug build (`make test` installs one); `make install` installs "
+                "a release build")
+    return None
+
+
+def has_debug_info(path: Path) -> bool:
+    """Whether the ELF shared object at `path` has a .debug_info section: a debug build
+    of pg_stride has one (`make test` installs such a build), a release build none."""
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path} is not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    # section header: name offset at 0, file offset of its contents at 0x18
+    names_at, = struct.unpack_from("<Q", data, shoff + shstrndx * shentsize + 0x18)
+    for i in range(shnum):
+        name_off, = struct.unpack_from("<I", data, shoff + i * shentsize)
+        start = names_at + name_off
+        if data[start:data.index(b"\0", start)] == b".debug_info":
+            return True
+    return False
 
 
 class Server:

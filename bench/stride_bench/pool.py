@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import analysis, data, queries
 from .common import PG_BIN, RESULTS_DIR, log, ncpus, run
-from .pgserver import Server, stride_library_present
+from .pgserver import Server, stride_library_problem
 from .workload import TPCH_DB, clear_logs, pgbench
 
 SEED = 20210
@@ -323,8 +323,9 @@ def report(meta: dict) -> list:
 
 
 def main(run_dir: Path, base: list, small_sf: float, large_sf: float, publish: bool) -> int:
-    if not stride_library_present():
-        log("pg_stride.so is not installed: install the extension first (make install)")
+    problem = stride_library_problem()
+    if problem:
+        log(problem)
         return 1
     bench = PoolBench(run_dir, small_sf, large_sf)
     try:

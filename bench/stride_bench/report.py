@@ -317,7 +317,9 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     w(f"- CPU: {m.get('cpu', '?')}, {m['ncpus']} CPUs online; memory {m.get('mem_gib', '?')} GiB; "
       f"{m.get('os', '?')}, kernel {m['kernel']}")
     w(f"- {m['postgres']}; {m['pgbouncer']}; pg_stride library: {m['pg_stride_so']}"
-      + (f" (built {m['pg_stride_so_mtime']})" if m.get("pg_stride_so_mtime") else ""))
+      + (f" ({m['pg_stride_so_build']} build of {m['pg_stride_so_mtime']})"
+         if m.get("pg_stride_so_build")
+         else f" (built {m['pg_stride_so_mtime']})" if m.get("pg_stride_so_mtime") else ""))
     w(f"- load average at start {' '.join(m.get('loadavg_start', []))}, at end "
       f"{' '.join(m.get('loadavg_end', []))}. The machine is shared (other builds run beside the "
       "benchmark), so timings are noisy: compare configurations only within this run. "

@@ -6,6 +6,7 @@ server and no third-party module; ends with the line `N passed, N failed`.
 
 import math
 import re
+import struct
 import sys
 import tempfile
 import tomllib
@@ -262,6 +263,40 @@ class ServerTest(unittest.TestCase):
         self.assertAlmostEqual(got["total_s"], 4.5)
         self.assertEqual(got["top"][:2], [["kdamond.N", 3.0], ["kworker/N:N", 0.75]])
         self.assertIn(["pgbench and psql (the bench's children)", 0.5], got["top"])
+
+
+class LibraryBuildTest(unittest.TestCase):
+    """A debug build of pg_stride.so is told from a release one by its .debug_info."""
+
+    @staticmethod
+    def elf(sections: list) -> bytes:
+        """A minimal 64-bit little-endian ELF file with these named sections."""
+        names = b"\0" + b"".join(n.encode() + b"\0" for n in sections + [".shstrtab"])
+        shoff = 64 + len(names)
+        header = bytearray(64)
+        header[:6] = b"\x7fELF\x02\x01"
+        struct.pack_into("<Q", header, 0x28, shoff)
+        struct.pack_into("<HHH", header, 0x3A, 64, len(sections) + 2, len(sections) + 1)
+        table = bytearray(64)                               # the null section
+        offset = 1
+        for n in sections + [".shstrtab"]:
+            sh = bytearray(64)
+            struct.pack_into("<I", sh, 0, offset)
+            struct.pack_into("<Q", sh, 0x18, 64)            # the names follow the header
+            table += sh
+            offset += len(n) + 1
+        return bytes(header) + names + bytes(table)
+
+    def test_debug_info_section(self):
+        with tempfile.TemporaryDirectory() as d:
+            debug, release = Path(d) / "debug.so", Path(d) / "release.so"
+            debug.write_bytes(self.elf([".text", ".debug_abbrev", ".debug_info"]))
+            release.write_bytes(self.elf([".text", ".debug_infox", ".data"]))
+            self.assertTrue(pgserver.has_debug_info(debug))
+            self.assertFalse(pgserver.has_debug_info(release))
+            (Path(d) / "text.so").write_text("not an ELF file")
+            with self.assertRaises(ValueError):
+                pgserver.has_debug_info(Path(d) / "text.so")
 
 
 class SpeedProbeTest(unittest.TestCase):
