@@ -304,11 +304,11 @@ class Runner:
                                                  schema, sf, queries.group_lead(cls)).items():
                 grouped[(q, cls)] = path
         self.wl = workload.Workload(scripts, queries.INCLUDED)
-        # the `prioritize` configuration's scripts: the same queries, each after setting
-        # its backend's nice value by class
+        # the `prioritize` configuration's scripts: the same queries, each sent with the
+        # statement that sets its backend's nice value by class
         self.wl_niced = workload.Workload(niced, queries.INCLUDED)
-        # the `class_groups` configurations' scripts: each after choosing its class's
-        # resource group
+        # the `class_groups` configurations' scripts: each sent with the statement that
+        # chooses its class's resource group
         self.wl_grouped = workload.Workload(grouped, queries.INCLUDED)
         self.meta["queries"] = {"included": queries.INCLUDED, "excluded": queries.EXCLUDED}
         self.meta["scales"] = {"short": p.small_sf, "long": p.large_sf}
