@@ -357,7 +357,10 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
       f"queries within a class; {rate}. Same seed, so the same arrival times and query "
       "sequence, for every configuration.")
     w(f"- {plan['ol_duration']} s of arrivals per point; the first {plan['warmup_frac'] * 100:.0f} % "
-      f"are warm-up and not counted; {plan['clients']} pgbench clients (one thread); load points "
+      f"are warm-up and not counted; {plan['clients']} pgbench clients (one thread"
+      + "".join(sorted({f", at nice {st['pgbench_nice']}" for n in meta["open_loop"]
+                        for st in meta["open_loop"][n].values() if st.get("pgbench_nice")}))
+      + "); load points "
       f"α = {', '.join(str(x) for x in plan['alphas'])}; rates " +
       ", ".join(f"{float(r):.2f}/s" for r in meta["rates"].values()) + ".")
     fps, failed_pts = {}, []
