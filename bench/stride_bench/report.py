@@ -358,8 +358,8 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
       "sequence, for every configuration.")
     w(f"- {plan['ol_duration']} s of arrivals per point; the first {plan['warmup_frac'] * 100:.0f} % "
       f"are warm-up and not counted; {plan['clients']} pgbench clients (one thread"
-      + "".join(sorted({f", at nice {st['pgbench_nice']}" for n in meta["open_loop"]
-                        for st in meta["open_loop"][n].values() if st.get("pgbench_nice")}))
+      + "".join(sorted({f", SCHED_FIFO priority {st['pgbench_fifo']}" for n in meta["open_loop"]
+                        for st in meta["open_loop"][n].values() if st.get("pgbench_fifo")}))
       + "); load points "
       f"α = {', '.join(str(x) for x in plan['alphas'])}; rates " +
       ", ".join(f"{float(r):.2f}/s" for r in meta["rates"].values()) + ".")
