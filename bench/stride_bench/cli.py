@@ -434,7 +434,7 @@ class Runner:
                       "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
                       "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
                       "retried_after": retried, "probe_ms": probe,
-                      "pgbench_fifo": r.get("pgbench_fifo", 0)}
+                      "pgbench_fifo": r["pgbench_fifo"]}
                 st.update(analyse_open_loop(self.meta, self.run_dir, cfg["name"], alpha, dry))
                 if cfg.get("library") and self.server.guc_exists("pg_stride.trace"):
                     # what bench/sim_gap.py replays in the simulator

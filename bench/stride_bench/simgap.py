@@ -99,20 +99,15 @@ def sim_settings(cfg: dict) -> dict:
             "max-active": int(s.get("pg_stride.max_active_queries", "128")),
             "preempt": str(s.get("pg_stride.preempt_lower_priority", "on") in ("on", "true"))
             .lower(),
-            "group-weight": [f"{g}={w}" for g, (w, _) in sim_groups(cfg).items()]}
+            "group-weight": [f"{g}={w}" for g, w, _ in sim_groups(cfg).values()]}
 
 
 def sim_groups(cfg: dict) -> dict:
-    """The simulator's groups of a configuration with `class_groups`: group number (1, 2,
-    …, in the order of the classes; 0 is the default group) -> (weight, whether its
-    queries keep the initial priority)."""
-    return {i: (g.get("weight", 100), bool(g.get("pinned")))
-            for i, g in enumerate(cfg.get("class_groups", {}).values(), 1)}
-
-
-def class_group(cfg: dict) -> dict:
-    """Class -> its group's number in the simulator (see `sim_groups`)."""
-    return {cls: i for i, cls in enumerate(cfg.get("class_groups", {}), 1)}
+    """The simulator's groups of a configuration with `class_groups`: class -> (group
+    number: 1, 2, … in the order of the classes, 0 being the default group; weight;
+    whether its queries keep the initial priority)."""
+    return {cls: (i, g.get("weight", 100), bool(g.get("pinned")))
+            for i, (cls, g) in enumerate(cfg.get("class_groups", {}).items(), 1)}
 
 
 def replay(rows: list, classes: list, t0: float, settings: dict, workdir: Path,
@@ -122,15 +117,14 @@ def replay(rows: list, classes: list, t0: float, settings: dict, workdir: Path,
     column each statement needs of the slots: its CPU in them, or `held_ms`, the time its
     processes held them (CPU, plus runnable but not running, plus asleep). A statement
     runs in its class's group of `cfg`'s `class_groups`, if it has them."""
-    cfg = cfg or {}
-    group_of, groups = class_group(cfg), sim_groups(cfg)
+    groups = sim_groups(cfg or {})
     wl = workdir / "replay_workload.csv"
     res = workdir / "replay_results.csv"
     with open(wl, "w") as fh:
         fh.write("arrival_ms,cpu_ms,group,class,procs,priority\n")
         for r, cls in zip(rows, classes):
-            g = group_of.get(cls, 0)
-            pinned = settings["p0"] if g and groups[g][1] else 0
+            g, _, keeps_p0 = groups.get(cls, (0, 100, False))
+            pinned = settings["p0"] if keeps_p0 else 0
             fh.write(f"{max(0.0, r['arrival_epoch'] - t0) * 1000:.6f},{max(r[work], 0.001):.6f},"
                      f"{g},{cls},{int(r['processes'])},{pinned}\n")
     opts = []
