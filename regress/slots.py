@@ -22,6 +22,11 @@ Preemption (`pg_stride.preempt_lower_priority`): with one slot and a decayed hol
 long slices, short statements arriving one after the other wait for the rest of its
 slice with it off, and not with it on, where the scheduler view counts the requests.
 
+Swapping CPUs (`pg_stride.swap_stalled_holders`): two pinned holders of different
+priorities run while a busy process outside the server shares the higher one's CPU;
+with it on, the lower one gives the higher one its CPU (counted in the scheduler view)
+and the higher one gets nearly a whole CPU, with it off it keeps sharing.
+
 Settings: a reload that shortens the scheduler worker's round applies a new slot count
 at once.
 
@@ -30,6 +35,7 @@ Starts its own temporary server and prints one line per check, then
 """
 
 import os
+import subprocess
 import sys
 import time
 
@@ -368,6 +374,82 @@ def a_new_statement_does_not_wait_for_a_decayed_holders_slice(s):
     assert off[0][3] > 4 * on[0][-1], seen
 
 
+def cpu_swaps(s):
+    return int(s.sql("SET pg_stride.enabled = off; "
+                     "SELECT cpu_swaps FROM pg_stride.scheduler"))
+
+
+def cpu_seconds(pid):
+    """User and system CPU of process `pid` so far, s."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_pinned(pid, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not single(allowed_cpus(pid)):
+        assert time.monotonic() < deadline, f"process {pid} was never pinned"
+        time.sleep(0.01)
+    return allowed_cpus(pid)
+
+
+@check
+def a_stalled_holder_of_a_higher_priority_takes_a_lower_ones_cpu(s):
+    # Two slots, two pinned holders: `low` (priority 10) and `high` (priority 10000),
+    # and a process outside the server busy on high's CPU. Both holders run past their
+    # slices without waiting for a slot, so only the CPUs can change hands. With
+    # pg_stride.swap_stalled_holders, low sees high kept off its CPU and swaps CPUs with
+    # it: high runs on low's CPU and gets nearly all of a CPU, low shares the busy one
+    # and, being the lower, never swaps back. Off, high shares the busy CPU for as long
+    # as it runs.
+    seen = {}
+    try:
+        for swap in ("off", "on"):
+            concurrency.set_server(s, "pg_stride.swap_stalled_holders", swap)
+            sessions = {g: concurrency.Session(s) for g in ("low", "high")}
+            pids = {g: int(x.run(f"SET pg_stride.resource_group = {g}; "
+                                 "SELECT pg_backend_pid()")[0])
+                    for g, x in sessions.items()}
+            before = cpu_swaps(s)
+            hog = None
+            try:
+                sessions["low"].send(LONG)
+                wait_pinned(pids["low"])
+                sessions["high"].send(LONG)
+                busy = wait_pinned(pids["high"])
+                hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                os.sched_setaffinity(hog.pid, {int(busy)})
+                time.sleep(0.5)
+                cpu0, t0 = cpu_seconds(pids["high"]), time.monotonic()
+                placed = []
+                while time.monotonic() - t0 < 3:
+                    placed.append(allowed_cpus(pids["high"]))
+                    time.sleep(0.05)
+                share = (cpu_seconds(pids["high"]) - cpu0) / (time.monotonic() - t0)
+                ran_through = not any(x.has_result() for x in sessions.values())
+            finally:
+                if hog:
+                    hog.kill()
+                    hog.wait()
+                for g, x in sessions.items():
+                    s.sql(f"SELECT pg_cancel_backend({pids[g]})")
+                    x.close()
+            assert ran_through, "a holder ended before the sampling did"
+            away = sum(1 for c in placed if single(c) and c != busy) / len(placed)
+            seen[swap] = (share, away, cpu_swaps(s) - before)
+    finally:
+        concurrency.set_server(s, "pg_stride.swap_stalled_holders", None)
+    print("    " + "; ".join(f"swap {k}: high ran {v[0]:.0%} of the time, away from the busy "
+                            f"CPU in {v[1]:.0%} of the samples, {v[2]} swaps"
+                            for k, v in seen.items()))
+    off, on = seen["off"], seen["on"]
+    assert off[2] == 0 and off[1] == 0 and off[0] < 0.75, seen
+    assert on[1] >= 0.8 and on[0] > 0.85, seen
+    # One swap does it; more would be holders handing the CPUs back and forth.
+    assert 1 <= on[2] <= 3, seen
+
+
 @check
 def a_reload_applies_a_new_slot_count_at_once(s):
     # The scheduler worker applies the slot count at its watchdog round. After a reload
@@ -387,6 +469,8 @@ def a_reload_applies_a_new_slot_count_at_once(s):
 
 def setup(s):
     s.sql("CREATE EXTENSION pg_stride")
+    s.sql("SELECT pg_stride.create_group('low', priority_initial => 10, priority_min => 10, pinned => true)")
+    s.sql("SELECT pg_stride.create_group('high', pinned => true)")
     s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 2000000) g")
     s.sql("CREATE TABLE mid AS SELECT g AS a FROM generate_series(1, 20000) g")
     s.sql("VACUUM ANALYZE big, mid")

@@ -82,6 +82,7 @@ pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static LEND_ON_OVERRUN: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static FINISH_BEFORE_HANDOFF: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static PREEMPT_LOWER_PRIORITY: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static SWAP_STALLED_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Largest accepted `pg_stride.holder_time_slice`, ms: the kernel's own limit.
 pub const MAX_HOLDER_TIME_SLICE_MS: i32 = 100;
 pub static HOLDER_TIME_SLICE_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
@@ -394,6 +395,14 @@ pub fn register(group_exists: GroupExists) {
         c"A process that has to wait for a CPU slot asks a holder of a lower priority to end its slice at its next tuple.",
         c"Off: it waits for the end of a holder's slice (pg_stride.slice).",
         &PREEMPT_LOWER_PRIORITY,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.swap_stalled_holders",
+        c"With pinned slots, a holder swaps CPUs with a holder of a higher priority that another process keeps off its own CPU.",
+        c"Checked at the lower-priority holder's slice ends: a holder that ran less than half of the time since the previous check, without reaching a yield point, is stalled. Off: each holder stays on its CPU until it gives its slot up.",
+        &SWAP_STALLED_HOLDERS,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -439,6 +439,7 @@ class Runner:
                 if cfg.get("library") and self.server.guc_exists("pg_stride.trace"):
                     # what bench/sim_gap.py replays in the simulator
                     simgap.dump_trace(self.server, self.run_dir / "open_loop" / f"{name}.trace.csv")
+                    st["scheduler"] = simgap.scheduler_counts(self.server)
                 self.meta["open_loop"].setdefault(cfg["name"], {})[str(alpha)] = st
                 c = st["classes"]
                 log("  " + "  ".join(
@@ -446,7 +447,9 @@ class Runner:
                     for cls in ("short", "long") if cls in c) +
                     f"  max in system {st.get('max_in_system')}  server CPU "
                     f"{r['cpu']['server_cpu_util'] * 100:.0f}%" +
-                    (f"  speed probe {probe[0]:.1f} / {probe[1]:.1f} ms" if probe else ""))
+                    (f"  speed probe {probe[0]:.1f} / {probe[1]:.1f} ms" if probe else "") +
+                    "".join(f"  {k} {st['scheduler'][k]}" for k in ("yield_requests", "cpu_swaps")
+                            if k in st.get("scheduler", {})))
                 self.save()
 
     def probed_point(self, cfg: dict, rate: float, name: str) -> dict:

@@ -34,6 +34,17 @@ def dump_trace(server, path):
         "FROM pg_stride.trace) TO STDOUT WITH (FORMAT csv, HEADER)") + "\n")
 
 
+SCHEDULER_COUNTS = ("decisions", "switches", "lent_blocked", "lent_overrun",
+                    "yield_requests", "cpu_swaps")
+
+
+def scheduler_counts(server) -> dict:
+    """The counters of `pg_stride.scheduler` since the server started (one
+    configuration's point), those the installed build has."""
+    row = json.loads(server.psql("SELECT row_to_json(s) FROM pg_stride.scheduler s"))
+    return {k: row[k] for k in SCHEDULER_COUNTS if k in row}
+
+
 def read_trace(path: Path) -> list:
     """The rows dump_trace wrote, numbers as floats."""
     rows = []

@@ -6,6 +6,7 @@
 //! * [`stride`] — fixed-point stride and pass arithmetic (wagner2021 §2.1).
 //! * [`decay`] — decaying priorities (wagner2021 §3.2).
 //! * [`slice`](mod@slice) — adaptive slice length per process (wagner2021 §3.1).
+//! * [`stall`] — telling a slot holder kept off its CPU from one that runs.
 //! * [`hint`] — concurrency hint and worker grant rule (psaroudakis2013 §6).
 //! * [`admission`] — admission limits, queue and leases (wagner2021 §2.3).
 //! * [`groups`] — resource-group settings, their limits and directory slots.
@@ -90,6 +91,7 @@ pub mod numa;
 pub mod shared;
 pub mod sim;
 pub mod slice;
+pub mod stall;
 pub mod stride;
 pub mod trace_ring;
 pub mod tuner;

@@ -1058,6 +1058,9 @@ unsafe extern "C-unwind" fn check_in() {
         pause(shared, sched, proc, left_at);
     } else {
         follow_slot(shared, sched, proc);
+        if pinning::enabled(sched) {
+            pinning::serve_stalled(shared, sched, proc);
+        }
     }
 }
 

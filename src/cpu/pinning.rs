@@ -21,8 +21,9 @@
 
 use crate::backend_local::BackendLocal;
 use crate::{gucs, pg, shmem};
+use pg_stride_sched::stall::{self, HolderSample};
 use pg_stride_sched::{ProcId, SchedShared};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
 
 /// The kernel time slice this process last asked for, ns (0: the kernel's default).
@@ -138,6 +139,110 @@ fn fit_own_slice(entry: &shmem::ProcEntry) {
     if OWN_SLICE_NS.replace(want) != want {
         let _ = pg::set_own_time_slice(want);
     }
+}
+
+/// The holders of a higher priority, each as first sampled with its CPU time and
+/// check-ins as they are now (`pg_stride_sched::stall`).
+static SAMPLED: BackendLocal<RefCell<Vec<HolderSample>>> = BackendLocal::new(RefCell::new(Vec::new()));
+
+/// A slice end at which holder `me` keeps its slot (`pg_stride.swap_stalled_holders`):
+/// samples the holders of a higher priority and, if one of them has been kept off its
+/// CPU while this process had its own CPU to itself (`pg_stride_sched::stall`), swaps
+/// CPUs with it, the highest priority first. A clock read for each holder of a higher
+/// priority; nothing when there is none. Call after `hold`.
+pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
+    let before = SAMPLED.with_borrow_mut(std::mem::take);
+    if !gucs::SWAP_STALLED_HOLDERS.get() {
+        return;
+    }
+    let Some(mine) = sched.holder_priority(me) else {
+        return;
+    };
+    let me = me.0 as usize;
+    let (now, own_cpu) = (pg::monotonic_ns(), pg::thread_cpu_ns());
+    let mut samples = Vec::new();
+    let mut stalled: Option<(u32, usize, u32)> = None;
+    for (cpu, p) in shared.cpu_owners.owned() {
+        let Some(priority) = sched
+            .holder_priority(ProcId(p as u32))
+            .filter(|&priority| priority > mine && p != me)
+        else {
+            continue;
+        };
+        let Some(entry) = shared.procs().get(p) else {
+            continue;
+        };
+        // Waiting on an event, or handed its slot and not running yet (it runs once
+        // the giver sleeps: `finish_before_handoff`), it is not kept off its CPU.
+        if entry.paused.load(Ordering::Acquire) != 0 || pg::proc_wait_event(p) != 0 {
+            continue;
+        }
+        let pid = pg::proc_pid(p);
+        let Some(cpu_ns) = (pid != 0).then(|| pg::process_cpu_ns(pid)).flatten() else {
+            continue;
+        };
+        let sample = HolderSample {
+            procno: p,
+            pid,
+            at_ns: now,
+            cpu_ns,
+            checkins: entry.checkins.load(Ordering::Relaxed),
+            observer_cpu_ns: own_cpu,
+        };
+        let first = before
+            .iter()
+            .find(|b| stall::unchanged(b, &sample))
+            .copied()
+            .unwrap_or(sample);
+        if stall::should_swap(&first, &sample) && stalled.is_none_or(|(best, ..)| priority > best) {
+            stalled = Some((priority, p, cpu));
+        }
+        samples.push(first);
+    }
+    if let Some((_, p, cpu)) = stalled {
+        if swap(shared, me, p, cpu) {
+            shared.cpu_swaps.fetch_add(1, Ordering::Relaxed);
+            // On another CPU now: sampled afresh from the next slice end.
+            samples.clear();
+        }
+    }
+    SAMPLED.set(samples);
+}
+
+/// Holder `me` takes `other`'s CPU `theirs` and gives it its own; returns whether it
+/// did. `other` is pinned first: it then waits on this process's CPU, which it gets as
+/// soon as this process moves off it. Ownership changes by compare-and-swap, so a
+/// holder that gave its slot up or moved meanwhile is left alone; one that gives it up
+/// while the swap is under way keeps the CPU it was given until the scheduler worker's
+/// `sweep` frees it.
+fn swap(shared: &shmem::Shared, me: usize, other: usize, theirs: u32) -> bool {
+    let owners = &shared.cpu_owners;
+    let procs = shared.procs();
+    let (Some(my_entry), Some(their_entry)) = (procs.get(me), procs.get(other)) else {
+        return false;
+    };
+    let Some(mine) = cpu_of(my_entry.slot_cpu.load(Ordering::Acquire)) else {
+        return false;
+    };
+    if owners.owner(mine) != Some(me)
+        || their_entry.slot_cpu.load(Ordering::Acquire) != theirs + 1
+        || !owners.pass(theirs, other, Some(me))
+    {
+        return false;
+    }
+    if !owners.pass(mine, me, Some(other)) {
+        owners.pass(theirs, me, Some(other));
+        return false;
+    }
+    their_entry.slot_cpu.store(mine + 1, Ordering::Release);
+    my_entry.slot_cpu.store(theirs + 1, Ordering::Release);
+    pin(shared, other, Some(mine));
+    pin(shared, me, Some(theirs));
+    // As in `pass`: `other` may have left its statement and unpinned itself meanwhile.
+    if owners.owner(mine) != Some(other) {
+        pin(shared, other, None);
+    }
+    true
 }
 
 /// The scheduler worker's safety net: a CPU whose owner holds no slot (it died, or it

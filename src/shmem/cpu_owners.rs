@@ -48,9 +48,18 @@ impl CpuOwners {
             && self.allowed[cpu as usize / 64].load(Ordering::Relaxed) & (1 << (cpu % 64)) != 0
     }
 
-    /// The owned CPUs with their owners' process numbers.
+    /// The owned CPUs with their owners' process numbers. Reads only the allowed CPUs'
+    /// entries: a holder asks at every slice end (`pinning::serve_stalled`).
     pub fn owned(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
-        (0..MAX_CPUS as u32).filter_map(|c| Some((c, self.owner(c)?)))
+        self.allowed.iter().enumerate().flat_map(move |(w, word)| {
+            let mut bits = word.load(Ordering::Relaxed);
+            std::iter::from_fn(move || {
+                let bit = (bits != 0).then(|| bits.trailing_zeros())?;
+                bits &= bits - 1;
+                Some((w * 64) as u32 + bit)
+            })
+            .filter_map(move |c| Some((c, self.owner(c)?)))
+        })
     }
 
     /// Process number owning `cpu`, if any.
@@ -59,9 +68,10 @@ impl CpuOwners {
         (o != 0).then(|| o as usize - 1)
     }
 
-    /// Makes `procno` the owner of `cpu` if it is free; returns whether it did.
+    /// Makes `procno` the owner of `cpu` if it is free; returns whether `procno` owns it
+    /// now (it may have already: a swap gives a holder its CPU behind its back).
     pub fn claim(&self, cpu: u32, procno: usize) -> bool {
-        self.swap_owner(cpu, None, Some(procno))
+        self.swap_owner(cpu, None, Some(procno)) || self.owner(cpu) == Some(procno)
     }
 
     /// Makes `procno` the owner of the first free CPU of `prefer`, else of the first free

@@ -203,6 +203,9 @@ pub struct Shared {
     /// Holders asked to end their slice early by a waiter of a higher priority
     /// (`pg_stride.preempt_lower_priority`), since the server started.
     pub yield_requests: AtomicU64,
+    /// CPU swaps of a holder with a stalled holder of a higher priority
+    /// (`pg_stride.swap_stalled_holders`), since the server started.
+    pub cpu_swaps: AtomicU64,
 }
 
 /// How often the watchdog lent a holder an extra slot, by the reason: the holder was
@@ -502,6 +505,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             NodeCounters::init(&raw mut (*region).nodes);
             (&raw mut (*region).lends).write(LendCounts::default());
             (&raw mut (*region).yield_requests).write(AtomicU64::new(0));
+            (&raw mut (*region).cpu_swaps).write(AtomicU64::new(0));
             CpuOwners::init(
                 &raw mut (*region).cpu_owners,
                 &pg::allowed_cpus().unwrap_or_default(),

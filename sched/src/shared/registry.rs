@@ -288,6 +288,16 @@ impl SchedShared {
         })
     }
 
+    /// The priority of the query process `p` works for, while `p` holds a slot.
+    pub fn holder_priority(&self, p: ProcId) -> Option<u32> {
+        let pe = self.proc(p);
+        if pe.state.load(SeqCst) != PROC_RUNNING {
+            return None;
+        }
+        let qe = self.queries().get(pe.query.load(Relaxed) as usize)?;
+        Some(qe.priority.load(Relaxed))
+    }
+
     /// A view of process `p`.
     pub fn proc_snapshot(&self, p: ProcId) -> ProcSnapshot {
         let pe = self.proc(p);

@@ -219,6 +219,28 @@ fn pinned_and_group_priorities() {
 }
 
 #[test]
+fn a_holders_priority_is_known_while_it_holds_its_slot() {
+    let s = region(1, Policy::DecayingStride);
+    let queries = [query_with(&s, 0, 0), query_with(&s, 0, 1)];
+    assert_eq!(s.holder_priority(ProcId(0)), None);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    assert_eq!(s.holder_priority(ProcId(0)), Some(P0));
+    // A waiter has no holder's priority, and neither has a process without a query.
+    assert_eq!(s.holder_priority(ProcId(1)), None);
+    assert_eq!(s.holder_priority(ProcId(5)), None);
+    for _ in 0..40 {
+        let holder = u32::from(s.is_running(ProcId(1)));
+        let _ = s.end_slice(ProcId(holder), SLICE);
+    }
+    let holder = usize::from(s.is_running(ProcId(1)));
+    let decayed = s.query_snapshot(queries[holder]).unwrap().priority;
+    assert!(decayed < P0);
+    assert_eq!(s.holder_priority(ProcId(holder as u32)), Some(decayed));
+    assert_eq!(s.holder_priority(ProcId(1 - holder as u32)), None);
+}
+
+#[test]
 fn a_group_may_decay_on_its_own_terms() {
     // Two slots, one query each: group 1 decays from the first quantum by half, group
     // 0 keeps the global d_start of 8 quanta.

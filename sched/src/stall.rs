@@ -1,0 +1,126 @@
+//! Telling a slot holder that is kept off its CPU from one that runs.
+//!
+//! With slot holders pinned to CPUs of their own, a holder shares its CPU with whatever
+//! else the kernel runs there: a backend parsing and planning outside the slots, the
+//! client, a kernel thread. EEVDF gives each its share, so a holder of a short query can
+//! wait milliseconds behind such a process while a holder of a decayed analytical query
+//! runs undisturbed on the other CPU — the opposite of what the priorities say. The
+//! lower-priority holder can see it: at its slice ends it samples the CPU clock of each
+//! holder of a higher priority, and one whose clock and check-in count stayed the same
+//! for [`STALL_NS`] is stalled. The lower-priority holder then swaps CPUs with it, if it
+//! had its own CPU to itself meanwhile (it ran at least three quarters of the time): a
+//! stalled holder moved onto a CPU that another process keeps busy as well would only
+//! stall there.
+//!
+//! Why a clock that does not move, rather than one that moves slowly: the kernel
+//! brings another process's CPU clock up to date only at its context switches and at
+//! the scheduler tick (every 4 ms at 250 Hz), so a holder that runs all the time shows
+//! steps of a tick and nothing in between. A holder that ran for none of a window
+//! longer than a tick, though, shows no step in it. Unchanged check-ins exclude a holder
+//! that paused in between: it checks in when it gets its slot back.
+
+/// What a holder of a higher priority looked like at a slice end of the observer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HolderSample {
+    /// Process number of the holder.
+    pub procno: usize,
+    /// Its operating-system pid: a process number is reused by the next backend.
+    pub pid: i32,
+    /// When the sample was taken, ns of a monotonic clock.
+    pub at_ns: u64,
+    /// The holder's CPU time then, ns, as the kernel last accounted it.
+    pub cpu_ns: u64,
+    /// The holder's check-in count then.
+    pub checkins: u32,
+    /// The observer's own thread CPU time then, ns (exact: its own clock).
+    pub observer_cpu_ns: u64,
+}
+
+/// How long a holder's clock must stay still for it to be stalled: more than a
+/// scheduler tick at 250 Hz and above.
+pub const STALL_NS: u64 = 5_000_000;
+
+/// Whether the holder looks the same in `now` as in `first`: the same process, the same
+/// CPU time and no check-in.
+pub fn unchanged(first: &HolderSample, now: &HolderSample) -> bool {
+    first.procno == now.procno
+        && first.pid == now.pid
+        && first.cpu_ns == now.cpu_ns
+        && first.checkins == now.checkins
+}
+
+/// Whether the observer should swap CPUs with the holder, first sampled unchanged as
+/// `first` and now as `now`: it has been stalled for [`STALL_NS`], while the observer
+/// ran at least three quarters of that time.
+pub fn should_swap(first: &HolderSample, now: &HolderSample) -> bool {
+    let window = now.at_ns.saturating_sub(first.at_ns);
+    let observer_ran = now.observer_cpu_ns.saturating_sub(first.observer_cpu_ns);
+    unchanged(first, now)
+        && window >= STALL_NS
+        && observer_ran.saturating_mul(4) >= window.saturating_mul(3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A sample at `at_ms` of a holder with `cpu_ms`, the observer having run `own_ms`.
+    fn sample(at_ms: f64, cpu_ms: f64, own_ms: f64) -> HolderSample {
+        HolderSample {
+            procno: 3,
+            pid: 100,
+            at_ns: (at_ms * 1e6) as u64,
+            cpu_ns: (cpu_ms * 1e6) as u64,
+            checkins: 7,
+            observer_cpu_ns: (own_ms * 1e6) as u64,
+        }
+    }
+
+    #[test]
+    fn a_clock_still_for_longer_than_a_tick_is_a_stall() {
+        assert!(should_swap(&sample(0.0, 10.0, 0.0), &sample(5.0, 10.0, 5.0)));
+        assert!(!should_swap(&sample(0.0, 10.0, 0.0), &sample(4.9, 10.0, 4.9)));
+        // One tick's step means it ran, however little the step says.
+        assert!(!should_swap(&sample(0.0, 10.0, 0.0), &sample(9.0, 14.0, 9.0)));
+    }
+
+    #[test]
+    fn only_an_observer_that_had_its_cpu_to_itself_swaps() {
+        assert!(should_swap(&sample(0.0, 10.0, 0.0), &sample(8.0, 10.0, 6.0)));
+        assert!(!should_swap(&sample(0.0, 10.0, 0.0), &sample(8.0, 10.0, 5.9)));
+    }
+
+    #[test]
+    fn another_process_or_a_check_in_between_is_no_stall() {
+        let (a, b) = (sample(0.0, 10.0, 0.0), sample(6.0, 10.0, 6.0));
+        assert!(unchanged(&a, &b) && should_swap(&a, &b));
+        for other in [
+            HolderSample { pid: 101, ..b },
+            HolderSample { procno: 4, ..b },
+            HolderSample { checkins: 8, ..b },
+        ] {
+            assert!(!unchanged(&a, &other) && !should_swap(&a, &other));
+        }
+    }
+
+    proptest! {
+        /// A holder whose clock moved is never stalled, whatever the window; and clocks
+        /// read out of order (a sample from before the first) never make a stall by
+        /// underflow.
+        #[test]
+        fn a_moving_clock_or_a_backward_window_is_never_a_stall(
+            at in 0u64..1 << 40, window in 0u64..1 << 32, step in 1u64..1 << 24,
+        ) {
+            let first = HolderSample {
+                procno: 1, pid: 9, at_ns: at, cpu_ns: at, checkins: 0, observer_cpu_ns: at,
+            };
+            let moved = HolderSample {
+                at_ns: at + window, cpu_ns: at + step, observer_cpu_ns: at + window, ..first
+            };
+            prop_assert!(!should_swap(&first, &moved));
+            let back = HolderSample { at_ns: at.saturating_sub(window), ..first };
+            prop_assert!(!should_swap(&first, &back));
+        }
+    }
+}
