@@ -401,7 +401,7 @@ pub fn register(group_exists: GroupExists) {
     GucRegistry::define_bool_guc(
         c"pg_stride.swap_stalled_holders",
         c"With pinned slots, a holder swaps CPUs with a holder of a higher priority that another process keeps off its own CPU.",
-        c"Checked at the lower-priority holder's slice ends: a holder that ran less than half of the time since the previous check, without reaching a yield point, is stalled. Off: each holder stays on its CPU until it gives its slot up.",
+        c"Checked at the lower-priority holder's slice ends: a holder whose CPU clock stood still for 5 ms, with no yield point reached, is stalled. Off: each holder stays on its CPU until it gives its slot up.",
         &SWAP_STALLED_HOLDERS,
         GucContext::Sighup,
         GucFlags::default(),

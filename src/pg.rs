@@ -110,6 +110,12 @@ pub fn proc_wait_event(procno: usize) -> u32 {
     })
 }
 
+/// Whether process `procno` runs, or waits on an extension's event: where a paused CPU
+/// slot holder waits for its slot (`wait_until`), woken when it is handed one.
+pub fn proc_runs_or_waits_for_slot(procno: usize) -> bool {
+    matches!(proc_wait_event(procno), 0 | pg_sys::PG_WAIT_EXTENSION)
+}
+
 /// What a process waits for, by the class of its wait event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Waiting {

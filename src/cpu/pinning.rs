@@ -172,9 +172,11 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
         let Some(entry) = shared.procs().get(p) else {
             continue;
         };
-        // Waiting on an event, or handed its slot and not running yet (it runs once
-        // the giver sleeps: `finish_before_handoff`), it is not kept off its CPU.
-        if entry.paused.load(Ordering::Acquire) != 0 || pg::proc_wait_event(p) != 0 {
+        // A holder waiting on an event is not kept off its CPU. One handed its slot
+        // still shows its pause's event until it runs: it was woken when handed the
+        // slot, and waits for its CPU (for the giver's end of ExecutorRun at first,
+        // `finish_before_handoff`, well under the stall's 5 ms).
+        if !pg::proc_runs_or_waits_for_slot(p) {
             continue;
         }
         let pid = pg::proc_pid(p);
