@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stride_bench import simgap  # noqa: E402
+from stride_bench import analysis, simgap  # noqa: E402
 
 
 def main():
@@ -34,6 +34,14 @@ def main():
     print(f"First-slot waits of the {w['n']} single-process ones: median {w['p50']:.2f} ms, "
           f"p90 {w['p90']:.2f} ms, p99 {w['p99']:.2f} ms; {w['over_10ms']} waited more "
           "than 10 ms.\n")
+    print("Time runnable without the CPU, per short statement (all its processes), ms:\n")
+    print("| part | mean | p90 | p99 | in all, s |\n|---|---:|---:|---:|---:|")
+    for col in ("held_runqueue_ms", "paused_runqueue_ms", "runqueue_ms"):
+        v = [s[col] for s in stmts]
+        label = dict(simgap.TAIL_PARTS)[col]
+        print(f"| {label} | {sum(v) / len(v):.2f} | {analysis.percentile(v, 90):.2f} | "
+              f"{analysis.percentile(v, 99):.2f} | {sum(v) / 1000:.2f} |")
+    print()
     print("| taken out of every short statement | short mean | short p99 |\n|---|---:|---:|")
     for part, label in [(None, "nothing")] + simgap.TAIL_PARTS:
         mean, p99 = simgap.without_part(stmts, part)
