@@ -282,8 +282,10 @@ pub fn thread_run_delay_ns() -> u64 {
         .unwrap_or(0)
 }
 
-/// The CPU time of process `pid` (all its threads; a backend has one), ns, including
-/// the slice it may be running right now; `None` once it has exited. One system call.
+/// The CPU time of process `pid` (all its threads; a backend has one), ns, as the
+/// kernel last accounted it: for another process that runs, only at its context switches
+/// and scheduler ticks, so it moves in steps of a tick (sched/src/stall.rs). `None` once
+/// it has exited. One system call.
 pub fn process_cpu_ns(pid: i32) -> Option<u64> {
     let mut clock: libc::clockid_t = 0;
     // SAFETY: clock_getcpuclockid writes the clock id we pass.
