@@ -445,7 +445,8 @@ class Runner:
                 log("  " + "  ".join(
                     f"{cls}: mean {c[cls]['slowdown']['mean']:.2f} p99 {c[cls]['slowdown']['p99']:.2f}"
                     for cls in ("short", "long") if cls in c) +
-                    f"  max in system {st.get('max_in_system')}  server CPU "
+                    f"  max in system {st.get('max_in_system')}  max schedule lag "
+                    f"{st.get('max_lag_s', 0) * 1000:.1f} ms  server CPU "
                     f"{r['cpu']['server_cpu_util'] * 100:.0f}%" +
                     (f"  speed probe {probe[0]:.1f} / {probe[1]:.1f} ms" if probe else "") +
                     "".join(f"  {k} {st['scheduler'][k]}" for k in ("yield_requests", "cpu_swaps")

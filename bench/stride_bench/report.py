@@ -503,8 +503,9 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
           f"{'' if te is None else f' (Δt ≤ {te * 1000:.0f} ms)'} |")
     w("")
     w("| configuration | α | rate/s | class | n | mean | p50 | p95 | p99 | max | geomean | "
-      "throughput q/s | server CPU | machine busy | max in system | failed |")
-    w("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "throughput q/s | server CPU | machine busy | max in system | max schedule lag, ms | "
+      "failed |")
+    w("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     ol = meta.get("open_loop", {})
     for n in ran_configs(meta):
         for al in sorted(ol[n], key=float):
@@ -523,7 +524,7 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
                   f"{f(c['slowdown_geomean'])} | {f(c['throughput_qps'], 3)} | "
                   f"{f(cpu_share(st) * 100, 0)} % | "
                   f"{f(st['cpu']['machine_busy'] * 100, 0)} % | {st.get('max_in_system')}{flag} | "
-                  f"{fail} |")
+                  f"{f(st.get('max_lag_s', 0) * 1000, 1)} | {fail} |")
     w("")
     w(f"Mean slowdown per query at α = {a}:\n")
     hdr = [n for n in ran_configs(meta) if a in ol[n]]
