@@ -27,6 +27,12 @@ priorities run while a busy process outside the server shares the higher one's C
 with it on, the lower one gives the higher one its CPU (counted in the scheduler view)
 and the higher one gets nearly a whole CPU, with it off it keeps sharing.
 
+The idle class (`pg_stride.idle_lower_holders`): of two pinned holders of different
+priorities, the lower one runs in SCHED_IDLE while the higher one holds the other slot,
+and in SCHED_OTHER again once alone and after its statement; a server that may not leave
+the class (RLIMIT_NICE 0, no CAP_SYS_NICE) never enters it. As root the check restarts
+the server with CAP_SYS_NICE for the second part, and without it after.
+
 Settings: a reload that shortens the scheduler worker's round applies a new slot count
 at once.
 
@@ -448,6 +454,131 @@ def a_stalled_holder_of_a_higher_priority_takes_a_lower_ones_cpu(s):
     assert on[1] >= 0.8 and on[0] > 0.85, seen
     # One swap does it; more would be holders handing the CPUs back and forth.
     assert 1 <= on[2] <= 3, seen
+
+
+def kernel_policy(pid):
+    """Process `pid`'s scheduling policy (/proc/<pid>/sched: 0 SCHED_OTHER, 3 SCHED_BATCH,
+    5 SCHED_IDLE), or None once it exited."""
+    try:
+        with open(f"/proc/{pid}/sched") as f:
+            for line in f:
+                if line.startswith("policy"):
+                    return int(line.split(":", 1)[1])
+    except FileNotFoundError:
+        return None
+    return None
+
+
+SCHED_OTHER, SCHED_IDLE = 0, 5
+
+
+def restart(server, sys_nice):
+    """Restarts the suite's server, its processes with the CAP_SYS_NICE capability
+    (ambient: a DBA's systemd AmbientCapabilities=) or without it."""
+    pg_ctl = f"{concurrency.PGBIN}/pg_ctl"
+    server.run(pg_ctl, "-D", server.data, "-m", "fast", "-w", "stop", check=True,
+               stdout=subprocess.DEVNULL)
+    start = [pg_ctl, "-D", server.data, "-l", os.path.join(server.dir, "log"), "-w", "start"]
+    if sys_nice:
+        subprocess.run(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups",
+                        "--inh-caps=+sys_nice", "--ambient-caps=+sys_nice", "--", *start],
+                       env=concurrency.ENV, check=True, stdout=subprocess.DEVNULL)
+    else:
+        server.run(*start, check=True, stdout=subprocess.DEVNULL)
+
+
+def may_renice(pid):
+    """Whether process `pid` has CAP_SYS_NICE in its effective set."""
+    with open(f"/proc/{pid}/status") as f:
+        caps = next(line for line in f if line.startswith("CapEff:"))
+    return bool(int(caps.split()[1], 16) & (1 << 23))
+
+
+def postmaster_pid(server):
+    with open(os.path.join(server.data, "postmaster.pid")) as f:
+        return int(f.readline())
+
+
+def outranked_policies(s):
+    """`low` (priority 10) and `high` (priority 10000) hold the two slots, pinned. Returns
+    low's and high's policies sampled while both run; low's once high's statement was
+    cancelled; and, with high running again, low's policy just before its own statement
+    is cancelled and once it ended, and high's once its statement ended too."""
+    sessions = {g: concurrency.Session(s) for g in ("low", "high")}
+    for x in sessions.values():
+        # Each session goes on after its cancelled statement, to be looked at then.
+        x.proc.stdin.write(b"\\set ON_ERROR_STOP off\n")
+    pids = {g: int(x.run(f"SET pg_stride.resource_group = {g}; SELECT pg_backend_pid()")[0])
+            for g, x in sessions.items()}
+
+    def cancel(g):
+        s.sql(f"SELECT pg_cancel_backend({pids[g]})")
+        assert sessions[g].run("SELECT 'done'", lines=1, timeout=30) == ["done"]
+
+    try:
+        sessions["low"].send(LONG)
+        wait_pinned(pids["low"])
+        sessions["high"].send(LONG)
+        wait_pinned(pids["high"])
+        both = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.5:
+            both.append((kernel_policy(pids["low"]), kernel_policy(pids["high"])))
+            time.sleep(0.02)
+        assert not any(x.has_result() for x in sessions.values()), "a holder ended early"
+        # Alone, low finds itself outranked no more at its next slice end.
+        cancel("high")
+        time.sleep(0.3)
+        alone = kernel_policy(pids["low"])
+        # Outranked again, then cancelled: its statement's end (an error) sets it back.
+        sessions["high"].send(LONG)
+        wait_pinned(pids["high"])
+        time.sleep(0.3)
+        before_cancel = kernel_policy(pids["low"])
+        cancel("low")
+        low_after = kernel_policy(pids["low"])
+        cancel("high")
+        after = (low_after, kernel_policy(pids["high"]))
+    finally:
+        for x in sessions.values():
+            x.close()
+    return both, alone, before_cancel, after
+
+
+@check
+def an_outranked_holder_runs_in_the_idle_class_only_if_it_may_leave_it(s):
+    # With pg_stride.idle_lower_holders, the holder that a higher one outranks runs in
+    # SCHED_IDLE, and goes back to SCHED_OTHER when it is outranked no more and when its
+    # statement ends (here by a cancel): its next statement must not run in the idle
+    # class. The kernel lets a process leave the class only with CAP_SYS_NICE or an
+    # RLIMIT_NICE of 20, so without them no process enters it.
+    assert not may_renice(postmaster_pid(s)), "the test server already may renice"
+    concurrency.set_server(s, "pg_stride.idle_lower_holders", "on")
+    try:
+        both, alone, before_cancel, after = outranked_policies(s)
+        print(f"    without CAP_SYS_NICE: {len(both)} samples, low idle in "
+              f"{sum(1 for lo, _ in both if lo == SCHED_IDLE)}")
+        assert all(p == (SCHED_OTHER, SCHED_OTHER) for p in both), both
+        if os.geteuid() != 0:
+            print("    not root: the server cannot be given CAP_SYS_NICE")
+            return
+        restart(s, sys_nice=True)
+        try:
+            assert may_renice(postmaster_pid(s))
+            both, alone, before_cancel, after = outranked_policies(s)
+        finally:
+            restart(s, sys_nice=False)
+    finally:
+        concurrency.set_server(s, "pg_stride.idle_lower_holders", None)
+    low_idle = sum(1 for lo, _ in both if lo == SCHED_IDLE) / len(both)
+    print(f"    with CAP_SYS_NICE: low idle in {low_idle:.0%} of {len(both)} samples, high in "
+          f"{sum(1 for _, hi in both if hi == SCHED_IDLE)}; low alone: {alone}; low "
+          f"outranked again: {before_cancel}; after the statements: {after}")
+    assert low_idle >= 0.9, both
+    assert all(hi == SCHED_OTHER for _, hi in both), both
+    assert alone == SCHED_OTHER, alone
+    assert before_cancel == SCHED_IDLE, before_cancel
+    assert after == (SCHED_OTHER, SCHED_OTHER), after
 
 
 @check

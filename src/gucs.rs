@@ -83,6 +83,7 @@ pub static LEND_ON_OVERRUN: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static FINISH_BEFORE_HANDOFF: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static PREEMPT_LOWER_PRIORITY: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static SWAP_STALLED_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static IDLE_LOWER_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// Largest accepted `pg_stride.holder_time_slice`, ms: the kernel's own limit.
 pub const MAX_HOLDER_TIME_SLICE_MS: i32 = 100;
 pub static HOLDER_TIME_SLICE_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
@@ -403,6 +404,14 @@ pub fn register(group_exists: GroupExists) {
         c"With pinned slots, a holder swaps CPUs with a holder of a higher priority that another process keeps off its own CPU.",
         c"Checked at the lower-priority holder's slice ends: a holder whose CPU clock stood still for 5 ms, with no yield point reached, is stalled. Off: each holder stays on its CPU until it gives its slot up.",
         &SWAP_STALLED_HOLDERS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.idle_lower_holders",
+        c"With pinned slots, a holder that a holder of a higher priority outranks runs in the kernel's SCHED_IDLE class.",
+        c"Work without a slot then wakes on its CPU and preempts it at once, leaving the higher holders' CPUs alone. Needs CAP_SYS_NICE or an RLIMIT_NICE of 20 (systemd: LimitNICE=+0) to leave the class again; without them it does nothing.",
+        &IDLE_LOWER_HOLDERS,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -434,26 +434,63 @@ pub fn set_batch_policy(pid: i32, batch: bool) -> std::io::Result<()> {
 }
 
 /// Sets this process's kernel time slice, ns (`sched_setattr`'s `sched_runtime`: the
-/// size of each request EEVDF serves, Linux 6.12 and later), keeping its policy and nice
-/// value; 0 gives the kernel's default back. A process with a longer slice than a waking
-/// one is preempted by it at once (the kernel's PREEMPT_SHORT).
-pub fn set_own_time_slice(ns: u64) -> std::io::Result<()> {
+/// size of each request EEVDF serves, Linux 6.12 and later), keeping its nice value; 0
+/// gives the kernel's default back. A process with a longer slice than a waking one is
+/// preempted by it at once (the kernel's PREEMPT_SHORT). `class`: `Some(true)` puts it
+/// in `SCHED_IDLE`, which any other process waking on its CPU preempts at once and which
+/// the kernel wakes other processes onto as if the CPU were idle; `Some(false)` in
+/// `SCHED_OTHER`; `None` keeps its policy. Leaving `SCHED_IDLE` needs `CAP_SYS_NICE` or
+/// a high enough `RLIMIT_NICE` ([`may_leave_idle_class`]).
+pub fn set_own_scheduling(slice_ns: u64, class: Option<bool>) -> std::io::Result<()> {
     /// Keep the policy (include/uapi/linux/sched.h).
     const SCHED_FLAG_KEEP_POLICY: u64 = 0x08;
     // SAFETY: getpriority only reads this process's nice value.
     let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let (policy, flags) = match class {
+        Some(true) => (libc::SCHED_IDLE, 0),
+        Some(false) => (libc::SCHED_OTHER, 0),
+        None => (libc::SCHED_OTHER, SCHED_FLAG_KEEP_POLICY),
+    };
     let attr = libc::sched_attr {
         size: size_of::<libc::sched_attr>() as u32,
-        sched_policy: libc::SCHED_OTHER as u32,
-        sched_flags: SCHED_FLAG_KEEP_POLICY,
+        sched_policy: policy as u32,
+        sched_flags: flags,
         sched_nice: nice,
         sched_priority: 0,
-        sched_runtime: ns,
+        sched_runtime: slice_ns,
         sched_deadline: 0,
         sched_period: 0,
     };
     // SAFETY: sched_setattr reads `attr`, of the size it says, for this process only.
     os_result(unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr, 0) })
+}
+
+/// Whether this process could go back from `SCHED_IDLE` to `SCHED_OTHER` at its nice
+/// value: the kernel treats `SCHED_IDLE` as nice 20 and lets a process lower its nice
+/// value only with `CAP_SYS_NICE` or an `RLIMIT_NICE` of at least 20 - nice (systemd's
+/// `LimitNICE=+0`). A process must not enter a class it cannot leave: the next
+/// statement it runs would get no CPU beside any other work.
+pub fn may_leave_idle_class() -> bool {
+    /// Bit of CAP_SYS_NICE in the capability sets (include/uapi/linux/capability.h).
+    const CAP_SYS_NICE: u32 = 23;
+    // SAFETY: getpriority only reads this process's nice value.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `lim`.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut lim) };
+    if rc == 0 && lim.rlim_cur >= (20 - nice).max(0) as libc::rlim_t {
+        return true;
+    }
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0)
+    })
 }
 
 /// The CPU this process runs on now (`sched_getcpu`: a vDSO read on Linux, tens of ns,

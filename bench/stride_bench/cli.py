@@ -229,14 +229,15 @@ class Runner:
             return False
         if self.current != name or not self.server.running():
             self.server.stop_bouncer()
-            if cfg.get("prioritize") and not IS_ROOT:
+            sys_nice = bool(cfg.get("prioritize") or cfg.get("sys_nice"))
+            if sys_nice and not IS_ROOT:
                 state.update(status="skipped", reason="giving the server CAP_SYS_NICE "
                              "needs root")
                 log(f"SKIP {name}: {state['reason']}")
                 return False
             try:
                 self.server.start(expand(cfg.get("settings", [])), name,
-                                  renice=bool(cfg.get("prioritize")))
+                                  renice=sys_nice)
             except RuntimeError as e:
                 if not cfg.get("library"):
                     raise

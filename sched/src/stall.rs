@@ -79,16 +79,31 @@ mod tests {
 
     #[test]
     fn a_clock_still_for_longer_than_a_tick_is_a_stall() {
-        assert!(should_swap(&sample(0.0, 10.0, 0.0), &sample(5.0, 10.0, 5.0)));
-        assert!(!should_swap(&sample(0.0, 10.0, 0.0), &sample(4.9, 10.0, 4.9)));
+        assert!(should_swap(
+            &sample(0.0, 10.0, 0.0),
+            &sample(5.0, 10.0, 5.0)
+        ));
+        assert!(!should_swap(
+            &sample(0.0, 10.0, 0.0),
+            &sample(4.9, 10.0, 4.9)
+        ));
         // One tick's step means it ran, however little the step says.
-        assert!(!should_swap(&sample(0.0, 10.0, 0.0), &sample(9.0, 14.0, 9.0)));
+        assert!(!should_swap(
+            &sample(0.0, 10.0, 0.0),
+            &sample(9.0, 14.0, 9.0)
+        ));
     }
 
     #[test]
     fn only_an_observer_that_had_its_cpu_to_itself_swaps() {
-        assert!(should_swap(&sample(0.0, 10.0, 0.0), &sample(8.0, 10.0, 6.0)));
-        assert!(!should_swap(&sample(0.0, 10.0, 0.0), &sample(8.0, 10.0, 5.9)));
+        assert!(should_swap(
+            &sample(0.0, 10.0, 0.0),
+            &sample(8.0, 10.0, 6.0)
+        ));
+        assert!(!should_swap(
+            &sample(0.0, 10.0, 0.0),
+            &sample(8.0, 10.0, 5.9)
+        ));
     }
 
     #[test]

@@ -531,7 +531,7 @@ fn follow_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     } else {
         numa::unbind();
         if pinning::enabled(sched) {
-            pinning::hold(shared, proc);
+            pinning::hold(shared, sched, proc);
         }
     }
 }
@@ -747,6 +747,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(1, Ordering::Release);
     }
+    pinning::pausing(shared, proc);
     if gucs::PREEMPT_LOWER_PRIORITY.get() && sched.ask_holder_to_yield(proc).is_some() {
         shared.yield_requests.fetch_add(1, Ordering::Relaxed);
     }

@@ -26,8 +26,12 @@ use pg_stride_sched::{ProcId, SchedShared};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
 
-/// The kernel time slice this process last asked for, ns (0: the kernel's default).
-static OWN_SLICE_NS: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
+/// The kernel time slice this process last asked for, ns (0: the kernel's default), and
+/// whether it put itself in `SCHED_IDLE`.
+static OWN_SCHEDULING: BackendLocal<Cell<(u64, bool)>> = BackendLocal::new(Cell::new((0, false)));
+/// Whether this process may leave `SCHED_IDLE` again (`pg::may_leave_idle_class`), once
+/// asked.
+static MAY_LEAVE_IDLE: BackendLocal<Cell<Option<bool>>> = BackendLocal::new(Cell::new(None));
 
 /// Whether slot holders are pinned: on, and the slots are not split by node.
 pub fn enabled(sched: &SchedShared) -> bool {
@@ -37,10 +41,11 @@ pub fn enabled(sched: &SchedShared) -> bool {
 /// This process holds a slot it took itself (or kept at a slice end): make sure it owns
 /// a CPU — the one it runs on if that is free, so that nothing moves — and is pinned to
 /// it, with its long slice. Three atomic reads when it already is.
-pub fn hold(shared: &shmem::Shared, me: ProcId) {
+pub fn hold(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
     let Some(entry) = shared.procs().get(me.0 as usize) else {
         return;
     };
+    let outranked = gucs::IDLE_LOWER_HOLDERS.get() && outranked(shared, sched, me);
     let me = me.0 as usize;
     let owned = cpu_of(entry.slot_cpu.load(Ordering::Acquire))
         .filter(|&c| shared.cpu_owners.owner(c) == Some(me));
@@ -53,7 +58,7 @@ pub fn hold(shared: &shmem::Shared, me: ProcId) {
         cpu
     });
     pin(shared, me, cpu);
-    fit_own_slice(entry);
+    fit_own_scheduling(entry, outranked);
 }
 
 /// `from` gave its slot up (`None`: nobody did) and `to` was handed one (`None`: nobody
@@ -112,8 +117,31 @@ pub fn leave(shared: &shmem::Shared, me: ProcId) {
 pub fn unpin(shared: &shmem::Shared, me: ProcId) {
     pin(shared, me.0 as usize, None);
     if let Some(entry) = shared.procs().get(me.0 as usize) {
-        fit_own_slice(entry);
+        fit_own_scheduling(entry, false);
     }
+}
+
+/// This process gave its slot up and waits for one: out of `SCHED_IDLE`, so that it
+/// wakes with a slot in the class of everything else and finds it was outranked only
+/// once it holds the slot again (a giver's `SCHED_BATCH` wake-up needs that class too).
+pub fn pausing(shared: &shmem::Shared, me: ProcId) {
+    if let Some(entry) = shared.procs().get(me.0 as usize) {
+        fit_own_scheduling(entry, false);
+    }
+}
+
+/// Whether a holder that owns a CPU has a higher priority than holder `me`: the
+/// scheduler would hand `me`'s slot to that one's queries first.
+fn outranked(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) -> bool {
+    let Some(mine) = sched.holder_priority(me) else {
+        return false;
+    };
+    shared.cpu_owners.owned().any(|(_, p)| {
+        p != me.0 as usize
+            && sched
+                .holder_priority(ProcId(p as u32))
+                .is_some_and(|theirs| theirs > mine)
+    })
 }
 
 /// A pinned holder asks the kernel for long slices (`holder_time_slice`): a process
@@ -122,28 +150,52 @@ pub fn unpin(shared: &shmem::Shared, me: ProcId) {
 /// rather than waiting out the holder's slice (bench/results/SIM_GAP.md). An older
 /// kernel ignores the request.
 ///
-/// Each process asks for its own slice, when it runs with a slot (or without one again),
-/// never for a receiver it pins: with the giver setting the sleeping receiver's slice,
-/// the receiver ran inside the tail of the statement that woke it more often (a short
-/// statement was runnable without a slot after its ExecutorRun 0.32-0.46 ms, against
-/// 0.08-0.16 ms with each process setting its own; bench/results/alpha095_own_slices).
-/// A system call only when the wanted slice changes.
-fn fit_own_slice(entry: &shmem::ProcEntry) {
+/// A pinned holder that another holder outranks (`outranked`) goes further with
+/// `pg_stride.idle_lower_holders`: in `SCHED_IDLE`, its CPU counts as idle for the
+/// kernel's choice of a CPU for a waking process, so the work without a slot (a backend
+/// parsing and planning, a kernel thread) lands on the lower holder's CPU rather than on
+/// the higher one's, and runs there at once. Only a process that may leave the class
+/// again enters it.
+///
+/// Each process asks for its own slice and class, when it runs with a slot (or without
+/// one again), never for a receiver it pins: with the giver setting the sleeping
+/// receiver's slice, the receiver ran inside the tail of the statement that woke it more
+/// often (a short statement was runnable without a slot after its ExecutorRun 0.32-0.46
+/// ms, against 0.08-0.16 ms with each process setting its own;
+/// bench/results/alpha095_own_slices). A system call only when what it wants changes.
+fn fit_own_scheduling(entry: &shmem::ProcEntry, outranked: bool) {
     let pinned = entry.pinned_cpu.load(Ordering::Acquire) != 0;
     let ms = if pinned {
         gucs::HOLDER_TIME_SLICE_MS.get().max(0)
     } else {
         0
     };
-    let want = ms as u64 * 1_000_000;
-    if OWN_SLICE_NS.replace(want) != want {
-        let _ = pg::set_own_time_slice(want);
+    let slice = ms as u64 * 1_000_000;
+    let idle = pinned && outranked && may_leave_idle();
+    let (had_slice, was_idle) = OWN_SCHEDULING.get();
+    if (had_slice, was_idle) == (slice, idle) {
+        return;
     }
+    let class = (idle != was_idle).then_some(idle);
+    // A refused slice (an older kernel's) is not asked for again; a refused class is.
+    let ok = pg::set_own_scheduling(slice, class).is_ok();
+    OWN_SCHEDULING.set((slice, if ok { idle } else { was_idle }));
+}
+
+/// Whether this process may enter `SCHED_IDLE`: it can leave it again.
+fn may_leave_idle() -> bool {
+    if let Some(may) = MAY_LEAVE_IDLE.get() {
+        return may;
+    }
+    let may = pg::may_leave_idle_class();
+    MAY_LEAVE_IDLE.set(Some(may));
+    may
 }
 
 /// The holders of a higher priority, each as first sampled with its CPU time and
 /// check-ins as they are now (`pg_stride_sched::stall`).
-static SAMPLED: BackendLocal<RefCell<Vec<HolderSample>>> = BackendLocal::new(RefCell::new(Vec::new()));
+static SAMPLED: BackendLocal<RefCell<Vec<HolderSample>>> =
+    BackendLocal::new(RefCell::new(Vec::new()));
 
 /// A slice end at which holder `me` keeps its slot (`pg_stride.swap_stalled_holders`):
 /// samples the holders of a higher priority and, if one of them has been kept off its
