@@ -8,7 +8,8 @@ different single CPUs, and get their own CPUs back after their statements; with 
 slot the CPU travels with the slot, so the holders taking turns are only ever pinned to
 one CPU; with pin_slots off nothing is pinned; a terminated holder's CPU is free for
 the next holders. Pinned holders run with pg_stride.holder_time_slice as their kernel
-time slice (/proc/<pid>/sched), and with the default once unpinned.
+time slice (/proc/<pid>/sched), and with pg_stride.unslotted_time_slice (the kernel's
+default unless set) once unpinned.
 
 Lending (`pg_stride.lend_on_overrun`): with one slot, a statement sorting a big input
 (no yield point while it sorts) runs while another session runs short scans one after
@@ -199,8 +200,8 @@ def kernel_slice(pid):
 def pinned_holders_ask_the_kernel_for_long_slices(s):
     # A pinned holder runs with pg_stride.holder_time_slice as its kernel slice, so that
     # a process without a slot waking on its CPU, with the default slice, preempts it at
-    # once; unpinned, it has the default back. With the setting at 0, holders keep the
-    # default too.
+    # once; unpinned, it has the default back, or pg_stride.unslotted_time_slice. With
+    # holder_time_slice at 0, holders keep the default too.
     idle = concurrency.Session(s)
     default = kernel_slice(int(idle.run("SELECT pg_backend_pid()")[0]))
     idle.close()
@@ -208,8 +209,12 @@ def pinned_holders_ask_the_kernel_for_long_slices(s):
         print("    the kernel shows no time slices (before Linux 6.6): nothing to check")
         return
     seen = {}
-    for setting, expected in ((None, 20_000_000), (0, default)):
-        concurrency.set_server(s, "pg_stride.holder_time_slice", setting)
+    # (holder_time_slice, unslotted_time_slice, slice pinned, slice after the statement)
+    rounds = ((None, None, 20_000_000, default), (0, None, default, default),
+              (None, "0.5", 20_000_000, 500_000))
+    for holder, unslotted, expected, expected_after in rounds:
+        concurrency.set_server(s, "pg_stride.holder_time_slice", holder)
+        concurrency.set_server(s, "pg_stride.unslotted_time_slice", unslotted)
         try:
             sessions, pids, _ = start_scans(s, 2)
             pinned = set()
@@ -232,12 +237,14 @@ def pinned_holders_ask_the_kernel_for_long_slices(s):
                 x.close()
         finally:
             concurrency.set_server(s, "pg_stride.holder_time_slice", None)
-        seen[setting] = (sorted(pinned - {None}), sorted(after - {None}))
-        assert pinned - {None} == {expected}, (setting, seen)
-        assert after == {default}, (setting, seen)
+            concurrency.set_server(s, "pg_stride.unslotted_time_slice", None)
+        key = (f"holder {'20ms' if holder is None else holder}, "
+               f"unslotted {'default' if unslotted is None else unslotted}")
+        seen[key] = (sorted(pinned - {None}), sorted(after - {None}))
+        assert pinned - {None} == {expected}, (key, seen)
+        assert after == {expected_after}, (key, seen)
     print(f"    default slice {default} ns; pinned / after: "
-          + "; ".join(f"holder_time_slice {k if k is not None else '20ms'}: {v[0]} / {v[1]}"
-                      for k, v in seen.items()))
+          + "; ".join(f"{k}: {v[0]} / {v[1]}" for k, v in seen.items()))
 
 
 SORT = "SELECT count(DISTINCT x) FROM (SELECT md5(a::text) AS x FROM big ORDER BY 1 OFFSET 0) s"

@@ -87,6 +87,7 @@ pub static IDLE_LOWER_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(false)
 /// Largest accepted `pg_stride.holder_time_slice`, ms: the kernel's own limit.
 pub const MAX_HOLDER_TIME_SLICE_MS: i32 = 100;
 pub static HOLDER_TIME_SLICE_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
+pub static UNSLOTTED_TIME_SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(0.0);
 pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
 pub static DATABASE: GucSetting<Option<CString>> =
@@ -422,6 +423,16 @@ pub fn register(group_exists: GroupExists) {
         &HOLDER_TIME_SLICE_MS,
         0,
         MAX_HOLDER_TIME_SLICE_MS,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_float_guc(
+        c"pg_stride.unslotted_time_slice",
+        c"Kernel time slice a process asks for when it leaves its CPU slot, for what it does without one (finishing its statement, the next one's parse and plan); 0: the kernel's default.",
+        c"On Linux 6.12 and later; the kernel keeps it within 0.1 to 100 ms. Shorter than the default, so that such processes waking up preempt each other sooner.",
+        &UNSLOTTED_TIME_SLICE_MS,
+        0.0,
+        f64::from(MAX_HOLDER_TIME_SLICE_MS),
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );

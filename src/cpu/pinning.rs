@@ -148,7 +148,11 @@ fn outranked(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) -> bool {
 /// without a slot that wakes on its CPU, with the default slice, then preempts it at once
 /// (EEVDF serves shorter requests first) to parse and plan or to answer its client,
 /// rather than waiting out the holder's slice (bench/results/SIM_GAP.md). An older
-/// kernel ignores the request.
+/// kernel ignores the request. Without a slot, a process asks for
+/// `pg_stride.unslotted_time_slice` (the kernel's default unless set): shorter slices
+/// let such processes, each with a little work between two waits (the rest of a
+/// statement, its reply, the next one's parse and plan), preempt each other at wake-up
+/// instead of waiting out a protected default slice.
 ///
 /// A pinned holder that another holder outranks (`outranked`) goes further with
 /// `pg_stride.idle_lower_holders`: in `SCHED_IDLE`, its CPU counts as idle for the
@@ -166,11 +170,11 @@ fn outranked(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) -> bool {
 fn fit_own_scheduling(entry: &shmem::ProcEntry, outranked: bool) {
     let pinned = entry.pinned_cpu.load(Ordering::Acquire) != 0;
     let ms = if pinned {
-        gucs::HOLDER_TIME_SLICE_MS.get().max(0)
+        f64::from(gucs::HOLDER_TIME_SLICE_MS.get())
     } else {
-        0
+        gucs::UNSLOTTED_TIME_SLICE_MS.get()
     };
-    let slice = ms as u64 * 1_000_000;
+    let slice = (ms.max(0.0) * 1e6) as u64;
     let idle = pinned && outranked && may_leave_idle();
     let (had_slice, was_idle) = OWN_SCHEDULING.get();
     if (had_slice, was_idle) == (slice, idle) {
