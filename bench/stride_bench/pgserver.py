@@ -174,8 +174,9 @@ class Server:
         """(Re)start the server with `settings` as bench_config.conf.  `renice` (root
         only): its processes get the CAP_SYS_NICE capability (ambient), so that a backend
         may lower its nice value back to 0 after raising it, or leave SCHED_IDLE
-        (`pg_stride.idle_lower_holders`); the kernel refuses both to an ordinary process (raising RLIMIT_NICE instead would need CAP_SYS_RESOURCE,
-        which containers often lack)."""
+        (`pg_stride.idle_lower_holders`); the kernel refuses both to an ordinary process
+        (raising RLIMIT_NICE instead would need CAP_SYS_RESOURCE, which containers often
+        lack)."""
         if self.running():
             self.stop()
         auto = self.pgdata / "postgresql.auto.conf"
