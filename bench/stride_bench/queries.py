@@ -58,8 +58,8 @@ def with_lead(script: str, lead: str) -> str:
     until the query ended. Measured with two scripts at 50/s on 4 clients and one
     thread: `SELECT 1` beside a compound whose 5,000 rows pause for 300 ms midway took
     266 ms on average (schedule lag 231 ms); with separate commands, 0.34 ms (0.14 ms).
-    In the benchmark, points with a lead had schedule lags of up to 50-200 ms where the
-    others had at most 4."""
+    In the benchmark, points with a lead had schedule lags of 12-206 ms where the
+    others had at most 4 (pgbouncer aside, whose points ran out of clients)."""
     lines = script.splitlines(keepends=True)
     i = next(i for i, ln in enumerate(lines)
              if ln.strip() and not ln.lstrip().startswith(("--", "\\")))
