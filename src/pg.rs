@@ -444,8 +444,7 @@ pub fn set_batch_policy(pid: i32, batch: bool) -> std::io::Result<()> {
 pub fn set_own_scheduling(slice_ns: u64, class: Option<bool>) -> std::io::Result<()> {
     /// Keep the policy (include/uapi/linux/sched.h).
     const SCHED_FLAG_KEEP_POLICY: u64 = 0x08;
-    // SAFETY: getpriority only reads this process's nice value.
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let nice = own_nice();
     let (policy, flags) = match class {
         Some(true) => (libc::SCHED_IDLE, 0),
         Some(false) => (libc::SCHED_OTHER, 0),
@@ -465,6 +464,12 @@ pub fn set_own_scheduling(slice_ns: u64, class: Option<bool>) -> std::io::Result
     os_result(unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr, 0) })
 }
 
+/// This process's nice value.
+fn own_nice() -> i32 {
+    // SAFETY: getpriority only reads this process's nice value.
+    unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
+}
+
 /// Whether this process could go back from `SCHED_IDLE` to `SCHED_OTHER` at its nice
 /// value: the kernel treats `SCHED_IDLE` as nice 20 and lets a process lower its nice
 /// value only with `CAP_SYS_NICE` or an `RLIMIT_NICE` of at least 20 - nice (systemd's
@@ -473,8 +478,7 @@ pub fn set_own_scheduling(slice_ns: u64, class: Option<bool>) -> std::io::Result
 pub fn may_leave_idle_class() -> bool {
     /// Bit of CAP_SYS_NICE in the capability sets (include/uapi/linux/capability.h).
     const CAP_SYS_NICE: u32 = 23;
-    // SAFETY: getpriority only reads this process's nice value.
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let nice = own_nice();
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

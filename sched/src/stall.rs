@@ -77,33 +77,24 @@ mod tests {
         }
     }
 
+    /// Whether a holder first sampled at 0 ms with 10 ms of CPU (the observer at 0 ms)
+    /// is to be swapped at `later`.
+    fn swaps_at(later: HolderSample) -> bool {
+        should_swap(&sample(0.0, 10.0, 0.0), &later)
+    }
+
     #[test]
     fn a_clock_still_for_longer_than_a_tick_is_a_stall() {
-        assert!(should_swap(
-            &sample(0.0, 10.0, 0.0),
-            &sample(5.0, 10.0, 5.0)
-        ));
-        assert!(!should_swap(
-            &sample(0.0, 10.0, 0.0),
-            &sample(4.9, 10.0, 4.9)
-        ));
+        assert!(swaps_at(sample(5.0, 10.0, 5.0)));
+        assert!(!swaps_at(sample(4.9, 10.0, 4.9)));
         // One tick's step means it ran, however little the step says.
-        assert!(!should_swap(
-            &sample(0.0, 10.0, 0.0),
-            &sample(9.0, 14.0, 9.0)
-        ));
+        assert!(!swaps_at(sample(9.0, 14.0, 9.0)));
     }
 
     #[test]
     fn only_an_observer_that_had_its_cpu_to_itself_swaps() {
-        assert!(should_swap(
-            &sample(0.0, 10.0, 0.0),
-            &sample(8.0, 10.0, 6.0)
-        ));
-        assert!(!should_swap(
-            &sample(0.0, 10.0, 0.0),
-            &sample(8.0, 10.0, 5.9)
-        ));
+        assert!(swaps_at(sample(8.0, 10.0, 6.0)));
+        assert!(!swaps_at(sample(8.0, 10.0, 5.9)));
     }
 
     #[test]

@@ -133,14 +133,24 @@ pub fn pausing(shared: &shmem::Shared, me: ProcId) {
 /// Whether a holder that owns a CPU has a higher priority than holder `me`: the
 /// scheduler would hand `me`'s slot to that one's queries first.
 fn outranked(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) -> bool {
-    let Some(mine) = sched.holder_priority(me) else {
-        return false;
-    };
-    shared.cpu_owners.owned().any(|(_, p)| {
-        p != me.0 as usize
-            && sched
-                .holder_priority(ProcId(p as u32))
-                .is_some_and(|theirs| theirs > mine)
+    sched
+        .holder_priority(me)
+        .is_some_and(|mine| outranking(shared, sched, me, mine).next().is_some())
+}
+
+/// The holders that own a CPU and have a higher priority than `mine`, holder `me`'s:
+/// (CPU, process number, priority) each.
+fn outranking<'a>(
+    shared: &'a shmem::Shared,
+    sched: &'a SchedShared,
+    me: ProcId,
+    mine: u32,
+) -> impl Iterator<Item = (u32, usize, u32)> + 'a {
+    shared.cpu_owners.owned().filter_map(move |(cpu, p)| {
+        let priority = sched
+            .holder_priority(ProcId(p as u32))
+            .filter(|&priority| priority > mine && p != me.0 as usize)?;
+        Some((cpu, p, priority))
     })
 }
 
@@ -214,17 +224,10 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
     let Some(mine) = sched.holder_priority(me) else {
         return;
     };
-    let me = me.0 as usize;
     let (now, own_cpu) = (pg::monotonic_ns(), pg::thread_cpu_ns());
     let mut samples = Vec::new();
     let mut stalled: Option<(u32, usize, u32)> = None;
-    for (cpu, p) in shared.cpu_owners.owned() {
-        let Some(priority) = sched
-            .holder_priority(ProcId(p as u32))
-            .filter(|&priority| priority > mine && p != me)
-        else {
-            continue;
-        };
+    for (cpu, p, priority) in outranking(shared, sched, me, mine) {
         let Some(entry) = shared.procs().get(p) else {
             continue;
         };
@@ -258,7 +261,7 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
         samples.push(first);
     }
     if let Some((_, p, cpu)) = stalled {
-        if swap(shared, me, p, cpu) {
+        if swap(shared, me.0 as usize, p, cpu) {
             shared.cpu_swaps.fetch_add(1, Ordering::Relaxed);
             // On another CPU now: sampled afresh from the next slice end.
             samples.clear();
