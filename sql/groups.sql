@@ -78,6 +78,28 @@ RESET pg_stride.resource_group;
 SELECT name, active, admitted_total, queue_time_p50_ms, queue_time_p99_ms
   FROM pg_stride.groups WHERE name = 'reporting';
 
+-- A statement can name its group in a comment before its first word, without a SET:
+-- honoured for roles that may set pg_stride.resource_group, passed over with a WARNING
+-- otherwise or when the group does not exist. Each statement of a query string reads
+-- its own comment; the session's group is left as it was.
+SET ROLE stride_member;
+/* pg_stride.resource_group=reporting */ SELECT "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
+RESET ROLE;
+GRANT SET ON PARAMETER pg_stride.resource_group TO stride_member;
+SET ROLE stride_member;
+/* app='regress', pg_stride.resource_group='reporting' */ SELECT "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
+SELECT "group" AS untagged FROM pg_stride.activity WHERE pid = pg_backend_pid();
+/* pg_stride.resource_group=nosuch */ SELECT "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
+SELECT 1 AS first \; /* pg_stride.resource_group=reporting */ SELECT "group" AS second FROM pg_stride.activity WHERE pid = pg_backend_pid() \; SELECT "group" AS third FROM pg_stride.activity WHERE pid = pg_backend_pid();
+-- Not a tag: a comment inside the statement, or one behind a line comment.
+SELECT /* pg_stride.resource_group=reporting */ "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
+/* pg_stride.resource_group=reporting */
+-- a line comment hides the tag
+SELECT "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
+RESET ROLE;
+REVOKE SET ON PARAMETER pg_stride.resource_group FROM stride_member;
+SHOW pg_stride.resource_group;
+
 -- With max_concurrency 1, an open cursor holds the group's only admission. The
 -- session's next statements run under it instead of waiting for it, which would be
 -- waiting for itself (queue_timeout makes that fail here instead of hang), and so do

@@ -14,9 +14,11 @@
 //! equal to the table. The loader also reads it when it starts.
 
 use crate::backend_local::BackendLocal;
-use crate::gucs;
 use crate::shmem::{self, Group, GroupDirectory};
+use crate::{gucs, pg};
 use pg_stride_sched::groups::{GroupSettings, DEFAULT_GROUP};
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
 use std::cell::Cell;
 
 /// Whether this backend's transaction changed the groups table.
@@ -45,11 +47,44 @@ pub fn transaction_ended() {
 static LAST_GROUP: BackendLocal<Cell<(u64, u64, usize)>> =
     BackendLocal::new(Cell::new((u64::MAX, u64::MAX, 0)));
 
-/// The group whose slot the current statement runs in: the session's
-/// `pg_stride.resource_group`, or `default` with a WARNING when no such group exists
-/// (DESIGN.md §4 rule 10: a setting restored before its group is accepted, and falls
-/// back when used).
-pub fn resolve_session_group(directory: &GroupDirectory) -> usize {
+/// The group whose slot a statement runs in: the one its comment's tag names
+/// (`pg_stride_sched::group_tag`), if it has one and the role may set
+/// `pg_stride.resource_group`; otherwise the session's group. A tag that the role may not
+/// use or that names no group is passed over with a WARNING, and the statement runs.
+pub fn resolve_statement_group(directory: &GroupDirectory, tag: Option<String>) -> usize {
+    let Some(name) = tag else {
+        return resolve_session_group(directory);
+    };
+    let (code, message, hint) = if !pg::may_set_parameter(c"pg_stride.resource_group") {
+        (
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied to set parameter \"pg_stride.resource_group\" to \"{name}\""),
+            "A superuser can allow the role to choose its group with GRANT SET ON PARAMETER pg_stride.resource_group.",
+        )
+    } else if let Some(slot) = directory.find(&name) {
+        return slot;
+    } else {
+        (
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("resource group \"{name}\" does not exist"),
+            "Create it with pg_stride.create_group(), or list groups in pg_stride.groups.",
+        )
+    };
+    let slot = resolve_session_group(directory);
+    ErrorReport::new(code, message, "pg_stride resource groups")
+        .set_detail(format!(
+            "The group was named in the statement's comment; the statement runs in the session's group \"{}\".",
+            directory.name_of(slot)
+        ))
+        .set_hint(hint)
+        .report(PgLogLevel::WARNING);
+    slot
+}
+
+/// The group of the session's statements: its `pg_stride.resource_group`, or `default`
+/// with a WARNING when no such group exists (DESIGN.md §4 rule 10: a setting restored
+/// before its group is accepted, and falls back when used).
+fn resolve_session_group(directory: &GroupDirectory) -> usize {
     let key = (gucs::group_assignments(), directory.generation());
     let (assignments, generation, slot) = LAST_GROUP.get();
     if (assignments, generation) == key {

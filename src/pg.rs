@@ -266,6 +266,45 @@ pub fn is_superuser() -> bool {
     unsafe { pg_sys::superuser() }
 }
 
+/// Whether the current role may `SET` the parameter `name`: a superuser, or a role
+/// granted SET on it (`GRANT SET ON PARAMETER`). Looks the grant up in the syscache, so
+/// it runs inside a transaction.
+pub fn may_set_parameter(name: &std::ffi::CStr) -> bool {
+    // SAFETY: plain calls into PostgreSQL's privilege check; the name is a valid C string
+    // and the current user exists while it is current.
+    unsafe {
+        pg_sys::pg_parameter_aclcheck(
+            name.as_ptr(),
+            pg_sys::GetUserId(),
+            pg_sys::ACL_SET as pg_sys::AclMode,
+        ) == pg_sys::AclResult::ACLCHECK_OK
+    }
+}
+
+/// The resource group that the statement `desc` runs names in a comment before its first
+/// word (`pg_stride_sched::group_tag`), if it names one.
+pub fn statement_group_tag(desc: *const pg_sys::QueryDesc) -> Option<String> {
+    // SAFETY: the executor passes a valid QueryDesc; its query string, when it has one,
+    // is a NUL-terminated string that lives as long as the QueryDesc, and so does the
+    // plan it reads the statement's location from.
+    let (source, location) = unsafe {
+        let desc = desc.as_ref()?;
+        if desc.sourceText.is_null() {
+            return None;
+        }
+        let location = desc
+            .plannedstmt
+            .as_ref()
+            .map_or(0, |p| p.stmt_location.max(0));
+        (
+            std::ffi::CStr::from_ptr(desc.sourceText).to_bytes(),
+            location as usize,
+        )
+    };
+    pg_stride_sched::group_tag::statement_group(source, location)
+        .map(|g| String::from_utf8_lossy(&g).into_owned())
+}
+
 /// The thread CPU clock, ns. A system call on Linux: read once per chunk of tuples,
 /// never per tuple (DESIGN.md §8).
 pub fn thread_cpu_ns() -> u64 {

@@ -65,7 +65,7 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
         return;
     };
     claim(shared, entry);
-    let group = groups::resolve_session_group(&shared.groups);
+    let group = groups::resolve_statement_group(&shared.groups, pg::statement_group_tag(desc));
     admission::switch_group(shared, entry, group);
     // A backend that holds an admission already (an open cursor, the query of a FOR
     // loop in a DO block) runs its further statements under it: it runs one at a

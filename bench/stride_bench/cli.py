@@ -277,7 +277,9 @@ class Runner:
     def workload_for(self, cfg: dict) -> workload.Workload:
         if cfg.get("prioritize"):
             return self.wl_niced
-        return self.wl_grouped if cfg.get("class_groups") else self.wl
+        if cfg.get("class_groups"):
+            return self.wl_grouped[cfg.get("group_by", "tag")]
+        return self.wl
 
     def conn(self, cfg: dict, db: str) -> list:
         return self.server.conn_args(db, through_bouncer=bool(cfg.get("pgbouncer")))
@@ -292,7 +294,7 @@ class Runner:
         data.load(self.server, workload.TPCH_DB, p.large_sf)
         data.load_pgbench(self.server, workload.OLTP_DB, p.oltp_scale)
         self.schemas = [data.schema_name(p.small_sf), data.schema_name(p.large_sf)]
-        scripts, niced, grouped = {}, {}, {}
+        scripts, niced, tagged, grouped_by_set = {}, {}, {}, {}
         sdir = self.run_dir / "scripts"
         for cls, sf in (("short", p.small_sf), ("long", p.large_sf)):
             schema = data.schema_name(sf)
@@ -301,16 +303,20 @@ class Runner:
             for q, path in queries.write_scripts(sdir / "prioritize", queries.INCLUDED,
                                                  schema, sf, queries.nice_lead(cls)).items():
                 niced[(q, cls)] = path
-            for q, path in queries.write_scripts(sdir / "groups", queries.INCLUDED,
+            for q, path in queries.write_scripts(sdir / "groups", queries.INCLUDED, schema,
+                                                 sf, comment=queries.group_tag(cls)).items():
+                tagged[(q, cls)] = path
+            for q, path in queries.write_scripts(sdir / "groups-set", queries.INCLUDED,
                                                  schema, sf, queries.group_lead(cls)).items():
-                grouped[(q, cls)] = path
+                grouped_by_set[(q, cls)] = path
         self.wl = workload.Workload(scripts, queries.INCLUDED)
         # the `prioritize` configuration's scripts: the same queries, each sent with the
         # statement that sets its backend's nice value by class
         self.wl_niced = workload.Workload(niced, queries.INCLUDED)
-        # the `class_groups` configurations' scripts: each sent with the statement that
-        # chooses its class's resource group
-        self.wl_grouped = workload.Workload(grouped, queries.INCLUDED)
+        # the `class_groups` configurations' scripts: each query names its class's
+        # resource group in a comment, or (`group_by = "set"`) is sent after a SET of it
+        self.wl_grouped = {"tag": workload.Workload(tagged, queries.INCLUDED),
+                           "set": workload.Workload(grouped_by_set, queries.INCLUDED)}
         self.meta["queries"] = {"included": queries.INCLUDED, "excluded": queries.EXCLUDED}
         self.meta["scales"] = {"short": p.small_sf, "long": p.large_sf}
         self.meta["script_info"] = {str(k): list(v) for k, v in self.wl.script_info.items()}

@@ -34,17 +34,28 @@ def render(query: str, schema: str, sf: float) -> str:
             .replace("@COLORS@", colors))
 
 
-def write_scripts(outdir: Path, queries, schema: str, sf: float, lead: str = "") -> dict:
+def write_scripts(outdir: Path, queries, schema: str, sf: float, lead: str = "",
+                  comment: str = "") -> dict:
     """Write one pgbench script per query; returns query -> path. A `lead` statement
-    (SQL without its semicolon) goes in front of the query (`with_lead`)."""
+    (SQL without its semicolon) goes in front of the query (`with_lead`), a `comment`
+    into its statement (`with_comment`)."""
     outdir.mkdir(parents=True, exist_ok=True)
     paths = {}
     for q in queries:
         p = outdir / f"{schema}_{q}.sql"
         text = render(q, schema, sf)
-        p.write_text(with_lead(text, lead) if lead else text)
+        if lead:
+            text = with_lead(text, lead)
+        if comment:
+            text = with_comment(text, comment)
+        p.write_text(text)
         paths[q] = p
     return paths
+
+
+def _first_sql_line(lines: list) -> int:
+    return next(i for i, ln in enumerate(lines)
+                if ln.strip() and not ln.lstrip().startswith(("--", "\\")))
 
 
 def with_lead(script: str, lead: str) -> str:
@@ -61,9 +72,16 @@ def with_lead(script: str, lead: str) -> str:
     In the benchmark, points with a lead had schedule lags of 12-206 ms where the
     others had at most 4 (pgbouncer aside, whose points ran out of clients)."""
     lines = script.splitlines(keepends=True)
-    i = next(i for i, ln in enumerate(lines)
-             if ln.strip() and not ln.lstrip().startswith(("--", "\\")))
+    i = _first_sql_line(lines)
     return "".join(lines[:i]) + lead + ";\n" + "".join(lines[i:])
+
+
+def with_comment(script: str, comment: str) -> str:
+    """`script` with the block comment `comment` on a line of its own directly before
+    its SQL statement's first line: pgbench sends it as part of the statement."""
+    lines = script.splitlines(keepends=True)
+    i = _first_sql_line(lines)
+    return "".join(lines[:i]) + comment + "\n" + "".join(lines[i:])
 
 
 # The nice value of a query's backend in the `prioritize` configuration, by class.
@@ -81,6 +99,12 @@ GROUP = {"short": "interactive", "long": "analytics"}
 
 
 def group_lead(cls: str) -> str:
-    """The statement a `class_groups` script sends with its query: put the session's
-    statements into its class's resource group."""
+    """The statement a `class_groups` script with `group_by = "set"` sends before its
+    query: put the session's statements into its class's resource group."""
     return f"SET pg_stride.resource_group = '{GROUP[cls]}'"
+
+
+def group_tag(cls: str) -> str:
+    """The comment by which a `class_groups` script's query names its class's resource
+    group (the default, `group_by = "tag"`): no statement, no round trip."""
+    return f"/* pg_stride.resource_group={GROUP[cls]} */"

@@ -214,6 +214,21 @@ class WorkloadTest(unittest.TestCase):
         self.assertEqual(queries.group_lead("long"),
                          "SET pg_stride.resource_group = 'analytics'")
 
+    def test_a_group_tag_stands_directly_before_the_statement(self):
+        tag = queries.group_tag("short")
+        self.assertEqual(tag, "/* pg_stride.resource_group=interactive */")
+        for q in queries.ALL:
+            plain = queries.render(q, "sf0_01", 0.01)
+            text = queries.with_comment(plain, tag)
+            sql = [ln for ln in text.splitlines()
+                   if ln.strip() and not ln.lstrip().startswith(("--", "\\"))]
+            # one pgbench command: the comment, then the statement's first line (only
+            # whitespace and block comments may stand between a tag and the first word)
+            self.assertEqual(sql[0], tag, q)
+            self.assertEqual(sql[1:], [ln for ln in plain.splitlines()
+                                       if ln.strip() and not ln.lstrip().startswith(("--", "\\"))], q)
+            self.assertEqual("\n".join(sql).count(";"), 1, q)
+
     def test_configs_table(self):
         with open(BENCH / "configs.toml", "rb") as fh:
             cfg = tomllib.load(fh)
@@ -231,6 +246,9 @@ class WorkloadTest(unittest.TestCase):
                         "weight", "max_concurrency", "max_parallel_workers",
                         "priority_initial", "priority_min", "decay_lambda",
                         "decay_start", "pinned"}, c["name"])
+            self.assertIn(c.get("group_by", "tag"), ("tag", "set"), c["name"])
+            if "group_by" in c:
+                self.assertIn("class_groups", c, c["name"])
 
 
 class ServerTest(unittest.TestCase):

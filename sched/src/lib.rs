@@ -10,6 +10,7 @@
 //! * [`hint`] — concurrency hint and worker grant rule (psaroudakis2013 §6).
 //! * [`admission`] — admission limits, queue and leases (wagner2021 §2.3).
 //! * [`groups`] — resource-group settings, their limits and directory slots.
+//! * [`group_tag`] — the group a statement names in a comment before its first word.
 //! * [`histogram`] — the queue-time histogram and its quantiles.
 //! * [`shared`] — the lock-free shared-memory scheduler ([`SchedShared`]).
 //! * [`sim`] — discrete-event simulator and workload generator over [`SchedShared`].
@@ -83,6 +84,7 @@
 //! ```
 
 pub mod decay;
+pub mod group_tag;
 pub mod groups;
 pub mod hint;
 pub mod histogram;
