@@ -90,7 +90,39 @@ SET ROLE stride_member;
 /* app='regress', pg_stride.resource_group='reporting' */ SELECT "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
 SELECT "group" AS untagged FROM pg_stride.activity WHERE pid = pg_backend_pid();
 /* pg_stride.resource_group=nosuch */ SELECT "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
+-- The two WARNINGs' SQLSTATEs: insufficient_privilege, undefined_object.
+\set VERBOSITY sqlstate
+RESET ROLE;
+REVOKE SET ON PARAMETER pg_stride.resource_group FROM stride_member;
+SET ROLE stride_member;
+/* pg_stride.resource_group=reporting */ SELECT 'runs' AS denied;
+RESET ROLE;
+GRANT SET ON PARAMETER pg_stride.resource_group TO stride_member;
+SET ROLE stride_member;
+/* pg_stride.resource_group=nosuch */ SELECT 'runs' AS unknown;
+\set VERBOSITY default
 SELECT 1 AS first \; /* pg_stride.resource_group=reporting */ SELECT "group" AS second FROM pg_stride.activity WHERE pid = pg_backend_pid() \; SELECT "group" AS third FROM pg_stride.activity WHERE pid = pg_backend_pid();
+-- The tag of the statement the client sends applies to the statements run for it: the
+-- query of an EXECUTE, a cursor or a CREATE TABLE AS, the statements of a DO block.
+PREPARE whose_group AS SELECT "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
+/* pg_stride.resource_group=reporting */ EXECUTE whose_group;
+EXECUTE whose_group;
+DEALLOCATE whose_group;
+BEGIN;
+/* pg_stride.resource_group=reporting */ DECLARE whose_group CURSOR FOR SELECT "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
+FETCH whose_group;
+COMMIT;
+/* pg_stride.resource_group=reporting */ CREATE TEMP TABLE whose_group AS SELECT "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
+TABLE whose_group;
+DROP TABLE whose_group;
+/* pg_stride.resource_group=reporting */ DO $$
+DECLARE
+  g text;
+BEGIN
+  SELECT "group" INTO g FROM pg_stride.activity WHERE pid = pg_backend_pid();
+  RAISE NOTICE 'a statement of the DO block runs in group %', g;
+END
+$$;
 -- Not a tag: a comment inside the statement, or one behind a line comment.
 SELECT /* pg_stride.resource_group=reporting */ "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
 /* pg_stride.resource_group=reporting */

@@ -337,6 +337,16 @@ unsafe extern "C-unwind" fn process_utility(
         // SAFETY: a guarded function, given the statement.
         unsafe { release_pool_database((*pstmt).utilityStmt) };
     }
+    // The statement the client sent: the queries it runs read their group tag in it.
+    let client = !nested
+        && NESTING.get() == 0
+        && context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL;
+    if client {
+        // SAFETY: the query string stays valid while the utility runs; the value is
+        // cleared when it returns, or when an ERROR aborts the transaction.
+        let text = unsafe { pg::StatementText::new(query_string, (*pstmt).stmt_location) };
+        statements::set_client_utility(Some(text));
+    }
     if nested {
         NESTING.set(NESTING.get().saturating_add(1));
     }
@@ -355,6 +365,9 @@ unsafe extern "C-unwind" fn process_utility(
     }
     if nested {
         NESTING.set(NESTING.get().saturating_sub(1));
+    }
+    if client {
+        statements::set_client_utility(None);
     }
 }
 
@@ -463,6 +476,7 @@ unsafe extern "C-unwind" fn on_xact_event(
     use pg_sys::XactEvent::*;
     if matches!(event, XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {
         NESTING.set(0);
+        statements::set_client_utility(None);
     }
     if matches!(
         event,

@@ -281,28 +281,52 @@ pub fn may_set_parameter(name: &std::ffi::CStr) -> bool {
     }
 }
 
-/// The resource group that the statement `desc` runs names in a comment before its first
-/// word (`pg_stride_sched::group_tag`), if it names one.
-pub fn statement_group_tag(desc: *const pg_sys::QueryDesc) -> Option<String> {
-    // SAFETY: the executor passes a valid QueryDesc; its query string, when it has one,
-    // is a NUL-terminated string that lives as long as the QueryDesc, and so does the
-    // plan it reads the statement's location from.
-    let (source, location) = unsafe {
-        let desc = desc.as_ref()?;
-        if desc.sourceText.is_null() {
+/// A statement's text: the query string it came in and where in it the statement starts
+/// (its PlannedStmt's `stmt_location`), for reading its group tag.
+#[derive(Clone, Copy)]
+pub struct StatementText {
+    source: *const std::ffi::c_char,
+    location: i32,
+}
+
+impl StatementText {
+    /// The text of the statement a utility hook is given.
+    ///
+    /// # Safety
+    /// `source` is a NUL-terminated string that stays valid while the value is used:
+    /// the query string ProcessUtility receives, while the utility runs.
+    pub unsafe fn new(source: *const std::ffi::c_char, location: i32) -> Self {
+        Self { source, location }
+    }
+
+    /// The text of the statement the active portal runs, if a portal is running.
+    pub fn of_active_portal() -> Option<Self> {
+        // SAFETY: the active portal, when there is one, is valid while it runs; its
+        // statement list is a list of PlannedStmts that live as long as the portal, and
+        // its query string too.
+        unsafe {
+            let portal = pg_sys::ActivePortal.as_ref()?;
+            let first = pgrx::PgList::<pg_sys::PlannedStmt>::from_pg(portal.stmts).head();
+            let location = first
+                .and_then(|p| p.as_ref())
+                .map_or(0, |p| p.stmt_location);
+            Some(Self::new(portal.sourceText, location))
+        }
+    }
+
+    /// The resource group the statement names in a comment before its first word
+    /// (`pg_stride_sched::group_tag`), if it names one.
+    pub fn group_tag(self) -> Option<String> {
+        if self.source.is_null() {
             return None;
         }
-        let location = desc
-            .plannedstmt
-            .as_ref()
-            .map_or(0, |p| p.stmt_location.max(0));
-        (
-            std::ffi::CStr::from_ptr(desc.sourceText).to_bytes(),
-            location as usize,
-        )
-    };
-    pg_stride_sched::group_tag::statement_group(source, location)
-        .map(|g| String::from_utf8_lossy(&g).into_owned())
+        // SAFETY: a non-null source is NUL-terminated and valid (the constructors'
+        // contract).
+        let source = unsafe { std::ffi::CStr::from_ptr(self.source) }.to_bytes();
+        let location = usize::try_from(self.location).unwrap_or(0);
+        pg_stride_sched::group_tag::statement_group(source, location)
+            .map(|g| String::from_utf8_lossy(&g).into_owned())
+    }
 }
 
 /// The thread CPU clock, ns. A system call on Linux: read once per chunk of tuples,

@@ -38,6 +38,27 @@ struct Registration {
     arrival: cpu::Arrival,
 }
 
+/// The statement the client sent, while it is a utility whose queries are the client's
+/// (EXECUTE, DECLARE, EXPLAIN ANALYZE, CREATE TABLE AS, DO, CALL): its queries run in
+/// portals of their own, or in no new portal, but take the group its tag names.
+static CLIENT_UTILITY: BackendLocal<Cell<Option<pg::StatementText>>> =
+    BackendLocal::new(Cell::new(None));
+
+/// A top-level utility whose queries are the client's starts (`Some`) or ends (`None`).
+/// Plain stores that cannot fail: called from the utility hook, outside pgrx's guard.
+pub fn set_client_utility(text: Option<pg::StatementText>) {
+    CLIENT_UTILITY.set(text);
+}
+
+/// The group tag of the statement the client sent: a running top-level utility's, or
+/// the active portal's statement's.
+fn client_group_tag() -> Option<String> {
+    CLIENT_UTILITY
+        .get()
+        .or_else(pg::StatementText::of_active_portal)?
+        .group_tag()
+}
+
 static REGISTERED: BackendLocal<RefCell<Vec<Registration>>> =
     BackendLocal::new(RefCell::new(Vec::new()));
 static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
@@ -65,7 +86,7 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
         return;
     };
     claim(shared, entry);
-    let group = groups::resolve_statement_group(&shared.groups, pg::statement_group_tag(desc));
+    let group = groups::resolve_statement_group(&shared.groups, client_group_tag());
     admission::switch_group(shared, entry, group);
     // A backend that holds an admission already (an open cursor, the query of a FOR
     // loop in a DO block) runs its further statements under it: it runs one at a
