@@ -123,6 +123,14 @@ BEGIN
   RAISE NOTICE 'a statement of the DO block runs in group %', g;
 END
 $$;
+-- A utility that fails, here inside the client's savepoint (psql's ON_ERROR_ROLLBACK),
+-- leaves no tag behind for the statements after it: the third one runs untagged.
+\set ON_ERROR_ROLLBACK on
+BEGIN;
+/* pg_stride.resource_group=reporting */ EXPLAIN (ANALYZE, COSTS OFF) SELECT 1 / 0;
+/* pg_stride.resource_group=reporting */ SELECT 1 AS first \; SELECT 2 AS second \; SELECT "group" AS third FROM pg_stride.activity WHERE pid = pg_backend_pid();
+COMMIT;
+\set ON_ERROR_ROLLBACK off
 -- Not a tag: a comment inside the statement, or one behind a line comment.
 SELECT /* pg_stride.resource_group=reporting */ "group" FROM pg_stride.activity WHERE pid = pg_backend_pid();
 /* pg_stride.resource_group=reporting */

@@ -345,7 +345,7 @@ unsafe extern "C-unwind" fn process_utility(
         // SAFETY: the query string stays valid while the utility runs; the value is
         // cleared when it returns, or when an ERROR aborts the transaction.
         let text = unsafe { pg::StatementText::new(query_string, (*pstmt).stmt_location) };
-        statements::set_client_utility(Some(text));
+        statements::client_utility_started(text);
     }
     if nested {
         NESTING.set(NESTING.get().saturating_add(1));
@@ -367,7 +367,7 @@ unsafe extern "C-unwind" fn process_utility(
         NESTING.set(NESTING.get().saturating_sub(1));
     }
     if client {
-        statements::set_client_utility(None);
+        statements::client_utility_ended();
     }
 }
 
@@ -476,7 +476,7 @@ unsafe extern "C-unwind" fn on_xact_event(
     use pg_sys::XactEvent::*;
     if matches!(event, XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {
         NESTING.set(0);
-        statements::set_client_utility(None);
+        statements::client_utility_ended();
     }
     if matches!(
         event,
@@ -492,7 +492,8 @@ unsafe extern "C-unwind" fn on_xact_event(
 }
 
 /// A subtransaction that aborts returns to the depth it started at; the statements
-/// started inside it and interrupted by the ERROR are gone.
+/// started inside it and interrupted by the ERROR are gone, and so is a client's utility
+/// that started inside it.
 unsafe extern "C-unwind" fn on_subxact_event(
     event: pg_sys::SubXactEvent::Type,
     subid: pg_sys::SubTransactionId,
@@ -500,6 +501,9 @@ unsafe extern "C-unwind" fn on_subxact_event(
     _arg: *mut std::ffi::c_void,
 ) {
     use pg_sys::SubXactEvent::*;
+    if event == SUBXACT_EVENT_ABORT_SUB {
+        statements::subtransaction_aborted(subid);
+    }
     SUBXACT_DEPTHS.try_with_borrow_mut(|depths| match event {
         SUBXACT_EVENT_START_SUB => depths.push((subid, NESTING.get())),
         SUBXACT_EVENT_COMMIT_SUB | SUBXACT_EVENT_ABORT_SUB => {

@@ -281,6 +281,13 @@ pub fn may_set_parameter(name: &std::ffi::CStr) -> bool {
     }
 }
 
+/// The current subtransaction's id (1 for the top-level transaction). A plain read of
+/// the transaction state, which cannot fail.
+pub fn current_subtransaction() -> u32 {
+    // SAFETY: plain read of process-local transaction state.
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
+}
+
 /// A statement's text: the query string it came in and where in it the statement starts
 /// (its PlannedStmt's `stmt_location`), for reading its group tag.
 #[derive(Clone, Copy)]
@@ -299,7 +306,8 @@ impl StatementText {
         Self { source, location }
     }
 
-    /// The text of the statement the active portal runs, if a portal is running.
+    /// The text of the statement the active portal runs, if a portal is running; to be
+    /// read while that portal runs.
     pub fn of_active_portal() -> Option<Self> {
         // SAFETY: the active portal, when there is one, is valid while it runs; its
         // statement list is a list of PlannedStmts that live as long as the portal, and

@@ -40,14 +40,30 @@ struct Registration {
 
 /// The statement the client sent, while it is a utility whose queries are the client's
 /// (EXECUTE, DECLARE, EXPLAIN ANALYZE, CREATE TABLE AS, DO, CALL): its queries run in
-/// portals of their own, or in no new portal, but take the group its tag names.
-static CLIENT_UTILITY: BackendLocal<Cell<Option<pg::StatementText>>> =
+/// portals of their own, or in no new portal, but take the group its tag names. With it,
+/// the subtransaction that was current when it started: if that one aborts (an ERROR
+/// inside the client's savepoint), the utility ended with it.
+static CLIENT_UTILITY: BackendLocal<Cell<Option<(pg::StatementText, u32)>>> =
     BackendLocal::new(Cell::new(None));
 
-/// A top-level utility whose queries are the client's starts (`Some`) or ends (`None`).
-/// Plain stores that cannot fail: called from the utility hook, outside pgrx's guard.
-pub fn set_client_utility(text: Option<pg::StatementText>) {
-    CLIENT_UTILITY.set(text);
+/// A top-level utility whose queries are the client's starts. Plain stores and reads
+/// that cannot fail, as the next two: called from hooks, outside pgrx's guard.
+pub fn client_utility_started(text: pg::StatementText) {
+    CLIENT_UTILITY.set(Some((text, pg::current_subtransaction())));
+}
+
+/// The top-level utility has returned, or its transaction aborted.
+pub fn client_utility_ended() {
+    CLIENT_UTILITY.set(None);
+}
+
+/// The subtransaction `subid` aborted: a utility that started inside it has ended.
+pub fn subtransaction_aborted(subid: u32) {
+    if let Some((_, started_in)) = CLIENT_UTILITY.get() {
+        if subid <= started_in {
+            CLIENT_UTILITY.set(None);
+        }
+    }
 }
 
 /// The group tag of the statement the client sent: a running top-level utility's, or
@@ -55,6 +71,7 @@ pub fn set_client_utility(text: Option<pg::StatementText>) {
 fn client_group_tag() -> Option<String> {
     CLIENT_UTILITY
         .get()
+        .map(|(text, _)| text)
         .or_else(pg::StatementText::of_active_portal)?
         .group_tag()
 }
