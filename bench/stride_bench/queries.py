@@ -53,9 +53,13 @@ def write_scripts(outdir: Path, queries, schema: str, sf: float, lead: str = "",
     return paths
 
 
+def is_sql_line(line: str) -> bool:
+    """Whether a script line is SQL: not blank, not a comment, not a meta-command."""
+    return bool(line.strip()) and not line.lstrip().startswith(("--", "\\"))
+
+
 def _first_sql_line(lines: list) -> int:
-    return next(i for i, ln in enumerate(lines)
-                if ln.strip() and not ln.lstrip().startswith(("--", "\\")))
+    return next(i for i, ln in enumerate(lines) if is_sql_line(ln))
 
 
 def with_lead(script: str, lead: str) -> str:

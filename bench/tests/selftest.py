@@ -199,8 +199,7 @@ class WorkloadTest(unittest.TestCase):
         lead = queries.group_lead("short")
         for q in queries.ALL:
             text = queries.with_lead(queries.render(q, "sf0_01", 0.01), lead)
-            sql = [ln for ln in text.splitlines()
-                   if ln.strip() and not ln.lstrip().startswith(("--", "\\"))]
+            sql = [ln for ln in text.splitlines() if queries.is_sql_line(ln)]
             # two pgbench commands: the lead, then the query up to its only `;` (no
             # compound `\;`, whose second result pgbench waits for, blocking)
             self.assertEqual(sql[0], f"{lead};", q)
@@ -220,13 +219,12 @@ class WorkloadTest(unittest.TestCase):
         for q in queries.ALL:
             plain = queries.render(q, "sf0_01", 0.01)
             text = queries.with_comment(plain, tag)
-            sql = [ln for ln in text.splitlines()
-                   if ln.strip() and not ln.lstrip().startswith(("--", "\\"))]
+            sql = [ln for ln in text.splitlines() if queries.is_sql_line(ln)]
             # one pgbench command: the comment, then the statement's first line (only
             # whitespace and block comments may stand between a tag and the first word)
             self.assertEqual(sql[0], tag, q)
             self.assertEqual(sql[1:], [ln for ln in plain.splitlines()
-                                       if ln.strip() and not ln.lstrip().startswith(("--", "\\"))], q)
+                                       if queries.is_sql_line(ln)], q)
             self.assertEqual("\n".join(sql).count(";"), 1, q)
 
     def test_configs_table(self):
