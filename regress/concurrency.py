@@ -299,12 +299,20 @@ def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
         AS_POSTGRES + [f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(s.port), "-U", "regress_four",
                        "-c", "64", "-j", "4", "-T", "6", "-f", script, "postgres"],
         env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # The view reads one backend after another, so one read of it can see a statement
+    # that ended and the one admitted in its place as running at once (the reader may be
+    # preempted halfway). A statement seen running in two reads in a row, with the same
+    # admission time, ran from the end of the first read to the start of the second: the
+    # statements seen so are a count of the statements running at one instant.
+    sample = ("WITH a AS MATERIALIZED (SELECT pid, admitted_at, state FROM pg_stride.activity WHERE \"group\" = 'four'), "
+              "b AS MATERIALIZED (SELECT pid, admitted_at, state FROM pg_stride.activity WHERE \"group\" = 'four') "
+              "SELECT (SELECT count(*) FROM a JOIN b USING (pid, admitted_at) "
+              "        WHERE a.state IN ('running', 'paused') AND b.state IN ('running', 'paused')) || ' ' || "
+              "       (SELECT count(*) FROM a WHERE state = 'queued')")
     samples = []
     time.sleep(1)
     while bench.poll() is None:
-        row = s.sql("SELECT count(*) FILTER (WHERE state IN ('running', 'paused')) || ' ' || count(*) FILTER (WHERE state = 'queued') "
-                    "FROM pg_stride.activity WHERE \"group\" = 'four'")
-        samples.append(tuple(int(v) for v in row.split()))
+        samples.append(tuple(int(v) for v in s.sql(sample).split()))
         time.sleep(0.2)
     out, err = bench.communicate()
     running = [r for r, _ in samples]

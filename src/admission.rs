@@ -248,9 +248,17 @@ pub fn configure(
 }
 
 /// Lends out the admission of `entry`'s statement, which waits on a lock or on its
-/// client, and admits whoever that lets in (see `Lease`).
-pub fn lend(shared: &shmem::Shared, entry: &ProcEntry) {
-    if entry.lease.lend(&shared.admission) == Some(true) {
+/// client, and admits whoever that lets in (see `Lease`). `still_waits` is asked again
+/// once the admission is lent: the statement may have ended, and another one taken the
+/// lease, since the caller looked; that one's admission is taken back at once.
+pub fn lend_if(shared: &shmem::Shared, entry: &ProcEntry, still_waits: impl Fn() -> bool) {
+    let Some(waiters) = entry.lease.lend(&shared.admission) else {
+        return;
+    };
+    if !still_waits() && entry.lease.reclaim(&shared.admission) {
+        return;
+    }
+    if waiters {
         dispatch(shared);
     }
 }

@@ -130,6 +130,7 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
             arrival,
         })
     });
+    entry.registered.fetch_add(1, Ordering::AcqRel);
     entry.running.fetch_add(1, Ordering::AcqRel);
     entry.clear_statement();
     parallel::grant_workers(shared, desc, group, |grant| {

@@ -43,6 +43,9 @@ pub struct ProcEntry {
     pub pid: AtomicI32,
     /// Top-level statements of this process that are admitted and executing.
     pub running: AtomicU32,
+    /// Statements this process registered, counted (wrapping) before `running` counts
+    /// each: a reader that sees the same count around its reads saw one statement.
+    pub registered: AtomicU32,
     /// Top-level statements of this process that wait for admission.
     pub queued: AtomicU32,
     /// Group slot of this process's latest registered statement.

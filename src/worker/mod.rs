@@ -212,24 +212,49 @@ fn reload_groups(shared: &shmem::Shared) {
 /// consecutive rounds has its admission lent out, so that the statement
 /// that would end its wait can be admitted even when it comes from the session the lock
 /// holder's client waits on. It counts again as soon as it is seen running.
-/// `waited_before` carries the previous round.
-fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<bool>) {
+/// `waited_before` carries, per entry, the statement seen waiting at the previous round.
+///
+/// The entry's statement count is read around each look, because a backend between two
+/// statements waits for its client too: a wait seen then belongs to no statement, and
+/// lending the admission of the statement that follows it would let one statement more
+/// than the limits run.
+fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<Option<u32>>) {
     let procs = shared.procs();
-    waited_before.resize(procs.len(), false);
+    waited_before.resize(procs.len(), None);
     let lock_waits = pg::lock_waits_by_group(procs.len());
     for (procno, (entry, before)) in procs.iter().zip(waited_before.iter_mut()).enumerate() {
-        if entry.running.load(Ordering::Acquire) == 0 || !shared.is_live(procno) {
-            *before = false;
+        if !shared.is_live(procno) {
+            *before = None;
             continue;
         }
-        let waits = lock_waits[procno] || pg::proc_waiting(procno) == pg::Waiting::Client;
-        if waits && *before {
-            admission::lend(shared, entry);
-        } else if !waits {
-            admission::reclaim(shared, entry);
+        let waiting = || lock_waits[procno] || pg::proc_waiting(procno) == pg::Waiting::Client;
+        let statement = statement_waiting(entry, waiting);
+        match statement {
+            Some(seen) if *before == Some(seen) => {
+                admission::lend_if(shared, entry, || {
+                    statement_waiting(entry, waiting) == Some(seen)
+                });
+            }
+            Some(_) => {}
+            None if entry.running.load(Ordering::Acquire) > 0 => admission::reclaim(shared, entry),
+            None => {}
         }
-        *before = waits;
+        *before = statement;
     }
+}
+
+/// The statement (its registration count) of `entry` that `waiting` saw waiting: one
+/// that was registered before the look and still is after it.
+fn statement_waiting(entry: &shmem::ProcEntry, waiting: impl Fn() -> bool) -> Option<u32> {
+    let before = entry.registered.load(Ordering::Acquire);
+    if entry.running.load(Ordering::Acquire) == 0 || !waiting() {
+        return None;
+    }
+    // `registered` counts up before `running` does: a statement registered since the
+    // first read shows in the count, whatever `running` says now.
+    (entry.running.load(Ordering::Acquire) > 0
+        && entry.registered.load(Ordering::Acquire) == before)
+        .then_some(before)
 }
 
 /// Frees entries whose process is gone. Only the pid is cleared (with a compare-and-swap,
