@@ -511,27 +511,6 @@ def postmaster_pid(server):
         return int(f.readline())
 
 
-def without_and_with_sys_nice(s, setting, value, measure):
-    """`measure(s)` with `setting` at `value`, on the server as it is (without
-    CAP_SYS_NICE) and, as root, restarted with CAP_SYS_NICE (and without it after).
-    Returns both results; the second is None when not root."""
-    assert not may_renice(postmaster_pid(s)), "the test server already may renice"
-    concurrency.set_server(s, setting, value)
-    try:
-        without = measure(s)
-        if os.geteuid() != 0:
-            print("    not root: the server cannot be given CAP_SYS_NICE")
-            return without, None
-        restart(s, sys_nice=True)
-        try:
-            assert may_renice(postmaster_pid(s))
-            return without, measure(s)
-        finally:
-            restart(s, sys_nice=False)
-    finally:
-        concurrency.set_server(s, setting, None)
-
-
 def outranked_policies(s):
     """`low` (priority 10) and `high` (priority 10000) hold the two slots, pinned. Returns
     low's and high's policies sampled while both run; low's once high's statement was
@@ -585,15 +564,24 @@ def an_outranked_holder_runs_in_the_idle_class_only_if_it_may_leave_it(s):
     # statement ends (here by a cancel): its next statement must not run in the idle
     # class. The kernel lets a process leave the class only with CAP_SYS_NICE or an
     # RLIMIT_NICE of 20, so without them no process enters it.
-    without, with_nice = without_and_with_sys_nice(s, "pg_stride.idle_lower_holders", "on",
-                                                   outranked_policies)
-    both = without[0]
-    print(f"    without CAP_SYS_NICE: {len(both)} samples, low idle in "
-          f"{sum(1 for lo, _ in both if lo == SCHED_IDLE)}")
-    assert all(p == (SCHED_OTHER, SCHED_OTHER) for p in both), both
-    if with_nice is None:
-        return
-    both, alone, before_cancel, after = with_nice
+    assert not may_renice(postmaster_pid(s)), "the test server already may renice"
+    concurrency.set_server(s, "pg_stride.idle_lower_holders", "on")
+    try:
+        both, alone, before_cancel, after = outranked_policies(s)
+        print(f"    without CAP_SYS_NICE: {len(both)} samples, low idle in "
+              f"{sum(1 for lo, _ in both if lo == SCHED_IDLE)}")
+        assert all(p == (SCHED_OTHER, SCHED_OTHER) for p in both), both
+        if os.geteuid() != 0:
+            print("    not root: the server cannot be given CAP_SYS_NICE")
+            return
+        restart(s, sys_nice=True)
+        try:
+            assert may_renice(postmaster_pid(s))
+            both, alone, before_cancel, after = outranked_policies(s)
+        finally:
+            restart(s, sys_nice=False)
+    finally:
+        concurrency.set_server(s, "pg_stride.idle_lower_holders", None)
     low_idle = sum(1 for lo, _ in both if lo == SCHED_IDLE) / len(both)
     print(f"    with CAP_SYS_NICE: low idle in {low_idle:.0%} of {len(both)} samples, high in "
           f"{sum(1 for _, hi in both if hi == SCHED_IDLE)}; low alone: {alone}; low "
@@ -655,15 +643,25 @@ def a_holder_lowers_its_nice_value_only_if_it_may(s):
     # holders stay at 0, and still get their long slices (the refused nice value must not
     # take the slice with it). As root the check restarts the server with CAP_SYS_NICE
     # for the second part, and without it after.
-    (seen, after), with_nice = without_and_with_sys_nice(s, "pg_stride.holder_nice", -5,
-                                                         holders_nice)
-    print(f"    without CAP_SYS_NICE: (nice, slice) pinned {sorted(set(seen))}, nice after {after}")
-    assert seen and {n for n, _ in seen} == {0}, seen
-    assert {sl for _, sl in seen} - {None} <= {20_000_000}, seen
-    assert after == [0, 0], after
-    if with_nice is None:
-        return
-    seen, after = with_nice
+    assert not may_renice(postmaster_pid(s)), "the test server already may renice"
+    concurrency.set_server(s, "pg_stride.holder_nice", -5)
+    try:
+        seen, after = holders_nice(s)
+        print(f"    without CAP_SYS_NICE: (nice, slice) pinned {sorted(set(seen))}, nice after {after}")
+        assert seen and {n for n, _ in seen} == {0}, seen
+        assert {sl for _, sl in seen} - {None} <= {20_000_000}, seen
+        assert after == [0, 0], after
+        if os.geteuid() != 0:
+            print("    not root: the server cannot be given CAP_SYS_NICE")
+            return
+        restart(s, sys_nice=True)
+        try:
+            assert may_renice(postmaster_pid(s))
+            seen, after = holders_nice(s)
+        finally:
+            restart(s, sys_nice=False)
+    finally:
+        concurrency.set_server(s, "pg_stride.holder_nice", None)
     print(f"    with CAP_SYS_NICE: (nice, slice) pinned {sorted(set(seen))} in {len(seen)} "
           f"samples, nice after {after}")
     assert len(seen) >= 10 and {n for n, _ in seen} == {-5}, seen
