@@ -34,11 +34,6 @@ and in SCHED_OTHER again once alone and after its statement; a server that may n
 the class (RLIMIT_NICE 0, no CAP_SYS_NICE) never enters it. As root the check restarts
 the server with CAP_SYS_NICE for the second part, and without it after.
 
-Nice values (`pg_stride.holder_nice`): pinned holders run at the lowered nice value
-while they hold their slots, and at their own after their statements (one ended, one
-cancelled); a server without CAP_SYS_NICE keeps its holders' nice value, and their long
-slices. As root, checked both ways as for the idle class.
-
 Settings: a reload that shortens the scheduler worker's round applies a new slot count
 at once.
 
@@ -591,81 +586,6 @@ def an_outranked_holder_runs_in_the_idle_class_only_if_it_may_leave_it(s):
     assert alone == SCHED_OTHER, alone
     assert before_cancel == SCHED_IDLE, before_cancel
     assert after == (SCHED_OTHER, SCHED_OTHER), after
-
-
-def kernel_nice(pid):
-    """Process `pid`'s nice value (/proc/<pid>/stat, the 19th field)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[16])
-
-
-def holders_nice(s):
-    """Two SCAN holders, pinned: their (nice value, kernel slice) sampled while pinned,
-    and their nice values once one statement ended and the other was cancelled."""
-    sessions = [concurrency.Session(s) for _ in range(2)]
-    # The second session goes on after its cancelled statement, to be looked at then.
-    sessions[1].proc.stdin.write(b"\\set ON_ERROR_STOP off\n")
-    pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
-    try:
-        for x in sessions:
-            x.send(SCAN)
-        for pid in pids:
-            wait_pinned(pid)
-        seen = []
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 1.0:
-            for pid in pids:
-                # Nice value and slice follow the pinning by a system call: a process
-                # seen pinned is read 10 ms later, if it is still on that CPU.
-                cpus = allowed_cpus(pid)
-                if single(cpus):
-                    time.sleep(0.01)
-                    sampled = (kernel_nice(pid), kernel_slice(pid))
-                    if allowed_cpus(pid) == cpus:
-                        seen.append(sampled)
-            time.sleep(0.02)
-        assert not any(x.has_result() for x in sessions), "a holder ended early"
-        s.sql(f"SELECT pg_cancel_backend({pids[1]})")
-        assert sessions[1].run("SELECT 'done'", lines=1, timeout=30) == ["done"]
-        assert sessions[0].run("SELECT 'done'", lines=2, timeout=180) == ["16000000", "done"]
-        after = [kernel_nice(pid) for pid in pids]
-    finally:
-        for x in sessions:
-            x.close()
-    return seen, after
-
-
-@check
-def a_holder_lowers_its_nice_value_only_if_it_may(s):
-    # With pg_stride.holder_nice = -5, a pinned holder runs at nice -5 while it holds
-    # its slot, and at its own nice value (0) again once its statement ends, normally or
-    # by a cancel. A server without CAP_SYS_NICE (RLIMIT_NICE 0) may not lower it: its
-    # holders stay at 0, and still get their long slices (the refused nice value must not
-    # take the slice with it). As root the check restarts the server with CAP_SYS_NICE
-    # for the second part, and without it after.
-    assert not may_renice(postmaster_pid(s)), "the test server already may renice"
-    concurrency.set_server(s, "pg_stride.holder_nice", -5)
-    try:
-        seen, after = holders_nice(s)
-        print(f"    without CAP_SYS_NICE: (nice, slice) pinned {sorted(set(seen))}, nice after {after}")
-        assert seen and {n for n, _ in seen} == {0}, seen
-        assert {sl for _, sl in seen} - {None} <= {20_000_000}, seen
-        assert after == [0, 0], after
-        if os.geteuid() != 0:
-            print("    not root: the server cannot be given CAP_SYS_NICE")
-            return
-        restart(s, sys_nice=True)
-        try:
-            assert may_renice(postmaster_pid(s))
-            seen, after = holders_nice(s)
-        finally:
-            restart(s, sys_nice=False)
-    finally:
-        concurrency.set_server(s, "pg_stride.holder_nice", None)
-    print(f"    with CAP_SYS_NICE: (nice, slice) pinned {sorted(set(seen))} in {len(seen)} "
-          f"samples, nice after {after}")
-    assert len(seen) >= 10 and {n for n, _ in seen} == {-5}, seen
-    assert after == [0, 0], after
 
 
 @check

@@ -88,7 +88,6 @@ pub static IDLE_LOWER_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(false)
 pub const MAX_HOLDER_TIME_SLICE_MS: i32 = 100;
 pub static HOLDER_TIME_SLICE_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
 pub static UNSLOTTED_TIME_SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(0.0);
-pub static HOLDER_NICE: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
 pub static DATABASE: GucSetting<Option<CString>> =
@@ -426,16 +425,6 @@ pub fn register(group_exists: GroupExists) {
         MAX_HOLDER_TIME_SLICE_MS,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_int_guc(
-        c"pg_stride.holder_nice",
-        c"Lowers a pinned CPU-slot holder's nice value by this much while it holds its slot (not in the idle class); 0: holders keep their nice value.",
-        c"With pg_stride.pin_slots. Work without a slot that wakes on the holder's CPU then takes a smaller share of it. Needs CAP_SYS_NICE or a high enough RLIMIT_NICE (systemd: LimitNICE); without them holders keep their nice value.",
-        &HOLDER_NICE,
-        -20,
-        0,
-        GucContext::Sighup,
-        GucFlags::default(),
     );
     GucRegistry::define_float_guc(
         c"pg_stride.unslotted_time_slice",

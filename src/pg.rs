@@ -505,16 +505,17 @@ pub fn set_batch_policy(pid: i32, batch: bool) -> std::io::Result<()> {
 }
 
 /// Sets this process's kernel time slice, ns (`sched_setattr`'s `sched_runtime`: the
-/// size of each request EEVDF serves, Linux 6.12 and later), and its nice value; 0
-/// gives the kernel's default slice back. A process with a longer slice than a waking one is
+/// size of each request EEVDF serves, Linux 6.12 and later), keeping its nice value; 0
+/// gives the kernel's default back. A process with a longer slice than a waking one is
 /// preempted by it at once (the kernel's PREEMPT_SHORT). `class`: `Some(true)` puts it
 /// in `SCHED_IDLE`, which any other process waking on its CPU preempts at once and which
 /// the kernel wakes other processes onto as if the CPU were idle; `Some(false)` in
-/// `SCHED_OTHER`; `None` keeps its policy. Leaving `SCHED_IDLE`, and lowering the nice
-/// value, need `CAP_SYS_NICE` or a high enough `RLIMIT_NICE` ([`may_set_nice`]).
-pub fn set_own_scheduling(slice_ns: u64, class: Option<bool>, nice: i32) -> std::io::Result<()> {
+/// `SCHED_OTHER`; `None` keeps its policy. Leaving `SCHED_IDLE` needs `CAP_SYS_NICE` or
+/// a high enough `RLIMIT_NICE` ([`may_leave_idle_class`]).
+pub fn set_own_scheduling(slice_ns: u64, class: Option<bool>) -> std::io::Result<()> {
     /// Keep the policy (include/uapi/linux/sched.h).
     const SCHED_FLAG_KEEP_POLICY: u64 = 0x08;
+    let nice = own_nice();
     let (policy, flags) = match class {
         Some(true) => (libc::SCHED_IDLE, 0),
         Some(false) => (libc::SCHED_OTHER, 0),
@@ -535,20 +536,20 @@ pub fn set_own_scheduling(slice_ns: u64, class: Option<bool>, nice: i32) -> std:
 }
 
 /// This process's nice value.
-pub fn own_nice() -> i32 {
+fn own_nice() -> i32 {
     // SAFETY: getpriority only reads this process's nice value.
     unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
 }
 
-/// Whether this process may set its nice value to `nice`: the kernel lets a process
-/// lower its nice value only with `CAP_SYS_NICE` or an `RLIMIT_NICE` of at least
-/// 20 - `nice` (systemd's `LimitNICE`). Going back from `SCHED_IDLE` to `SCHED_OTHER`
-/// asks the same for the process's own nice value, as the kernel treats `SCHED_IDLE` as
-/// nice 20: a process must not enter a class it cannot leave, or the next statement it
-/// runs would get no CPU beside any other work.
-pub fn may_set_nice(nice: i32) -> bool {
+/// Whether this process could go back from `SCHED_IDLE` to `SCHED_OTHER` at its nice
+/// value: the kernel treats `SCHED_IDLE` as nice 20 and lets a process lower its nice
+/// value only with `CAP_SYS_NICE` or an `RLIMIT_NICE` of at least 20 - nice (systemd's
+/// `LimitNICE=+0`). A process must not enter a class it cannot leave: the next
+/// statement it runs would get no CPU beside any other work.
+pub fn may_leave_idle_class() -> bool {
     /// Bit of CAP_SYS_NICE in the capability sets (include/uapi/linux/capability.h).
     const CAP_SYS_NICE: u32 = 23;
+    let nice = own_nice();
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

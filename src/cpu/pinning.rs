@@ -26,31 +26,12 @@ use pg_stride_sched::{ProcId, SchedShared};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
 
-/// What this process last asked the kernel for (`fit_own_scheduling`).
-#[derive(Clone, Copy, PartialEq)]
-struct OwnScheduling {
-    /// Time slice, ns (0: the kernel's default).
-    slice: u64,
-    /// Whether it put itself in `SCHED_IDLE`.
-    idle: bool,
-    /// How much it lowered its nice value (`pg_stride.holder_nice`; 0: not at all), and
-    /// its nice value before that, to go back to.
-    raised: i32,
-    own_nice: i32,
-}
-
-static OWN_SCHEDULING: BackendLocal<Cell<OwnScheduling>> =
-    BackendLocal::new(Cell::new(OwnScheduling {
-        slice: 0,
-        idle: false,
-        raised: 0,
-        own_nice: 0,
-    }));
-/// Whether this process may leave `SCHED_IDLE` again (`pg::may_set_nice`), once asked.
+/// The kernel time slice this process last asked for, ns (0: the kernel's default), and
+/// whether it put itself in `SCHED_IDLE`.
+static OWN_SCHEDULING: BackendLocal<Cell<(u64, bool)>> = BackendLocal::new(Cell::new((0, false)));
+/// Whether this process may leave `SCHED_IDLE` again (`pg::may_leave_idle_class`), once
+/// asked.
 static MAY_LEAVE_IDLE: BackendLocal<Cell<Option<bool>>> = BackendLocal::new(Cell::new(None));
-/// Whether this process may lower its nice value by `pg_stride.holder_nice` (the nice
-/// value asked about, and the answer), once asked per value.
-static MAY_RAISE: BackendLocal<Cell<Option<(i32, bool)>>> = BackendLocal::new(Cell::new(None));
 
 /// Whether slot holders are pinned: on, and the slots are not split by node.
 pub fn enabled(sched: &SchedShared) -> bool {
@@ -190,14 +171,6 @@ fn outranking<'a>(
 /// the higher one's, and runs there at once. Only a process that may leave the class
 /// again enters it.
 ///
-/// Preempted at once is not the same as kept off for long: several processes without a
-/// slot waking on a holder's CPU share it with the holder by their kernel weights, and
-/// a short statement holding its slot then waits runnable for tens of milliseconds
-/// (bench/results/alpha095_tag, short_tail). `pg_stride.holder_nice` gives the holders
-/// that are not in the idle class a larger weight while they hold their slot, so that
-/// such work takes less of their CPU; only a process allowed to lower its nice value
-/// does so, and it goes back to its own when it gives the slot up.
-///
 /// Each process asks for its own slice and class, when it runs with a slot (or without
 /// one again), never for a receiver it pins: with the giver setting the sleeping
 /// receiver's slice, the receiver ran inside the tail of the statement that woke it more
@@ -213,41 +186,14 @@ fn fit_own_scheduling(entry: &shmem::ProcEntry, outranked: bool) {
     };
     let slice = (ms.max(0.0) * 1e6) as u64;
     let idle = pinned && outranked && may_leave_idle();
-    let raise = if pinned && !idle {
-        gucs::HOLDER_NICE.get()
-    } else {
-        0
-    };
-    let had = OWN_SCHEDULING.get();
-    if (had.slice, had.idle, had.raised) == (slice, idle, raise) {
+    let (had_slice, was_idle) = OWN_SCHEDULING.get();
+    if (had_slice, was_idle) == (slice, idle) {
         return;
     }
-    // The nice value the process has of its own: read again whenever it is not raised,
-    // as something else (pg_prioritize, a DBA's renice) may have set it meanwhile.
-    let own_nice = if had.raised != 0 {
-        had.own_nice
-    } else {
-        pg::own_nice()
-    };
-    let raise = if raise != 0 && may_raise((own_nice + raise).max(-20)) {
-        raise
-    } else {
-        0
-    };
-    let class = (idle != had.idle).then_some(idle);
-    // A refused slice (an older kernel's) is not asked for again; a refused class or nice
-    // value is.
-    let ok = pg::set_own_scheduling(slice, class, (own_nice + raise).max(-20)).is_ok();
-    OWN_SCHEDULING.set(if ok {
-        OwnScheduling {
-            slice,
-            idle,
-            raised: raise,
-            own_nice,
-        }
-    } else {
-        OwnScheduling { slice, ..had }
-    });
+    let class = (idle != was_idle).then_some(idle);
+    // A refused slice (an older kernel's) is not asked for again; a refused class is.
+    let ok = pg::set_own_scheduling(slice, class).is_ok();
+    OWN_SCHEDULING.set((slice, if ok { idle } else { was_idle }));
 }
 
 /// Whether this process may enter `SCHED_IDLE`: it can leave it again.
@@ -255,20 +201,8 @@ fn may_leave_idle() -> bool {
     if let Some(may) = MAY_LEAVE_IDLE.get() {
         return may;
     }
-    let may = pg::may_set_nice(pg::own_nice());
+    let may = pg::may_leave_idle_class();
     MAY_LEAVE_IDLE.set(Some(may));
-    may
-}
-
-/// Whether this process may set its nice value to `nice`, a holder's.
-fn may_raise(nice: i32) -> bool {
-    if let Some((asked, may)) = MAY_RAISE.get() {
-        if asked == nice {
-            return may;
-        }
-    }
-    let may = pg::may_set_nice(nice);
-    MAY_RAISE.set(Some((nice, may)));
     may
 }
 
