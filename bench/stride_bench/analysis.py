@@ -105,6 +105,13 @@ def isolated_latency(rounds, skip_first: int = 1) -> dict:
             float("nan"), "max_s": max(runs) if runs else float("nan")}
 
 
+def nearest_speed(probes_ms: list, reference_ms: float) -> int:
+    """Index of the speed probe in `probes_ms` nearest `reference_ms` by ratio: of the sets
+    of isolated latencies, the one measured on the machine whose speed was nearest the
+    one the points ran on."""
+    return min(range(len(probes_ms)), key=lambda i: abs(math.log(probes_ms[i] / reference_ms)))
+
+
 def max_in_system(txns) -> int:
     """Largest number of arrivals that had arrived and not yet completed at once."""
     events = []

@@ -103,6 +103,15 @@ def speed_rows(meta) -> list:
             if ol.get(name, {}).get(a, {}).get("probe_ms")]
 
 
+def other_denominator_rows(meta) -> list:
+    """(configuration, per class mean and p99 slowdown) at the highest load with the set of
+    isolated latencies the run did not choose (cli.Runner.isolated_again)."""
+    a = top_alpha(meta)
+    ol = meta.get("open_loop", {})
+    return [(name, ol[name][a]["other_denominators"]) for name in ran_configs(meta)
+            if ol.get(name, {}).get(a, {}).get("other_denominators")]
+
+
 def headline_rows(meta):
     """Per configuration at the highest load: the figures the issue's targets name."""
     a = top_alpha(meta)
@@ -433,6 +442,19 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
         for name, before, after in speed:
             w(f"| {name} | {before:.1f} ms | {after:.1f} ms | "
               f"×{before / meta['probe_ms']:.2f} / ×{after / meta['probe_ms']:.2f} |")
+    den = meta.get("denominators")
+    if den:
+        sets = "; ".join(f"{s['when']}, {s['probe_ms']:.1f} ms" for s in den["sets"])
+        w(f"\nThe isolated latencies were measured twice ({sets}). The slowdowns divide by "
+          f"the set {den['chosen']}, the nearer to the median probe around the points "
+          f"({den['points_probe_ms']:.1f} ms). With the other set, the short and long "
+          "slowdowns (mean / p99) would be:\n")
+        w("| configuration | short | long |")
+        w("|---|---:|---:|")
+        for name, o in other_denominator_rows(meta):
+            w(f"| {name} | " + " | ".join(
+                f"{o[c]['mean']:.2f} / {o[c]['p99']:.2f}" if c in o else "–"
+                for c in ("short", "long")) + " |")
     oh = overhead_summary(meta)
     if oh:
         w("")
@@ -473,7 +495,9 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     if "mixed" in imgs:
         w(f"![mixed workload]({img_prefix}{imgs['mixed']})\n")
 
-    w("## Isolated latencies (ms, median; the denominators)\n")
+    den = meta.get("denominators")
+    w("## Isolated latencies (ms, median; the denominators" +
+      (f", measured {den['chosen']}" if den else "") + ")\n")
     w(f"| query | SF {sf['short']:g} | runs | min–max | SF {sf['long']:g} | runs | min–max |")
     w("|---|---:|---:|---|---:|---:|---|")
     iso = meta["isolated"]

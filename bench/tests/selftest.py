@@ -335,6 +335,19 @@ class SpeedProbeTest(unittest.TestCase):
         self.assertEqual(report.speed_rows(meta), [("stock", 40.0, 48.0)])
         self.assertEqual(report.speed_rows({**meta, "probe_ms": None}), [])
 
+    def test_the_denominators_come_from_the_isolated_runs_nearest_the_points_speed(self):
+        self.assertEqual(analysis.nearest_speed([72.5, 62.0], 62.1), 1)
+        self.assertEqual(analysis.nearest_speed([61.0, 72.5], 62.1), 0)
+        # by ratio, not difference: 69.5 is 9.5 ms from both, but ×1.16 and ×1.14
+        self.assertEqual(analysis.nearest_speed([60.0, 79.0], 69.5), 1)
+        meta = {"plan": {"alphas": [0.95]}, "configs": {"a": {"status": "ran"},
+                                                        "b": {"status": "ran"}},
+                "open_loop": {"a": {"0.95": {"other_denominators": {"short": {"mean": 1.2,
+                                                                              "p99": 3.1}}}},
+                              "b": {"0.95": {}}}}
+        self.assertEqual(report.other_denominator_rows(meta),
+                         [("a", {"short": {"mean": 1.2, "p99": 3.1}})])
+
 
 class CalibrationTest(unittest.TestCase):
     """The rate calibration: the offered CPU share of an arrival sequence, the bisection
@@ -467,6 +480,11 @@ class CalibrationTest(unittest.TestCase):
                 for k, (s, sc) in enumerate(seq)))
             dry = cli.dry_sequence(meta, rd)
             st = cli.analyse_open_loop(meta, rd, "stock", 0.95, dry)
+            slower = {k: 2 * v for k, v in cli.isolated_medians(meta["isolated"]).items()}
+            halved = cli.analyse_open_loop(meta, rd, "stock", 0.95, dry, iso=slower)
+        for cls in ("short", "long"):
+            self.assertAlmostEqual(halved["classes"][cls]["slowdown"]["mean"],
+                                   st["classes"][cls]["slowdown"]["mean"] / 2, places=9)
         self.assertTrue(st["sequence_check"]["equal"])
         self.assertEqual(st["sequence_check"]["compared"], len(sent))
         self.assertLess(st["sequence_check"]["max_time_error_s"], 0.001)
