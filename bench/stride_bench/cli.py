@@ -147,6 +147,24 @@ def isolated_medians(isolated: dict) -> dict:
     return {tuple(k.split("|")): v["median_s"] for k, v in isolated.items()}
 
 
+def choose_denominators(meta: dict, again: dict, probe_again: float, at_points: float) -> dict:
+    """Of the isolated latencies measured before the open loop (meta["isolated"], speed
+    probe meta["probe_ms"]) and after it (`again`, `probe_again`), makes the set whose
+    probe is nearer `at_points` meta["isolated"], keeping the first set's CPU (the rates'
+    basis), records the choice in meta["denominators"], and returns the other set."""
+    sets = [("before the open loop", meta["probe_ms"], dict(meta["isolated"])),
+            ("after the open loop", probe_again, again)]
+    chosen = analysis.nearest_speed([probe for _, probe, _ in sets], at_points)
+    meta["denominators"] = {
+        "chosen": sets[chosen][0], "points_probe_ms": at_points,
+        "sets": [{"when": when, "probe_ms": probe,
+                  "median_s": {k: v["median_s"] for k, v in iso.items()}}
+                 for when, probe, iso in sets]}
+    meta["isolated"] = {k: {**v, "cpu_s": meta["isolated"][k]["cpu_s"]}
+                        for k, v in sets[chosen][2].items()}
+    return sets[1 - chosen][2]
+
+
 def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float,
                       dry: list | None = None, iso: dict | None = None) -> dict:
     """Statistics of one open-loop point, from its pgbench logs; with the dry run's
@@ -486,28 +504,16 @@ class Runner:
         log("isolated latencies again, after the open loop")
         again = workload.measure_isolated(self.server, self.wl, self.plan.iso_runs,
                                           self.run_dir / "isolated_after", SEED)
-        sets = [{"when": "before the open loop", "probe_ms": self.meta["probe_ms"],
-                 "isolated": self.meta["isolated"]},
-                {"when": "after the open loop",
-                 "probe_ms": workload.speed_probe(self.server, self.schemas[0]),
-                 "isolated": {f"{q}|{cls}": v for (q, cls), v in again.items()}}]
-        speed = statistics.median(at_points)
-        chosen = analysis.nearest_speed([s["probe_ms"] for s in sets], speed)
-        other = sets[1 - chosen]
-        self.meta["denominators"] = {
-            "chosen": sets[chosen]["when"], "points_probe_ms": speed,
-            "sets": [{"when": s["when"], "probe_ms": s["probe_ms"],
-                      "median_s": {k: v["median_s"] for k, v in s["isolated"].items()}}
-                     for s in sets]}
-        if chosen == 1:
-            for k, v in sets[1]["isolated"].items():
-                self.meta["isolated"][k] = {**v, "cpu_s": self.meta["isolated"][k]["cpu_s"]}
+        other = choose_denominators(
+            self.meta, {f"{q}|{cls}": v for (q, cls), v in again.items()},
+            workload.speed_probe(self.server, self.schemas[0]), statistics.median(at_points))
         self.iso = isolated_medians(self.meta["isolated"])
-        log(f"denominators: the isolated runs {sets[chosen]['when']} (speed probe "
-            f"{sets[chosen]['probe_ms']:.1f} ms; {other['when']}: {other['probe_ms']:.1f} ms; "
-            f"median around the points {speed:.1f} ms)")
+        den = self.meta["denominators"]
+        log(f"denominators: the isolated runs {den['chosen']} (speed probes " + "; ".join(
+            f"{s['when']}: {s['probe_ms']:.1f} ms" for s in den["sets"]) +
+            f"; median around the points {den['points_probe_ms']:.1f} ms)")
         reanalyse(self.meta, self.run_dir)
-        iso_other = isolated_medians(other["isolated"])
+        iso_other = isolated_medians(other)
         for config, points in self.meta["open_loop"].items():
             for alpha, st in points.items():
                 c = analyse_open_loop(self.meta, self.run_dir, config, float(alpha),
@@ -708,6 +714,8 @@ def main(argv=None):
     if args.prime is not None:
         plan.prime_s = args.prime
     only = args.configs.split(",") if args.configs else None
+    if plan.mode == "full":
+        only = only or load_configs()["full"]["configs"]
     if plan.mode == "phases":
         if args.parts:
             ap.error("--parts does not apply to --tuner-phases")
@@ -743,7 +751,7 @@ def main(argv=None):
                            publish=not args.out and tuner_report.publishable(runner.meta),
                            outdir=Path(args.out) if args.out else None)
     elif ok:
-        publish = plan.mode == "full" and not args.out and not only and not args.parts
+        publish = plan.mode == "full" and not args.out and not args.configs and not args.parts
         report.write(runner.meta, run_dir, publish=publish,
                      outdir=Path(args.out) if args.out else None)
     return 0

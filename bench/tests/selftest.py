@@ -233,6 +233,9 @@ class WorkloadTest(unittest.TestCase):
         names = [c["name"] for c in cfg["config"]]
         self.assertEqual(names[:2], ["stock", "pgbouncer"])
         self.assertEqual(len(set(names)), len(names))
+        # --full's set: configurations that exist, stock first (the ratios' base)
+        self.assertEqual(cfg["full"]["configs"][0], "stock")
+        self.assertLessEqual(set(cfg["full"]["configs"]), set(names))
         for c in cfg["config"]:
             if c.get("library"):
                 self.assertTrue(any("pg_stride" in s for s in c["settings"]), c["name"])
@@ -340,6 +343,23 @@ class SpeedProbeTest(unittest.TestCase):
         self.assertEqual(analysis.nearest_speed([61.0, 72.5], 62.1), 0)
         # by ratio, not difference: 69.5 is 9.5 ms from both, but ×1.16 and ×1.14
         self.assertEqual(analysis.nearest_speed([60.0, 79.0], 69.5), 1)
+        from stride_bench import cli
+        before = {"q01|short": {"median_s": 0.010, "cpu_s": 0.011, "runs": 9}}
+        after = {"q01|short": {"median_s": 0.008, "cpu_s": 0.009, "runs": 9}}
+        meta = {"probe_ms": 72.5, "isolated": before}
+        other = cli.choose_denominators(meta, after, 62.3, 61.9)
+        self.assertEqual(meta["denominators"]["chosen"], "after the open loop")
+        # the latencies after, the CPU before (the rates rest on it); the other set intact
+        self.assertEqual(meta["isolated"]["q01|short"],
+                         {"median_s": 0.008, "cpu_s": 0.011, "runs": 9})
+        self.assertEqual(other["q01|short"]["median_s"], 0.010)
+        self.assertEqual([s["median_s"]["q01|short"] for s in meta["denominators"]["sets"]],
+                         [0.010, 0.008])
+        meta = {"probe_ms": 62.0, "isolated": before}
+        other = cli.choose_denominators(meta, after, 72.5, 61.9)
+        self.assertEqual(meta["denominators"]["chosen"], "before the open loop")
+        self.assertEqual(meta["isolated"]["q01|short"]["median_s"], 0.010)
+        self.assertEqual(other["q01|short"]["median_s"], 0.008)
         meta = {"plan": {"alphas": [0.95]}, "configs": {"a": {"status": "ran"},
                                                         "b": {"status": "ran"}},
                 "open_loop": {"a": {"0.95": {"other_denominators": {"short": {"mean": 1.2,
