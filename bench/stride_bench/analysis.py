@@ -101,8 +101,20 @@ def isolated_latency(rounds, skip_first: int = 1) -> dict:
     for txns in rounds:
         ok = [t.latency_s for t in sorted(txns, key=lambda t: t.end_s) if not t.failed]
         runs += ok[skip_first:] if len(ok) > skip_first else ok
+    return latency_summary(runs)
+
+
+def latency_summary(runs: list) -> dict:
+    """An isolated latency from its counted executions (seconds): their median, the
+    denominator of the query's slowdowns, with the executions themselves."""
     return {"median_s": median(runs), "runs": len(runs), "min_s": min(runs) if runs else
-            float("nan"), "max_s": max(runs) if runs else float("nan")}
+            float("nan"), "max_s": max(runs) if runs else float("nan"), "runs_s": list(runs)}
+
+
+# Two speed probes within this ratio of each other count as the same machine speed: the
+# two probes around one 180-s point differed by at most 5 % at 11 of 18 points of a
+# full run, and by 7-70 % at the others.
+SAME_SPEED = 1.05
 
 
 def nearest_speed(probes_ms: list, reference_ms: float) -> int:

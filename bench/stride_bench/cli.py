@@ -148,21 +148,36 @@ def isolated_medians(isolated: dict) -> dict:
 
 
 def choose_denominators(meta: dict, again: dict, probe_again: float, at_points: float) -> dict:
-    """Of the isolated latencies measured before the open loop (meta["isolated"], speed
-    probe meta["probe_ms"]) and after it (`again`, `probe_again`), makes the set whose
-    probe is nearer `at_points` meta["isolated"], keeping the first set's CPU (the rates'
-    basis), records the choice in meta["denominators"], and returns the other set."""
-    sets = [("before the open loop", meta["probe_ms"], dict(meta["isolated"])),
-            ("after the open loop", probe_again, again)]
-    chosen = analysis.nearest_speed([probe for _, probe, _ in sets], at_points)
+    """The slowdowns' denominators from the isolated latencies measured before the open
+    loop (meta["isolated"], speed probe meta["probe_ms"]) and after it (`again`,
+    `probe_again`).  Measured on the same machine (probes within SAME_SPEED), both sets'
+    executions pool: the small queries' latencies move between two levels for minutes
+    (Q22 at SF 0.05: 8.6 ms in one set, 4.5 ms in the other, the probes 1 % apart), and
+    more executions over a longer span give a steadier median.  Otherwise the set whose
+    probe is nearer `at_points`, the machine's speed around the points, counts.
+    meta["isolated"] becomes the denominators, keeping the first set's CPU (the rates'
+    basis); meta["denominators"] records the choice; returns the sets not chosen, by
+    name, for the report's figures with each of them."""
+    sets = {"before the open loop": (meta["probe_ms"], dict(meta["isolated"])),
+            "after the open loop": (probe_again, again)}
+    (pa, before), (pb, after) = sets.values()
+    if max(pa, pb) / min(pa, pb) <= analysis.SAME_SPEED:
+        chosen = "both, pooled"
+        iso = {k: analysis.latency_summary(v["runs_s"] + after[k]["runs_s"])
+               for k, v in before.items()}
+        others = {name: s[1] for name, s in sets.items()}
+    else:
+        names = list(sets)
+        chosen = names[analysis.nearest_speed([pa, pb], at_points)]
+        iso = sets[chosen][1]
+        others = {name: s[1] for name, s in sets.items() if name != chosen}
     meta["denominators"] = {
-        "chosen": sets[chosen][0], "points_probe_ms": at_points,
-        "sets": [{"when": when, "probe_ms": probe,
-                  "median_s": {k: v["median_s"] for k, v in iso.items()}}
-                 for when, probe, iso in sets]}
-    meta["isolated"] = {k: {**v, "cpu_s": meta["isolated"][k]["cpu_s"]}
-                        for k, v in sets[chosen][2].items()}
-    return sets[1 - chosen][2]
+        "chosen": chosen, "points_probe_ms": at_points,
+        "sets": [{"when": name, "probe_ms": probe,
+                  "median_s": {k: v["median_s"] for k, v in lat.items()}}
+                 for name, (probe, lat) in sets.items()]}
+    meta["isolated"] = {k: {**v, "cpu_s": meta["isolated"][k]["cpu_s"]} for k, v in iso.items()}
+    return others
 
 
 def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float,
@@ -219,6 +234,19 @@ def reanalyse(meta: dict, run_dir: Path):
             if st.get("rc", 0) != 0 and not st.get("server_crash"):
                 st["server_crash"] = crashes_in_server_log(
                     config, st["first_arrival"] - 5, st["last_completion"] + 5)
+
+
+def other_denominators(meta: dict, run_dir: Path, others: dict):
+    """Each open-loop point's mean and p99 slowdowns per class with each set of isolated
+    latencies in `others` (name -> meta["isolated"]'s form) as the denominators."""
+    for config, points in meta["open_loop"].items():
+        for alpha, st in points.items():
+            st["other_denominators"] = {}
+            for name, iso in others.items():
+                c = analyse_open_loop(meta, run_dir, config, float(alpha),
+                                      iso=isolated_medians(iso))["classes"]
+                st["other_denominators"][name] = {
+                    cls: {k: c[cls]["slowdown"][k] for k in ("mean", "p99")} for cls in c}
 
 
 class Runner:
@@ -486,15 +514,15 @@ class Runner:
                 self.save()
 
     def isolated_again(self):
-        """The isolated latencies measured once more, after the open loop; the set measured
-        on the machine whose speed was nearer the points' becomes the slowdowns'
-        denominators, and the open-loop points are analysed again with it.
+        """The isolated latencies measured once more, after the open loop, and the
+        slowdowns' denominators chosen from both sets (choose_denominators); the open-loop
+        points are analysed again with them.
 
         The machine is shared, and its speed drifts: in one run the speed probe took
         72.5 ms with the isolated runs and 60-65 ms around the points, which understates
         every slowdown by some 15 %.  The rates keep the first set's CPU, on which the
-        calibration rests; the other set's short and long slowdowns stay in each point's
-        `other_denominators`, to show how much the choice matters."""
+        calibration rests; each point's `other_denominators` holds its short and long
+        slowdowns with each set not chosen, to show how much the choice matters."""
         at_points = [x for points in self.meta["open_loop"].values()
                      for st in points.values() for x in (st.get("probe_ms") or [])]
         if not at_points:
@@ -504,7 +532,7 @@ class Runner:
         log("isolated latencies again, after the open loop")
         again = workload.measure_isolated(self.server, self.wl, self.plan.iso_runs,
                                           self.run_dir / "isolated_after", SEED)
-        other = choose_denominators(
+        others = choose_denominators(
             self.meta, {f"{q}|{cls}": v for (q, cls), v in again.items()},
             workload.speed_probe(self.server, self.schemas[0]), statistics.median(at_points))
         self.iso = isolated_medians(self.meta["isolated"])
@@ -513,13 +541,7 @@ class Runner:
             f"{s['when']}: {s['probe_ms']:.1f} ms" for s in den["sets"]) +
             f"; median around the points {den['points_probe_ms']:.1f} ms)")
         reanalyse(self.meta, self.run_dir)
-        iso_other = isolated_medians(other)
-        for config, points in self.meta["open_loop"].items():
-            for alpha, st in points.items():
-                c = analyse_open_loop(self.meta, self.run_dir, config, float(alpha),
-                                      iso=iso_other)["classes"]
-                st["other_denominators"] = {
-                    cls: {k: c[cls]["slowdown"][k] for k in ("mean", "p99")} for cls in c}
+        other_denominators(self.meta, self.run_dir, others)
         self.save()
 
     def probed_point(self, cfg: dict, rate: float, name: str) -> dict:

@@ -3,6 +3,7 @@
 import math
 from pathlib import Path
 
+from .analysis import SAME_SPEED
 from .common import RESULTS_DIR, RESULTS_MD, log
 
 CLASSES = ("short", "long")
@@ -104,8 +105,8 @@ def speed_rows(meta) -> list:
 
 
 def other_denominator_rows(meta) -> list:
-    """(configuration, per class mean and p99 slowdown) at the highest load with the set of
-    isolated latencies the run did not choose (cli.Runner.isolated_again)."""
+    """(configuration, {set: per class mean and p99 slowdown}) at the highest load with each
+    set of isolated latencies the run did not choose, alone (cli.choose_denominators)."""
     a = top_alpha(meta)
     ol = meta.get("open_loop", {})
     return [(name, ol[name][a]["other_denominators"]) for name in ran_configs(meta)
@@ -445,16 +446,21 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     den = meta.get("denominators")
     if den:
         sets = "; ".join(f"{s['when']}, {s['probe_ms']:.1f} ms" for s in den["sets"])
-        w(f"\nThe isolated latencies were measured twice ({sets}). The slowdowns divide by "
-          f"the set {den['chosen']}, the nearer to the median probe around the points "
-          f"({den['points_probe_ms']:.1f} ms). With the other set, the short and long "
-          "slowdowns (mean / p99) would be:\n")
-        w("| configuration | short | long |")
-        w("|---|---:|---:|")
-        for name, o in other_denominator_rows(meta):
+        how = ("the median of both sets' executions: the probes agree within "
+               f"{(SAME_SPEED - 1) * 100:.0f} %" if den["chosen"] == "both, pooled"
+               else f"the set {den['chosen']}, the nearer to the median probe around the "
+               f"points ({den['points_probe_ms']:.1f} ms)")
+        w(f"\nThe isolated latencies were measured twice, each set followed by the speed probe "
+          f"({sets}). The slowdowns divide by {how}. With a set not chosen, alone, the short "
+          "and long slowdowns (mean / p99) would be:\n")
+        alone = other_denominator_rows(meta)
+        names = sorted({n for _, o in alone for n in o})
+        w("| configuration | " + " | ".join(f"short, {n} | long, {n}" for n in names) + " |")
+        w("|---|" + "---:|---:|" * len(names))
+        for name, o in alone:
             w(f"| {name} | " + " | ".join(
-                f"{o[c]['mean']:.2f} / {o[c]['p99']:.2f}" if c in o else "–"
-                for c in ("short", "long")) + " |")
+                f"{o[n][c]['mean']:.2f} / {o[n][c]['p99']:.2f}" if c in o.get(n, {}) else "–"
+                for n in names for c in ("short", "long")) + " |")
     oh = overhead_summary(meta)
     if oh:
         w("")

@@ -344,29 +344,40 @@ class SpeedProbeTest(unittest.TestCase):
         # by ratio, not difference: 69.5 is 9.5 ms from both, but ×1.16 and ×1.14
         self.assertEqual(analysis.nearest_speed([60.0, 79.0], 69.5), 1)
         from stride_bench import cli
-        before = {"q01|short": {"median_s": 0.010, "cpu_s": 0.011, "runs": 9}}
-        after = {"q01|short": {"median_s": 0.008, "cpu_s": 0.009, "runs": 9}}
+        before = {"q01|short": {**analysis.latency_summary([0.010, 0.011, 0.012]),
+                                "cpu_s": 0.011}}
+        after = {"q01|short": {**analysis.latency_summary([0.005, 0.006, 0.013]),
+                               "cpu_s": 0.009}}
+        # probes 15 % apart: the set nearer the points' speed, with the first set's CPU
         meta = {"probe_ms": 72.5, "isolated": before}
-        other = cli.choose_denominators(meta, after, 62.3, 61.9)
+        others = cli.choose_denominators(meta, after, 62.3, 61.9)
         self.assertEqual(meta["denominators"]["chosen"], "after the open loop")
-        # the latencies after, the CPU before (the rates rest on it); the other set intact
-        self.assertEqual(meta["isolated"]["q01|short"],
-                         {"median_s": 0.008, "cpu_s": 0.011, "runs": 9})
-        self.assertEqual(other["q01|short"]["median_s"], 0.010)
+        self.assertEqual((meta["isolated"]["q01|short"]["median_s"],
+                          meta["isolated"]["q01|short"]["cpu_s"]), (0.006, 0.011))
+        self.assertEqual(list(others), ["before the open loop"])
+        self.assertEqual(others["before the open loop"]["q01|short"]["median_s"], 0.011)
         self.assertEqual([s["median_s"]["q01|short"] for s in meta["denominators"]["sets"]],
-                         [0.010, 0.008])
+                         [0.011, 0.006])
         meta = {"probe_ms": 62.0, "isolated": before}
-        other = cli.choose_denominators(meta, after, 72.5, 61.9)
+        others = cli.choose_denominators(meta, after, 72.5, 61.9)
         self.assertEqual(meta["denominators"]["chosen"], "before the open loop")
-        self.assertEqual(meta["isolated"]["q01|short"]["median_s"], 0.010)
-        self.assertEqual(other["q01|short"]["median_s"], 0.008)
+        self.assertEqual(meta["isolated"]["q01|short"]["median_s"], 0.011)
+        self.assertEqual(others["after the open loop"]["q01|short"]["median_s"], 0.006)
+        # probes 3 % apart: one machine speed, both sets' executions pooled
+        meta = {"probe_ms": 60.0, "isolated": before}
+        others = cli.choose_denominators(meta, after, 61.8, 70.0)
+        self.assertEqual(meta["denominators"]["chosen"], "both, pooled")
+        self.assertEqual(meta["isolated"]["q01|short"]["runs"], 6)
+        self.assertAlmostEqual(meta["isolated"]["q01|short"]["median_s"], 0.0105)
+        self.assertEqual(meta["isolated"]["q01|short"]["cpu_s"], 0.011)
+        self.assertEqual(sorted(others), ["after the open loop", "before the open loop"])
         meta = {"plan": {"alphas": [0.95]}, "configs": {"a": {"status": "ran"},
                                                         "b": {"status": "ran"}},
-                "open_loop": {"a": {"0.95": {"other_denominators": {"short": {"mean": 1.2,
-                                                                              "p99": 3.1}}}},
-                              "b": {"0.95": {}}}}
+                "open_loop": {"a": {"0.95": {"other_denominators": {
+                    "after": {"short": {"mean": 1.2, "p99": 3.1}}}}},
+                    "b": {"0.95": {}}}}
         self.assertEqual(report.other_denominator_rows(meta),
-                         [("a", {"short": {"mean": 1.2, "p99": 3.1}})])
+                         [("a", {"after": {"short": {"mean": 1.2, "p99": 3.1}}})])
 
 
 class CalibrationTest(unittest.TestCase):
