@@ -502,8 +502,9 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
         w(f"![mixed workload]({img_prefix}{imgs['mixed']})\n")
 
     den = meta.get("denominators")
-    w("## Isolated latencies (ms, median; the denominators" +
-      (f", measured {den['chosen']}" if den else "") + ")\n")
+    where = "" if not den else (", both sets pooled" if den["chosen"] == "both, pooled"
+                                else f", measured {den['chosen']}")
+    w(f"## Isolated latencies (ms, median; the denominators{where})\n")
     w(f"| query | SF {sf['short']:g} | runs | min–max | SF {sf['long']:g} | runs | min–max |")
     w("|---|---:|---:|---|---:|---:|---|")
     iso = meta["isolated"]
