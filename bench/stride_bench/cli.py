@@ -151,9 +151,10 @@ def choose_denominators(meta: dict, again: dict, probe_again: float, at_points: 
     """The slowdowns' denominators from the isolated latencies measured before the open
     loop (meta["isolated"], speed probe meta["probe_ms"]) and after it (`again`,
     `probe_again`).  Measured on the same machine (probes within SAME_SPEED), both sets'
-    executions pool: the small queries' latencies move between two levels for minutes
-    (Q22 at SF 0.05: 8.6 ms in one set, 4.5 ms in the other, the probes 1 % apart), and
-    more executions over a longer span give a steadier median.  Otherwise the set whose
+    executions pool: the machine's speed halves in spells of about a second, which a
+    small query's executions can fall in all together (Q22 at SF 0.05: 8.6 ms in one
+    set, 4.5 ms in the other, the probes after each 1 % apart), and executions over more
+    spells give a steadier median.  Otherwise the set whose
     probe is nearer `at_points`, the machine's speed around the points, counts.
     meta["isolated"] becomes the denominators, keeping the first set's CPU (the rates'
     basis); meta["denominators"] records the choice; returns the sets not chosen, by
