@@ -104,6 +104,12 @@ def isolated_latency(rounds, skip_first: int = 1) -> dict:
     return latency_summary(runs)
 
 
+def isolated_medians(isolated: dict) -> dict:
+    """(query, class) -> isolated latency in seconds, from the run's "query|class" ->
+    summary form (results.json's "isolated")."""
+    return {tuple(k.split("|")): v["median_s"] for k, v in isolated.items()}
+
+
 def latency_summary(runs: list) -> dict:
     """An isolated latency from its counted executions (seconds): their median, the
     denominator of the query's slowdowns, with the executions themselves."""

@@ -142,11 +142,6 @@ def offered(meta: dict, seq: list, cost: dict, rate: float) -> dict:
             "run": analysis.offered_share(seq, cost, rate, (0.0, meta["plan"]["ol_duration"]), cpus)}
 
 
-def isolated_medians(isolated: dict) -> dict:
-    """(query, class) -> isolated latency in seconds, from meta["isolated"]'s form."""
-    return {tuple(k.split("|")): v["median_s"] for k, v in isolated.items()}
-
-
 def choose_denominators(meta: dict, again: dict, probe_again: float, at_points: float) -> dict:
     """The slowdowns' denominators from the isolated latencies measured before the open
     loop (meta["isolated"], speed probe meta["probe_ms"]) and after it (`again`,
@@ -187,7 +182,7 @@ def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float,
     sequence `dry`, whether the point sent the arrivals the calibration counted on.
     The slowdowns' denominators are the run's isolated latencies, or `iso`."""
     script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
-    iso = iso or isolated_medians(meta["isolated"])
+    iso = iso or analysis.isolated_medians(meta["isolated"])
     txns = analysis.parse_logs(str(run_dir / "open_loop" / f"ol_{config}_a{alpha}"))
     start, end = measured_window(meta["plan"])
     st = analysis.open_loop_stats(txns, script_info, iso, warmup_s=start, end_s=end)
@@ -245,7 +240,7 @@ def other_denominators(meta: dict, run_dir: Path, others: dict):
             st["other_denominators"] = {}
             for name, iso in others.items():
                 c = analyse_open_loop(meta, run_dir, config, float(alpha),
-                                      iso=isolated_medians(iso))["classes"]
+                                      iso=analysis.isolated_medians(iso))["classes"]
                 st["other_denominators"][name] = {
                     cls: {k: c[cls]["slowdown"][k] for k in ("mean", "p99")} for cls in c}
 
@@ -269,6 +264,10 @@ class Runner:
         (self.run_dir / "results.json").write_text(json.dumps(self.meta, indent=1))
 
     # ---- configurations ---------------------------------------------------------
+    def stock(self) -> dict:
+        """The stock configuration, on which the isolated runs and the calibration run."""
+        return next(c for c in self.cfgfile["config"] if c["name"] == "stock")
+
     def use(self, cfg: dict) -> bool:
         """Start the server (and pgbouncer) for `cfg`; False when it cannot run here."""
         name = cfg["name"]
@@ -376,15 +375,14 @@ class Runner:
         self.meta["script_info"] = {str(k): list(v) for k, v in self.wl.script_info.items()}
 
     def isolated(self):
-        stock = next(c for c in self.cfgfile["config"] if c["name"] == "stock")
-        self.use(stock)
+        self.use(self.stock())
         log(f"isolated latencies: {len(self.wl.order)} query/scale pairs x "
             f"{self.plan.iso_runs} runs, then {workload.SPREAD_ROUNDS} more rounds of "
             f"{workload.SPREAD_RUNS}")
         iso = workload.measure_isolated(self.server, self.wl, self.plan.iso_runs,
                                         self.run_dir / "isolated", SEED)
         self.meta["isolated"] = {f"{q}|{cls}": v for (q, cls), v in iso.items()}
-        self.iso = isolated_medians(self.meta["isolated"])
+        self.iso = analysis.isolated_medians(self.meta["isolated"])
         d = self.wl.mean_isolated(self.iso)
         c = self.wl.mean_isolated({k: v["cpu_s"] for k, v in iso.items()})
         self.meta["mean_isolated_s"] = d
@@ -422,8 +420,7 @@ class Runner:
         window = measured_window(asdict(p))
         nominal = dict(self.meta["nominal_rates"])
         want = math.ceil(p.ol_duration * max(nominal.values()) * 1.5)
-        stock = next(c for c in self.cfgfile["config"] if c["name"] == "stock")
-        self.use(stock)
+        self.use(self.stock())
         outdir = self.run_dir / "calibration"
         for _ in range(3):
             log(f"calibration: dry run of about {want} arrivals at {workload.DRY_RATE:.0f}/s "
@@ -528,15 +525,14 @@ class Runner:
                      for st in points.values() for x in (st.get("probe_ms") or [])]
         if not at_points:
             return
-        stock = next(c for c in self.cfgfile["config"] if c["name"] == "stock")
-        self.use(stock)
+        self.use(self.stock())
         log("isolated latencies again, after the open loop")
         again = workload.measure_isolated(self.server, self.wl, self.plan.iso_runs,
                                           self.run_dir / "isolated_after", SEED)
         others = choose_denominators(
             self.meta, {f"{q}|{cls}": v for (q, cls), v in again.items()},
             workload.speed_probe(self.server, self.schemas[0]), statistics.median(at_points))
-        self.iso = isolated_medians(self.meta["isolated"])
+        self.iso = analysis.isolated_medians(self.meta["isolated"])
         den = self.meta["denominators"]
         log(f"denominators: the isolated runs {den['chosen']} (speed probes " + "; ".join(
             f"{s['when']}: {s['probe_ms']:.1f} ms" for s in den["sets"]) +

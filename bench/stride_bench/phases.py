@@ -52,7 +52,7 @@ def phase_workloads(wl: workload.Workload, iso: dict) -> dict:
 
 def analyse_phase(meta: dict, run_dir: Path, step: dict) -> dict:
     script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
-    iso = {tuple(k.split("|")): v["median_s"] for k, v in meta["isolated"].items()}
+    iso = analysis.isolated_medians(meta["isolated"])
     short_from = next(s for n, s, _ in PHASES if n == step["phase"])
     iso_p = analysis.phase_isolated(iso, short_from)
     txns = analysis.parse_logs(str(run_dir / "phases" / Path(step["log_prefix"]).name))

@@ -501,7 +501,6 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     if "mixed" in imgs:
         w(f"![mixed workload]({img_prefix}{imgs['mixed']})\n")
 
-    den = meta.get("denominators")
     where = "" if not den else (", both sets pooled" if den["chosen"] == "both, pooled"
                                 else f", measured {den['chosen']}")
     w(f"## Isolated latencies (ms, median; the denominators{where})\n")

@@ -271,7 +271,7 @@ class Point:
     def __init__(self, run_dir: Path, config: str, alpha: str):
         self.meta = meta = json.loads((run_dir / "results.json").read_text())
         self.script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
-        self.iso = {tuple(k.split("|")): v["median_s"] for k, v in meta["isolated"].items()}
+        self.iso = analysis.isolated_medians(meta["isolated"])
         name = f"ol_{config}_a{alpha}"
         self.txns = txns = analysis.parse_logs(str(run_dir / "open_loop" / name))
         rows = read_trace(run_dir / "open_loop" / f"{name}.trace.csv")

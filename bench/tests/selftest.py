@@ -511,7 +511,7 @@ class CalibrationTest(unittest.TestCase):
                 for k, (s, sc) in enumerate(seq)))
             dry = cli.dry_sequence(meta, rd)
             st = cli.analyse_open_loop(meta, rd, "stock", 0.95, dry)
-            slower = {k: 2 * v for k, v in cli.isolated_medians(meta["isolated"]).items()}
+            slower = {k: 2 * v for k, v in analysis.isolated_medians(meta["isolated"]).items()}
             halved = cli.analyse_open_loop(meta, rd, "stock", 0.95, dry, iso=slower)
         for cls in ("short", "long"):
             self.assertAlmostEqual(halved["classes"][cls]["slowdown"]["mean"],
