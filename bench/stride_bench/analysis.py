@@ -117,19 +117,6 @@ def latency_summary(runs: list) -> dict:
             float("nan"), "max_s": max(runs) if runs else float("nan"), "runs_s": list(runs)}
 
 
-# Two speed probes within this ratio of each other count as the same machine speed: the
-# two probes around one 180-s point differed by at most 5 % at 11 of 18 points of a
-# full run, and by 7-70 % at the others.
-SAME_SPEED = 1.05
-
-
-def nearest_speed(probes_ms: list, reference_ms: float) -> int:
-    """Index of the speed probe in `probes_ms` nearest `reference_ms` by ratio: of the sets
-    of isolated latencies, the one measured on the machine whose speed was nearest the
-    one the points ran on."""
-    return min(range(len(probes_ms)), key=lambda i: abs(math.log(probes_ms[i] / reference_ms)))
-
-
 def max_in_system(txns) -> int:
     """Largest number of arrivals that had arrived and not yet completed at once."""
     events = []

@@ -142,38 +142,33 @@ def offered(meta: dict, seq: list, cost: dict, rate: float) -> dict:
             "run": analysis.offered_share(seq, cost, rate, (0.0, meta["plan"]["ol_duration"]), cpus)}
 
 
-def choose_denominators(meta: dict, again: dict, probe_again: float, at_points: float) -> dict:
-    """The slowdowns' denominators from the isolated latencies measured before the open
-    loop (meta["isolated"], speed probe meta["probe_ms"]) and after it (`again`,
-    `probe_again`).  Measured on the same machine (probes within SAME_SPEED), both sets'
-    executions pool: the machine's speed halves in spells of about a second, which a
-    small query's executions can fall in all together (Q22 at SF 0.05: 8.6 ms in one
-    set, 4.5 ms in the other, the probes after each 1 % apart), and executions over more
-    spells give a steadier median.  Otherwise the set whose
-    probe is nearer `at_points`, the machine's speed around the points, counts.
-    meta["isolated"] becomes the denominators, keeping the first set's CPU (the rates'
-    basis); meta["denominators"] records the choice; returns the sets not chosen, by
-    name, for the report's figures with each of them."""
-    sets = {"before the open loop": (meta["probe_ms"], dict(meta["isolated"])),
+def pool_denominators(meta: dict, again: dict, probe_again: float, at_points: float) -> dict:
+    """The slowdowns' denominators: per query, the median of every isolated execution of
+    the run, those measured before the open loop (meta["isolated"], speed probe
+    meta["probe_ms"]), in the rounds after each point (meta["isolated_between"]) and
+    after the open loop (`again`, `probe_again`).  The machine's speed halves in spells
+    of about a second, and a small query's executions in one round all fall in one
+    (Q22 at SF 0.05: 8.6 ms in one set, 4.5 ms in another, the probes after each 1 %
+    apart); rounds spread over the whole run, between the points, sample the spells the
+    points ran in.  meta["isolated"] becomes the denominators, keeping the first set's
+    CPU (the rates' basis); meta["denominators"] records the sets and `at_points`, the
+    median probe around the points; returns the sets before and after the open loop,
+    by name, for the report's figures with each of them alone."""
+    before = dict(meta["isolated"])
+    between = meta.get("isolated_between", [])
+    iso = {k: analysis.latency_summary(
+               v["runs_s"] + [x for rnd in between for x in rnd["runs_s"][k]] + again[k]["runs_s"])
+           for k, v in before.items()}
+    sets = {"before the open loop": (meta["probe_ms"], before),
             "after the open loop": (probe_again, again)}
-    (pa, before), (pb, after) = sets.values()
-    if max(pa, pb) / min(pa, pb) <= analysis.SAME_SPEED:
-        chosen = "both, pooled"
-        iso = {k: analysis.latency_summary(v["runs_s"] + after[k]["runs_s"])
-               for k, v in before.items()}
-        others = {name: s[1] for name, s in sets.items()}
-    else:
-        names = list(sets)
-        chosen = names[analysis.nearest_speed([pa, pb], at_points)]
-        iso = sets[chosen][1]
-        others = {name: s[1] for name, s in sets.items() if name != chosen}
     meta["denominators"] = {
-        "chosen": chosen, "points_probe_ms": at_points,
+        "chosen": "all rounds, pooled", "rounds": 2 * (workload.SPREAD_ROUNDS + 1) + len(between),
+        "between": len(between), "points_probe_ms": at_points,
         "sets": [{"when": name, "probe_ms": probe,
                   "median_s": {k: v["median_s"] for k, v in lat.items()}}
                  for name, (probe, lat) in sets.items()]}
-    meta["isolated"] = {k: {**v, "cpu_s": meta["isolated"][k]["cpu_s"]} for k, v in iso.items()}
-    return others
+    meta["isolated"] = {k: {**v, "cpu_s": before[k]["cpu_s"]} for k, v in iso.items()}
+    return {name: lat for name, (_, lat) in sets.items()}
 
 
 def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float,
@@ -499,6 +494,7 @@ class Runner:
                     simgap.dump_trace(self.server, self.run_dir / "open_loop" / f"{name}.trace.csv")
                     st["scheduler"] = simgap.scheduler_counts(self.server)
                 self.meta["open_loop"].setdefault(cfg["name"], {})[str(alpha)] = st
+                self.isolated_between(name)
                 c = st["classes"]
                 log("  " + "  ".join(
                     f"{cls}: mean {c[cls]['slowdown']['mean']:.2f} p99 {c[cls]['slowdown']['p99']:.2f}"
@@ -513,14 +509,15 @@ class Runner:
 
     def isolated_again(self):
         """The isolated latencies measured once more, after the open loop, and the
-        slowdowns' denominators chosen from both sets (choose_denominators); the open-loop
-        points are analysed again with them.
+        slowdowns' denominators pooled from every round (pool_denominators); the
+        open-loop points are analysed again with them.
 
         The machine is shared, and its speed drifts: in one run the speed probe took
-        72.5 ms with the isolated runs and 60-65 ms around the points, which understates
+        72.5 ms with the isolated runs and 60-65 ms around the points, which understated
         every slowdown by some 15 %.  The rates keep the first set's CPU, on which the
         calibration rests; each point's `other_denominators` holds its short and long
-        slowdowns with each set not chosen, to show how much the choice matters."""
+        slowdowns with the set before and the set after the open loop, each alone, to
+        show how much the pooling matters."""
         at_points = [x for points in self.meta["open_loop"].values()
                      for st in points.values() for x in (st.get("probe_ms") or [])]
         if not at_points:
@@ -529,17 +526,32 @@ class Runner:
         log("isolated latencies again, after the open loop")
         again = workload.measure_isolated(self.server, self.wl, self.plan.iso_runs,
                                           self.run_dir / "isolated_after", SEED)
-        others = choose_denominators(
+        others = pool_denominators(
             self.meta, {f"{q}|{cls}": v for (q, cls), v in again.items()},
             workload.speed_probe(self.server, self.schemas[0]), statistics.median(at_points))
         self.iso = analysis.isolated_medians(self.meta["isolated"])
         den = self.meta["denominators"]
-        log(f"denominators: the isolated runs {den['chosen']} (speed probes " + "; ".join(
+        log(f"denominators: {den['rounds']} rounds of isolated runs, pooled (speed probes " + "; ".join(
             f"{s['when']}: {s['probe_ms']:.1f} ms" for s in den["sets"]) +
             f"; median around the points {den['points_probe_ms']:.1f} ms)")
         reanalyse(self.meta, self.run_dir)
         other_denominators(self.meta, self.run_dir, others)
         self.save()
+
+    def isolated_between(self, point: str):
+        """One more round of isolated executions (workload.SPREAD_RUNS per query) on the
+        stock server, right after the open-loop point `point`, for the denominators
+        (pool_denominators).  Its executions are kept apart from meta["isolated"] until
+        the open loop ends, which the points' analysis divides by meanwhile."""
+        self.use(self.stock())
+        done = self.meta.setdefault("isolated_between", [])
+        log(f"isolated latencies: round {len(done) + 1} between the points")
+        got = workload.isolated_round(self.server, self.wl, workload.SPREAD_RUNS,
+                                      self.run_dir / "isolated_between",
+                                      SEED + workload.SPREAD_ROUNDS + 1 + len(done), f"_{point}")
+        done.append({"after": point, "runs_s": {
+            f"{q}|{cls}": analysis.isolated_latency([txns])["runs_s"]
+            for (q, cls), (txns, _) in got.items()}})
 
     def probed_point(self, cfg: dict, rate: float, name: str) -> dict:
         """One open-loop point (workload.open_loop) between two speed probes; a run that

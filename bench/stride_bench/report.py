@@ -3,7 +3,6 @@
 import math
 from pathlib import Path
 
-from .analysis import SAME_SPEED
 from .common import RESULTS_DIR, RESULTS_MD, log
 
 CLASSES = ("short", "long")
@@ -106,7 +105,7 @@ def speed_rows(meta) -> list:
 
 def other_denominator_rows(meta) -> list:
     """(configuration, {set: per class mean and p99 slowdown}) at the highest load with each
-    set of isolated latencies the run did not choose, alone (cli.choose_denominators)."""
+    set of isolated latencies before and after the open loop, alone (cli.pool_denominators)."""
     a = top_alpha(meta)
     ol = meta.get("open_loop", {})
     return [(name, ol[name][a]["other_denominators"]) for name in ran_configs(meta)
@@ -446,13 +445,25 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     den = meta.get("denominators")
     if den:
         sets = "; ".join(f"{s['when']}, {s['probe_ms']:.1f} ms" for s in den["sets"])
-        how = ("the median of both sets' executions: the probes agree within "
-               f"{(SAME_SPEED - 1) * 100:.0f} %" if den["chosen"] == "both, pooled"
-               else f"the set {den['chosen']}, the nearer to the median probe around the "
-               f"points ({den['points_probe_ms']:.1f} ms)")
-        w(f"\nThe isolated latencies were measured twice, each set followed by the speed probe "
-          f"({sets}). The slowdowns divide by {how}. With a set not chosen, alone, the short "
-          "and long slowdowns (mean / p99) would be:\n")
+        if "rounds" in den:
+            each = (den["rounds"] - den["between"]) // 2
+            w(f"\nThe isolated latencies were measured in {den['rounds']} rounds through the "
+              f"queries: {each} before the open loop, one after each of the {den['between']} "
+              f"points, {each} after the open loop. The speed probe followed the first and the last three ({sets}; "
+              f"median around the points {den['points_probe_ms']:.1f} ms). The slowdowns "
+              "divide by the median of all the rounds' executions. With the set before or "
+              "after the open loop alone, the short and long slowdowns (mean / p99) would "
+              "be:\n")
+        else:
+            # a run from before the rounds between the points: one set of the two chosen,
+            # or both pooled when their probes agreed
+            how = ("the median of both sets' executions, their probes agreeing"
+                   if den["chosen"] == "both, pooled" else
+                   f"the set {den['chosen']}, the nearer to the median probe around the "
+                   f"points ({den['points_probe_ms']:.1f} ms)")
+            w(f"\nThe isolated latencies were measured twice, each set followed by the speed "
+              f"probe ({sets}). The slowdowns divide by {how}. With a set not chosen, alone, "
+              "the short and long slowdowns (mean / p99) would be:\n")
         alone = other_denominator_rows(meta)
         names = sorted({n for _, o in alone for n in o})
         w("| configuration | " + " | ".join(f"short, {n} | long, {n}" for n in names) + " |")
@@ -501,7 +512,8 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     if "mixed" in imgs:
         w(f"![mixed workload]({img_prefix}{imgs['mixed']})\n")
 
-    where = "" if not den else (", both sets pooled" if den["chosen"] == "both, pooled"
+    where = "" if not den else (f", {den['rounds']} rounds pooled" if "rounds" in den else
+                                ", both sets pooled" if den["chosen"] == "both, pooled"
                                 else f", measured {den['chosen']}")
     w(f"## Isolated latencies (ms, median; the denominators{where})\n")
     w(f"| query | SF {sf['short']:g} | runs | min–max | SF {sf['long']:g} | runs | min–max |")

@@ -154,40 +154,54 @@ def dry_run(conn: list, wl: Workload, clients: int, seed: int, arrivals: int,
 # warm-up). The machine's speed moves in spells of a few seconds (bench/README.md, "How
 # fast the machine ran"): the few executions of a small query back to back all fall in
 # one spell, so its median, the denominator of every slowdown of that query, would be a
-# fast or a slow spell's. Rounds spread over the whole measurement sample several.
+# fast or a slow spell's. Rounds spread over the whole measurement sample several, and
+# the open loop adds one after each of its points (cli.Runner.isolated_between).
 SPREAD_ROUNDS = 2
 SPREAD_RUNS = 2
 
 
+def isolated_round(server: Server, wl: Workload, runs: int, outdir: Path, seed: int,
+                   suffix: str = "", measure_cpu: bool = False) -> dict:
+    """One round through all the queries, each alone in a pgbench run of its own on a new
+    connection: one warm-up execution, then `runs` counted ones, parameters drawn per
+    execution.  (query, class) -> (its transactions, the server's CPU seconds per
+    execution with `measure_cpu`, else None: every server process, parallel workers
+    included, over the run, warm-up included)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for q, cls in wl.order:
+        name = f"iso_{cls}_{q}{suffix}"
+        prefix = outdir / name
+        # the meter waits for exited backends, so only rounds that need it measure
+        with CpuMeter(server) if measure_cpu else contextlib.nullcontext() as cpu:
+            res = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", runs + 1,
+                           f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
+                           "-f", wl.scripts[(q, cls)]],
+                          server.conn_args(TPCH_DB), outdir / f"{name}.out",
+                          timeout=600, cwd=outdir)
+        txns = analysis.parse_logs(str(prefix))
+        if res["rc"] != 0 or len(txns) < runs + 1 or any(t.failed for t in txns):
+            raise RuntimeError(f"isolated run of {q} ({cls}) failed; see "
+                               f"{outdir / f'{name}.out'}")
+        out[(q, cls)] = (txns, cpu.result()["server_cpu_s"] / (runs + 1) if measure_cpu
+                         else None)
+    return out
+
+
 def measure_isolated(server: Server, wl: Workload, runs: int, outdir: Path, seed: int) -> dict:
     """Each query alone, one client, default parallelism: the median of its executions in
-    SPREAD_ROUNDS + 1 rounds over all the queries (the first with `runs` executions, the
-    others with SPREAD_RUNS, each after one warm-up execution on its new connection;
-    parameters drawn per execution); and the server's CPU seconds per execution (`cpu_s`:
-    every server process, parallel workers included, over the first round's pgbench run,
-    warm-up included, divided by its executions)."""
-    outdir.mkdir(parents=True, exist_ok=True)
+    SPREAD_ROUNDS + 1 rounds over all the queries (isolated_round; the first with `runs`
+    executions, the others with SPREAD_RUNS); and the server's CPU seconds per execution
+    (`cpu_s`) over the first round."""
     rounds = {key: [] for key in wl.order}
     cpu_s = {}
     for r in range(SPREAD_ROUNDS + 1):
-        n = runs if r == 0 else SPREAD_RUNS
-        for q, cls in wl.order:
-            name = f"iso_{cls}_{q}" + (f"_r{r}" if r else "")
-            prefix = outdir / name
-            # only the first round's CPU is measured (the meter waits for exited backends)
-            with CpuMeter(server) if r == 0 else contextlib.nullcontext() as cpu:
-                res = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", n + 1,
-                               f"--random-seed={seed + r}", "-l", f"--log-prefix={prefix}",
-                               "-f", wl.scripts[(q, cls)]],
-                              server.conn_args(TPCH_DB), outdir / f"{name}.out",
-                              timeout=600, cwd=outdir)
-            txns = analysis.parse_logs(str(prefix))
-            if res["rc"] != 0 or len(txns) < n + 1 or any(t.failed for t in txns):
-                raise RuntimeError(f"isolated run of {q} ({cls}) failed; see "
-                                   f"{outdir / f'{name}.out'}")
-            rounds[(q, cls)].append(txns)
+        done = isolated_round(server, wl, runs if r == 0 else SPREAD_RUNS, outdir, seed + r,
+                              f"_r{r}" if r else "", measure_cpu=r == 0)
+        for key, (txns, cpu) in done.items():
+            rounds[key].append(txns)
             if r == 0:
-                cpu_s[(q, cls)] = cpu.result()["server_cpu_s"] / (n + 1)
+                cpu_s[key] = cpu
     iso = {}
     for q, cls in wl.order:
         res = analysis.isolated_latency(rounds[(q, cls)], skip_first=1)

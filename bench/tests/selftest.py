@@ -338,39 +338,35 @@ class SpeedProbeTest(unittest.TestCase):
         self.assertEqual(report.speed_rows(meta), [("stock", 40.0, 48.0)])
         self.assertEqual(report.speed_rows({**meta, "probe_ms": None}), [])
 
-    def test_the_denominators_come_from_the_isolated_runs_nearest_the_points_speed(self):
-        self.assertEqual(analysis.nearest_speed([72.5, 62.0], 62.1), 1)
-        self.assertEqual(analysis.nearest_speed([61.0, 72.5], 62.1), 0)
-        # by ratio, not difference: 69.5 is 9.5 ms from both, but ×1.16 and ×1.14
-        self.assertEqual(analysis.nearest_speed([60.0, 79.0], 69.5), 1)
+    def test_the_denominators_pool_every_round_of_the_run(self):
         from stride_bench import cli
         before = {"q01|short": {**analysis.latency_summary([0.010, 0.011, 0.012]),
                                 "cpu_s": 0.011}}
         after = {"q01|short": {**analysis.latency_summary([0.005, 0.006, 0.013]),
                                "cpu_s": 0.009}}
-        # probes 15 % apart: the set nearer the points' speed, with the first set's CPU
-        meta = {"probe_ms": 72.5, "isolated": before}
-        others = cli.choose_denominators(meta, after, 62.3, 61.9)
-        self.assertEqual(meta["denominators"]["chosen"], "after the open loop")
-        self.assertEqual((meta["isolated"]["q01|short"]["median_s"],
-                          meta["isolated"]["q01|short"]["cpu_s"]), (0.006, 0.011))
-        self.assertEqual(list(others), ["before the open loop"])
+        between = [{"after": "p1", "runs_s": {"q01|short": [0.004, 0.0045]}},
+                   {"after": "p2", "runs_s": {"q01|short": [0.005, 0.0048]}}]
+        meta = {"probe_ms": 72.5, "isolated": before, "isolated_between": between}
+        others = cli.pool_denominators(meta, after, 62.3, 61.9)
+        iso = meta["isolated"]["q01|short"]
+        # 3 + 2 + 2 + 3 executions; their median, not a median of the sets' medians
+        self.assertEqual(iso["runs"], 10)
+        self.assertAlmostEqual(iso["median_s"], 0.0055)
+        # the rates' CPU stays the first set's
+        self.assertEqual(iso["cpu_s"], 0.011)
+        den = meta["denominators"]
+        self.assertEqual((den["rounds"], den["between"]),
+                         (2 * (workload.SPREAD_ROUNDS + 1) + 2, 2))
+        self.assertEqual([s["probe_ms"] for s in den["sets"]], [72.5, 62.3])
+        # each set alone, untouched by the pooling, for the report's table
+        self.assertEqual(sorted(others), ["after the open loop", "before the open loop"])
         self.assertEqual(others["before the open loop"]["q01|short"]["median_s"], 0.011)
-        self.assertEqual([s["median_s"]["q01|short"] for s in meta["denominators"]["sets"]],
-                         [0.011, 0.006])
-        meta = {"probe_ms": 62.0, "isolated": before}
-        others = cli.choose_denominators(meta, after, 72.5, 61.9)
-        self.assertEqual(meta["denominators"]["chosen"], "before the open loop")
-        self.assertEqual(meta["isolated"]["q01|short"]["median_s"], 0.011)
         self.assertEqual(others["after the open loop"]["q01|short"]["median_s"], 0.006)
-        # probes 3 % apart: one machine speed, both sets' executions pooled
+        # without rounds between the points: both sets pooled
         meta = {"probe_ms": 60.0, "isolated": before}
-        others = cli.choose_denominators(meta, after, 61.8, 70.0)
-        self.assertEqual(meta["denominators"]["chosen"], "both, pooled")
+        cli.pool_denominators(meta, after, 61.8, 70.0)
         self.assertEqual(meta["isolated"]["q01|short"]["runs"], 6)
         self.assertAlmostEqual(meta["isolated"]["q01|short"]["median_s"], 0.0105)
-        self.assertEqual(meta["isolated"]["q01|short"]["cpu_s"], 0.011)
-        self.assertEqual(sorted(others), ["after the open loop", "before the open loop"])
         meta = {"plan": {"alphas": [0.95]}, "configs": {"a": {"status": "ran"},
                                                         "b": {"status": "ran"}},
                 "open_loop": {"a": {"0.95": {"other_denominators": {
