@@ -667,7 +667,7 @@ def main(argv=None):
         "bench/run --selftest runs the analysis self-test. See bench/README.md.")
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--quick", action="store_true", help="one load point, short runs (minutes)")
-    g.add_argument("--full", action="store_true", help="the full sweep (about an hour)")
+    g.add_argument("--full", action="store_true", help="the full sweep (about 80 minutes)")
     g.add_argument("--tuner-phases", action="store_true",
                    help="three-phase arrival sequence (mix, longer mix, mix) per configuration "
                    "(default stride-decay,stride-tuner); writes bench/results/TUNER.md")
