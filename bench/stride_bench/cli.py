@@ -162,7 +162,7 @@ def pool_denominators(meta: dict, again: dict, probe_again: float, at_points: fl
     sets = {"before the open loop": (meta["probe_ms"], before),
             "after the open loop": (probe_again, again)}
     meta["denominators"] = {
-        "chosen": "all rounds, pooled", "rounds": 2 * (workload.SPREAD_ROUNDS + 1) + len(between),
+        "rounds": 2 * (workload.SPREAD_ROUNDS + 1) + len(between),
         "between": len(between), "points_probe_ms": at_points,
         "sets": [{"when": name, "probe_ms": probe,
                   "median_s": {k: v["median_s"] for k, v in lat.items()}}
@@ -494,7 +494,6 @@ class Runner:
                     simgap.dump_trace(self.server, self.run_dir / "open_loop" / f"{name}.trace.csv")
                     st["scheduler"] = simgap.scheduler_counts(self.server)
                 self.meta["open_loop"].setdefault(cfg["name"], {})[str(alpha)] = st
-                self.isolated_between(name)
                 c = st["classes"]
                 log("  " + "  ".join(
                     f"{cls}: mean {c[cls]['slowdown']['mean']:.2f} p99 {c[cls]['slowdown']['p99']:.2f}"
@@ -506,6 +505,7 @@ class Runner:
                     "".join(f"  {k} {st['scheduler'][k]}" for k in ("yield_requests", "cpu_swaps")
                             if k in st.get("scheduler", {})))
                 self.save()
+                self.isolated_between(name)
 
     def isolated_again(self):
         """The isolated latencies measured once more, after the open loop, and the
