@@ -449,8 +449,9 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
             each = (den["rounds"] - den["between"]) // 2
             w(f"\nThe isolated latencies were measured in {den['rounds']} rounds through the "
               f"queries: {each} before the open loop, one after each of the {den['between']} "
-              f"points, {each} after the open loop. The speed probe followed the first and the last three ({sets}; "
-              f"median around the points {den['points_probe_ms']:.1f} ms). The slowdowns "
+              f"points, {each} after the open loop. A speed probe followed the rounds before "
+              f"and those after the open loop ({sets}; median around the points "
+              f"{den['points_probe_ms']:.1f} ms). The slowdowns "
               "divide by the median of all the rounds' executions. With the set before or "
               "after the open loop alone, the short and long slowdowns (mean / p99) would "
               "be:\n")
