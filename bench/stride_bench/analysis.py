@@ -369,6 +369,33 @@ def proc_stat_cpu_s(text: str, clk_tck: int) -> float:
     return (int(rest[11]) + int(rest[12])) / clk_tck
 
 
+def busy_between(samples, lo: float, hi: float) -> float | None:
+    """Share of the machine's CPU that was busy between epoch times lo and hi, from
+    samples (epoch, busy jiffies, total jiffies) of the cumulative counters in time order,
+    each end's counters interpolated between the samples around it; None when the samples
+    do not cover [lo, hi]."""
+    if not samples or hi <= lo or lo < samples[0][0] or hi > samples[-1][0]:
+        return None
+
+    def at(t):
+        for (t0, b0, n0), (t1, b1, n1) in zip(samples, samples[1:]):
+            if t0 <= t <= t1:
+                x = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
+                return b0 + x * (b1 - b0), n0 + x * (n1 - n0)
+        raise ValueError(t)
+
+    (b0, n0), (b1, n1) = at(lo), at(hi)
+    return (b1 - b0) / (n1 - n0) if n1 > n0 else None
+
+
+def read_busy_samples(path) -> list:
+    """The samples a MachineSampler wrote: [(epoch, busy, total)]."""
+    with open(path) as f:
+        next(f)
+        return [(float(t), int(b), int(n)) for t, b, n in
+                (line.strip().split(",") for line in f if line.strip())]
+
+
 def cpu_share(cpu0_s: float, cpu1_s: float, wall_s: float) -> float:
     """CPU seconds used between two readings as a share of one CPU over wall_s."""
     return (cpu1_s - cpu0_s) / wall_s if wall_s > 0 else float("nan")

@@ -182,6 +182,13 @@ def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float,
     start, end = measured_window(meta["plan"])
     st = analysis.open_loop_stats(txns, script_info, iso, warmup_s=start, end_s=end)
     st["arrivals"] = len(txns)
+    busy = run_dir / "open_loop" / f"ol_{config}_a{alpha}.cpu.csv"
+    if busy.exists() and txns:
+        # over the window the slowdowns and the offered load count, not the run's start
+        # (pgbench connecting its clients) and end (the last queries draining)
+        st["machine_busy_window"] = analysis.busy_between(
+            analysis.read_busy_samples(busy), st["first_arrival"] + start,
+            st["first_arrival"] + end)
     st["ran_out_of_clients"] = st.get("max_in_system", 0) >= meta["plan"]["clients"]
     rate = sent_rate(meta["rates"][str(alpha)])
     seq = analysis.arrival_sequence(txns, rate)

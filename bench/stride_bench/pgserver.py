@@ -6,6 +6,7 @@ import re
 import signal
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -446,6 +447,40 @@ def machine_cpu() -> tuple:
     idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
     total = sum(vals[:8])
     return total - idle, total
+
+
+class MachineSampler:
+    """The whole machine's busy and total CPU jiffies (/proc/stat), sampled every
+    `interval_s` in a thread with each sample's epoch time and written to `path` (CSV:
+    epoch, busy, total) at the end: the busy share over any part of the interval can then
+    be computed afterwards (`analysis.busy_between`), such as an open-loop point's measured
+    window, which only its pgbench log gives. One small file read per sample."""
+
+    def __init__(self, path: Path, interval_s: float = 0.5):
+        self.path, self.interval_s = path, interval_s
+        self.samples = []
+        self.stop = threading.Event()
+
+    def sample(self):
+        self.samples.append((time.time(), *machine_cpu()))
+
+    def run(self):
+        while not self.stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self):
+        self.sample()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.sample()
+        self.path.write_text("epoch,busy,total\n" + "".join(
+            f"{t:.3f},{b},{n}\n" for t, b, n in self.samples))
+        return False
 
 
 class CpuMeter:

@@ -42,6 +42,13 @@ def offered_share(st, span: str = "run") -> float:
     return (st.get("offered") or {}).get(span, float("nan"))
 
 
+def window_busy(st) -> float:
+    """Share of the machine busy over a point's measured window (the span of `offered`'s
+    "window"); nan for a run from before it was sampled."""
+    v = st.get("machine_busy_window")
+    return float("nan") if v is None else v
+
+
 def sequence_note(st) -> str:
     """Whether a point sent the arrivals of the calibration's dry run, in a few words."""
     chk = st.get("sequence_check")
@@ -75,6 +82,7 @@ def load_rows(meta) -> list:
                          "offered_window": offered_share(st, "window"),
                          "offered_run": offered_share(st, "run"),
                          "cpu": cpu_share(st), "machine": st["cpu"]["machine_busy"],
+                         "machine_window": window_busy(st),
                          "sequence": sequence_note(st),
                          "time_error": (st.get("sequence_check") or {}).get("max_time_error_s")})
     return rows
@@ -144,9 +152,10 @@ def headline_rows(meta):
             "long_tput": lt,
             "long_tput_rel": lt / lt_stock if lt_stock else float("nan"),
             "mixed_long_rel": mlt / mlt_stock if mlt_stock else float("nan"),
-            "offered": offered_share(st),
+            "offered": offered_share(st, "window"),
             "cpu": cpu_share(st),
             "machine": st["cpu"]["machine_busy"],
+            "machine_window": window_busy(st),
             "max_in_system": st.get("max_in_system"),
             "clients": st.get("clients"),
         })
@@ -189,12 +198,13 @@ def compact_table(meta) -> str:
              f"load alpha = {a}, SF {meta['scales']['short']:g} (short) + "
              f"SF {meta['scales']['long']:g} (long), 3:1 arrivals",
              f"{'configuration':{width}s} {'short mean':>10s} {'short p99':>10s} {'long mean':>10s} "
-             f"{'long p99':>9s} {'long q/s':>9s} {'vs stock':>8s} {'offered':>7s} {'CPU':>5s}"]
+             f"{'long p99':>9s} {'long q/s':>9s} {'vs stock':>8s} {'offered':>7s} {'busy':>5s} "
+             f"{'CPU':>5s}"]
     for r in rows:
         lines.append(f"{r['config']:{width}s} {f(r['short_mean']):>10s} {f(r['short_p99']):>10s} "
                      f"{f(r['long_mean']):>10s} {f(r['long_p99']):>9s} {f(r['long_tput'], 3):>9s} "
                      f"{f(r['long_tput_rel'] * 100, 0) + '%':>8s} {f(r['offered'] * 100, 0) + '%':>7s} "
-                     f"{f(r['cpu'] * 100, 0) + '%':>5s}")
+                     f"{f(r['machine_window'] * 100, 0) + '%':>5s} {f(r['cpu'] * 100, 0) + '%':>5s}")
     for name, c in meta["configs"].items():
         if c.get("status") == "skipped":
             lines.append(f"{name:{width}s} skipped: {c.get('reason')}")
@@ -332,8 +342,10 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     w(f"- load average at start {' '.join(m.get('loadavg_start', []))}, at end "
       f"{' '.join(m.get('loadavg_end', []))}. The machine is shared (other builds run beside the "
       "benchmark), so timings are noisy: compare configurations only within this run. "
-      "\"machine busy\" below is whole-machine CPU use during a run, \"server CPU\" the "
-      "PostgreSQL (and pgbouncer) processes' share of all CPUs.\n")
+      "\"machine busy\" below is whole-machine CPU use, over a point's measured window (the "
+      "arrivals its slowdowns count) or the whole run (pgbench connecting its clients and "
+      "the last queries draining included), \"server CPU\" the PostgreSQL (and pgbouncer) "
+      "processes' share of all CPUs over the run.\n")
 
     w("## Set-up\n")
     inc = meta["queries"]["included"]
@@ -420,13 +432,15 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     w(f"## Headline (α = {a})\n")
     w("| configuration | short mean slowdown | short p99 slowdown | stock p99 / this p99 | "
       "long mean slowdown | long p99 slowdown | long throughput (q/s) | long throughput vs stock "
-      "| mixed: long work vs stock | offered CPU | server CPU | machine busy |")
-    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| mixed: long work vs stock | offered CPU, window | machine busy, window | server CPU, "
+      "run | machine busy, run |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         w(f"| {r['config']} | {f(r['short_mean'])} | {f(r['short_p99'])} | {f(r['p99_gain'])}× | "
           f"{f(r['long_mean'])} | {f(r['long_p99'])} | {f(r['long_tput'], 3)} | "
           f"{f(r['long_tput_rel'] * 100, 1)} % | {f(r['mixed_long_rel'] * 100, 1)} % | "
-          f"{f(r['offered'] * 100, 0)} % | {f(r['cpu'] * 100, 0)} % | {f(r['machine'] * 100, 0)} % |")
+          f"{f(r['offered'] * 100, 0)} % | {f(r['machine_window'] * 100, 0)} % | "
+          f"{f(r['cpu'] * 100, 0)} % | {f(r['machine'] * 100, 0)} % |")
     for r in rows:
         if r["problem"]:
             w(f"\n{r['config']}: {r['problem']}.")
@@ -532,16 +546,19 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     w("Load per point: the rate from the mix's mean (nominal) and the one used, the share of "
       "the machine's CPU that the arrivals the point really sent need (each at its query's "
       "isolated CPU, from the point's pgbench log) over the measured window and over the "
-      "whole run, beside the CPU measured over the run, and whether the point sent the "
-      "dry run's arrivals (max arrival-time difference in ms).\n")
-    w("| α | configuration | nominal rate/s | rate/s | offered CPU, window | offered CPU, run | "
-      "server CPU | machine busy | arrivals as the dry run |")
-    w("|---:|---|---:|---:|---:|---:|---:|---:|---|")
+      "whole run, beside the machine's CPU measured over each (the window's sampled every "
+      "0.5 s) and the server's over the run, and whether the point sent the dry run's "
+      "arrivals (max arrival-time difference in ms).\n")
+    w("| α | configuration | nominal rate/s | rate/s | offered CPU, window | machine busy, "
+      "window | offered CPU, run | server CPU, run | machine busy, run | arrivals as the dry "
+      "run |")
+    w("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in load_rows(meta):
         te = r["time_error"]
         w(f"| {r['alpha']} | {r['config']} | {f(r['nominal'])} | {f(r['rate'])}"
           f"{' (calibrated)' if r['calibrated'] else ''} | "
-          f"{f(r['offered_window'] * 100, 1)} % | {f(r['offered_run'] * 100, 1)} % | "
+          f"{f(r['offered_window'] * 100, 1)} % | {f(r['machine_window'] * 100, 0)} % | "
+          f"{f(r['offered_run'] * 100, 1)} % | "
           f"{f(r['cpu'] * 100, 0)} % | {f(r['machine'] * 100, 0)} % | {r['sequence']}"
           f"{'' if te is None else f' (Δt ≤ {te * 1000:.0f} ms)'} |")
     w("")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import analysis
 from .common import IS_ROOT, PG_BIN, log
-from .pgserver import CpuMeter, Server
+from .pgserver import CpuMeter, MachineSampler, Server
 
 TPCH_DB = "tpch"
 OLTP_DB = "oltp"
@@ -263,7 +263,7 @@ def open_loop(server: Server, wl: Workload, conn: list, rate: float, duration: i
             *wl.pgbench_files()]
     logpos = server.log_size()
     fifo = GENERATOR_FIFO if IS_ROOT else 0
-    with CpuMeter(server) as cpu:
+    with CpuMeter(server) as cpu, MachineSampler(outdir / f"{name}.cpu.csv"):
         r = pgbench(args, conn, outdir / f"{name}.out", timeout=duration * 4 + 120, cwd=outdir,
                     fifo=fifo)
     if r["timed_out"]:

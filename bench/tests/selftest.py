@@ -479,6 +479,17 @@ class CalibrationTest(unittest.TestCase):
             for f in dry.pgbench_files()[1::2]:
                 self.assertEqual(Path(f.rsplit("@", 1)[0]).read_text(), "SELECT 1;\n")
 
+    def test_busy_between_interpolates_the_counters_and_needs_the_span_covered(self):
+        # 2 CPUs, 200 jiffies a second: 50 busy a second up to t = 10, 190 after
+        samples = [(float(t), 50 * min(t, 10) + 190 * max(0, t - 10), 200 * t)
+                   for t in range(0, 21, 2)]
+        self.assertAlmostEqual(analysis.busy_between(samples, 11.0, 17.0), 0.95)
+        self.assertAlmostEqual(analysis.busy_between(samples, 1.0, 3.0), 0.25)
+        self.assertAlmostEqual(analysis.busy_between(samples, 9.0, 11.0), 0.6)
+        self.assertIsNone(analysis.busy_between(samples, 15.0, 21.0))
+        self.assertIsNone(analysis.busy_between(samples, 5.0, 5.0))
+        self.assertIsNone(analysis.busy_between([], 1.0, 2.0))
+
     def test_point_analysis_and_load_table(self):
         """A point's offered share and dry-run check from its logs, and the load table."""
         from stride_bench import cli, report
@@ -505,6 +516,17 @@ class CalibrationTest(unittest.TestCase):
             (rd / "calibration" / "dry.43").write_text("".join(
                 line(k % 64, k, 100, sc, t0 + s / 200.0 + 0.0001) + " 0\n"
                 for k, (s, sc) in enumerate(seq)))
+            # the machine 95 % busy from 1 s after the first arrival to 18 s after it,
+            # 30 % before and after: the window [2, 17) sees 95 % alone
+            first = t0 + sent[0][0] / rate
+            busy_from, busy_to = first + 1.0, first + 18.0
+
+            def jiffies(t):
+                high = max(0.0, min(t, busy_to) - busy_from)
+                return round(200 * (0.3 * (t - t0 + 3) + 0.65 * high)), round(200 * (t - t0 + 3))
+            (rd / "open_loop" / "ol_stock_a0.95.cpu.csv").write_text("epoch,busy,total\n" + "".join(
+                f"{t:.3f},{jiffies(t)[0]},{jiffies(t)[1]}\n"
+                for t in (t0 - 3 + 0.5 * k for k in range(50))))
             dry = cli.dry_sequence(meta, rd)
             st = cli.analyse_open_loop(meta, rd, "stock", 0.95, dry)
             slower = {k: 2 * v for k, v in analysis.isolated_medians(meta["isolated"]).items()}
@@ -512,6 +534,7 @@ class CalibrationTest(unittest.TestCase):
         for cls in ("short", "long"):
             self.assertAlmostEqual(halved["classes"][cls]["slowdown"]["mean"],
                                    st["classes"][cls]["slowdown"]["mean"] / 2, places=9)
+        self.assertAlmostEqual(st["machine_busy_window"], 0.95, places=2)
         self.assertTrue(st["sequence_check"]["equal"])
         self.assertEqual(st["sequence_check"]["compared"], len(sent))
         self.assertLess(st["sequence_check"]["max_time_error_s"], 0.001)
@@ -525,6 +548,7 @@ class CalibrationTest(unittest.TestCase):
         meta.update(configs={"stock": {"status": "ran"}}, open_loop={"stock": {"0.95": st}})
         rows = report.load_rows(meta)
         self.assertEqual(len(rows), 1)
+        self.assertAlmostEqual(rows[0]["machine_window"], 0.95, places=2)
         self.assertTrue(rows[0]["calibrated"])
         self.assertEqual(rows[0]["sequence"], f"same {len(sent)}")
         st["sequence_check"]["equal"] = False
