@@ -479,6 +479,41 @@ class CalibrationTest(unittest.TestCase):
             for f in dry.pgbench_files()[1::2]:
                 self.assertEqual(Path(f.rsplit("@", 1)[0]).read_text(), "SELECT 1;\n")
 
+    def test_cpu_waits_charge_a_wait_to_what_ran_on_its_cpu(self):
+        import cpu_waits
+
+        def switch(cpu, t, prev, prev_pid, state, nxt, next_pid):
+            return (f"  {prev} {prev_pid} [{cpu:03d}] {t:.6f}: sched:sched_switch: "
+                    f"prev_comm={prev} prev_pid={prev_pid} prev_prio=120 prev_state={state} "
+                    f"==> next_comm={nxt} next_pid={next_pid} next_prio=120\n")
+        text = "".join([
+            switch(0, 10.000, "swapper/0", 0, "R", "postgres", 100),
+            switch(1, 10.000, "swapper/1", 0, "R", "postgres", 200),
+            # the holder on CPU 0 is preempted by a kernel thread for 40 ms
+            switch(0, 10.010, "postgres", 100, "R", "kdamond.0", 77),
+            switch(0, 10.050, "kdamond.0", 77, "I", "postgres", 100),
+            # CPU 1's process sleeps; it is woken 5 ms later and runs 1 ms after that
+            switch(1, 10.020, "postgres", 200, "S", "swapper/1", 0),
+            "  postgres 100 [000] 10.025000: sched:sched_wakeup: comm=postgres pid=200 "
+            "prio=120 target_cpu=001\n",
+            switch(1, 10.026, "swapper/1", 0, "R", "postgres", 200),
+            switch(0, 10.060, "postgres", 100, "S", "swapper/0", 0),
+        ])
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "switches.txt"
+            path.write_text(text)
+            runs, waits, span = cpu_waits.read(path)
+        self.assertEqual(span, (10.0, 10.06))
+        got = sorted((c, cpu, round(hi - lo, 6)) for c, cpu, lo, hi in waits)
+        self.assertEqual(got, [("postgres", 0, 0.04), ("postgres", 1, 0.001)])
+        starts = [r[0] for r in runs[0]]
+        ran = cpu_waits.on_cpu(runs[0], starts, 10.010, 10.050)
+        self.assertEqual(set(ran), {"kdamond.N"})
+        self.assertAlmostEqual(ran["kdamond.N"], 0.04)
+        idle = cpu_waits.on_cpu(runs[1], [r[0] for r in runs[1]], 10.025, 10.026)
+        self.assertEqual(set(idle), {"idle"})
+        self.assertAlmostEqual(idle["idle"], 0.001)
+
     def test_busy_between_interpolates_the_counters_and_needs_the_span_covered(self):
         # 2 CPUs, 200 jiffies a second: 50 busy a second up to t = 10, 190 after
         samples = [(float(t), 50 * min(t, 10) + 190 * max(0, t - 10), 200 * t)
