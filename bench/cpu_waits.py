@@ -87,7 +87,7 @@ def on_cpu(runs: list, starts: list, lo: float, hi: float) -> Counter:
         start, end, comm = runs[i]
         overlap = min(end, hi) - max(start, lo)
         if overlap > 0:
-            out[re.sub(r"\d+", "N", comm)] += overlap
+            out[analysis.command_kind(comm)] += overlap
         i += 1
     return out
 
@@ -123,7 +123,7 @@ def report(path: Path):
     for rs in runs.values():
         for start, end, comm in rs:
             if comm not in (SERVER, "idle"):
-                by_comm[re.sub(r"\d+", "N", comm)].append((end - start) * 1000)
+                by_comm[analysis.command_kind(comm)].append((end - start) * 1000)
     top = sorted(by_comm.items(), key=lambda kv: -sum(kv[1]))[:6]
     print("| command | runs | in all, s | median, ms | p99, ms | longest, ms |")
     print("|---|---:|---:|---:|---:|---:|")

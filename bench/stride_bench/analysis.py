@@ -369,6 +369,12 @@ def proc_stat_cpu_s(text: str, clk_tck: int) -> float:
     return (int(rest[11]) + int(rest[12])) / clk_tck
 
 
+def command_kind(name: str) -> str:
+    """A process's command name with its digits folded (kworker/1:2 -> kworker/N:N), so
+    that the threads and processes of one kind add up."""
+    return re.sub(r"\d+", "N", name)
+
+
 def busy_between(samples, lo: float, hi: float) -> float | None:
     """Share of the machine's CPU that was busy between epoch times lo and hi, from
     samples (epoch, busy jiffies, total jiffies) of the cumulative counters in time order,

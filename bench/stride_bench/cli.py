@@ -178,11 +178,12 @@ def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float,
     The slowdowns' denominators are the run's isolated latencies, or `iso`."""
     script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
     iso = iso or analysis.isolated_medians(meta["isolated"])
-    txns = analysis.parse_logs(str(run_dir / "open_loop" / f"ol_{config}_a{alpha}"))
+    prefix = run_dir / "open_loop" / f"ol_{config}_a{alpha}"
+    txns = analysis.parse_logs(str(prefix))
     start, end = measured_window(meta["plan"])
     st = analysis.open_loop_stats(txns, script_info, iso, warmup_s=start, end_s=end)
     st["arrivals"] = len(txns)
-    busy = run_dir / "open_loop" / f"ol_{config}_a{alpha}.cpu.csv"
+    busy = prefix.with_name(prefix.name + ".cpu.csv")
     if busy.exists() and txns:
         # over the window the slowdowns and the offered load count, not the run's start
         # (pgbench connecting its clients) and end (the last queries draining)

@@ -2,7 +2,6 @@
 each configuration's settings, plus CPU accounting of the server processes."""
 
 import os
-import re
 import signal
 import struct
 import subprocess
@@ -10,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import analysis
 from .common import (BOUNCER_PORT, DATA, IS_ROOT, OUT, PG_BIN, PG_PORT, PGBOUNCER,
                      SERVER_USER, as_server_user, chown_server, log, ncpus, run)
 
@@ -427,7 +427,7 @@ def others_cpu(before: dict, after: dict, server_roots: set, top: int = 5,
             continue
         used = cpu - before[pid][2] if pid in before else cpu
         if used > 0:
-            key = re.sub(r"\d+", "N", name)
+            key = analysis.command_kind(name)
             by_name[key] = by_name.get(key, 0.0) + used
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1])
     return {"total_s": sum(by_name.values()),
