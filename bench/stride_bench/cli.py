@@ -69,7 +69,8 @@ def load_configs() -> dict:
 
 def expand(settings: list) -> list:
     n = ncpus()
-    return [s.replace("@2xCPUS@", str(2 * n)).replace("@CPUS@", str(n)) for s in settings]
+    return [s.replace("@2xCPUS@", str(2 * n)).replace("@CPUS+1@", str(n + 1))
+            .replace("@CPUS@", str(n)) for s in settings]
 
 
 def machine_info() -> dict:

@@ -251,6 +251,18 @@ class WorkloadTest(unittest.TestCase):
             if "group_by" in c:
                 self.assertIn("class_groups", c, c["name"])
 
+    def test_cpu_placeholders_in_settings(self):
+        from stride_bench import cli
+        with mock.patch.object(cli, "ncpus", return_value=4):
+            self.assertEqual(cli.expand(["a = @CPUS@", "b = @CPUS+1@", "c = @2xCPUS@", "d = 1"]),
+                             ["a = 4", "b = 5", "c = 8", "d = 1"])
+        # every placeholder a configuration uses is one expand knows
+        with open(BENCH / "configs.toml", "rb") as fh:
+            cfg = tomllib.load(fh)
+        for c in cfg["config"]:
+            for s in cli.expand(c.get("settings", [])):
+                self.assertNotIn("@", s, c["name"])
+
 
 class ServerTest(unittest.TestCase):
     def test_settings_altered_by_alter_system_are_dropped(self):
