@@ -347,7 +347,6 @@ class SpeedProbeTest(unittest.TestCase):
         self.assertEqual(report.speed_rows({**meta, "probe_ms": None}), [])
 
     def test_the_denominators_pool_every_round_of_the_run(self):
-        from stride_bench import cli
         before = {"q01|short": {**analysis.latency_summary([0.010, 0.011, 0.012]),
                                 "cpu_s": 0.011}}
         after = {"q01|short": {**analysis.latency_summary([0.005, 0.006, 0.013]),
@@ -535,7 +534,6 @@ class CalibrationTest(unittest.TestCase):
 
     def test_point_analysis_and_load_table(self):
         """A point's offered share and dry-run check from its logs, and the load table."""
-        from stride_bench import cli, report
         seq = self.synthetic(n=300, seed=3)
         rate, t0 = 5.0, 1000.0
         meta = {"plan": {"ol_duration": 20, "warmup_frac": 0.1, "clients": 64},
