@@ -6,8 +6,9 @@ Pinning (`pg_stride.pin_slots`): serial scans of `big` run at once while each ba
 /proc/<pid>/status. The checks: with two slots, two holders run pinned to two
 different single CPUs, and get their own CPUs back after their statements; with one
 slot the CPU travels with the slot, so the holders taking turns are only ever pinned to
-one CPU; with pin_slots off nothing is pinned; a terminated holder's CPU is free for
-the next holders. Pinned holders run with pg_stride.holder_time_slice as their kernel
+one CPU; with pin_slots off two holders are not pinned; a terminated holder's CPU is
+free for the next holders. With pin_slots off and one slot, a receiver wakes on its
+giver's CPU (`pg_stride.wake_on_giver_cpu`), pinned only until it runs. Pinned holders run with pg_stride.holder_time_slice as their kernel
 time slice (/proc/<pid>/sched), and with pg_stride.unslotted_time_slice (the kernel's
 default unless set) once unpinned.
 
@@ -87,14 +88,15 @@ def finish_scans(sessions, pids=()):
     return after
 
 
-def sample(s, pids):
-    """The backends' Cpus_allowed_list, sampled every 20 ms while all of them run SCAN
-    (at most 60 s), each with the CPU slots the scheduler had then (lent ones included)."""
+def sample(s, pids, read=allowed_cpus):
+    """`read(pid)` of each backend (by default its Cpus_allowed_list), sampled every 20 ms
+    while all of them run SCAN (at most 60 s), each with the CPU slots the scheduler had
+    then (lent ones included)."""
     samples, slots = [], []
     deadline = time.monotonic() + 60
     pid_list = ",".join(map(str, pids))
     while time.monotonic() < deadline:
-        cpus = tuple(allowed_cpus(p) for p in pids)
+        cpus = tuple(read(p) for p in pids)
         running, in_force = s.sql(
             "SET pg_stride.enabled = off; SELECT (SELECT count(*) FROM pg_stat_activity "
             f"WHERE pid IN ({pid_list}) AND state = 'active') || ' ' || "
@@ -113,15 +115,15 @@ def single(cpus):
     return cpus is not None and cpus.isdigit()
 
 
-def sampled_scans(s, **settings):
+def sampled_scans(s, read=allowed_cpus, **settings):
     """Two sessions run SCAN with the reload-level `settings` in force (reset after);
-    returns (samples of their CPUs while both run, their CPUs before, and after their
-    statements, and the CPU slots at each sample)."""
+    returns (samples of `read` (their CPUs) while both run, their CPUs before, and after
+    their statements, and the CPU slots at each sample)."""
     for setting, value in settings.items():
         concurrency.set_server(s, f"pg_stride.{setting}", value)
     try:
         sessions, pids, before = start_scans(s, 2)
-        samples, slots = sample(s, pids)
+        samples, slots = sample(s, pids, read)
         after = finish_scans(sessions, pids)
     finally:
         for setting in settings:
@@ -158,11 +160,48 @@ def with_one_slot_the_cpu_travels_with_the_slot(s):
 
 
 @check
-def with_pin_slots_off_nothing_is_pinned(s):
+def with_pin_slots_off_holders_are_not_pinned(s):
     samples, before, _, _ = sampled_scans(s, pin_slots="off")
     seen = {c for x in samples for c in x if c is not None}
     print(f"    CPUs allowed while running: {sorted(seen)}; before {before}")
     assert seen == set(before), seen
+
+
+def cpus_and_last_cpu(pid):
+    """Process `pid`'s Cpus_allowed_list and the CPU it last ran on (field 39 of
+    /proc/<pid>/stat), or None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            last = int(f.read().rsplit(")", 1)[1].split()[36])
+    except FileNotFoundError:
+        return None
+    return allowed_cpus(pid), last
+
+
+@check
+def unpinned_receivers_wake_on_their_givers_cpu(s):
+    # One slot, pinning off: the two scans take turns, a hand-off every slice or two,
+    # and each hand-off's giver pauses. With pg_stride.wake_on_giver_cpu the receiver is
+    # pinned to the giver's CPU until it runs, so both backends mostly last ran on one
+    # CPU; without it the kernel wakes the receiver where it last ran, the CPU that is
+    # idle while the giver still runs (2 % of the samples on one CPU here). The pin lasts
+    # a wake-up: a pin left in place would show in every sample after the first
+    # hand-off; here about a quarter show one, and none after the statements.
+    seen = {}
+    for mode in ("on", "off"):
+        samples, before, after, slots = sampled_scans(
+            s, read=cpus_and_last_cpu, cpu_slots=1, pin_slots="off", wake_on_giver_cpu=mode)
+        one = [x for x, n in zip(samples, slots) if n == 1 and None not in x]
+        assert len(one) >= 20, list(zip(samples, slots))
+        same = sum(1 for a, b in one if a[1] == b[1]) / len(one)
+        pinned = sum(1 for x in one for c, _ in x if single(c)) / len(one)
+        seen[mode] = (same, pinned)
+        assert after == before, f"{mode}: CPUs after the statements {after}, before {before}"
+    print("    samples with both backends last on one CPU / with one pinned: "
+          + "; ".join(f"wake_on_giver_cpu {k} {v[0]:.0%} / {v[1]:.0%}" for k, v in seen.items()))
+    assert seen["on"][0] >= 0.6, seen
+    assert seen["on"][1] <= 0.5, seen
+    assert seen["off"][1] == 0, seen
 
 
 @check

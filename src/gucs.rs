@@ -81,6 +81,7 @@ pub static POOL_IDLE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(300_00
 pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static LEND_ON_OVERRUN: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static FINISH_BEFORE_HANDOFF: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static WAKE_ON_GIVER_CPU: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static PREEMPT_LOWER_PRIORITY: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static SWAP_STALLED_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static IDLE_LOWER_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -385,8 +386,16 @@ pub fn register(group_exists: GroupExists) {
         GucFlags::default(),
     );
     GucRegistry::define_bool_guc(
+        c"pg_stride.wake_on_giver_cpu",
+        c"With unpinned slots, a process handed a CPU slot wakes on the CPU of the process that hands it over.",
+        c"It is pinned there until it runs, then gets its CPUs back. Off: the kernel chooses where it wakes.",
+        &WAKE_ON_GIVER_CPU,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
         c"pg_stride.finish_before_handoff",
-        c"With pinned slots, a statement ending its ExecutorRun finishes before the process it hands its slot to runs on its CPU.",
+        c"With pinned slots or pg_stride.wake_on_giver_cpu, a statement ending its ExecutorRun finishes before the process it hands its slot to runs on its CPU.",
         c"The receiver wakes as SCHED_BATCH, which does not preempt, until it runs. Off: it may preempt the statement's ExecutorEnd, commit and reply.",
         &FINISH_BEFORE_HANDOFF,
         GucContext::Sighup,

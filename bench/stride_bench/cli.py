@@ -10,12 +10,11 @@ import signal
 import statistics
 import sys
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import analysis, data, queries, simgap, workload
-from .common import BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, log, ncpus, run
+from .common import BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, expand, load_configs, log, ncpus, run
 from .pgserver import Server, has_debug_info, pkglibdir, stride_library_problem
 
 SEED = 20210
@@ -60,17 +59,6 @@ def make_plan(mode: str) -> Plan:
         return Plan(mode="phases", parts=["phases"])
     return Plan(mode="full", iso_runs=7, alphas=[0.5, 0.7, 0.8, 0.9, 0.95], ol_duration=90,
                 mixed_duration=60, overhead_rounds=5, overhead_duration=15)
-
-
-def load_configs() -> dict:
-    with open(BENCH / "configs.toml", "rb") as fh:
-        return tomllib.load(fh)
-
-
-def expand(settings: list) -> list:
-    n = ncpus()
-    return [s.replace("@2xCPUS@", str(2 * n)).replace("@CPUS+1@", str(n + 1))
-            .replace("@CPUS@", str(n)) for s in settings]
 
 
 def machine_info() -> dict:

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent          # .../bench
@@ -75,3 +76,44 @@ def which(name: str) -> str | None:
 def die(msg: str) -> None:
     print(f"bench: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(1)
+
+
+def load_configs() -> dict:
+    """configs.toml, with every configuration that `extends` another resolved."""
+    with open(BENCH / "configs.toml", "rb") as fh:
+        cfg = tomllib.load(fh)
+    cfg["config"] = resolve_extends(cfg["config"])
+    return cfg
+
+
+def resolve_extends(configs: list) -> list:
+    """Each configuration with `extends = "<name>"` gets that one's keys (resolved in
+    turn) under its own: its `settings` and `requires` come after the other's (the later
+    of two lines setting one parameter wins in postgresql.conf), its other keys replace
+    the other's. Its `name` and `label` are its own."""
+    by_name = {c["name"]: c for c in configs}
+
+    def resolve(c: dict, seen: tuple) -> dict:
+        base_name = c.get("extends")
+        if base_name is None:
+            return c
+        if base_name not in by_name or base_name in seen:
+            die(f"bench/configs.toml: {c['name']} extends "
+                f"{'an unknown' if base_name not in by_name else 'circularly the'} "
+                f"configuration {base_name!r}")
+        base = resolve(by_name[base_name], seen + (c["name"],))
+        merged = {k: v for k, v in base.items() if k not in ("name", "label")}
+        for k, v in c.items():
+            if k in ("settings", "requires"):
+                merged[k] = base.get(k, []) + v
+            elif k != "extends":
+                merged[k] = v
+        return merged
+
+    return [resolve(c, ()) for c in configs]
+
+
+def expand(settings: list) -> list:
+    n = ncpus()
+    return [s.replace("@2xCPUS@", str(2 * n)).replace("@CPUS+1@", str(n + 1))
+            .replace("@CPUS@", str(n)) for s in settings]

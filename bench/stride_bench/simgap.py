@@ -13,11 +13,10 @@ import bisect
 import csv
 import json
 import subprocess
-import tomllib
 from pathlib import Path
 
 from . import analysis
-from .common import BENCH, ncpus
+from .common import BENCH, expand, load_configs, ncpus
 
 REPO = BENCH.parent
 
@@ -95,7 +94,7 @@ def match(txns: list, rows: list, tolerance_s: float = 0.02) -> dict:
 def sim_settings(cfg: dict) -> dict:
     """pg_stride-sim options for a configuration's scheduler settings."""
     s = {}
-    for line in cfg.get("settings", []):
+    for line in expand(cfg.get("settings", [])):
         if "=" not in line:
             continue
         k, v = (x.strip().strip("'") for x in line.split("=", 1))
@@ -287,8 +286,7 @@ class Point:
 
 def analyse(run_dir: Path, config: str, alpha: str, workdir: Path) -> dict:
     """The whole comparison for one open-loop point of a finished run."""
-    with open(BENCH / "configs.toml", "rb") as fh:
-        cfg = next(c for c in tomllib.load(fh)["config"] if c["name"] == config)
+    cfg = next(c for c in load_configs()["config"] if c["name"] == config)
     pt = Point(run_dir, config, alpha)
     meta, script_info, iso, txns, rows, pairs = (pt.meta, pt.script_info, pt.iso, pt.txns,
                                                  pt.rows, pt.pairs)

@@ -9,14 +9,12 @@ import re
 import struct
 import sys
 import tempfile
-import tomllib
 import types
 import unittest
 from pathlib import Path
 from unittest import mock
 
-from stride_bench import analysis, cli, pgserver, queries, report, simgap, workload
-from stride_bench.common import BENCH
+from stride_bench import analysis, cli, common, pgserver, queries, report, simgap, workload
 
 
 def line(client, no, lat_us, script, end_s, lag_us=None):
@@ -228,8 +226,7 @@ class WorkloadTest(unittest.TestCase):
             self.assertEqual("\n".join(sql).count(";"), 1, q)
 
     def test_configs_table(self):
-        with open(BENCH / "configs.toml", "rb") as fh:
-            cfg = tomllib.load(fh)
+        cfg = common.load_configs()
         names = [c["name"] for c in cfg["config"]]
         self.assertEqual(names[:2], ["stock", "pgbouncer"])
         self.assertEqual(len(set(names)), len(names))
@@ -250,13 +247,31 @@ class WorkloadTest(unittest.TestCase):
             self.assertIn(c.get("group_by", "tag"), ("tag", "set"), c["name"])
             if "group_by" in c:
                 self.assertIn("class_groups", c, c["name"])
-            # every placeholder a configuration uses is one cli.expand knows
-            for s in cli.expand(c.get("settings", [])):
+            # every placeholder a configuration uses is one common.expand knows
+            for s in common.expand(c.get("settings", [])):
                 self.assertNotIn("@", s, c["name"])
 
+    def test_a_configuration_extends_another(self):
+        base = {"name": "a", "label": "A", "library": True, "settings": ["x = 1", "y = 1"],
+                "requires": ["x"], "class_groups": {"short": {}}}
+        child = {"name": "b", "label": "B", "extends": "a", "settings": ["y = 2"],
+                 "requires": ["y"], "library": False}
+        grandchild = {"name": "c", "label": "C", "extends": "b", "settings": ["z = 3"]}
+        a, b, c = common.resolve_extends([base, child, grandchild])
+        self.assertEqual(a, base)
+        self.assertEqual(b, {"name": "b", "label": "B", "library": False,
+                             "settings": ["x = 1", "y = 1", "y = 2"], "requires": ["x", "y"],
+                             "class_groups": {"short": {}}})
+        self.assertEqual(c["settings"], ["x = 1", "y = 1", "y = 2", "z = 3"])
+        self.assertEqual((c["name"], c["label"], c["requires"]), ("c", "C", ["x", "y"]))
+        for broken in ([dict(child, extends="nowhere")],
+                       [dict(base, extends="b"), child]):
+            with self.assertRaises(SystemExit):
+                common.resolve_extends(broken)
+
     def test_cpu_placeholders_in_settings(self):
-        with mock.patch.object(cli, "ncpus", return_value=4):
-            self.assertEqual(cli.expand(["a = @CPUS@", "b = @CPUS+1@", "c = @2xCPUS@", "d = 1"]),
+        with mock.patch.object(common, "ncpus", return_value=4):
+            self.assertEqual(common.expand(["a = @CPUS@", "b = @CPUS+1@", "c = @2xCPUS@", "d = 1"]),
                              ["a = 4", "b = 5", "c = 8", "d = 1"])
 
 
@@ -870,8 +885,7 @@ class TunerPhasesTest(unittest.TestCase):
         self.assertIn("| 1 | 2.000 / 2.000 |", md)
 
     def test_tuner_config_starts_from_stride_decay(self):
-        with open(BENCH / "configs.toml", "rb") as fh:
-            cfg = {c["name"]: c for c in tomllib.load(fh)["config"]}
+        cfg = {c["name"]: c for c in common.load_configs()["config"]}
         decay, tuner = cfg["stride-decay"], cfg["stride-tuner"]
         self.assertEqual([s for s in tuner["settings"] if "pg_stride.tuner" not in s],
                          decay["settings"])

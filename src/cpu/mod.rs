@@ -241,15 +241,16 @@ impl Hasher for AddressHasher {
 
 /// `from` gave its slot up (`None`: nobody did) and `to` was handed one: notes when,
 /// for the hand-off's latency in `to`'s trace record, passes the CPU with the slot
-/// (`pg_stride.pin_slots`) and wakes `to`. The note comes first: moving `to` onto this
-/// CPU may let it run at once, preempting this process before it gets any further.
+/// (`pg_stride.pin_slots`) or wakes `to` on this CPU (`pg_stride.wake_on_giver_cpu`),
+/// and wakes `to`. The note comes first: moving `to` onto this CPU may let it run at
+/// once, preempting this process before it gets any further.
 ///
 /// That preemption is right when this process goes to sleep next (a pause), but not
 /// when it `goes_on` without a slot: a statement leaving ExecutorRun still has its
 /// ExecutorEnd, commit and reply to do, well under a millisecond, and a receiver that
 /// preempted it would hold it back for the receiver's whole kernel time slice (1.7 ms a
-/// short statement, bench/results/SIM_GAP.md). The shorter job goes first: with
-/// pinning, the receiver then wakes as `SCHED_BATCH`, which the kernel does not let
+/// short statement, bench/results/SIM_GAP.md). The shorter job goes first: the
+/// receiver on this CPU then wakes as `SCHED_BATCH`, which the kernel does not let
 /// preempt, and runs as soon as this process sleeps; it sets itself back to
 /// `SCHED_OTHER` once it runs (`run_as_other`).
 fn hand_over(from: Option<ProcId>, to: Option<ProcId>, goes_on: bool) {
@@ -262,12 +263,21 @@ fn hand_over(from: Option<ProcId>, to: Option<ProcId>, goes_on: bool) {
             .slot_given_ns
             .store(pg::monotonic_ns(), Ordering::Release);
     }
-    if shared.sched().is_some_and(pinning::enabled) {
-        let finish_first = goes_on && gucs::FINISH_BEFORE_HANDOFF.get();
-        if let (true, Some(entry), Some(p)) = (finish_first, entry, to) {
-            wake_as_batch(entry, p);
+    if let Some(sched) = shared.sched() {
+        let pinned = pinning::enabled(sched);
+        // Without pinning, only a slot this process gives up comes with its CPU.
+        let placed = !pinned && from.is_some() && pinning::places_receivers(sched);
+        if pinned || placed {
+            let finish_first = goes_on && gucs::FINISH_BEFORE_HANDOFF.get();
+            if let (true, Some(entry), Some(p)) = (finish_first, entry, to) {
+                wake_as_batch(entry, p);
+            }
         }
-        pinning::pass(shared, from, to);
+        if pinned {
+            pinning::pass(shared, from, to);
+        } else if let (true, Some(p)) = (placed, to) {
+            pinning::place(shared, sched, p);
+        }
     }
     if let Some(p) = to {
         pg::set_latch(p.0 as usize);
@@ -532,6 +542,9 @@ fn follow_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
         numa::unbind();
         if pinning::enabled(sched) {
             pinning::hold(shared, sched, proc);
+        } else {
+            // Woken on its giver's CPU (`pg_stride.wake_on_giver_cpu`): running now.
+            pinning::unpin(shared, proc);
         }
     }
 }

@@ -99,6 +99,38 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
     }
 }
 
+/// Whether a process handed a slot wakes on its giver's CPU without being pinned for
+/// the slot (`pg_stride.wake_on_giver_cpu`): pinning is off, and the slots are not split
+/// by node.
+///
+/// Left to the kernel, a receiver wakes where it last ran or where the kernel finds
+/// room, often a CPU on which the other holder runs, while the giver's CPU goes to work
+/// without a slot: it then waits in the run queue holding its slot. With as many slots
+/// as CPUs and 95 % of the machine's CPU offered, that cost unpinned holders 13.6 % of
+/// their slot time against 7.8 % pinned, and the queue grew without bound
+/// (bench/results/alpha095_unpinned). Pinning the receiver to the CPU its giver leaves,
+/// only until it runs, keeps one holder per CPU across hand-offs as `pass` does, without
+/// binding any process to a CPU for longer than its wake-up.
+pub fn places_receivers(sched: &SchedShared) -> bool {
+    !gucs::PIN_SLOTS.get() && gucs::WAKE_ON_GIVER_CPU.get() && sched.node_count() == 1
+}
+
+/// This process handed its slot to `to` and leaves its CPU (`places_receivers`): pins
+/// `to` to that CPU, to wake there. Call before waking `to`; `to` gets its CPUs back once
+/// it runs with the slot (`unpin`, from the check-in), or when it gives the slot up.
+pub fn place(shared: &shmem::Shared, sched: &SchedShared, to: ProcId) {
+    let Some(cpu) = pg::current_cpu() else { return };
+    pin(shared, to.0 as usize, Some(cpu));
+    // `to` may have given the slot up meanwhile (its statement was cancelled, or its run
+    // ended) and found itself unpinned just before the line above pinned it: it must
+    // not stay pinned. The fence pairs with the one in `leave`: either `to` sees the pin
+    // and undoes it, or this sees that it no longer holds the slot.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if !sched.is_running(to) {
+        pin(shared, to.0 as usize, None);
+    }
+}
+
 /// This process's statement ends (after it passed its slot on): it runs with the
 /// postmaster's CPUs again. Nothing to do if it was never pinned.
 pub fn leave(shared: &shmem::Shared, me: ProcId) {
@@ -108,6 +140,8 @@ pub fn leave(shared: &shmem::Shared, me: ProcId) {
     if let Some(cpu) = cpu_of(entry.slot_cpu.swap(0, Ordering::AcqRel)) {
         shared.cpu_owners.pass(cpu, me.0 as usize, None);
     }
+    // Pairs with the fence in `place`.
+    std::sync::atomic::fence(Ordering::SeqCst);
     unpin(shared, me);
 }
 
