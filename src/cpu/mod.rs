@@ -275,8 +275,11 @@ fn hand_over(from: Option<ProcId>, to: Option<ProcId>, goes_on: bool) {
         }
         if pinned {
             pinning::pass(shared, from, to);
-        } else if let (true, Some(p)) = (placed, to) {
-            pinning::place(shared, sched, p);
+        } else if let (true, Some(p), Some(entry)) = (placed, to, entry) {
+            if !pinning::place(shared, sched, p) {
+                // Running already: nothing to let finish first.
+                undo_batch(entry, p);
+            }
         }
     }
     if let Some(p) = to {
@@ -290,18 +293,27 @@ fn wake_as_batch(entry: &shmem::ProcEntry, to: ProcId) {
     if pid == 0 {
         return;
     }
-    // Flagged first: the receiver, already running, may look before the policy changes;
-    // it then sets itself back at its next pause or statement.
-    entry.woken_as_batch.store(1, Ordering::Release);
-    if pg::set_batch_policy(pid, true).is_err() {
-        entry.woken_as_batch.store(0, Ordering::Release);
+    // Flagged once the policy changed: a receiver already running that looked before
+    // then sets itself back at its next check-in, pause or statement end.
+    if pg::set_batch_policy(pid, true).is_ok() {
+        entry.woken_as_batch.store(1, Ordering::Release);
+    }
+}
+
+/// Undoes [`wake_as_batch`] for a receiver `to` that runs already.
+fn undo_batch(entry: &shmem::ProcEntry, to: ProcId) {
+    let pid = pg::proc_pid(to.0 as usize);
+    if entry.woken_as_batch.swap(0, Ordering::AcqRel) == 1 && pid != 0 {
+        let _ = pg::set_batch_policy(pid, false);
     }
 }
 
 /// This process runs again: undo a `SCHED_BATCH` that a hand-over gave it.
 fn run_as_other(shared: &shmem::Shared) {
     if let Some(entry) = shared.my_entry() {
-        if entry.woken_as_batch.swap(0, Ordering::AcqRel) == 1 {
+        if entry.woken_as_batch.load(Ordering::Acquire) == 1
+            && entry.woken_as_batch.swap(0, Ordering::AcqRel) == 1
+        {
             let _ = pg::set_batch_policy(0, false);
         }
     }
@@ -533,8 +545,13 @@ fn take_slot(shared: &shmem::Shared, sched: &'static SchedShared, proc: ProcId) 
 /// CPUs again, or, with `pg_stride.pin_slots`, on the CPU that came with its slot. A
 /// process only changes node when it is given a slot, so this is asked after taking one,
 /// after a pause, and (for the pinning's cheap check) at a slice end that keeps it.
+/// Running with its slot, it also drops what its hand-over gave it to wake with: the
+/// `SCHED_BATCH` policy, and without pinning the pin to its giver's CPU.
 fn follow_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
+    run_as_other(shared);
     if sched.node_count() > 1 {
+        // A wake-up on a giver's CPU from before `numa = bind` came into force.
+        pinning::unpin(shared, proc);
         if let Some(node) = sched.slot_node(proc) {
             numa::follow_slot(node);
         }
@@ -800,7 +817,6 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
             }
         }
     }
-    run_as_other(shared);
     follow_slot(shared, sched, proc);
     count_check_in(shared);
     let now = pg::monotonic_ns();

@@ -24,7 +24,7 @@ use crate::{gucs, pg, shmem};
 use pg_stride_sched::stall::{self, HolderSample};
 use pg_stride_sched::{ProcId, SchedShared};
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 
 /// The kernel time slice this process last asked for, ns (0: the kernel's default), and
 /// whether it put itself in `SCHED_IDLE`.
@@ -116,19 +116,29 @@ pub fn places_receivers(sched: &SchedShared) -> bool {
 }
 
 /// This process handed its slot to `to` and leaves its CPU (`places_receivers`): pins
-/// `to` to that CPU, to wake there. Call before waking `to`; `to` gets its CPUs back once
-/// it runs with the slot (`unpin`, from the check-in), or when it gives the slot up.
-pub fn place(shared: &shmem::Shared, sched: &SchedShared, to: ProcId) {
-    let Some(cpu) = pg::current_cpu() else { return };
-    pin(shared, to.0 as usize, Some(cpu));
-    // `to` may have given the slot up meanwhile (its statement was cancelled, or its run
-    // ended) and found itself unpinned just before the line above pinned it: it must
-    // not stay pinned. The fence pairs with the one in `leave`: either `to` sees the pin
-    // and undoes it, or this sees that it no longer holds the slot.
-    std::sync::atomic::fence(Ordering::SeqCst);
-    if !sched.is_running(to) {
-        pin(shared, to.0 as usize, None);
+/// `to` to that CPU, to wake there, and returns whether it stays pinned. Call before
+/// waking `to`; `to` gets its CPUs back once it runs with the slot (`unpin`, from the
+/// check-in), or when it gives the slot up.
+pub fn place(shared: &shmem::Shared, sched: &SchedShared, to: ProcId) -> bool {
+    let Some(cpu) = pg::current_cpu().filter(|&c| shared.cpu_owners.is_allowed(c)) else {
+        return false;
+    };
+    let procno = to.0 as usize;
+    let Some(entry) = shared.procs().get(procno) else {
+        return false;
+    };
+    pin(shared, procno, Some(cpu));
+    // `to` may be running already (woken by another latch, or it gave the slot up and
+    // took another) and have looked for a pin to undo just before the line above pinned
+    // it: only a process still paused waits to be woken here. The fence pairs with the
+    // one in `unpin`: either `to` sees the pin and undoes it, or this sees that it no
+    // longer waits.
+    fence(Ordering::SeqCst);
+    let waits = sched.is_running(to) && entry.paused.load(Ordering::Acquire) == 1;
+    if !waits {
+        pin(shared, procno, None);
     }
+    waits
 }
 
 /// This process's statement ends (after it passed its slot on): it runs with the
@@ -140,8 +150,6 @@ pub fn leave(shared: &shmem::Shared, me: ProcId) {
     if let Some(cpu) = cpu_of(entry.slot_cpu.swap(0, Ordering::AcqRel)) {
         shared.cpu_owners.pass(cpu, me.0 as usize, None);
     }
-    // Pairs with the fence in `place`.
-    std::sync::atomic::fence(Ordering::SeqCst);
     unpin(shared, me);
 }
 
@@ -149,6 +157,9 @@ pub fn leave(shared: &shmem::Shared, me: ProcId) {
 /// postmaster's CPUs again, while the CPU it owns stays its own until `pass` hands it
 /// on. Nothing to do if it was never pinned.
 pub fn unpin(shared: &shmem::Shared, me: ProcId) {
+    // After this process stopped waiting or gave its slot up, before it looks for a pin:
+    // pairs with the fence in `place`.
+    fence(Ordering::SeqCst);
     pin(shared, me.0 as usize, None);
     if let Some(entry) = shared.procs().get(me.0 as usize) {
         fit_own_scheduling(entry, false);
@@ -372,7 +383,8 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
         return;
     };
     let want = cpu.map_or(0, |c| c + 1);
-    if entry.pinned_cpu.load(Ordering::Acquire) == want {
+    let mut seen = entry.pinned_cpu.load(Ordering::Acquire);
+    if seen == want {
         return;
     }
     let pid = if Some(procno) == pg::my_procno() {
@@ -387,15 +399,25 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
         Some(c) => vec![c],
         None => shared.cpu_owners.allowed(),
     };
-    match pg::set_allowed_cpus_of(pid, &mask) {
-        Ok(()) => entry.pinned_cpu.store(want, Ordering::Release),
-        Err(e) => {
+    // Two processes may pin a third at once (a giver placing it, the process itself
+    // unpinning): the entry is written only if nobody wrote it since this read it, else
+    // the mask is set again, so that the last mask set is the one the entry names.
+    while seen != want {
+        if let Err(e) = pg::set_allowed_cpus_of(pid, &mask) {
             if shared.nodes.first_bind_failure() {
                 pgrx::log!(
                     "pg_stride: cannot pin process {procno} to CPUs {}: {e}; slot holders may run unpinned",
                     pg_stride_sched::numa::format_cpu_list(&mask)
                 );
             }
+            return;
+        }
+        match entry
+            .pinned_cpu
+            .compare_exchange(seen, want, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return,
+            Err(now) => seen = now,
         }
     }
 }
