@@ -8,7 +8,8 @@ different single CPUs, and get their own CPUs back after their statements; with 
 slot the CPU travels with the slot, so the holders taking turns are only ever pinned to
 one CPU; with pin_slots off two holders are not pinned; a terminated holder's CPU is
 free for the next holders. With pin_slots off and one slot, a receiver wakes on its
-giver's CPU (`pg_stride.wake_on_giver_cpu`), pinned only until it runs. Pinned holders run with pg_stride.holder_time_slice as their kernel
+giver's CPU (`pg_stride.wake_on_giver_cpu`), pinned only until it runs, and a
+receiver cancelled around its hand-off keeps no pin. Pinned holders run with pg_stride.holder_time_slice as their kernel
 time slice (/proc/<pid>/sched), and with pg_stride.unslotted_time_slice (the kernel's
 default unless set) once unpinned.
 
@@ -202,6 +203,42 @@ def unpinned_receivers_wake_on_their_givers_cpu(s):
     assert seen["on"][0] >= 0.6, seen
     assert seen["on"][1] <= 0.5, seen
     assert seen["off"][1] == 0, seen
+
+
+@check
+def a_receiver_cancelled_around_its_hand_off_keeps_no_pin(s):
+    # As above with wake_on_giver_cpu on: one backend is cancelled at moments spread
+    # over a few hand-offs, so that some cancels land while it waits pinned to its
+    # giver's CPU or just as a hand-over pins it. Once its statement has ended it runs
+    # on the CPUs it had before, and so does the other once cancelled in turn.
+    for setting, value in (("cpu_slots", 1), ("pin_slots", "off")):
+        concurrency.set_server(s, f"pg_stride.{setting}", value)
+    left = []
+    try:
+        for i in range(12):
+            sessions = [concurrency.Session(s) for _ in range(2)]
+            for x in sessions:
+                # The session (and its backend) outlives its cancelled statement.
+                x.proc.stdin.write(b"\\set ON_ERROR_STOP 0\n")
+            pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
+            before = [allowed_cpus(pid) for pid in pids]
+            for x in sessions:
+                x.send(SCAN)
+            time.sleep(0.1 + 0.037 * i)
+            after = []
+            for x, pid in zip(sessions, pids):
+                s.sql(f"SELECT pg_cancel_backend({pid})")
+                assert x.run("SELECT 'done'", timeout=60) == ["done"], "a scan was not cancelled"
+                after.append(allowed_cpus(pid))
+            for x in sessions:
+                x.close()
+            if after != before:
+                left.append((i, before, after))
+    finally:
+        for setting in ("cpu_slots", "pin_slots"):
+            concurrency.set_server(s, f"pg_stride.{setting}", None)
+    print(f"    12 pairs cancelled; backends left with other CPUs than before: {left}")
+    assert not left, left
 
 
 @check
