@@ -9,7 +9,7 @@ slot the CPU travels with the slot, so the holders taking turns are only ever pi
 one CPU; with pin_slots off two holders are not pinned; a terminated holder's CPU is
 free for the next holders. With pin_slots off and one slot, a receiver wakes on its
 giver's CPU (`pg_stride.wake_on_giver_cpu`), pinned only until it runs, and a
-receiver cancelled around its hand-off keeps no pin. Pinned holders run with pg_stride.holder_time_slice as their kernel
+receiver cancelled before it runs (stopped with SIGSTOP until then) keeps no pin. Pinned holders run with pg_stride.holder_time_slice as their kernel
 time slice (/proc/<pid>/sched), and with pg_stride.unslotted_time_slice (the kernel's
 default unless set) once unpinned.
 
@@ -44,6 +44,7 @@ Starts its own temporary server and prints one line per check, then
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -206,39 +207,54 @@ def unpinned_receivers_wake_on_their_givers_cpu(s):
 
 
 @check
-def a_receiver_cancelled_around_its_hand_off_keeps_no_pin(s):
-    # As above with wake_on_giver_cpu on: one backend is cancelled at moments spread
-    # over a few hand-offs, so that some cancels land while it waits pinned to its
-    # giver's CPU or just as a hand-over pins it. Once its statement has ended it runs
-    # on the CPUs it had before, and so does the other once cancelled in turn.
+def a_receiver_cancelled_before_it_runs_keeps_no_pin(s):
+    # One slot, pinning off, wake_on_giver_cpu on. One scan's backend is stopped
+    # (SIGSTOP) until the other hands it the slot and pins it to the giver's CPU: it
+    # cannot run to unpin itself. Cancelled and continued, it takes the cancel in its
+    # wait, before it runs with the slot, so only its statement's end gives it its CPUs
+    # back.
     for setting, value in (("cpu_slots", 1), ("pin_slots", "off")):
         concurrency.set_server(s, f"pg_stride.{setting}", value)
-    left = []
+    sessions = [concurrency.Session(s) for _ in range(2)]
+    pids = []
     try:
-        for i in range(12):
-            sessions = [concurrency.Session(s) for _ in range(2)]
-            for x in sessions:
-                # The session (and its backend) outlives its cancelled statement.
-                x.proc.stdin.write(b"\\set ON_ERROR_STOP 0\n")
-            pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
-            before = [allowed_cpus(pid) for pid in pids]
-            for x in sessions:
-                x.send(SCAN)
-            time.sleep(0.1 + 0.037 * i)
-            after = []
-            for x, pid in zip(sessions, pids):
-                s.sql(f"SELECT pg_cancel_backend({pid})")
-                assert x.run("SELECT 'done'", timeout=60) == ["done"], "a scan was not cancelled"
-                after.append(allowed_cpus(pid))
-            for x in sessions:
-                x.close()
-            if after != before:
-                left.append((i, before, after))
+        for x in sessions:
+            # The session (and its backend) outlives its cancelled statement.
+            x.proc.stdin.write(b"\\set ON_ERROR_STOP 0\n")
+        pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
+        before = allowed_cpus(pids[1])
+        for x in sessions:
+            x.send(SCAN)
+        time.sleep(0.2)
+        pinned = None
+        for _ in range(100):
+            os.kill(pids[1], signal.SIGSTOP)
+            deadline = time.monotonic() + 0.2
+            while time.monotonic() < deadline and not single(allowed_cpus(pids[1])):
+                time.sleep(0.002)
+            if single(allowed_cpus(pids[1])):
+                pinned = allowed_cpus(pids[1])
+                break
+            # Stopped while holding the slot: nothing to hand it; try again.
+            os.kill(pids[1], signal.SIGCONT)
+            time.sleep(0.02)
+        assert pinned is not None, "the stopped backend was never handed the slot"
+        s.sql(f"SELECT pg_cancel_backend({pids[1]})")
+        os.kill(pids[1], signal.SIGCONT)
+        assert sessions[1].run("SELECT 'done'", timeout=60) == ["done"], "not cancelled"
+        after = allowed_cpus(pids[1])
+        s.sql(f"SELECT pg_cancel_backend({pids[0]})")
+        assert sessions[0].run("SELECT 'done'", timeout=60) == ["done"], "not cancelled"
     finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        for x in sessions:
+            x.close()
         for setting in ("cpu_slots", "pin_slots"):
             concurrency.set_server(s, f"pg_stride.{setting}", None)
-    print(f"    12 pairs cancelled; backends left with other CPUs than before: {left}")
-    assert not left, left
+    print(f"    stopped and handed the slot: pinned to {pinned}; after the cancel {after}, "
+          f"before {before}")
+    assert after == before, (before, after)
 
 
 @check
