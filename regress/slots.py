@@ -9,9 +9,10 @@ slot the CPU travels with the slot, so the holders taking turns are only ever pi
 one CPU; with pin_slots off two holders are not pinned; a terminated holder's CPU is
 free for the next holders. With pin_slots off and one slot, a receiver wakes on its
 giver's CPU (`pg_stride.wake_on_giver_cpu`), pinned only until it runs, and a
-receiver cancelled before it runs (stopped with SIGSTOP until then) keeps no pin. Pinned holders run with pg_stride.holder_time_slice as their kernel
-time slice (/proc/<pid>/sched), and with pg_stride.unslotted_time_slice (the kernel's
-default unless set) once unpinned.
+receiver cancelled before it runs (stopped with SIGSTOP until then) keeps no pin.
+Pinned holders run with pg_stride.holder_time_slice as their kernel time slice
+(/proc/<pid>/sched), and with pg_stride.unslotted_time_slice (the kernel's default
+unless set) once unpinned.
 
 Lending (`pg_stride.lend_on_overrun`): with one slot, a statement sorting a big input
 (no yield point while it sorts) runs while another session runs short scans one after
@@ -68,9 +69,13 @@ CHECKS = []
 check = concurrency.collector(CHECKS)
 
 
-def start_scans(s, n):
-    """n sessions each running SCAN; returns (sessions, backend pids, CPUs before)."""
+def start_scans(s, n, outlive_errors=False):
+    """n sessions each running SCAN; returns (sessions, backend pids, CPUs before).
+    `outlive_errors`: a session (and its backend) goes on after a failed statement."""
     sessions = [concurrency.Session(s) for _ in range(n)]
+    if outlive_errors:
+        for x in sessions:
+            x.proc.stdin.write(b"\\set ON_ERROR_STOP 0\n")
     pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
     before = [allowed_cpus(pid) for pid in pids]
     for x in sessions:
@@ -215,16 +220,10 @@ def a_receiver_cancelled_before_it_runs_keeps_no_pin(s):
     # back.
     for setting, value in (("cpu_slots", 1), ("pin_slots", "off")):
         concurrency.set_server(s, f"pg_stride.{setting}", value)
-    sessions = [concurrency.Session(s) for _ in range(2)]
-    pids = []
+    sessions, pids = [], []
     try:
-        for x in sessions:
-            # The session (and its backend) outlives its cancelled statement.
-            x.proc.stdin.write(b"\\set ON_ERROR_STOP 0\n")
-        pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
-        before = allowed_cpus(pids[1])
-        for x in sessions:
-            x.send(SCAN)
+        sessions, pids, before = start_scans(s, 2, outlive_errors=True)
+        before = before[1]
         time.sleep(0.2)
         pinned = None
         for _ in range(100):
