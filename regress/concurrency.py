@@ -338,34 +338,62 @@ def set_server(s, setting, value):
 LONG = "SELECT count(*) FROM big a JOIN big b USING (id) WHERE a.v >= 0"
 
 
-def sample_states(s, procs, interval=0.05):
-    """(running, paused) counts of pg_stride.activity, sampled until `procs` finish."""
-    samples = []
-    while any(p.poll() is None for p in procs):
-        row = s.sql("SELECT count(*) FILTER (WHERE state = 'running' AND query LIKE '%big a JOIN%') || ' ' || "
-                    "count(*) FILTER (WHERE state = 'paused') || ' ' || "
-                    "(SELECT slots_in_use FROM pg_stride.scheduler) FROM pg_stride.activity")
-        samples.append(tuple(int(v) for v in row.split()))
-        time.sleep(interval)
-    return samples
+def switches(s):
+    """pg_stride.scheduler's count of check-ins that handed a slot to another query."""
+    return int(s.sql("SELECT switches FROM pg_stride.scheduler"))
 
 
 @check
 def one_cpu_slot_is_shared_by_pausing_at_yield_points(s):
+    # Serial plans: a parallel leader waiting in its Gather shows as running while its
+    # workers take turns (and PostgreSQL 18 turns LONG's self-join into one scan).
+    serial = "SET max_parallel_workers_per_gather = 0;"
     set_server(s, "pg_stride.cpu_slots", 1)
     try:
         alone = time.monotonic()
-        rc, expected, err = finish(s.client("holder", LONG), timeout=120)
+        rc, expected, err = finish(s.client("holder", LONG, serial), timeout=120)
         alone = time.monotonic() - alone
         assert rc == 0, err
-        procs = [s.client("holder", LONG) for _ in range(2)]
-        samples = sample_states(s, procs)
+        before = switches(s)
+        rounds = 3
+        procs = [s.client("holder", f"{LONG};" * rounds, serial) for _ in range(2)]
+        # Sampled inside the server, every millisecond or so, until both sessions are
+        # done: a psql per sample would start a backend, which takes a CPU of two.
+        rows = s.sql("""
+            CREATE TEMP TABLE samples (running int, paused int);
+            DO $$
+            DECLARE seen boolean := false; present int;
+            BEGIN
+                FOR i IN 1..30000 LOOP
+                    INSERT INTO samples
+                        SELECT count(*) FILTER (WHERE state = 'running'),
+                               count(*) FILTER (WHERE state = 'paused')
+                        FROM pg_stride.activity WHERE "group" = 'holder'
+                        RETURNING running + paused INTO present;
+                    EXIT WHEN seen AND present = 0;
+                    seen := seen OR present > 0;
+                    PERFORM pg_sleep(0.001);
+                END LOOP;
+            END $$;
+            SELECT running || ' ' || paused FROM samples""")
         results = [finish(p, timeout=120) for p in procs]
-        assert all(r == (0, expected, "") for r in results), results
-        paused = max(p for _, p, _ in samples)
-        print(f"    alone {alone:.2f} s; {len(samples)} samples of (running, paused, slots in use); "
-              f"max paused {paused}")
-        assert paused >= 1, f"nobody was ever paused with one slot: {samples}"
+        handed = switches(s) - before
+        assert all(r == (0, "\n".join([expected] * rounds), "") for r in results), results
+        samples = [tuple(int(v) for v in row.split()) for row in rows.splitlines()]
+        both = [x for x in samples if x[0] + x[1] == 2]
+        one_paused = sum(1 for x in both if x[1] == 1)
+        print(f"    alone {alone:.2f} s; slot handed over {handed} times; of {len(both)} samples "
+              f"with both statements, {one_paused} show one paused")
+        # Each hand-over is a holder that stopped at a yield point for the other query;
+        # at 2-ms slices two queries of this length switch many times.
+        assert handed >= 2 * rounds, f"the one slot was handed over {handed} times"
+        assert len(both) >= 20, f"too few samples with both statements: {samples}"
+        # Between two check-ins one of the two waits paused; both show running only
+        # around a statement's start (before its first check-in), and both paused
+        # between a hand-over and the receiver's wake-up. A process that gives its slot
+        # up counts as paused from before it wakes the receiver, which may preempt it.
+        assert one_paused >= 0.75 * len(both), \
+            f"only {one_paused} of {len(both)} samples show one statement paused"
         # Nothing holds a slot now: the query reading the view is too short to join
         # (its scans end before a first chunk of tuples).
         state = s.sql("SELECT slots_in_use || ' ' || paused FROM pg_stride.scheduler")

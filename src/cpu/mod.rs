@@ -765,6 +765,13 @@ pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
     pinning::sweep(shared, sched);
 }
 
+/// Shows this process as paused (`pg_stride.activity`, `pg_stride.scheduler`).
+fn mark_paused(shared: &shmem::Shared) {
+    if let Some(entry) = shared.my_entry() {
+        entry.paused.store(1, Ordering::Release);
+    }
+}
+
 /// Sleeps on the latch until the scheduler gives this process a slot again. Serves
 /// cancel, timeouts and termination (CHECK_FOR_INTERRUPTS raises their errors; the
 /// statement's cleanup then leaves the query) and postmaster death. `since`: when the
@@ -774,9 +781,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
         interrupts_can_be_processed(),
         "pg_stride pauses only where interrupts can be processed"
     );
-    if let Some(entry) = shared.my_entry() {
-        entry.paused.store(1, Ordering::Release);
-    }
+    mark_paused(shared);
     pinning::pausing(shared, proc);
     if gucs::PREEMPT_LOWER_PRIORITY.get() && sched.ask_holder_to_yield(proc).is_some() {
         shared.yield_requests.fetch_add(1, Ordering::Relaxed);
@@ -1079,6 +1084,13 @@ unsafe extern "C-unwind" fn check_in() {
     // shared CPU) is waiting for a slot, not holding one.
     let left_at =
         gave_up.and_then(|_| MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot)));
+    if gave_up.is_some() {
+        // Paused before the wake-up: a receiver woken on this CPU (its slot's, or this
+        // process's with `wake_on_giver_cpu`) preempts it there, and it then stays
+        // runnable without a slot, short of its latch wait, until the kernel lets it
+        // run again, often a whole slice later.
+        mark_paused(shared);
+    }
     hand_over(gave_up, outcome.wake, false);
     if outcome.turn == Turn::Wait {
         if stealer {
