@@ -353,6 +353,18 @@ pub fn thread_run_delay_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// Voluntary context switches of this thread so far (getrusage's `ru_nvcsw`): each time
+/// it blocked — I/O, a lock, a latch — rather than was preempted. One system call.
+pub fn thread_voluntary_switches() -> u64 {
+    // SAFETY: rusage is plain data; getrusage fills the one we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_THREAD asks for the calling thread; `usage` is writable.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
+        return 0;
+    }
+    usage.ru_nvcsw as u64
+}
+
 /// The CPU time of process `pid` (all its threads; a backend has one), ns, as the
 /// kernel last accounted it: for another process that runs, only at its context switches
 /// and scheduler ticks, so it moves in steps of a tick (sched/src/stall.rs). `None` once

@@ -18,6 +18,16 @@
 //! steps of a tick and nothing in between. A holder that ran for none of a window
 //! longer than a tick, though, shows no step in it. Unchanged check-ins exclude a holder
 //! that paused in between: it checks in when it gets its slot back.
+//!
+//! A holder that shares its CPU rather than loses it — EEVDF alternating it with a
+//! kernel thread that has milliseconds of work, a few milliseconds each — keeps
+//! reaching its slice ends, only later: its clock moves, slowly. That holder measures
+//! it itself, exactly, with its own thread clock: at each slice end it publishes the
+//! share of the slice's wall-clock time it ran ([`ran_permille`]), unless it blocked
+//! during the slice (I/O, a lock: not the run queue). A lower-priority holder that ran
+//! its own last slice nearly alone swaps CPUs with a higher one whose fresh share is
+//! below a threshold (`pg_stride.swap_below_share`, two thirds by default;
+//! [`contended`]).
 
 /// What a holder of a higher priority looked like at a slice end of the observer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +68,41 @@ pub fn should_swap(first: &HolderSample, now: &HolderSample) -> bool {
     unchanged(first, now)
         && window >= STALL_NS
         && observer_ran.saturating_mul(4) >= window.saturating_mul(3)
+}
+
+/// An observer that ran at least this share of its own last slice, in ‰, had its CPU
+/// to itself: moving a contended holder there helps it.
+pub const CLEAR_PERMILLE: u32 = 900;
+
+/// How old a published share may be and still count: a few slices. A holder that has
+/// not reached a slice end for longer is judged by its clock ([`should_swap`]).
+pub const SHARE_FRESH_NS: u64 = 10_000_000;
+
+/// The share of `wall_ns` of wall-clock time during which a process used `cpu_ns` of
+/// CPU, in ‰ (at most 1000; 1000 for an empty interval).
+pub fn ran_permille(cpu_ns: u64, wall_ns: u64) -> u32 {
+    if wall_ns == 0 {
+        return 1000;
+    }
+    (u128::from(cpu_ns) * 1000 / u128::from(wall_ns)).min(1000) as u32
+}
+
+/// A holder's share of its last slice as it published it: the share it ran, ‰, and
+/// when (0: nothing published).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    pub ran_permille: u32,
+    pub at_ns: u64,
+}
+
+/// Whether an observer that ran `own_permille` of its last slice should swap CPUs with
+/// a holder of a higher priority whose published share is `theirs`: fresh, and below
+/// `below_permille` (the rule is off at 0); `now_ns` on the clock of `theirs.at_ns`.
+pub fn contended(theirs: Share, below_permille: u32, own_permille: u32, now_ns: u64) -> bool {
+    theirs.at_ns != 0
+        && now_ns.saturating_sub(theirs.at_ns) <= SHARE_FRESH_NS
+        && theirs.ran_permille < below_permille
+        && own_permille >= CLEAR_PERMILLE
 }
 
 #[cfg(test)]
@@ -110,7 +155,56 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_share_of_a_slice_a_holder_ran() {
+        assert_eq!(ran_permille(2_000_000, 4_000_000), 500);
+        assert_eq!(ran_permille(2_000_000, 2_000_000), 1000);
+        // The two clocks are read a little apart: never above the whole.
+        assert_eq!(ran_permille(2_000_100, 2_000_000), 1000);
+        assert_eq!(ran_permille(0, 0), 1000);
+        assert_eq!(ran_permille(u64::MAX, u64::MAX), 1000);
+    }
+
+    #[test]
+    fn a_fresh_low_share_beside_a_clear_observer_is_contended() {
+        let now = 100_000_000;
+        let share = |ran_permille, age| Share {
+            ran_permille,
+            at_ns: now - age,
+        };
+        assert!(contended(share(500, 1_000_000), 670, 950, now));
+        assert!(contended(share(669, SHARE_FRESH_NS), 670, 900, now));
+        // Ran the threshold or more: left alone; a threshold of 0 swaps nobody.
+        assert!(!contended(share(670, 1_000_000), 670, 1000, now));
+        assert!(!contended(share(0, 1_000_000), 0, 1000, now));
+        // The observer shares its own CPU: moving there would not help.
+        assert!(!contended(share(300, 1_000_000), 670, 899, now));
+        // Stale, or never published.
+        assert!(!contended(share(300, SHARE_FRESH_NS + 1), 670, 1000, now));
+        assert!(!contended(
+            Share {
+                ran_permille: 300,
+                at_ns: 0
+            },
+            670,
+            1000,
+            now
+        ));
+    }
+
     proptest! {
+        /// A share is a share, and the observer's own must be clear.
+        #[test]
+        fn shares_stay_in_range_and_a_busy_observer_never_swaps(
+            cpu in 0u64..1 << 40, wall in 0u64..1 << 40, their in 0u32..=1000,
+            below in 0u32..=1000, own in 0u32..CLEAR_PERMILLE, now in 0u64..1 << 40,
+            age in 0u64..1 << 30,
+        ) {
+            prop_assert!(ran_permille(cpu, wall) <= 1000);
+            let theirs = Share { ran_permille: their, at_ns: now.saturating_sub(age) };
+            prop_assert!(!contended(theirs, below, own, now));
+        }
+
         /// A holder whose clock moved is never stalled, whatever the window; and clocks
         /// read out of order (a sample from before the first) never make a stall by
         /// underflow.

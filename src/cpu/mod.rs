@@ -28,6 +28,7 @@
 //! fails, or exits, leaves its entry, passing on any slot it held (rule 8).
 
 mod pinning;
+mod slice_share;
 mod trace;
 
 pub use trace::{read_window, Arrival};
@@ -186,6 +187,7 @@ impl Member {
     fn restart_charging(&mut self) {
         let now = thread_cpu_ns();
         (self.chunk_start_ns, self.slice_start_ns) = (now, now);
+        slice_share::starts();
     }
 }
 
@@ -584,6 +586,7 @@ pub fn end_run(shared: &shmem::Shared) {
     };
     if sched.is_running(proc) {
         let to = sched.release(proc, used);
+        slice_share::publish(shared, None);
         // Off its CPU's pinning before the receiver is queued there: widening the mask
         // of a running process whose CPU has another one waiting lets that one run at
         // once, and the statement's ExecutorEnd would wait out the receiver's time slice.
@@ -1050,13 +1053,15 @@ unsafe extern "C-unwind" fn check_in() {
             Checkpoint::SliceEnd { used_ns } => {
                 m.slice_start_ns = now;
                 m.slice_used(used_ns);
-                Some((m.proc, used_ns))
+                Some((m.proc, used_ns, slice_share::ends(used_ns)))
             }
         }
     });
-    let Some((proc, used_ns)) = decision else {
+    let Some((proc, used_ns, ran)) = decision else {
         return;
     };
+    // Whatever follows, the next slice is measured from here.
+    slice_share::starts();
     if !sched.is_running(proc) {
         return;
     }
@@ -1084,6 +1089,7 @@ unsafe extern "C-unwind" fn check_in() {
     // shared CPU) is waiting for a slot, not holding one.
     let left_at =
         gave_up.and_then(|_| MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot)));
+    slice_share::publish(shared, ran.filter(|_| gave_up.is_none()));
     if gave_up.is_some() {
         // Paused before the wake-up: a receiver woken on this CPU (its slot's, or this
         // process's with `wake_on_giver_cpu`) preempts it there, and it then stays
@@ -1101,7 +1107,7 @@ unsafe extern "C-unwind" fn check_in() {
     } else {
         follow_slot(shared, sched, proc);
         if pinning::enabled(sched) {
-            pinning::serve_stalled(shared, sched, proc);
+            pinning::serve_stalled(shared, sched, proc, ran);
         }
     }
 }

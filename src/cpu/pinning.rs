@@ -19,6 +19,7 @@
 //! `pg_stride.numa = bind` the slots belong to nodes and processes follow their node's
 //! CPUs instead (`numa::follow_slot`).
 
+use super::slice_share;
 use crate::backend_local::BackendLocal;
 use crate::{gucs, pg, shmem};
 use pg_stride_sched::stall::{self, HolderSample};
@@ -256,12 +257,13 @@ fn may_leave_idle() -> bool {
 static SAMPLED: BackendLocal<RefCell<Vec<HolderSample>>> =
     BackendLocal::new(RefCell::new(Vec::new()));
 
-/// A slice end at which holder `me` keeps its slot (`pg_stride.swap_stalled_holders`):
-/// samples the holders of a higher priority and, if one of them has been kept off its
-/// CPU while this process had its own CPU to itself (`pg_stride_sched::stall`), swaps
-/// CPUs with it, the highest priority first. A clock read for each holder of a higher
-/// priority; nothing when there is none. Call after `hold`.
-pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
+/// A slice end at which holder `me` keeps its slot (`pg_stride.swap_stalled_holders`),
+/// having run `ran` ‰ of the slice (`slice_share`): samples the holders of a higher
+/// priority and, if one of them has been kept off its CPU — stalled, or sharing it — while
+/// this process had its own CPU to itself (`pg_stride_sched::stall`), swaps CPUs with
+/// it, the highest priority first. A clock read for each holder of a higher priority;
+/// nothing when there is none. Call after `hold`.
+pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ran: Option<u32>) {
     let before = SAMPLED.with_borrow_mut(std::mem::take);
     if !gucs::SWAP_STALLED_HOLDERS.get() {
         return;
@@ -270,6 +272,7 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
         return;
     };
     let (now, own_cpu) = (pg::monotonic_ns(), pg::thread_cpu_ns());
+    let below = slice_share::swap_below_permille();
     let mut samples = Vec::new();
     let mut stalled: Option<(u32, usize, u32)> = None;
     for (cpu, p, priority) in outranking(shared, sched, me, mine) {
@@ -300,7 +303,10 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
             .find(|b| stall::unchanged(b, &sample))
             .copied()
             .unwrap_or(sample);
-        if stall::should_swap(&first, &sample) && stalled.is_none_or(|(best, ..)| priority > best) {
+        let theirs = slice_share::published(entry);
+        let kept_off = stall::should_swap(&first, &sample)
+            || ran.is_some_and(|own| stall::contended(theirs, below, own, now));
+        if kept_off && stalled.is_none_or(|(best, ..)| priority > best) {
             stalled = Some((priority, p, cpu));
         }
         samples.push(first);
@@ -308,6 +314,10 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
     if let Some((_, p, cpu)) = stalled {
         if swap(shared, me.0 as usize, p, cpu) {
             shared.cpu_swaps.fetch_add(1, Ordering::Relaxed);
+            // Its share was measured on the CPU it leaves: no other holder acts on it.
+            if let Some(entry) = shared.procs().get(p) {
+                entry.slice_share_at_ns.store(0, Ordering::Release);
+            }
             // On another CPU now: sampled afresh from the next slice end.
             samples.clear();
         }

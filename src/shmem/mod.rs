@@ -83,6 +83,11 @@ pub struct ProcEntry {
     /// The CPU (+1; 0 = none) this process was last pinned to, by itself or by the
     /// process that handed it a slot: its mask then holds that CPU alone.
     pub pinned_cpu: AtomicU32,
+    /// The share of its last slice's wall-clock time this holder ran, ‰, and when that
+    /// slice ended (CLOCK_MONOTONIC ns; 0 = no share to go by), published at its slice
+    /// ends with pinned slots (`pinning::publish_share`).
+    pub slice_ran_permille: AtomicU32,
+    pub slice_share_at_ns: AtomicU64,
     /// What the parallel workers of this process's current statement measured (they add
     /// theirs when they end; the leader takes the sum into its trace record).
     pub workers_acct: SharedAccounting,
@@ -169,6 +174,7 @@ impl ProcEntry {
         self.admitted_pending.store(0, Ordering::Relaxed);
         self.slot_cpu.store(0, Ordering::Relaxed);
         self.pinned_cpu.store(0, Ordering::Relaxed);
+        self.slice_share_at_ns.store(0, Ordering::Relaxed);
         self.clear_statement();
         self.pid.store(0, Ordering::Release);
     }
