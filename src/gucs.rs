@@ -84,6 +84,10 @@ pub static FINISH_BEFORE_HANDOFF: GucSetting<bool> = GucSetting::<bool>::new(tru
 pub static WAKE_ON_GIVER_CPU: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static PREEMPT_LOWER_PRIORITY: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static SWAP_STALLED_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// Largest accepted `pg_stride.swap_below_share`, %: well below the 90 % an observer
+/// must have run itself, so that two holders on CPUs equally busy never swap back and
+/// forth.
+pub const MAX_SWAP_BELOW_SHARE: i32 = 80;
 pub static SWAP_BELOW_SHARE: GucSetting<i32> = GucSetting::<i32>::new(67);
 pub static IDLE_LOWER_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// Largest accepted `pg_stride.holder_time_slice`, ms: the kernel's own limit.
@@ -413,7 +417,7 @@ pub fn register(group_exists: GroupExists) {
     GucRegistry::define_bool_guc(
         c"pg_stride.swap_stalled_holders",
         c"With pinned slots, a holder swaps CPUs with a holder of a higher priority that another process keeps off its own CPU.",
-        c"Checked at the lower-priority holder's slice ends: a holder whose CPU clock stood still for 5 ms, with no yield point reached, is stalled. Off: each holder stays on its CPU until it gives its slot up.",
+        c"Checked at the lower-priority holder's slice ends: a holder whose CPU clock stood still for 5 ms, with no yield point reached, is stalled; so is one that ran less than pg_stride.swap_below_share of its last slice. Off: each holder stays on its CPU until it gives its slot up.",
         &SWAP_STALLED_HOLDERS,
         GucContext::Sighup,
         GucFlags::default(),
@@ -424,7 +428,7 @@ pub fn register(group_exists: GroupExists) {
         c"Measured by the holder itself: the CPU its slice used over the wall-clock time it took, unless it blocked during the slice. The lower-priority holder swaps only if it ran 90 % of its own last slice. 0: only a stalled holder counts.",
         &SWAP_BELOW_SHARE,
         0,
-        100,
+        MAX_SWAP_BELOW_SHARE,
         GucContext::Sighup,
         GucFlags::default(),
     );

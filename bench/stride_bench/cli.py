@@ -499,7 +499,8 @@ class Runner:
                     f"{st.get('max_lag_s', 0) * 1000:.1f} ms  server CPU "
                     f"{r['cpu']['server_cpu_util'] * 100:.0f}%" +
                     (f"  speed probe {probe[0]:.1f} / {probe[1]:.1f} ms" if probe else "") +
-                    "".join(f"  {k} {st['scheduler'][k]}" for k in ("yield_requests", "cpu_swaps")
+                    "".join(f"  {k} {st['scheduler'][k]}" for k in ("yield_requests", "cpu_swaps",
+                                                                    "cpu_share_swaps")
                             if k in st.get("scheduler", {})))
                 self.save()
                 self.isolated_between(name)

@@ -34,7 +34,7 @@ def dump_trace(server, path):
 
 
 SCHEDULER_COUNTS = ("decisions", "switches", "lent_blocked", "lent_overrun",
-                    "yield_requests", "cpu_swaps")
+                    "yield_requests", "cpu_swaps", "cpu_share_swaps")
 
 
 def scheduler_counts(server) -> dict:

@@ -74,8 +74,9 @@ pub fn should_swap(first: &HolderSample, now: &HolderSample) -> bool {
 /// to itself: moving a contended holder there helps it.
 pub const CLEAR_PERMILLE: u32 = 900;
 
-/// How old a published share may be and still count: a few slices. A holder that has
-/// not reached a slice end for longer is judged by its clock ([`should_swap`]).
+/// How old a published share may be and still count, at least: a few slices of the
+/// default 2 ms, and five of longer ones. A holder that has not reached a slice end for
+/// longer is judged by its clock ([`should_swap`]).
 pub const SHARE_FRESH_NS: u64 = 10_000_000;
 
 /// The share of `wall_ns` of wall-clock time during which a process used `cpu_ns` of
@@ -95,13 +96,32 @@ pub struct Share {
     pub at_ns: u64,
 }
 
+/// When a share counts against a holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShareRule {
+    /// A share below this, in ‰, is kept off its CPU (0: the rule is off).
+    pub below_permille: u32,
+    /// How old a share may be.
+    pub fresh_ns: u64,
+}
+
+impl ShareRule {
+    /// The rule for `below_permille` with slices of `slice_ns`.
+    pub fn new(below_permille: u32, slice_ns: u64) -> ShareRule {
+        ShareRule {
+            below_permille,
+            fresh_ns: slice_ns.saturating_mul(5).max(SHARE_FRESH_NS),
+        }
+    }
+}
+
 /// Whether an observer that ran `own_permille` of its last slice should swap CPUs with
 /// a holder of a higher priority whose published share is `theirs`: fresh, and below
-/// `below_permille` (the rule is off at 0); `now_ns` on the clock of `theirs.at_ns`.
-pub fn contended(theirs: Share, below_permille: u32, own_permille: u32, now_ns: u64) -> bool {
+/// the rule's threshold; `now_ns` on the clock of `theirs.at_ns`.
+pub fn contended(theirs: Share, rule: ShareRule, own_permille: u32, now_ns: u64) -> bool {
     theirs.at_ns != 0
-        && now_ns.saturating_sub(theirs.at_ns) <= SHARE_FRESH_NS
-        && theirs.ran_permille < below_permille
+        && now_ns.saturating_sub(theirs.at_ns) <= rule.fresh_ns
+        && theirs.ran_permille < rule.below_permille
         && own_permille >= CLEAR_PERMILLE
 }
 
@@ -172,24 +192,43 @@ mod tests {
             ran_permille,
             at_ns: now - age,
         };
-        assert!(contended(share(500, 1_000_000), 670, 950, now));
-        assert!(contended(share(669, SHARE_FRESH_NS), 670, 900, now));
+        let rule = ShareRule::new(670, 2_000_000);
+        assert!(contended(share(500, 1_000_000), rule, 950, now));
+        assert!(contended(share(669, SHARE_FRESH_NS), rule, 900, now));
         // Ran the threshold or more: left alone; a threshold of 0 swaps nobody.
-        assert!(!contended(share(670, 1_000_000), 670, 1000, now));
-        assert!(!contended(share(0, 1_000_000), 0, 1000, now));
+        assert!(!contended(share(670, 1_000_000), rule, 1000, now));
+        assert!(!contended(
+            share(0, 1_000_000),
+            ShareRule::new(0, 2_000_000),
+            1000,
+            now
+        ));
         // The observer shares its own CPU: moving there would not help.
-        assert!(!contended(share(300, 1_000_000), 670, 899, now));
+        assert!(!contended(share(300, 1_000_000), rule, 899, now));
         // Stale, or never published.
-        assert!(!contended(share(300, SHARE_FRESH_NS + 1), 670, 1000, now));
+        assert!(!contended(share(300, SHARE_FRESH_NS + 1), rule, 1000, now));
         assert!(!contended(
             Share {
                 ran_permille: 300,
                 at_ns: 0
             },
-            670,
+            rule,
             1000,
             now
         ));
+    }
+
+    #[test]
+    fn longer_slices_keep_a_share_fresh_for_five_of_them() {
+        assert_eq!(ShareRule::new(670, 2_000_000).fresh_ns, SHARE_FRESH_NS);
+        assert_eq!(ShareRule::new(670, 10_000_000).fresh_ns, 50_000_000);
+        let now = 100_000_000;
+        let old = Share {
+            ran_permille: 300,
+            at_ns: now - 40_000_000,
+        };
+        assert!(contended(old, ShareRule::new(670, 10_000_000), 1000, now));
+        assert!(!contended(old, ShareRule::new(670, 2_000_000), 1000, now));
     }
 
     proptest! {
@@ -202,7 +241,7 @@ mod tests {
         ) {
             prop_assert!(ran_permille(cpu, wall) <= 1000);
             let theirs = Share { ran_permille: their, at_ns: now.saturating_sub(age) };
-            prop_assert!(!contended(theirs, below, own, now));
+            prop_assert!(!contended(theirs, ShareRule::new(below, 2_000_000), own, now));
         }
 
         /// A holder whose clock moved is never stalled, whatever the window; and clocks

@@ -187,7 +187,7 @@ impl Member {
     fn restart_charging(&mut self) {
         let now = thread_cpu_ns();
         (self.chunk_start_ns, self.slice_start_ns) = (now, now);
-        slice_share::starts();
+        slice_share::new_slot();
     }
 }
 
@@ -537,6 +537,8 @@ fn take_slot(shared: &shmem::Shared, sched: &'static SchedShared, proc: ProcId) 
         pause(shared, sched, proc, None);
     } else {
         follow_slot(shared, sched, proc);
+        // On the CPU it owns now: its first slice is measured from here.
+        slice_share::starts(shared);
         count_check_in(shared);
         MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::holds_slot));
     }
@@ -1053,7 +1055,7 @@ unsafe extern "C-unwind" fn check_in() {
             Checkpoint::SliceEnd { used_ns } => {
                 m.slice_start_ns = now;
                 m.slice_used(used_ns);
-                Some((m.proc, used_ns, slice_share::ends(used_ns)))
+                Some((m.proc, used_ns, slice_share::ends(shared, used_ns)))
             }
         }
     });
@@ -1061,7 +1063,7 @@ unsafe extern "C-unwind" fn check_in() {
         return;
     };
     // Whatever follows, the next slice is measured from here.
-    slice_share::starts();
+    slice_share::starts(shared);
     if !sched.is_running(proc) {
         return;
     }

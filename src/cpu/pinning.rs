@@ -272,9 +272,9 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ra
         return;
     };
     let (now, own_cpu) = (pg::monotonic_ns(), pg::thread_cpu_ns());
-    let below = slice_share::swap_below_permille();
+    let rule = slice_share::rule();
     let mut samples = Vec::new();
-    let mut stalled: Option<(u32, usize, u32)> = None;
+    let mut stalled: Option<(u32, usize, u32, bool)> = None;
     for (cpu, p, priority) in outranking(shared, sched, me, mine) {
         let Some(entry) = shared.procs().get(p) else {
             continue;
@@ -304,16 +304,19 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ra
             .copied()
             .unwrap_or(sample);
         let theirs = slice_share::published(entry);
-        let kept_off = stall::should_swap(&first, &sample)
-            || ran.is_some_and(|own| stall::contended(theirs, below, own, now));
-        if kept_off && stalled.is_none_or(|(best, ..)| priority > best) {
-            stalled = Some((priority, p, cpu));
+        let still = stall::should_swap(&first, &sample);
+        let sharing = ran.is_some_and(|own| stall::contended(theirs, rule, own, now));
+        if (still || sharing) && stalled.is_none_or(|(best, ..)| priority > best) {
+            stalled = Some((priority, p, cpu, !still));
         }
         samples.push(first);
     }
-    if let Some((_, p, cpu)) = stalled {
+    if let Some((_, p, cpu, by_share)) = stalled {
         if swap(shared, me.0 as usize, p, cpu) {
             shared.cpu_swaps.fetch_add(1, Ordering::Relaxed);
+            if by_share {
+                shared.cpu_share_swaps.fetch_add(1, Ordering::Relaxed);
+            }
             // Its share was measured on the CPU it leaves: no other holder acts on it.
             if let Some(entry) = shared.procs().get(p) {
                 entry.slice_share_at_ns.store(0, Ordering::Release);

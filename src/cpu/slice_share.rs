@@ -15,9 +15,18 @@ use pg_stride_sched::stall;
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
-/// When the current slice started (CLOCK_MONOTONIC ns) and the thread's voluntary
-/// context switches then; `None` when shares are not measured.
-static START: BackendLocal<Cell<Option<(u64, u64)>>> = BackendLocal::new(Cell::new(None));
+/// The current slice's start, while shares are measured.
+#[derive(Clone, Copy)]
+struct Start {
+    /// CLOCK_MONOTONIC ns.
+    at_ns: u64,
+    /// The thread's voluntary context switches then.
+    blocks: u64,
+    /// The CPU (+1; 0 = none) the process owned then (`ProcEntry::slot_cpu`).
+    cpu: u32,
+}
+
+static START: BackendLocal<Cell<Option<Start>>> = BackendLocal::new(Cell::new(None));
 
 /// Whether holders measure their shares: pinned slots, swapped when kept off their CPUs
 /// for part of a slice.
@@ -25,28 +34,53 @@ fn measured() -> bool {
     gucs::PIN_SLOTS.get() && gucs::SWAP_STALLED_HOLDERS.get() && gucs::SWAP_BELOW_SHARE.get() > 0
 }
 
-/// A slice starts now: the process took a slot, or keeps its slot past a slice end.
-/// Two clock reads and a system call with pinned slots; nothing without.
-pub fn starts() {
-    START.set(measured().then(|| (pg::monotonic_ns(), pg::thread_voluntary_switches())));
+/// The CPU this process owns (+1; 0 = none).
+fn own_cpu(shared: &shmem::Shared) -> u32 {
+    shared
+        .my_entry()
+        .map_or(0, |e| e.slot_cpu.load(Ordering::Acquire))
+}
+
+/// A slice starts now: the process keeps its slot past a slice end. A clock read, a
+/// system call and an atomic load with pinned slots and the rule on; nothing without.
+pub fn starts(shared: &shmem::Shared) {
+    START.set(measured().then(|| Start {
+        at_ns: pg::monotonic_ns(),
+        blocks: pg::thread_voluntary_switches(),
+        cpu: own_cpu(shared),
+    }));
+}
+
+/// The process takes a slot (again) and its first slice starts: a share it published
+/// before, of another slot and perhaps another CPU, no longer says anything.
+pub fn new_slot() {
+    if let Some(shared) = shmem::shared() {
+        publish(shared, None);
+        starts(shared);
+    }
 }
 
 /// The slice that started at the last [`starts`] ends now, having used `used_ns` of
 /// CPU: the share of its wall-clock time this process ran, ‰. `None` when it was not
-/// measured or the process blocked during it.
-pub fn ends(used_ns: u64) -> Option<u32> {
-    let (started_ns, blocks) = START.replace(None)?;
-    if pg::thread_voluntary_switches() != blocks {
+/// measured, when the process blocked during it, when another process moved it to
+/// another CPU meanwhile (a swap: the share would mix two CPUs), or when the slice
+/// lasted less than half the slice target (cut short by a waiter's request: too short
+/// to judge by).
+pub fn ends(shared: &shmem::Shared, used_ns: u64) -> Option<u32> {
+    let start = START.replace(None)?;
+    let wall_ns = pg::monotonic_ns().saturating_sub(start.at_ns);
+    if pg::thread_voluntary_switches() != start.blocks
+        || own_cpu(shared) != start.cpu
+        || wall_ns < gucs::slice_ns() / 2
+    {
         return None;
     }
-    Some(stall::ran_permille(
-        used_ns,
-        pg::monotonic_ns().saturating_sub(started_ns),
-    ))
+    Some(stall::ran_permille(used_ns, wall_ns))
 }
 
 /// Publishes this holder's share of the slice that just ended (`None`: withdraws the
-/// last one, e.g. because the holder gives its slot up).
+/// last one, e.g. because the holder gives its slot up). Nothing to do, and no store,
+/// when there is nothing to withdraw.
 pub fn publish(shared: &shmem::Shared, ran: Option<u32>) {
     let Some(entry) = shared.my_entry() else {
         return;
@@ -58,7 +92,10 @@ pub fn publish(shared: &shmem::Shared, ran: Option<u32>) {
                 .slice_share_at_ns
                 .store(pg::monotonic_ns(), Ordering::Release);
         }
-        None => entry.slice_share_at_ns.store(0, Ordering::Release),
+        None if entry.slice_share_at_ns.load(Ordering::Relaxed) != 0 => {
+            entry.slice_share_at_ns.store(0, Ordering::Release)
+        }
+        None => {}
     }
 }
 
@@ -71,7 +108,13 @@ pub fn published(entry: &shmem::ProcEntry) -> stall::Share {
     }
 }
 
-/// `pg_stride.swap_below_share` in ‰.
-pub fn swap_below_permille() -> u32 {
-    gucs::SWAP_BELOW_SHARE.get().clamp(0, 100) as u32 * 10
+/// The rule as configured: `pg_stride.swap_below_share`, and the slice target.
+pub fn rule() -> stall::ShareRule {
+    stall::ShareRule::new(
+        gucs::SWAP_BELOW_SHARE
+            .get()
+            .clamp(0, gucs::MAX_SWAP_BELOW_SHARE) as u32
+            * 10,
+        gucs::slice_ns(),
+    )
 }

@@ -85,7 +85,7 @@ pub struct ProcEntry {
     pub pinned_cpu: AtomicU32,
     /// The share of its last slice's wall-clock time this holder ran, ‰, and when that
     /// slice ended (CLOCK_MONOTONIC ns; 0 = no share to go by), published at its slice
-    /// ends with pinned slots (`pinning::publish_share`).
+    /// ends with pinned slots (`slice_share::publish`).
     pub slice_ran_permille: AtomicU32,
     pub slice_share_at_ns: AtomicU64,
     /// What the parallel workers of this process's current statement measured (they add
@@ -212,9 +212,12 @@ pub struct Shared {
     /// Holders asked to end their slice early by a waiter of a higher priority
     /// (`pg_stride.preempt_lower_priority`), since the server started.
     pub yield_requests: AtomicU64,
-    /// CPU swaps of a holder with a stalled holder of a higher priority
-    /// (`pg_stride.swap_stalled_holders`), since the server started.
+    /// CPU swaps of a holder with a holder of a higher priority kept off its CPU
+    /// (`pg_stride.swap_stalled_holders`), since the server started; of those, swaps with
+    /// one that was not stalled but ran too little of its last slice
+    /// (`pg_stride.swap_below_share`).
     pub cpu_swaps: AtomicU64,
+    pub cpu_share_swaps: AtomicU64,
 }
 
 /// How often the watchdog lent a holder an extra slot, by the reason: the holder was
@@ -515,6 +518,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).lends).write(LendCounts::default());
             (&raw mut (*region).yield_requests).write(AtomicU64::new(0));
             (&raw mut (*region).cpu_swaps).write(AtomicU64::new(0));
+            (&raw mut (*region).cpu_share_swaps).write(AtomicU64::new(0));
             CpuOwners::init(
                 &raw mut (*region).cpu_owners,
                 &pg::allowed_cpus().unwrap_or_default(),
