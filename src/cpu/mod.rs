@@ -828,6 +828,8 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
         }
     }
     follow_slot(shared, sched, proc);
+    // On the CPU it owns now (`restart_charging` below withdraws the last share).
+    slice_share::starts(shared);
     count_check_in(shared);
     let now = pg::monotonic_ns();
     // When the slot was handed over. A note older than this pause is a previous
@@ -1062,7 +1064,8 @@ unsafe extern "C-unwind" fn check_in() {
     let Some((proc, used_ns, ran)) = decision else {
         return;
     };
-    // Whatever follows, the next slice is measured from here.
+    // The next slice is measured from here, unless this process pauses: `pause` measures
+    // it again from where it resumes, on the CPU of its new slot.
     slice_share::starts(shared);
     if !sched.is_running(proc) {
         return;

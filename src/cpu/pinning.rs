@@ -319,7 +319,7 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ra
             }
             // Its share was measured on the CPU it leaves: no other holder acts on it.
             if let Some(entry) = shared.procs().get(p) {
-                entry.slice_share_at_ns.store(0, Ordering::Release);
+                slice_share::withdraw(entry);
             }
             // On another CPU now: sampled afresh from the next slice end.
             samples.clear();

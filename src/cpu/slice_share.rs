@@ -51,12 +51,12 @@ pub fn starts(shared: &shmem::Shared) {
     }));
 }
 
-/// The process takes a slot (again) and its first slice starts: a share it published
-/// before, of another slot and perhaps another CPU, no longer says anything.
+/// The process is about to take a slot (again): a share it published before, of another
+/// slot and perhaps another CPU, no longer says anything. Its first slice is measured
+/// once it owns its CPU ([`starts`] after `follow_slot`).
 pub fn new_slot() {
-    if let Some(shared) = shmem::shared() {
-        publish(shared, None);
-        starts(shared);
+    if let Some(entry) = shmem::shared().and_then(|s| s.my_entry()) {
+        withdraw(entry);
     }
 }
 
@@ -79,8 +79,7 @@ pub fn ends(shared: &shmem::Shared, used_ns: u64) -> Option<u32> {
 }
 
 /// Publishes this holder's share of the slice that just ended (`None`: withdraws the
-/// last one, e.g. because the holder gives its slot up). Nothing to do, and no store,
-/// when there is nothing to withdraw.
+/// last one, e.g. because the holder gives its slot up).
 pub fn publish(shared: &shmem::Shared, ran: Option<u32>) {
     let Some(entry) = shared.my_entry() else {
         return;
@@ -92,10 +91,15 @@ pub fn publish(shared: &shmem::Shared, ran: Option<u32>) {
                 .slice_share_at_ns
                 .store(pg::monotonic_ns(), Ordering::Release);
         }
-        None if entry.slice_share_at_ns.load(Ordering::Relaxed) != 0 => {
-            entry.slice_share_at_ns.store(0, Ordering::Release)
-        }
-        None => {}
+        None => withdraw(entry),
+    }
+}
+
+/// Withdraws the share holder `entry` last published: it gives its slot up, takes a new
+/// one, or was moved to another CPU by a swap. No store when there is nothing to withdraw.
+pub fn withdraw(entry: &shmem::ProcEntry) {
+    if entry.slice_share_at_ns.load(Ordering::Relaxed) != 0 {
+        entry.slice_share_at_ns.store(0, Ordering::Release);
     }
 }
 
