@@ -7,6 +7,7 @@
 //! * [`decay`] — decaying priorities (wagner2021 §3.2).
 //! * [`slice`](mod@slice) — adaptive slice length per process (wagner2021 §3.1).
 //! * [`stall`] — telling a slot holder kept off its CPU from one that runs.
+//! * [`pin_word`] — the word naming the CPU a process is pinned to, safe against ABA.
 //! * [`hint`] — concurrency hint and worker grant rule (psaroudakis2013 §6).
 //! * [`admission`] — admission limits, queue and leases (wagner2021 §2.3).
 //! * [`groups`] — resource-group settings, their limits and directory slots.
@@ -90,6 +91,7 @@ pub mod hint;
 pub mod histogram;
 pub mod ids;
 pub mod numa;
+pub mod pin_word;
 pub mod shared;
 pub mod sim;
 pub mod slice;

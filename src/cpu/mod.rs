@@ -1112,7 +1112,7 @@ unsafe extern "C-unwind" fn check_in() {
     } else {
         follow_slot(shared, sched, proc);
         if pinning::enabled(sched) {
-            pinning::serve_stalled(shared, sched, proc, ran);
+            pinning::serve_stalled(shared, sched, proc, ran.map(|r| r.permille));
         }
     }
 }

@@ -22,6 +22,7 @@
 use super::slice_share;
 use crate::backend_local::BackendLocal;
 use crate::{gucs, pg, shmem};
+use pg_stride_sched::pin_word;
 use pg_stride_sched::stall::{self, HolderSample};
 use pg_stride_sched::{ProcId, SchedShared};
 use std::cell::{Cell, RefCell};
@@ -51,7 +52,7 @@ pub fn hold(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
     let owned = cpu_of(entry.slot_cpu.load(Ordering::Acquire))
         .filter(|&c| shared.cpu_owners.owner(c) == Some(me));
     let cpu = owned.or_else(|| {
-        let last = cpu_of(entry.pinned_cpu.load(Ordering::Relaxed));
+        let last = pin_word::cpu(entry.pinned_cpu.load(Ordering::Relaxed));
         let cpu = shared.cpu_owners.claim_free(me, &[pg::current_cpu(), last]);
         entry
             .slot_cpu
@@ -83,7 +84,7 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
     let Some(entry) = procs.get(t) else { return };
     let handed = released.and_then(|(f, cpu)| owners.pass(cpu, f, Some(t)).then_some(cpu));
     let cpu = handed.or_else(|| {
-        let last = cpu_of(entry.pinned_cpu.load(Ordering::Relaxed));
+        let last = pin_word::cpu(entry.pinned_cpu.load(Ordering::Relaxed));
         owners.claim_free(t, &[last])
     });
     entry
@@ -224,7 +225,7 @@ fn outranking<'a>(
 /// ms, against 0.08-0.16 ms with each process setting its own;
 /// bench/results/alpha095_own_slices). A system call only when what it wants changes.
 fn fit_own_scheduling(entry: &shmem::ProcEntry, outranked: bool) {
-    let pinned = entry.pinned_cpu.load(Ordering::Acquire) != 0;
+    let pinned = pin_word::cpu(entry.pinned_cpu.load(Ordering::Acquire)).is_some();
     let ms = if pinned {
         f64::from(gucs::HOLDER_TIME_SLICE_MS.get())
     } else {
@@ -317,9 +318,12 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ra
             if by_share {
                 shared.cpu_share_swaps.fetch_add(1, Ordering::Relaxed);
             }
-            // Its share was measured on the CPU it leaves: no other holder acts on it.
-            if let Some(entry) = shared.procs().get(p) {
-                slice_share::withdraw(entry);
+            // Both shares were measured on the CPUs their holders leave: no other holder
+            // acts on them.
+            for q in [p, me.0 as usize] {
+                if let Some(entry) = shared.procs().get(q) {
+                    slice_share::moved(entry);
+                }
             }
             // On another CPU now: sampled afresh from the next slice end.
             samples.clear();
@@ -395,9 +399,8 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
     let Some(entry) = shared.procs().get(procno) else {
         return;
     };
-    let want = cpu.map_or(0, |c| c + 1);
     let mut seen = entry.pinned_cpu.load(Ordering::Acquire);
-    if seen == want {
+    if pin_word::cpu(seen) == cpu {
         return;
     }
     let pid = if Some(procno) == pg::my_procno() {
@@ -414,8 +417,9 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
     };
     // Two processes may pin a third at once (a giver placing it, the process itself
     // unpinning): the entry is written only if nobody wrote it since this read it, else
-    // the mask is set again, so that the last mask set is the one the entry names.
-    while seen != want {
+    // the mask is set again, so that the last mask set is the one the entry names (the
+    // word counts its writes: `pin_word`).
+    while pin_word::cpu(seen) != cpu {
         if let Err(e) = pg::set_allowed_cpus_of(pid, &mask) {
             if shared.nodes.first_bind_failure() {
                 pgrx::log!(
@@ -425,17 +429,19 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
             }
             return;
         }
-        match entry
-            .pinned_cpu
-            .compare_exchange(seen, want, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match entry.pinned_cpu.compare_exchange(
+            seen,
+            pin_word::next(seen, cpu),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => return,
             Err(now) => seen = now,
         }
     }
 }
 
-/// The CPU an entry's `slot_cpu` or `pinned_cpu` names.
+/// The CPU an entry's `slot_cpu` names.
 fn cpu_of(stored: u32) -> Option<u32> {
     stored.checked_sub(1)
 }

@@ -13,7 +13,7 @@ use crate::backend_local::BackendLocal;
 use crate::{gucs, pg, shmem};
 use pg_stride_sched::stall;
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 
 /// The current slice's start, while shares are measured.
 #[derive(Clone, Copy)]
@@ -27,6 +27,15 @@ struct Start {
 }
 
 static START: BackendLocal<Cell<Option<Start>>> = BackendLocal::new(Cell::new(None));
+
+/// The share of a slice's wall-clock time a holder ran, measured on the CPU it owned
+/// throughout.
+#[derive(Clone, Copy)]
+pub struct Ran {
+    pub permille: u32,
+    /// That CPU, as `ProcEntry::slot_cpu` names it.
+    cpu: u32,
+}
 
 /// Whether holders measure their shares: pinned slots, swapped when kept off their CPUs
 /// for part of a slice.
@@ -61,43 +70,61 @@ pub fn new_slot() {
 }
 
 /// The slice that started at the last [`starts`] ends now, having used `used_ns` of
-/// CPU: the share of its wall-clock time this process ran, ‰. `None` when it was not
-/// measured, when the process blocked during it, when another process moved it to
-/// another CPU meanwhile (a swap: the share would mix two CPUs), or when the slice
-/// lasted less than half the slice target (cut short by a waiter's request: too short
-/// to judge by).
-pub fn ends(shared: &shmem::Shared, used_ns: u64) -> Option<u32> {
+/// CPU: the share of its wall-clock time this process ran. `None` when it was not
+/// measured, when the process owned no CPU (it ran unpinned: the share is of no CPU's),
+/// when it blocked during the slice, when another process moved it to another CPU
+/// meanwhile (a swap: the share would mix two CPUs), or when the slice lasted less than
+/// half the slice target (cut short by a waiter's request: too short to judge by).
+pub fn ends(shared: &shmem::Shared, used_ns: u64) -> Option<Ran> {
     let start = START.replace(None)?;
     let wall_ns = pg::monotonic_ns().saturating_sub(start.at_ns);
-    if pg::thread_voluntary_switches() != start.blocks
+    if start.cpu == 0
+        || pg::thread_voluntary_switches() != start.blocks
         || own_cpu(shared) != start.cpu
         || wall_ns < gucs::slice_ns() / 2
     {
         return None;
     }
-    Some(stall::ran_permille(used_ns, wall_ns))
+    Some(Ran {
+        permille: stall::ran_permille(used_ns, wall_ns),
+        cpu: start.cpu,
+    })
 }
 
 /// Publishes this holder's share of the slice that just ended (`None`: withdraws the
 /// last one, e.g. because the holder gives its slot up).
-pub fn publish(shared: &shmem::Shared, ran: Option<u32>) {
+pub fn publish(shared: &shmem::Shared, ran: Option<Ran>) {
     let Some(entry) = shared.my_entry() else {
         return;
     };
-    match ran {
-        Some(permille) => {
-            entry.slice_ran_permille.store(permille, Ordering::Relaxed);
-            entry
-                .slice_share_at_ns
-                .store(pg::monotonic_ns(), Ordering::Release);
-        }
-        None => withdraw(entry),
+    let Some(ran) = ran else {
+        withdraw(entry);
+        return;
+    };
+    entry.slice_ran_permille.store(ran.permille, Ordering::Relaxed);
+    entry
+        .slice_share_at_ns
+        .store(pg::monotonic_ns(), Ordering::Release);
+    // A swap may have moved this holder since `ends` read its CPU. The swapper withdraws
+    // the share after the move (`moved`): with the fences, either it sees the share
+    // stored above, or this sees the move.
+    fence(Ordering::SeqCst);
+    if entry.slot_cpu.load(Ordering::Acquire) != ran.cpu {
+        withdraw(entry);
     }
 }
 
+/// Holder `entry` was moved to another CPU by a swap (`slot_cpu` stored): the share it
+/// published, measured on the CPU it left, no longer says anything. Pairs with the fence
+/// in [`publish`].
+pub fn moved(entry: &shmem::ProcEntry) {
+    fence(Ordering::SeqCst);
+    withdraw(entry);
+}
+
 /// Withdraws the share holder `entry` last published: it gives its slot up, takes a new
-/// one, or was moved to another CPU by a swap. No store when there is nothing to withdraw.
-pub fn withdraw(entry: &shmem::ProcEntry) {
+/// one, or was moved to another CPU. No store when there is nothing to withdraw.
+fn withdraw(entry: &shmem::ProcEntry) {
     if entry.slice_share_at_ns.load(Ordering::Relaxed) != 0 {
         entry.slice_share_at_ns.store(0, Ordering::Release);
     }

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// CPUs that can be owned: kernel CPU numbers 0 to `MAX_CPUS - 1` (the size of glibc's
 /// `cpu_set_t`); a CPU numbered beyond is never owned and its processes run unpinned.
 pub const MAX_CPUS: usize = 1024;
+// A process's pin word (`ProcEntry::pinned_cpu`) names any CPU that can be owned.
+const _: () = assert!(MAX_CPUS as u32 - 1 <= pg_stride_sched::pin_word::MAX_CPU);
 
 #[repr(C)]
 pub struct CpuOwners {

@@ -80,8 +80,9 @@ pub struct ProcEntry {
     /// The CPU (+1; 0 = none) this process owns while it holds a slot
     /// (`pg_stride.pin_slots`), written by the process that gives it the CPU.
     pub slot_cpu: AtomicU32,
-    /// The CPU (+1; 0 = none) this process was last pinned to, by itself or by the
-    /// process that handed it a slot: its mask then holds that CPU alone.
+    /// The CPU this process was last pinned to (none: unpinned), by itself or by the
+    /// process that handed it a slot: its mask then holds that CPU alone. A
+    /// `pg_stride_sched::pin_word`, which also counts its writes.
     pub pinned_cpu: AtomicU32,
     /// The share of its last slice's wall-clock time this holder ran, ‰, and when that
     /// slice ended (CLOCK_MONOTONIC ns; 0 = no share to go by), published at its slice
@@ -173,7 +174,11 @@ impl ProcEntry {
         self.paused.store(0, Ordering::Relaxed);
         self.admitted_pending.store(0, Ordering::Relaxed);
         self.slot_cpu.store(0, Ordering::Relaxed);
-        self.pinned_cpu.store(0, Ordering::Relaxed);
+        // Unpinned, one write on: a process still pinning the entry's last process
+        // (a giver between its mask and its compare-and-swap) fails its swap.
+        let pinned = self.pinned_cpu.load(Ordering::Relaxed);
+        self.pinned_cpu
+            .store(pg_stride_sched::pin_word::next(pinned, None), Ordering::Relaxed);
         self.slice_share_at_ns.store(0, Ordering::Relaxed);
         self.clear_statement();
         self.pid.store(0, Ordering::Release);
