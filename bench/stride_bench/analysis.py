@@ -260,6 +260,21 @@ def calibrate_rate(seq: list, cost: dict, alpha: float, window: tuple, cpus: int
     return min((lo, hi), key=lambda r: abs(share(r) - alpha))
 
 
+def speed_scale(first: dict, later: list) -> float | None:
+    """How much longer the machine takes now than when `first` was measured: over the
+    queries, the median of (median latency in the rounds `later` / median latency in
+    `first`).  `first`: "query|class" -> isolated latency summary (with "runs_s");
+    `later`: rounds, each "query|class" -> its executions (s).  None without a query
+    measured in both.  The median over the queries keeps a spell that slowed one
+    query's executions from moving it."""
+    ratios = []
+    for k, v in first.items():
+        runs = [x for rnd in later for x in rnd.get(k, [])]
+        if runs and v.get("runs_s") and median(v["runs_s"]) > 0:
+            ratios.append(median(runs) / median(v["runs_s"]))
+    return median(ratios) if ratios else None
+
+
 def compare_sequences(dry: list, real: list, rate: float, max_swap: int = 8) -> dict:
     """Does a run send the arrivals the dry run predicted?  `dry` and `real` are
     arrival_sequence()s (the real one at the rate it ran).  Compares the scripts of the

@@ -98,12 +98,17 @@ def measured_window(plan: dict) -> tuple:
     return d * plan["warmup_frac"], d - max(3.0, 0.05 * d)
 
 
-def script_cpu(meta: dict) -> dict | None:
+def script_cpu(meta: dict, alpha=None) -> dict | None:
     """pgbench script number -> server CPU seconds of one execution, measured in the
-    isolated runs (None for a run from before they were measured)."""
+    isolated runs (None for a run from before they were measured); for load point
+    `alpha`, scaled by the machine's speed its rate was calibrated on
+    (Runner.recalibrate)."""
     iso = meta.get("isolated", {})
+    points = (meta.get("calibration") or {}).get("points", {})
+    scale = points.get(str(alpha), {}).get("speed_scale", 1.0) if alpha is not None else 1.0
     try:
-        return {int(k): iso[f"{q}|{cls}"]["cpu_s"] for k, (q, cls) in meta["script_info"].items()}
+        return {int(k): iso[f"{q}|{cls}"]["cpu_s"] * scale
+                for k, (q, cls) in meta["script_info"].items()}
     except KeyError:
         return None
 
@@ -182,7 +187,7 @@ def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float,
     st["ran_out_of_clients"] = st.get("max_in_system", 0) >= meta["plan"]["clients"]
     rate = sent_rate(meta["rates"][str(alpha)])
     seq = analysis.arrival_sequence(txns, rate)
-    cost = script_cpu(meta)
+    cost = script_cpu(meta, alpha)
     if cost and seq:
         # what the arrivals this run really sent needed, against what α promised
         st["offered"] = offered(meta, seq, cost, rate)
@@ -453,6 +458,8 @@ class Runner:
         order = list(self.configs)
         dry = dry_sequence(self.meta, self.run_dir)
         for i, alpha in enumerate(p.alphas):
+            if i > 0:
+                self.recalibrate(alpha, p.alphas[i - 1], dry)
             rate = self.meta["rates"][str(alpha)]
             # alternate the order between load points so no configuration always runs first
             for cfg in (order if i % 2 == 0 else list(reversed(order))):
@@ -534,6 +541,38 @@ class Runner:
             f"; median around the points {den['points_probe_ms']:.1f} ms)")
         reanalyse(self.meta, self.run_dir)
         other_denominators(self.meta, self.run_dir, others)
+        self.save()
+
+    def recalibrate(self, alpha: float, before: float, dry: list | None):
+        """Calibrates load point `alpha`'s rate again, just before its points, on the
+        machine's speed during the points at α `before`: the machine sped up by 10 %
+        between the isolated runs the first calibration rests on and the points an hour
+        later, and stock's machine was 89 % busy at α = 0.95 (bench/results/full_0951).
+        The isolated rounds after those points (isolated_between) against the isolated
+        runs' give the speed (analysis.speed_scale), which scales each query's CPU; every
+        configuration of one α still gets the same arrivals."""
+        p = self.plan
+        point = (self.meta.get("calibration") or {}).get("points", {}).get(str(alpha))
+        if p.load_from != "cpu" or not dry or not point or point.get("calibrated") is None:
+            return
+        later = [r["runs_s"] for r in self.meta.get("isolated_between", [])
+                 if r["after"].endswith(f"_a{before}")]
+        scale = analysis.speed_scale(self.meta["isolated"], later)
+        if scale is None:
+            return
+        point["speed_scale"] = scale
+        cost = script_cpu(self.meta, alpha)
+        rate = analysis.calibrate_rate(dry, cost, float(alpha), measured_window(asdict(p)),
+                                       ncpus(), point["rate"])
+        if rate is None:
+            del point["speed_scale"]
+            return
+        point.update(first_rate=point["rate"], calibrated=rate, rate=rate,
+                     predicted=offered(self.meta, dry, cost, sent_rate(rate)))
+        self.meta["rates"][str(alpha)] = rate
+        log(f"calibrated again for alpha {alpha}: the isolated rounds after the points at "
+            f"alpha {before} took x{scale:.3f} the isolated runs' time; {rate:.2f} arrivals/s "
+            f"(first {point['first_rate']:.2f}/s)")
         self.save()
 
     def isolated_between(self, point: str):

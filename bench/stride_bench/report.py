@@ -366,6 +366,13 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
                 "the machine's CPU time over the window, each arrival counted at its query's server "
                 f"CPU in the isolated runs (the mix's mean, c = {meta['mean_cpu_s'] * 1000:.1f} ms, "
                 "gives the nominal rate α · CPUs / c)")
+        again = {a: pt["speed_scale"] for a, pt in cal["points"].items() if "speed_scale" in pt}
+        if again:
+            rate += ("; each later load point's rate calibrated again just before its points, "
+                     "each query's CPU scaled by how much longer the isolated rounds after the "
+                     "points before took than the isolated runs (" + ", ".join(
+                         f"α = {a}: ×{x:.3f}" for a, x in sorted(again.items(), key=lambda i: float(i[0])))
+                     + ")")
     elif plan.get("load_from", "latency") in ("cpu", "cpu-mean"):
         rate = (f"rate λ = α · CPUs / c with c = {meta['mean_cpu_s'] * 1000:.1f} ms, the mean server "
                 f"CPU of an arrival measured in the isolated runs ({meta['machine']['ncpus']} CPUs), "

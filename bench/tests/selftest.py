@@ -465,6 +465,22 @@ class CalibrationTest(unittest.TestCase):
         self.assertIsNone(analysis.calibrate_rate(seq[:100], self.cost, 0.95, (0.0, 60.0), 2,
                                                   5.0))
 
+    def test_speed_scale_is_the_median_ratio_over_the_queries(self):
+        first = {"q1|short": {"runs_s": [0.010, 0.012, 0.011]},
+                 "q2|short": {"runs_s": [0.100]},
+                 "q3|long": {"runs_s": [1.0, 1.0]},
+                 "q4|long": {"runs_s": [2.0]}}
+        # q1 0.9x, q2 0.9x, q3 3x (a slow spell in its round), q4 not measured again
+        later = [{"q1|short": [0.0099], "q2|short": [0.09], "q3|long": [3.0]},
+                 {"q1|short": [0.0099], "q2|short": [0.09]}]
+        self.assertAlmostEqual(analysis.speed_scale(first, later), 0.9)
+        self.assertIsNone(analysis.speed_scale(first, []))
+        # a machine twice as slow halves the rate that offers α
+        seq = [(float(k), 0) for k in range(200)]
+        r1 = analysis.calibrate_rate(seq, {0: 0.5}, 0.9, (0.0, 10.0), 2, guess=1.0)
+        r2 = analysis.calibrate_rate(seq, {0: 0.5 * 2.0}, 0.9, (0.0, 10.0), 2, guess=1.0)
+        self.assertAlmostEqual(r2 / r1, 0.5, delta=0.05)
+
     def test_compare_sequences(self):
         dry = [(float(k), k % 5) for k in range(40)]
         real = [(s * 1.0001, sc) for s, sc in dry[:30]]         # a shorter run, same arrivals
