@@ -270,8 +270,9 @@ def speed_scale(first: dict, later: list) -> float | None:
     ratios = []
     for k, v in first.items():
         runs = [x for rnd in later for x in rnd.get(k, [])]
-        if runs and v.get("runs_s") and median(v["runs_s"]) > 0:
-            ratios.append(median(runs) / median(v["runs_s"]))
+        then = median(v["runs_s"]) if v.get("runs_s") else 0.0
+        if runs and then > 0:
+            ratios.append(median(runs) / then)
     return median(ratios) if ratios else None
 
 

@@ -560,14 +560,12 @@ class Runner:
         scale = analysis.speed_scale(self.meta["isolated"], later)
         if scale is None:
             return
-        point["speed_scale"] = scale
-        cost = script_cpu(self.meta, alpha)
+        cost = {k: c * scale for k, c in script_cpu(self.meta).items()}
         rate = analysis.calibrate_rate(dry, cost, float(alpha), measured_window(asdict(p)),
                                        ncpus(), point["rate"])
         if rate is None:
-            del point["speed_scale"]
             return
-        point.update(first_rate=point["rate"], calibrated=rate, rate=rate,
+        point.update(speed_scale=scale, first_rate=point["rate"], calibrated=rate, rate=rate,
                      predicted=offered(self.meta, dry, cost, sent_rate(rate)))
         self.meta["rates"][str(alpha)] = rate
         log(f"calibrated again for alpha {alpha}: the isolated rounds after the points at "

@@ -50,13 +50,16 @@ fn own_cpu(shared: &shmem::Shared) -> u32 {
         .map_or(0, |e| e.slot_cpu.load(Ordering::Acquire))
 }
 
-/// A slice starts now: the process keeps its slot past a slice end. A clock read, a
-/// system call and an atomic load with pinned slots and the rule on; nothing without.
+/// A slice starts now: the process keeps its slot past a slice end. An atomic load, a
+/// clock read and a system call with pinned slots and the rule on; nothing without.
 pub fn starts(shared: &shmem::Shared) {
-    START.set(measured().then(|| Start {
+    // A holder that owns no CPU (it runs unpinned) measures nothing: its share would be
+    // of no CPU's.
+    let cpu = measured().then(|| own_cpu(shared)).filter(|&cpu| cpu != 0);
+    START.set(cpu.map(|cpu| Start {
         at_ns: pg::monotonic_ns(),
         blocks: pg::thread_voluntary_switches(),
-        cpu: own_cpu(shared),
+        cpu,
     }));
 }
 
@@ -78,8 +81,7 @@ pub fn new_slot() {
 pub fn ends(shared: &shmem::Shared, used_ns: u64) -> Option<Ran> {
     let start = START.replace(None)?;
     let wall_ns = pg::monotonic_ns().saturating_sub(start.at_ns);
-    if start.cpu == 0
-        || pg::thread_voluntary_switches() != start.blocks
+    if pg::thread_voluntary_switches() != start.blocks
         || own_cpu(shared) != start.cpu
         || wall_ns < gucs::slice_ns() / 2
     {
