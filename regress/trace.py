@@ -92,6 +92,17 @@ def nothing_is_recorded_with_tracing_off(s):
 
 
 @check
+def a_statement_that_arrived_untraced_is_not_recorded(s):
+    # The scalar subquery switches tracing on once the scan has run: the statement's
+    # CPU clock was not read at its arrival, so a record would have no CPU total.
+    results, rows = traced(
+        s, "SELECT count(*), (SELECT set_config('pg_stride.trace', 'on', false)) FROM big",
+        settings="")
+    assert results[0][0] == 0 and "|on" in results[0][1], results
+    assert rows == [], f"a record of a statement that arrived untraced: {rows}"
+
+
+@check
 def two_scans_on_one_slot_are_recorded_with_their_waits(s):
     set_server(s, "pg_stride.cpu_slots", 1)
     try:

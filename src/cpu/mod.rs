@@ -645,7 +645,9 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         // never reads it twice.
         if let Some(s) = &snapshot {
             // The leader's own measurements join its workers' sums.
-            m.acct.cpu_total_ns = thread_cpu_ns().saturating_sub(m.arrival.cpu_ns);
+            if let Some(at_arrival) = m.arrival.cpu_ns {
+                m.acct.cpu_total_ns = thread_cpu_ns().saturating_sub(at_arrival);
+            }
             let acct = shared.my_entry().map_or(m.acct, |e| {
                 e.workers_acct.add(&m.acct);
                 Accounting {

@@ -16,24 +16,29 @@ use pg_stride_sched::QueryId;
 use std::sync::atomic::Ordering;
 
 /// When a statement arrived (before admission) and was admitted, CLOCK_MONOTONIC ns,
-/// and the thread CPU clock and, while statements are traced, run delay at its arrival.
+/// and, while statements are traced, the thread CPU clock and run delay at its arrival.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Arrival {
     pub arrival_ns: u64,
     pub admit_ns: u64,
-    pub cpu_ns: u64,
+    pub cpu_ns: Option<u64>,
     pub run_delay_ns: Option<u64>,
 }
 
 impl Arrival {
     /// A statement arrives now; it is admitted when the caller sets `admit_ns`.
+    ///
+    /// The CPU clocks are read only for the trace: the thread CPU clock is a system call
+    /// (the vDSO serves only the wall clocks), and with the short statements of OLTP it
+    /// was half of what pg_stride cost per statement (bench/results/OVERHEAD_AB.md).
     pub fn now() -> Arrival {
         let arrival_ns = pg::monotonic_ns();
+        let traced = enabled();
         Arrival {
             arrival_ns,
             admit_ns: arrival_ns,
-            cpu_ns: pg::thread_cpu_ns(),
-            run_delay_ns: enabled().then(pg::thread_run_delay_ns),
+            cpu_ns: traced.then(pg::thread_cpu_ns),
+            run_delay_ns: traced.then(pg::thread_run_delay_ns),
         }
     }
 }
@@ -60,7 +65,8 @@ pub fn enabled() -> bool {
 /// Appends the record of a statement that ends, while statements are traced.
 /// `snapshot` is its query entry as it leaves it.
 pub fn record_end(shared: &shmem::Shared, ended: &Ended, snapshot: &QuerySnapshot) {
-    if !enabled() {
+    // A statement that arrived before tracing was switched on has no CPU total.
+    if !enabled() || ended.arrival.cpu_ns.is_none() {
         return;
     }
     let Some(ring) = shared.trace() else { return };
