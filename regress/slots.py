@@ -591,9 +591,10 @@ def assert_high_moved_away(seen):
     # keeps high off its new CPU has low swap once more (a CI run saw high away in 73 %
     # of the samples, running 86 % of the time, after 3 swaps).
     assert on[1] >= 0.6 and on[0] > 0.75, seen
-    # One swap does it, a few more follow such bursts; holders handing the CPUs back and
-    # forth would swap at every few slices, hundreds of times in the 3.5 s.
-    assert 1 <= on[2] <= 9, seen
+    # One swap does it, a few more follow such bursts (a CI run on PostgreSQL 18 saw 10
+    # while the machine's other tenants were busy); holders handing the CPUs back and
+    # forth would swap at every few 2-ms slices, hundreds of times in the 3.5 s.
+    assert 1 <= on[2] <= 30, seen
 
 
 @check
