@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What the short tail of an open-loop point is made of: the first-slot waits of the
-short single-process statements, and the short mean and p99 slowdown with one part of
+"""What the short tail of an open-loop point is made of: the times from arrival to the
+first slot of the short single-process statements, their waits for a slot, and the short mean and p99 slowdown with one part of
 every short statement's response time taken out (stride_bench/simgap.py, TAIL_PARTS).
 
 Usage: bench/short_tail.py RUN_DIR --config stride-pinned-lowmin [--alpha 0.95]
@@ -28,12 +28,18 @@ def main():
     meta = json.loads((run_dir / "results.json").read_text())
     alpha = a.alpha or max(meta["open_loop"][a.config], key=float)
     stmts = simgap.short_statements(simgap.Point(run_dir, a.config, alpha))
-    w = simgap.first_slot_waits(stmts)
+    w = simgap.first_slot_times(stmts)
     print(f"# Short tail: {a.config}, α = {alpha}\n\nRun `{run_dir}`; {len(stmts)} short "
           "statements in the measurement window.\n")
-    print(f"First-slot waits of the {w['n']} single-process ones: median {w['p50']:.2f} ms, "
-          f"p90 {w['p90']:.2f} ms, p99 {w['p99']:.2f} ms; {w['over_10ms']} waited more "
+    print(f"From arrival to the first slot (parse, plan, executor start and any wait for "
+          f"the slot), of the {w['n']} single-process ones: median {w['p50']:.2f} ms, "
+          f"p90 {w['p90']:.2f} ms, p99 {w['p99']:.2f} ms; {w['over_10ms']} took more "
           "than 10 ms.\n")
+    paused = [s["paused_ms"] for s in stmts]
+    print(f"Waiting for a slot (all of a statement's waits): mean {sum(paused) / len(paused):.2f} "
+          f"ms, p90 {analysis.percentile(paused, 90):.2f} ms, p99 "
+          f"{analysis.percentile(paused, 99):.2f} ms; {sum(1 for x in paused if x > 0)} of "
+          f"the {len(paused)} waited at all.\n")
     print("Time runnable without the CPU, per short statement (all its processes), ms:\n")
     print("| part | mean | p90 | p99 | in all, s |\n|---|---:|---:|---:|---:|")
     for col in ("held_runqueue_ms", "paused_runqueue_ms", "runqueue_ms"):

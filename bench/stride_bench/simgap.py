@@ -421,7 +421,7 @@ TAIL_PARTS = [
 
 def short_statements(pt: Point) -> list:
     """The short statements of the point's window: query, isolated and real response
-    (ms), processes, first-slot wait, and the TAIL_PARTS."""
+    (ms), processes, time from arrival to the first slot, and the TAIL_PARTS."""
     out = []
     for i, j in pt.pairs.items():
         q, cls = pt.script_info[pt.txns[i].script]
@@ -452,8 +452,11 @@ def without_part(stmts: list, part) -> tuple:
     return sum(sds) / len(sds), analysis.percentile(sds, 99)
 
 
-def first_slot_waits(stmts: list) -> dict:
-    """The first-slot waits (ms) of the single-process short statements that took a slot."""
+def first_slot_times(stmts: list) -> dict:
+    """The times from arrival to the first slot (ms) of the single-process short
+    statements that took a slot: parse, plan and executor start as well as any wait for
+    the slot (`pg_stride.trace`'s first_slot_ms counts from the arrival); the waits
+    alone are the statements' `paused_ms`."""
     w = [s["first_slot_ms"] for s in stmts
          if s["processes"] == 1 and s["first_slot_ms"] is not None]
     return {"n": len(w), "p50": analysis.percentile(w, 50), "p90": analysis.percentile(w, 90),

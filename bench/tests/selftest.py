@@ -709,7 +709,7 @@ class SimGapTest(unittest.TestCase):
         self.assertAlmostEqual(mean, ((20 - 3) + (30 - 10) + (60 - 30)) / 30)
         self.assertAlmostEqual(p99, 2.0 + 0.98 * (3.0 - 2.0))    # 1.7, 2.0, 3.0
         self.assertAlmostEqual(simgap.without_part(stmts, "pre")[0], (2 + 2.8 + 5) / 3)
-        w = simgap.first_slot_waits(stmts)
+        w = simgap.first_slot_times(stmts)
         self.assertEqual((w["n"], w["over_10ms"]), (3, 1))
 
 
