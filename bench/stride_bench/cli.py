@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import analysis, data, queries, simgap, workload
-from .common import BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, expand, load_configs, log, ncpus, run
+from .common import (BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, MachineBusy, claim_machine, expand,
+                     load_configs, log, ncpus, run)
 from .pgserver import Server, has_debug_info, pkglibdir, stride_library_problem
 
 SEED = 20210
@@ -749,6 +750,15 @@ def main(argv=None):
         report.write(meta, rd, publish=(meta["plan"]["mode"] == "full" and not args.out),
                      outdir=Path(args.out) if args.out else None)
         return 0
+
+    try:
+        # Held until this process exits.
+        lock = claim_machine(OUT / "bench.lock")  # noqa: F841
+    except MachineBusy as busy:
+        print(f"bench/run: another run (pid {busy}) is using the benchmark's server and "
+              "the machine; wait for it to end, or stop it (its servers stop with it)",
+              file=sys.stderr)
+        return 1
 
     if args.pool:
         from . import pool

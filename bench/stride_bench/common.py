@@ -30,6 +30,31 @@ SERVER_USER = os.environ.get("BENCH_SERVER_USER", "postgres")
 _t0 = time.monotonic()
 
 
+class MachineBusy(Exception):
+    """Another benchmark run holds the machine; the argument is its pid, as it wrote it."""
+
+
+def claim_machine(lock_path: Path):
+    """Takes the benchmark's lock for as long as the returned file stays open: two runs
+    at once would stop and start each other's servers (they share one data directory)
+    and measure each other's load. Raises MachineBusy when another run holds it."""
+    import fcntl
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(lock_path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        other = fh.read().strip() or "unknown"
+        fh.close()
+        raise MachineBusy(other) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
 def log(msg: str) -> None:
     el = time.monotonic() - _t0
     print(f"[bench {int(el) // 60:3d}:{int(el) % 60:02d}] {msg}", flush=True)

@@ -5,6 +5,7 @@ server and no third-party module; ends with the line `N passed, N failed`.
 """
 
 import math
+import os
 import re
 import struct
 import sys
@@ -48,6 +49,18 @@ class ParseTest(unittest.TestCase):
             Path(d, "ol.out").write_text("pgbench output, not a log\n")
             t = analysis.parse_logs(str(Path(d, "ol")))
             self.assertEqual([x.client for x in t], [1, 0])   # sorted by completion
+
+
+class MachineLockTest(unittest.TestCase):
+    def test_a_second_run_is_refused_while_the_first_holds_the_machine(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "out" / "bench.lock"
+            first = common.claim_machine(path)
+            with self.assertRaises(common.MachineBusy) as refused:
+                common.claim_machine(path)
+            self.assertEqual(str(refused.exception), str(os.getpid()))
+            first.close()
+            common.claim_machine(path).close()
 
 
 class StatsTest(unittest.TestCase):
