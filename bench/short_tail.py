@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What the short tail of an open-loop point is made of: the times from arrival to the
-first slot of the short single-process statements, their waits for a slot, and the short mean and p99 slowdown with one part of
-every short statement's response time taken out (stride_bench/simgap.py, TAIL_PARTS).
+first slot of the short single-process statements, their waits for a slot, and the
+short mean and p99 slowdown with one part of every short statement's response time
+taken out (stride_bench/simgap.py, TAIL_PARTS).
 
 Usage: bench/short_tail.py RUN_DIR --config stride-pinned-lowmin [--alpha 0.95]
 

@@ -1,5 +1,6 @@
 """Paths, logging and process helpers shared by the benchmark modules."""
 
+import fcntl
 import os
 import pwd
 import shutil
@@ -38,7 +39,6 @@ def claim_machine(lock_path: Path):
     """Takes the benchmark's lock for as long as the returned file stays open: two runs
     at once would stop and start each other's servers (they share one data directory)
     and measure each other's load. Raises MachineBusy when another run holds it."""
-    import fcntl
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(lock_path, "a+")
     try:
