@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import analysis, data, queries, simgap, workload
+from . import analysis, data, hugepages, queries, simgap, workload
 from .common import (BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, MachineBusy, claim_machine, expand,
                      load_configs, log, ncpus, run)
 from .pgserver import Server, has_debug_info, pkglibdir, stride_library_problem
@@ -251,6 +251,7 @@ class Runner:
         self.configs = [c for c in self.cfgfile["config"] if not only or c["name"] in only]
         self.run_dir = run_dir
         self.server = Server()
+        self.huge_pages = hugepages.Reservation()
         self.seed = SEED
         self.current = None          # name of the configuration the server runs now
         self.meta = {"plan": asdict(plan), "started": dt.datetime.now().isoformat(
@@ -299,6 +300,7 @@ class Runner:
                 log(f"SKIP {name}: {state['reason']}")
                 return False
             self.current = name
+            state["huge_pages"] = hugepages.server_uses_huge_pages(self.server.postmaster_pid())
             if cfg.get("prioritize") and not self.server.create_extension(workload.TPCH_DB,
                                                                            "prioritize"):
                 state.update(status="skipped", reason="the prioritize extension is not installed "
@@ -339,6 +341,10 @@ class Runner:
     def setup(self):
         p = self.plan
         self.server.ensure_initdb(self.base)
+        # what the server needs with pg_stride loaded, the most of any configuration
+        lib = [] if stride_library_problem() else ["shared_preload_libraries = 'pg_stride'"]
+        self.meta["huge_pages"] = self.huge_pages.reserve(
+            hugepages.needed_pages(self.server.pgdata, self.base + lib))
         self.server.start([], "setup")
         self.current = "setup"
         data.load(self.server, workload.TPCH_DB, p.small_sf)
@@ -820,6 +826,7 @@ def main(argv=None):
         return 130
     finally:
         runner.server.shutdown()
+        runner.huge_pages.release()
         runner.save()
     if ok and plan.mode == "phases":
         from . import tuner_report

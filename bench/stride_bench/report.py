@@ -100,6 +100,36 @@ def point_problem(st) -> str | None:
     return None
 
 
+def huge_pages_line(meta: dict) -> str | None:
+    """The report's line on the server's shared memory in huge pages (stride_bench/
+    hugepages.py); None for runs from before the bench reserved them."""
+    hp = meta.get("huge_pages")
+    if hp is None:
+        return None
+    used = {n: c["huge_pages"] for n, c in meta["configs"].items() if "huge_pages" in c}
+    without = sorted(n for n, u in used.items() if u is False)
+    unknown = sorted(n for n, u in used.items() if u is None)
+    if not used:
+        servers = "no server started"
+    elif not without and not unknown:
+        servers = "every configuration's server mapped its shared memory in them"
+    elif len(without) == len(used):
+        servers = "**no** configuration's server used them (4-kB pages)"
+    else:
+        servers = "; ".join(part for part in (
+            "in 4-kB pages: " + ", ".join(without) if without else "",
+            "not known: " + ", ".join(unknown) if unknown else "") if part)
+    if "needed" in hp:
+        need = (f"the server needs {hp['needed']} of 2 MB" if hp["needed"] else
+                "the server's need unknown")
+        reserved = (f"vm.nr_hugepages {hp['before']} → {hp['reserved']} for the run"
+                    if hp["reserved"] != hp["before"] else f"{hp['reserved']} reserved")
+        how = f"{need}, {reserved} ({hp['status']})"
+    else:
+        how = hp.get("status", "")
+    return f"- Huge pages for shared memory: {how}; {servers}."
+
+
 def speed_rows(meta) -> list:
     """(configuration, speed probe before, after) at the highest load; runs before
     2026-11-26 had no probe."""
@@ -421,6 +451,9 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
         w(f"- **Warning**: pg_stride.so was replaced during the run (now dated "
           f"{m['pg_stride_so_changed']}, the run started with the build of "
           f"{m.get('pg_stride_so_mtime', '?')}): {detail}.")
+    huge = huge_pages_line(meta)
+    if huge:
+        w(huge)
     w("- Slowdown of a query = its response time (completion − scheduled arrival) / the median "
       "isolated latency of the same query at the same scale.\n")
 

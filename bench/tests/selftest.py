@@ -15,7 +15,8 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from stride_bench import analysis, cli, common, pgserver, queries, report, simgap, workload
+from stride_bench import (analysis, cli, common, hugepages, pgserver, queries, report, simgap,
+                          workload)
 
 
 def line(client, no, lat_us, script, end_s, lag_us=None):
@@ -61,6 +62,65 @@ class MachineLockTest(unittest.TestCase):
             self.assertEqual(str(refused.exception), str(os.getpid()))
             first.close()
             common.claim_machine(path).close()
+
+
+class HugePagesTest(unittest.TestCase):
+    SMAPS = ("7f00-7f80 rw-s 00000000 00:01 1 /dev/zero (deleted)\nSize: 2048 kB\n"
+             "KernelPageSize:        4 kB\nMMUPageSize:           4 kB\n"
+             "7f80-7fc0 rw-s 00000000 00:0f 2 /anon_hugepage (deleted)\nSize: 2199552 kB\n"
+             "KernelPageSize:     2048 kB\nMMUPageSize:        2048 kB\n")
+
+    def test_only_a_hugetlb_mapping_counts(self):
+        self.assertTrue(hugepages.maps_huge_pages(self.SMAPS))
+        # transparent huge pages still show the base page size
+        self.assertFalse(hugepages.maps_huge_pages(self.SMAPS.replace("2048 kB\nMMU", "4 kB\nMMU")))
+        self.assertFalse(hugepages.maps_huge_pages(""))
+
+    def test_reserve_raises_the_count_and_release_sets_it_back(self):
+        with tempfile.TemporaryDirectory() as d:
+            nr = Path(d) / "nr_hugepages"
+            nr.write_text("3\n")
+            restore = Path(d) / "restore"
+            with mock.patch.object(hugepages, "NR_HUGEPAGES", nr), \
+                    mock.patch.object(hugepages, "RESTORE_FILE", restore), \
+                    mock.patch.object(hugepages, "IS_ROOT", True):
+                r = hugepages.Reservation()
+                rec = r.reserve(1067)
+                want = hugepages.with_margin(1067)
+                self.assertGreater(want, 1067)
+                self.assertEqual(int(nr.read_text()), want)
+                self.assertEqual(rec, {"needed": 1067, "before": 3, "reserved": want,
+                                       "status": "reserved for the run"})
+                # bench/run's trap finds the value to set back while the run holds them
+                self.assertEqual(restore.read_text().strip(), "3")
+                r.release()
+                self.assertEqual(nr.read_text().strip(), "3")
+                self.assertFalse(restore.exists())
+                # enough reserved already: nothing changes, nothing to set back
+                nr.write_text(f"{want + 5}\n")
+                r = hugepages.Reservation()
+                self.assertEqual(r.reserve(1067)["status"], "reserved already")
+                r.release()
+                self.assertEqual(int(nr.read_text()), want + 5)
+            with mock.patch.object(hugepages, "NR_HUGEPAGES", nr), \
+                    mock.patch.object(hugepages, "IS_ROOT", False):
+                nr.write_text("0\n")
+                r = hugepages.Reservation()
+                self.assertTrue(r.reserve(1067)["status"].startswith("not root"))
+                self.assertEqual(nr.read_text().strip(), "0")
+
+    def test_report_line_names_the_servers_without_them(self):
+        meta = {"huge_pages": {"needed": 1067, "before": 0, "reserved": 1100,
+                               "status": "reserved for the run"},
+                "configs": {"stock": {"huge_pages": True}, "x": {"huge_pages": True}}}
+        line_all = report.huge_pages_line(meta)
+        self.assertIn("vm.nr_hugepages 0 → 1100", line_all)
+        self.assertIn("every configuration's server", line_all)
+        meta["configs"]["x"]["huge_pages"] = False
+        self.assertIn("in 4-kB pages: x", report.huge_pages_line(meta))
+        meta["configs"]["stock"]["huge_pages"] = False
+        self.assertIn("**no** configuration", report.huge_pages_line(meta))
+        self.assertIsNone(report.huge_pages_line({"configs": {}}))
 
 
 class StatsTest(unittest.TestCase):
