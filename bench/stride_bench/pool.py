@@ -22,7 +22,7 @@ import re
 import time
 from pathlib import Path
 
-from . import analysis, data, queries
+from . import analysis, data, hugepages, queries
 from .common import PG_BIN, RESULTS_DIR, log, ncpus, run
 from .pgserver import Server, stride_library_problem
 from .workload import TPCH_DB, clear_logs, pgbench
@@ -117,6 +117,7 @@ class PoolBench:
     def __init__(self, run_dir: Path, small_sf: float, large_sf: float):
         self.run_dir = run_dir
         self.server = Server()
+        self.huge_pages = hugepages.Reservation()
         self.scales = [small_sf, large_sf]
         self.meta = {"pool_size": POOL_SIZE, "cpus": ncpus(), "settings": SETTINGS,
                      "parallel": PARALLEL, "ways": WAYS}
@@ -144,6 +145,8 @@ class PoolBench:
 
     def setup(self, base: list):
         self.server.ensure_initdb(base)
+        self.meta["huge_pages"] = self.huge_pages.reserve(hugepages.needed_pages(
+            self.server.pgdata, base + ["shared_preload_libraries = 'pg_stride'"]))
         self.server.start(SETTINGS, "pool")
         for sf in self.scales:
             data.load(self.server, TPCH_DB, sf)
@@ -339,6 +342,7 @@ def main(run_dir: Path, base: list, small_sf: float, large_sf: float, publish: b
             bench.meta["latency"][variant] = bench.latency()
     finally:
         bench.server.shutdown()
+        bench.huge_pages.release()
     meta = bench.meta
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     so = Path(run([PG_BIN / "pg_config", "--pkglibdir"], capture=True, quiet=True)
