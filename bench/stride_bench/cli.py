@@ -341,10 +341,8 @@ class Runner:
     def setup(self):
         p = self.plan
         self.server.ensure_initdb(self.base)
-        # what the server needs with pg_stride loaded, the most of any configuration
-        lib = [] if stride_library_problem() else ["shared_preload_libraries = 'pg_stride'"]
-        self.meta["huge_pages"] = self.huge_pages.reserve(
-            hugepages.needed_pages(self.server.pgdata, self.base + lib))
+        self.meta["huge_pages"] = self.huge_pages.reserve_for_server(self.server.pgdata,
+                                                                    self.base)
         self.server.start([], "setup")
         self.current = "setup"
         data.load(self.server, workload.TPCH_DB, p.small_sf)

@@ -55,6 +55,17 @@ def claim_machine(lock_path: Path):
     return fh
 
 
+def parse_settings(lines: list) -> dict:
+    """`name = value` setting lines as a dict, quotes around a value dropped; lines
+    without `=` are skipped."""
+    out = {}
+    for line in lines:
+        if "=" in line:
+            k, v = (x.strip().strip("'") for x in line.split("=", 1))
+            out[k] = v
+    return out
+
+
 def log(msg: str) -> None:
     el = time.monotonic() - _t0
     print(f"[bench {int(el) // 60:3d}:{int(el) % 60:02d}] {msg}", flush=True)

@@ -19,7 +19,8 @@ end; bench/run's clean-up trap does that for a runner that was killed
 import re
 from pathlib import Path
 
-from .common import IS_ROOT, OUT, PG_BIN, as_server_user, log, run
+from .common import IS_ROOT, OUT, PG_BIN, as_server_user, log, parse_settings, run
+from .pgserver import stride_library_problem
 
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 # the value to restore, while this run has raised it (read by bench/run's trap)
@@ -33,10 +34,7 @@ def needed_pages(pgdata: Path, settings: list) -> int | None:
     """Huge pages the server of `pgdata` needs with `settings` added (name = value
     lines), from PostgreSQL itself (15 and later); None if it cannot say. The server
     must be stopped: the figure is computed at start-up."""
-    opts = []
-    for line in settings:
-        k, v = (x.strip().strip("'") for x in line.split("=", 1))
-        opts += ["-c", f"{k}={v}"]
+    opts = [a for k, v in parse_settings(settings).items() for a in ("-c", f"{k}={v}")]
     res = run(as_server_user([PG_BIN / "postgres", "-D", pgdata, *opts,
                               "-C", "shared_memory_size_in_huge_pages"]),
               check=False, capture=True, quiet=True)
@@ -55,37 +53,42 @@ class Reservation:
     def __init__(self):
         self.before: int | None = None
         self.raised = False
-        self.record: dict = {}
+
+    def reserve_for_server(self, pgdata: Path, base: list) -> dict:
+        """`reserve` what the server of `pgdata` needs with the `base` settings and
+        pg_stride loaded (when it can be), the most of any configuration. Call before the
+        server's first start."""
+        lib = [] if stride_library_problem() else ["shared_preload_libraries = 'pg_stride'"]
+        return self.reserve(needed_pages(pgdata, base + lib))
 
     def reserve(self, needed: int | None) -> dict:
         """Reserves `needed` pages (with a margin) unless that many are reserved already;
         returns what it did, for results.json."""
         if not NR_HUGEPAGES.exists():
-            self.record = {"status": "no huge pages on this system"}
-            return self.record
+            return {"status": "no huge pages on this system"}
         self.before = int(NR_HUGEPAGES.read_text())
-        self.record = {"needed": needed, "before": self.before, "reserved": self.before}
+        record = {"needed": needed, "before": self.before, "reserved": self.before}
         if needed is None:
-            self.record["status"] = ("the server's need is unknown (postgres -C "
-                                     "shared_memory_size_in_huge_pages: PostgreSQL 15 and later)")
-            return self.record
+            record["status"] = ("the server's need is unknown (postgres -C "
+                                "shared_memory_size_in_huge_pages: PostgreSQL 15 and later)")
+            return record
         want = with_margin(needed)
         if self.before >= want:
-            self.record["status"] = "reserved already"
-            return self.record
+            record["status"] = "reserved already"
+            return record
         if not IS_ROOT:
-            self.record["status"] = "not root: vm.nr_hugepages left as it is"
+            record["status"] = "not root: vm.nr_hugepages left as it is"
             log(f"huge pages: {self.before} reserved, the server needs {needed}; as root "
                 "the run would reserve them (shared memory in 4-kB pages otherwise)")
-            return self.record
+            return record
         RESTORE_FILE.write_text(f"{self.before}\n")
         NR_HUGEPAGES.write_text(f"{want}\n")
         self.raised = True
         got = int(NR_HUGEPAGES.read_text())
-        self.record.update(reserved=got, status="reserved for the run")
+        record.update(reserved=got, status="reserved for the run")
         log(f"huge pages: vm.nr_hugepages {self.before} -> {got} (the server needs {needed}); "
             "set back at the end of the run")
-        return self.record
+        return record
 
     def release(self):
         if not self.raised:

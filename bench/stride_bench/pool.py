@@ -145,8 +145,7 @@ class PoolBench:
 
     def setup(self, base: list):
         self.server.ensure_initdb(base)
-        self.meta["huge_pages"] = self.huge_pages.reserve(hugepages.needed_pages(
-            self.server.pgdata, base + ["shared_preload_libraries = 'pg_stride'"]))
+        self.meta["huge_pages"] = self.huge_pages.reserve_for_server(self.server.pgdata, base)
         self.server.start(SETTINGS, "pool")
         for sf in self.scales:
             data.load(self.server, TPCH_DB, sf)

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 from . import analysis
-from .common import BENCH, expand, load_configs, ncpus
+from .common import BENCH, expand, load_configs, ncpus, parse_settings
 
 REPO = BENCH.parent
 
@@ -93,12 +93,7 @@ def match(txns: list, rows: list, tolerance_s: float = 0.02) -> dict:
 
 def sim_settings(cfg: dict) -> dict:
     """pg_stride-sim options for a configuration's scheduler settings."""
-    s = {}
-    for line in expand(cfg.get("settings", [])):
-        if "=" not in line:
-            continue
-        k, v = (x.strip().strip("'") for x in line.split("=", 1))
-        s[k] = v
+    s = parse_settings(expand(cfg.get("settings", [])))
     slots = int(s.get("pg_stride.cpu_slots", "0")) or ncpus()
     lam = float(s.get("pg_stride.decay_lambda", "0.9"))
     return {"slots": slots, "policy": "decay" if lam < 1.0 else "fair", "lambda": lam,
