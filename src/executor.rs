@@ -104,6 +104,7 @@ static mut PREV_EXECUTOR_RUN: pg_sys::ExecutorRun_hook_type = None;
 static mut PREV_EXECUTOR_FINISH: pg_sys::ExecutorFinish_hook_type = None;
 static mut PREV_EXECUTOR_END: pg_sys::ExecutorEnd_hook_type = None;
 static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
 
 /// Depth of ExecutorRun/ExecutorFinish calls, and of utilities whose queries are not
 /// scheduled, in progress in this backend.
@@ -130,6 +131,8 @@ pub fn install() {
         pg_sys::ExecutorEnd_hook = Some(executor_end);
         PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
         pg_sys::ProcessUtility_hook = Some(process_utility);
+        PREV_OBJECT_ACCESS = pg_sys::object_access_hook;
+        pg_sys::object_access_hook = Some(object_access);
         pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(on_subxact_event), std::ptr::null_mut());
     }
@@ -160,22 +163,6 @@ fn is_parallel_worker_of_scheduled_leader(eflags: i32) -> bool {
 /// backend, or the part of one that this parallel worker runs.
 fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
     cpu::is_member() && (pg::is_parallel_worker() || statements::on_cpu(desc))
-}
-
-/// Whether `stmt` is a utility that may need the pool workers of a database gone.
-///
-/// # Safety
-/// `stmt` is null or a valid utility statement node.
-unsafe fn is_database_utility(stmt: *const pg_sys::Node) -> bool {
-    use pg_sys::NodeTag::*;
-    // SAFETY: the caller's promise.
-    let Some(tag) = (unsafe { stmt.as_ref() }).map(|n| n.type_) else {
-        return false;
-    };
-    matches!(
-        tag,
-        T_DropdbStmt | T_AlterDatabaseStmt | T_RenameStmt | T_CreatedbStmt
-    )
 }
 
 /// Whether the queries utility `stmt` runs are the client's, scheduled like top-level
@@ -332,11 +319,6 @@ unsafe extern "C-unwind" fn process_utility(
 ) {
     // SAFETY: ProcessUtility's PlannedStmt wraps a valid utility statement.
     let nested = !unsafe { runs_client_queries((*pstmt).utilityStmt) };
-    // SAFETY: as above; a plain tag test before the guarded call.
-    if shmem::shared().is_some() && unsafe { is_database_utility((*pstmt).utilityStmt) } {
-        // SAFETY: a guarded function, given the statement.
-        unsafe { release_pool_database((*pstmt).utilityStmt) };
-    }
     // The statement the client sent: the queries it runs read their group tag in it.
     let client = !nested
         && NESTING.get() == 0
@@ -387,48 +369,34 @@ unsafe extern "C-unwind" fn pool_gathers(desc: *mut pg_sys::QueryDesc) {
     pool::executor_started(desc);
 }
 
-/// Before a utility that needs a database nobody is connected to (DROP DATABASE, ALTER
-/// DATABASE … RENAME / SET TABLESPACE, CREATE DATABASE … TEMPLATE): the pool workers
-/// connected to it exit.
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn release_pool_database(stmt: *mut pg_sys::Node) {
-    use pg_sys::NodeTag::*;
-    // SAFETY: a valid utility statement node; the tags tell the types.
-    let name: *const std::ffi::c_char = unsafe {
-        match (*stmt).type_ {
-            T_DropdbStmt => (*stmt.cast::<pg_sys::DropdbStmt>()).dbname,
-            T_AlterDatabaseStmt => (*stmt.cast::<pg_sys::AlterDatabaseStmt>()).dbname,
-            T_RenameStmt
-                if (*stmt.cast::<pg_sys::RenameStmt>()).renameType
-                    == pg_sys::ObjectType::OBJECT_DATABASE =>
-            {
-                (*stmt.cast::<pg_sys::RenameStmt>()).subname
-            }
-            T_CreatedbStmt => {
-                let mut template = std::ptr::null();
-                let options = (*stmt.cast::<pg_sys::CreatedbStmt>()).options;
-                for def in pgrx::PgList::<pg_sys::DefElem>::from_pg(options).iter_ptr() {
-                    if std::ffi::CStr::from_ptr((*def).defname) == c"template" {
-                        template = pg_sys::defGetString(def).cast_const();
-                    }
-                }
-                if template.is_null() {
-                    c"template1".as_ptr()
-                } else {
-                    template
-                }
-            }
-            _ => return,
+/// The object-access hook: DROP DATABASE, once the caller passed its ownership check,
+/// ends that database's pool workers (pool::lifecycle). Chains to the previous hook
+/// first; cannot panic before the guarded call.
+unsafe extern "C-unwind" fn object_access(
+    access: pg_sys::ObjectAccessType::Type,
+    class_id: pg_sys::Oid,
+    object_id: pg_sys::Oid,
+    sub_id: std::ffi::c_int,
+    arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: the hook's own arguments, passed on as PostgreSQL would.
+    unsafe {
+        if let Some(prev) = PREV_OBJECT_ACCESS {
+            prev(access, class_id, object_id, sub_id, arg);
         }
-    };
-    if name.is_null() {
-        return;
     }
-    // SAFETY: a NUL-terminated name; get_database_oid looks it up (missing: InvalidOid).
-    let oid = unsafe { pg_sys::get_database_oid(name, true) };
-    if oid != pg_sys::InvalidOid {
-        pool::release_database(oid);
+    if access == pg_sys::ObjectAccessType::OAT_DROP
+        && class_id == pg_sys::DatabaseRelationId
+        && shmem::shared().is_some()
+    {
+        // SAFETY: a guarded function.
+        unsafe { release_pool_database(object_id) };
     }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn release_pool_database(database: pg_sys::Oid) {
+    pool::release_database(database);
 }
 
 #[pgrx::pg_guard]

@@ -31,15 +31,24 @@ pub fn next_hint(previous: f64, free: u32, slots: u32, alpha: f64) -> f64 {
     }
 }
 
-/// The grant rule for one Gather: the workers it planned, limited by the hint (whole free
-/// slots only) and by what is left of its group's parallel-worker cap.
-pub fn grant_workers(requested: u32, hint: f64, group_room: u32) -> u32 {
+/// The grant rule for one Gather: the workers it planned, limited by the hint, by the
+/// slots free right now (`free_now`, not counting the asking statement, which holds
+/// none at ExecutorStart) and by what is left of its group's parallel-worker cap.
+///
+/// The hint's samples counted the asking client's own earlier statements as busy
+/// slots: a client that sends statements back to back holds a slot at most samples, so
+/// on a server where it is alone the hint reads one slot fewer than it has free for
+/// it. A statement is therefore granted one more than the hint's whole free slots, up
+/// to the slots free now; under load both are 0 and the grant is too.
+pub fn grant_workers(requested: u32, hint: f64, free_now: u32, group_room: u32) -> u32 {
     let by_hint = if hint.is_finite() && hint > 0.0 {
-        hint.floor().min(u32::MAX as f64) as u32
+        (hint.floor().min(u32::MAX as f64) as u32).saturating_add(1)
+    } else if hint.is_finite() {
+        1
     } else {
         0
     };
-    requested.min(by_hint).min(group_room)
+    requested.min(by_hint).min(free_now).min(group_room)
 }
 
 #[cfg(test)]
@@ -67,11 +76,27 @@ mod tests {
     }
 
     #[test]
-    fn grant_is_the_minimum_of_plan_hint_and_cap() {
-        assert_eq!(grant_workers(4, 6.7, 10), 4);
-        assert_eq!(grant_workers(8, 6.7, 10), 6);
-        assert_eq!(grant_workers(8, 6.7, 2), 2);
-        assert_eq!(grant_workers(8, 0.9, 10), 0);
-        assert_eq!(grant_workers(8, f64::NAN, 10), 0);
+    fn grant_is_the_minimum_of_plan_hint_free_slots_and_cap() {
+        assert_eq!(grant_workers(4, 6.7, 16, 10), 4);
+        assert_eq!(grant_workers(8, 6.7, 16, 10), 7);
+        assert_eq!(grant_workers(8, 6.7, 16, 2), 2);
+        assert_eq!(grant_workers(8, 6.7, 3, 10), 3);
+        assert_eq!(grant_workers(8, f64::NAN, 16, 10), 0);
+    }
+
+    #[test]
+    fn a_lone_client_is_not_refused_for_its_own_slot() {
+        // Two slots, one client looping a parallel query: the samples see its leader
+        // busy, so the hint hovers below 1; both slots are free when it asks.
+        assert_eq!(grant_workers(1, 0.6, 2, 10), 1);
+        assert_eq!(grant_workers(2, 0.9, 2, 10), 1);
+        assert_eq!(grant_workers(2, 1.0, 2, 10), 2);
+    }
+
+    #[test]
+    fn a_busy_server_grants_nothing() {
+        // Every slot held now: no worker, whatever the hint says.
+        assert_eq!(grant_workers(2, 0.2, 0, 10), 0);
+        assert_eq!(grant_workers(2, 8.0, 0, 10), 0);
     }
 }

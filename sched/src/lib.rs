@@ -18,6 +18,7 @@
 //! * [`trace_ring`] — the lock-free ring of per-statement records the tuner reads.
 //! * [`tuner`] — the self-tuner's trace records and search over [`sim`] (wagner2021 §4).
 //! * [`numa`] — NUMA topology and placement rules (psaroudakis2016).
+//! * [`pool`](mod@pool) — the pool's checked server releases and worker-slot caps.
 //!
 //! # How the extension drives the shared form
 //!
@@ -92,6 +93,7 @@ pub mod histogram;
 pub mod ids;
 pub mod numa;
 pub mod pin_word;
+pub mod pool;
 pub mod shared;
 pub mod sim;
 pub mod slice;

@@ -891,10 +891,19 @@ fn wrap_scans(desc: *const pg_sys::QueryDesc) {
 unsafe fn wrap(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::PlanState) {
     // SAFETY: the caller's promise.
     unsafe {
-        // A node met twice keeps the function it had before the first time.
+        // A node met twice keeps the function it had before the first time. An entry
+        // of another statement at the same address is stale (that statement's nodes
+        // were freed; a pool worker's next fragment reuses their memory) and is
+        // replaced: calling its function on this node would run another node type.
         let original = (*node).ExecProcNodeReal;
         WRAPPED.with_borrow_mut(|w| {
-            w.entry(node as usize).or_insert(Wrapped { desc, original });
+            w.entry(node as usize)
+                .and_modify(|x| {
+                    if x.desc != desc {
+                        *x = Wrapped { desc, original };
+                    }
+                })
+                .or_insert(Wrapped { desc, original });
         });
         pg::set_exec_proc_node(node, Some(yield_point));
     }

@@ -34,6 +34,9 @@ pub const PARALLEL_KEY_PENDING_SYNCS: u64 = 0xFFFF_FFFF_FFFF_000B;
 pub const PARALLEL_KEY_REINDEX_STATE: u64 = 0xFFFF_FFFF_FFFF_000C;
 pub const PARALLEL_KEY_RELMAPPER_STATE: u64 = 0xFFFF_FFFF_FFFF_000D;
 pub const PARALLEL_KEY_UNCOMMITTEDENUMS: u64 = 0xFFFF_FFFF_FFFF_000E;
+/// From 16 on.
+#[cfg(not(feature = "pg15"))]
+pub const PARALLEL_KEY_CLIENTCONNINFO: u64 = 0xFFFF_FFFF_FFFF_000F;
 
 /// parallel.c's `FixedParallelState`. 15 (from 15.10) has one more flag, which fits in
 /// the padding before the pointer, and names the leader by its BackendId; 17 and 18 by
@@ -114,6 +117,29 @@ pub struct SharedRecordTypmodRegistry {
 
 pub const PG_PROTOCOL_LATEST: u32 = 3 << 16;
 pub const TTS_FLAG_EMPTY: u16 = 1 << 1;
+
+// ---- libpq/libpq-be.h (16 on): what the client authenticated as ----
+#[cfg(not(feature = "pg15"))]
+#[repr(C)]
+pub struct ClientConnectionInfo {
+    pub authn_id: *const c_char,
+    /// `UserAuth`, an enum.
+    pub auth_method: c_int,
+}
+
+#[cfg(not(feature = "pg15"))]
+extern "C" {
+    pub static mut MyClientConnectionInfo: ClientConnectionInfo;
+    pub fn RestoreClientConnectionInfo(conninfo: *mut c_char);
+    pub fn InitializeSystemUser(authn_id: *const c_char, auth_method: *const c_char);
+    pub fn GetSystemUser() -> *const c_char;
+    pub fn hba_authname(auth_method: c_int) -> *const c_char;
+    pub fn SetAuthenticatedUserId(userid: pg_sys::Oid);
+}
+#[cfg(feature = "pg15")]
+extern "C" {
+    pub fn SetAuthenticatedUserId(userid: pg_sys::Oid, is_superuser: bool);
+}
 
 extern "C" {
     pub static mut PqCommMethods: *const PQcommMethods;

@@ -14,7 +14,7 @@
 
 use super::ffi::*;
 use super::shared::{self, Counter, Fallback, PoolShared, Slot, State, FALLBACK_NAMES};
-use super::{gather_merge, stride_gather};
+use super::{gather_merge, identity, stride_gather};
 use crate::gucs;
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int, c_void};
@@ -25,8 +25,6 @@ use std::time::{Duration, Instant};
 pub const MAX_TICKETS: usize = 16;
 /// After this long waiting for cancelled pool workers, they get SIGTERM.
 const TERM_AFTER: Duration = Duration::from_secs(5);
-/// A slot STARTING for longer than this was never started by the postmaster.
-const START_TIMEOUT_MS: i64 = 10_000;
 
 /// A Gather's or a Gather Merge's executor state: the pool runs both the same way, and
 /// only their reading differs (round-robin here, merged in gather_merge.rs).
@@ -177,7 +175,7 @@ pub fn executor_started(desc: *mut pg_sys::QueryDesc) {
         let mut found = 0usize;
         walk((*desc).planstate, &mut found);
         if found > 0 {
-            ensure_pool(pool, pg_sys::MyDatabaseId);
+            super::lifecycle::ensure_pool(pool, pg_sys::MyDatabaseId);
         }
     }
 }
@@ -225,106 +223,6 @@ unsafe fn consider(ps: *mut pg_sys::PlanState, found: &mut usize) {
         pg_sys::ExecSetExecProcNode(ps, Some(pool_exec_gather));
         *found += 1;
     }
-}
-
-/// Starts pool workers for `database` until it has `pg_stride.pool_size` of them
-/// (starting or running); reclaims slots whose worker never started.
-pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
-    let want = gucs::pool_size();
-    let now = super::now_ms();
-    let mut have = 0;
-    for slot in &pool.slots {
-        let (g, s) = slot.load();
-        if s == State::Free || slot.database.load(Ordering::Acquire) != u32::from(database) {
-            continue;
-        }
-        if s == State::Starting
-            && now - slot.starting_since_ms.load(Ordering::Acquire) > START_TIMEOUT_MS
-        {
-            slot.cas((g, State::Starting), (g + 1, State::Free));
-            continue;
-        }
-        have += 1;
-    }
-    for (index, slot) in pool.slots.iter().enumerate() {
-        if have >= want {
-            break;
-        }
-        let (g, s) = slot.load();
-        if s != State::Free || !slot.cas((g, State::Free), (g, State::Starting)) {
-            continue;
-        }
-        slot.database.store(u32::from(database), Ordering::Release);
-        slot.starting_since_ms.store(now, Ordering::Release);
-        slot.retire.store(false, Ordering::Release);
-        if spawn(index, database, g) {
-            have += 1;
-        } else {
-            slot.cas((g, State::Starting), (g, State::Free));
-            break;
-        }
-    }
-}
-
-fn spawn(index: usize, database: pg_sys::Oid, gen: u64) -> bool {
-    fn copy(dst: &mut [c_char], src: &str) {
-        for (d, b) in dst.iter_mut().zip(src.bytes().chain(std::iter::once(0))) {
-            *d = b as c_char;
-        }
-    }
-    // SAFETY: a zeroed BackgroundWorker is valid; RegisterDynamicBackgroundWorker copies
-    // it into shared memory.
-    unsafe {
-        let mut w: pg_sys::BackgroundWorker = std::mem::zeroed();
-        w.bgw_flags =
-            (pg_sys::BGWORKER_SHMEM_ACCESS | pg_sys::BGWORKER_BACKEND_DATABASE_CONNECTION) as c_int;
-        w.bgw_start_time = pg_sys::BgWorkerStartTime::BgWorkerStart_ConsistentState;
-        w.bgw_restart_time = pg_sys::BGW_NEVER_RESTART;
-        copy(&mut w.bgw_library_name, "pg_stride");
-        copy(&mut w.bgw_function_name, "pg_stride_pool_main");
-        copy(&mut w.bgw_name, &format!("pg_stride pool worker {index}"));
-        copy(&mut w.bgw_type, "pg_stride pool");
-        w.bgw_main_arg = pg_sys::Datum::from(index);
-        let extra = w.bgw_extra.as_mut_ptr();
-        std::ptr::write_unaligned(extra.cast::<u32>(), u32::from(database));
-        std::ptr::write_unaligned(extra.add(8).cast::<u64>(), gen);
-        w.bgw_notify_pid = 0;
-        let mut handle = std::ptr::null_mut();
-        pg_sys::RegisterDynamicBackgroundWorker(&mut w, &mut handle)
-    }
-}
-
-/// Terminates the pool workers connected to `database` and waits (up to 5 s) until they
-/// are gone: before DROP DATABASE, which kills only autovacuum workers, and the other
-/// utilities that need a database nobody is connected to.
-pub fn release_database(database: pg_sys::Oid) {
-    let Some(pool) = shared::shared() else { return };
-    let mut any = false;
-    for slot in &pool.slots {
-        if slot.load().1 != State::Free
-            && slot.database.load(Ordering::Acquire) == u32::from(database)
-        {
-            slot.retire.store(true, Ordering::Release);
-            let pid = slot.pid.load(Ordering::Acquire);
-            if pid > 0 {
-                // SAFETY: SIGTERM to our own worker: it exits at its next interrupt check.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-            }
-            any = true;
-        }
-    }
-    if !any {
-        return;
-    }
-    crate::pg::wait_until(
-        || {
-            pool.slots.iter().all(|slot| {
-                slot.load().1 == State::Free
-                    || slot.database.load(Ordering::Acquire) != u32::from(database)
-            })
-        },
-        Some(Instant::now() + Duration::from_secs(5)),
-    );
 }
 
 // ---------------------------------------------------------------- the Gather
@@ -467,13 +365,16 @@ unsafe fn start_round(node: GatherNode, pg: *mut PoolGather) -> bool {
             // ExecParallelReinitialize recreates its queues.
             wait_round(pool, pg, true, false);
         }
+        if let Some(why) = super::compat::unavailable(pool) {
+            return decline(pool, pg, why);
+        }
         if crate::pg::top_transaction_id_if_any() != pg_sys::InvalidTransactionId {
             return decline(pool, pg, Fallback::Xid);
         }
         if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as c_int {
             return decline(pool, pg, Fallback::Serializable);
         }
-        if idle_workers(pool, pg_sys::MyDatabaseId) == 0 {
+        if idle_workers(pool) == 0 && !wait_for_starting_worker(pool) {
             return decline(pool, pg, Fallback::NoIdleWorker);
         }
         // The initPlans whose values the fragment needs run here, in the leader, and
@@ -623,13 +524,52 @@ pub(super) unsafe fn describe_pool_use(inner: *mut pg_sys::PlanState) -> *mut c_
     }
 }
 
-fn idle_workers(pool: &PoolShared, database: pg_sys::Oid) -> usize {
+fn idle_workers(pool: &PoolShared) -> usize {
     pool.slots
         .iter()
-        .filter(|s| {
-            s.load().1 == State::Idle && s.database.load(Ordering::Acquire) == u32::from(database)
-        })
+        .filter(|s| s.load().1 == State::Idle && serves_this_leader(s))
         .count()
+}
+
+/// Whether the pool worker of `slot` may run this backend's fragments: it is connected
+/// to this database, and its `system_user` is unset unless this leader has one too
+/// (identity.rs).
+fn serves_this_leader(slot: &Slot) -> bool {
+    // SAFETY: a global set at connection.
+    slot.database.load(Ordering::Acquire) == u32::from(unsafe { pg_sys::MyDatabaseId })
+        && (identity::leader_has_system_user() || !slot.system_user_set.load(Ordering::Acquire))
+}
+
+/// How long a Gather waits for a pool worker of its database that is being started
+/// (fork, connection, baseline) before it runs with PostgreSQL's own workers.
+const START_WAIT: Duration = Duration::from_millis(20);
+
+/// When this database has no idle pool worker but some are starting: waits up to
+/// START_WAIT for one to become idle. Returns whether one did.
+fn wait_for_starting_worker(pool: &PoolShared) -> bool {
+    // SAFETY: a global set at connection.
+    let database = u32::from(unsafe { pg_sys::MyDatabaseId });
+    let starting = pool.slots.iter().any(|s| {
+        matches!(s.load().1, State::Starting | State::Connecting)
+            && s.database.load(Ordering::Acquire) == database
+    });
+    if !starting {
+        return false;
+    }
+    let deadline = Instant::now() + START_WAIT;
+    while Instant::now() < deadline {
+        // SAFETY: a short latch wait; interrupts are checked by the caller's loop.
+        unsafe { wait_latch(Some(1), wait_event::EXECUTE_GATHER) };
+        if pool
+            .slots
+            .iter()
+            .any(|s| s.load().1 == State::Idle && serves_this_leader(s))
+        {
+            pool.count(Counter::WaitedForStart);
+            return true;
+        }
+    }
+    false
 }
 
 /// Reserves up to `want` idle workers of this database and posts each a ticket: ticket
@@ -643,13 +583,13 @@ unsafe fn post_tickets(
     // SAFETY: our state; the segment is the parallel context's.
     unsafe {
         let handle = dsm_segment_handle(seg);
-        let database = u32::from(pg_sys::MyDatabaseId);
+        let nworkers = (*(*(*pg).pei).pcxt).nworkers;
         for (index, slot) in pool.slots.iter().enumerate() {
             if (*pg).nslots >= want {
                 break;
             }
             let (g, s) = slot.load();
-            if s != State::Idle || slot.database.load(Ordering::Acquire) != database {
+            if s != State::Idle || !serves_this_leader(slot) {
                 continue;
             }
             if !slot.cas((g, State::Idle), (g + 1, State::Reserved)) {
@@ -658,6 +598,7 @@ unsafe fn post_tickets(
             let i = (*pg).nslots;
             slot.t_dsm.store(handle, Ordering::Relaxed);
             slot.t_worker_number.store(i as i32, Ordering::Relaxed);
+            slot.t_nworkers.store(nworkers, Ordering::Relaxed);
             slot.t_leader_procno
                 .store(super::my_procno(), Ordering::Relaxed);
             slot.t_posted_ns

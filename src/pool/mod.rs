@@ -9,6 +9,10 @@
 //! * [`shared`]: the slots and counters in shared memory;
 //! * [`worker`]: the pool worker (restores a fragment's state, runs it, undoes it);
 //! * [`leader`]: the Gather's ExecProcNode and the hand-off;
+//! * [`lifecycle`]: starting pool workers, their caps, and ending them for commands
+//!   that need their database to themselves;
+//! * [`identity`]: the leader's identity in a pool worker, and back;
+//! * [`compat`]: whether this server can run the pool at all;
 //! * [`stride_gather`]: the custom scan that stands for a Gather in plans made for the
 //!   pool, so that EXPLAIN shows it;
 //! * [`ffi`]: parallel.c's private definitions, per major, and unbound functions.
@@ -16,9 +20,12 @@
 //! PostgreSQL 15, 17 and 18: the private definitions are checked per major; on the
 //! others `pool` behaves as `native`.
 
+mod compat;
 mod ffi;
 mod gather_merge;
+mod identity;
 mod leader;
+mod lifecycle;
 mod shared;
 mod stride_gather;
 mod worker;
@@ -29,7 +36,8 @@ pub use worker_row::WorkerRow;
 use crate::{gucs, pg};
 use pgrx::pg_sys;
 
-pub use leader::{release_database, transaction_ended};
+pub use leader::transaction_ended;
+pub use lifecycle::{prestart, release_database};
 use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;
 

@@ -73,6 +73,8 @@ pub struct Slot {
     // The ticket, written by the leader between RESERVED and POSTED.
     pub t_dsm: AtomicU32,
     pub t_worker_number: AtomicI32,
+    /// The parallel context's worker count: the error queues the fragment may index.
+    pub t_nworkers: AtomicI32,
     pub t_leader_procno: AtomicI32,
     pub t_posted_ns: AtomicU64,
     /// Generation of the last ticket whose fragment entered ParallelQueryMain here.
@@ -84,6 +86,9 @@ pub struct Slot {
     pub leader_pid: AtomicI32,
     /// The last fragment's set-up: ticket posted → ParallelQueryMain entered (ns).
     pub last_setup_ns: AtomicU64,
+    /// The worker's `system_user` is set (by a leader with a client identity), which
+    /// cannot be undone: leaders without one do not post to it (identity.rs).
+    pub system_user_set: AtomicBool,
 }
 
 impl Slot {
@@ -130,6 +135,10 @@ pub enum Counter {
     WorkersIdleExited,
     LibrariesLoaded,
     TermEscalations,
+    /// Workers that retired because a leader's settings created placeholders.
+    RetiredForSettings,
+    /// Gathers that found no idle worker and waited for one being started.
+    WaitedForStart,
     // Summed phase times of the fragments that ran (ns): posted → taken, taken →
     // ParallelQueryMain, ParallelQueryMain, → 'X' sent, → out of the lock group (the
     // ticket done), → own settings restored (idle again).
@@ -140,7 +149,7 @@ pub enum Counter {
     NsUntilReleased,
     NsOwnRestore,
 }
-pub const COUNTER_NAMES: [&str; 19] = [
+pub const COUNTER_NAMES: [&str; 21] = [
     "gathers_pooled",
     "tickets_posted",
     "tickets_short",
@@ -154,6 +163,8 @@ pub const COUNTER_NAMES: [&str; 19] = [
     "workers_idle_exited",
     "libraries_loaded",
     "sigterm_escalations",
+    "workers_retired_for_settings",
+    "gathers_waited_for_start",
     "ns_wake",
     "ns_restore",
     "ns_run",
@@ -176,12 +187,34 @@ pub enum Fallback {
     NoIdleWorker,
     /// PostgreSQL set up no DSM segment for the Gather (no worker slot, or none wanted).
     NoDsm,
+    /// The server's minor release is outside the range whose private layouts the pool
+    /// was checked against (pg_stride_sched::pool::versions).
+    UncheckedRelease,
+    /// The server was built with assertions, which forbid taking a leader's
+    /// authenticated user more than once per process (identity.rs).
+    AssertBuild,
 }
-pub const FALLBACK_NAMES: [&str; 4] = [
+impl Fallback {
+    /// The reason of index `i` of [`FALLBACK_NAMES`] (an unknown index: the last).
+    pub fn from_index(i: usize) -> Fallback {
+        match i {
+            0 => Fallback::Xid,
+            1 => Fallback::Serializable,
+            2 => Fallback::NoIdleWorker,
+            3 => Fallback::NoDsm,
+            4 => Fallback::UncheckedRelease,
+            _ => Fallback::AssertBuild,
+        }
+    }
+}
+
+pub const FALLBACK_NAMES: [&str; 6] = [
     "transaction has an xid",
     "serializable",
     "no idle pool worker",
     "no parallel context",
+    "server release not checked for the pool",
+    "server built with assertions",
 ];
 
 /// Databases whose fallbacks are counted apart; further ones share `other_databases`.
@@ -201,6 +234,8 @@ pub struct PoolShared {
     pub fallbacks: [DatabaseFallbacks; FALLBACK_DATABASES],
     /// Fallbacks of the databases beyond the first [`FALLBACK_DATABASES`] (database 0).
     pub other_databases: DatabaseFallbacks,
+    /// The WARNING that this server cannot run the pool was logged (once per server).
+    pub unavailable_warned: AtomicBool,
 }
 
 impl PoolShared {

@@ -40,3 +40,4 @@ pub fn fallbacks() -> Vec<(pg_sys::Oid, &'static str, i64)> {
 pub fn counters() -> Vec<(&'static str, i64)> {
     Vec::new()
 }
+pub fn prestart() {}

@@ -7,7 +7,9 @@
 //! and a FATAL, end the process.
 
 use super::ffi::*;
+use super::{identity, lifecycle};
 use super::shared::{self, pack, Counter, Slot, State};
+use super::leader::MAX_TICKETS;
 use crate::{cpu, gucs, shmem};
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
@@ -61,8 +63,10 @@ static mut SLOT: usize = usize::MAX;
 static mut BASELINE_GUC: *mut c_char = std::ptr::null_mut();
 static mut OWN_LIBRARIES: *mut c_char = std::ptr::null_mut();
 static mut FRAGMENT_CONTEXT: pg_sys::MemoryContext = std::ptr::null_mut();
-static mut MY_USER: pg_sys::Oid = pg_sys::InvalidOid;
-static mut MY_SEC_CONTEXT: c_int = 0;
+static mut OWN: Option<identity::Own> = None;
+/// Settings and placeholders this process had at its baseline (GetNumConfigOptions):
+/// a fragment whose leader's settings added a placeholder leaves it behind.
+static mut BASELINE_OPTIONS: c_int = 0;
 static mut SAVED_COMM: *const PQcommMethods = std::ptr::null();
 static mut SAVED_DEST: pg_sys::CommandDest::Type = pg_sys::CommandDest::DestNone;
 static mut MQ_HANDLE: *mut pg_sys::shm_mq_handle = std::ptr::null_mut();
@@ -195,6 +199,7 @@ unsafe fn take_baseline() {
         let size = EstimateLibraryStateSpace();
         OWN_LIBRARIES = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
         SerializeLibraryState(size, OWN_LIBRARIES);
+        BASELINE_OPTIONS = pg_sys::GetNumConfigOptions();
         pg_sys::CurrentMemoryContext = previous;
         CommitTransactionCommand();
     }
@@ -258,8 +263,8 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
         slot.pid.store(pg_sys::MyProcPid, Ordering::Release);
         slot.procno.store(super::my_procno(), Ordering::Release);
         pg_sys::on_shmem_exit(Some(on_exit), pg_sys::Datum::from(index));
-        // The bootstrap superuser (POOL.md §1 step 9): SetSessionAuthorization then
-        // accepts any leader's user.
+        // The bootstrap superuser, between fragments; each fragment takes its leader's
+        // identity (identity.rs).
         pg_sys::BackgroundWorkerInitializeConnectionByOid(database.into(), pg_sys::InvalidOid, 0);
         SetClientEncoding(GetDatabaseEncoding());
         FrontendProtocol = PG_PROTOCOL_LATEST;
@@ -271,10 +276,12 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
             pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
         );
         take_baseline();
-        GetUserIdAndSecContext(&raw mut MY_USER, &raw mut MY_SEC_CONTEXT);
+        OWN = Some(identity::own());
         LAST_USED_MS = super::now_ms();
         pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null());
     }
+    // SAFETY: holding no LWLock.
+    unsafe { lifecycle::show_idle(true) };
     if !slot.cas((gen, State::Connecting), (gen, State::Idle)) {
         return;
     }
@@ -287,8 +294,11 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
     loop {
         let (gen, state) = slot.load();
         if state == State::Posted && slot.cas((gen, State::Posted), (gen, State::Running)) {
-            // SAFETY: the ticket is ours.
-            unsafe { run_ticket(pool, slot, gen) };
+            // SAFETY: the ticket is ours; holding no LWLock.
+            unsafe {
+                lifecycle::show_idle(false);
+                run_ticket(pool, slot, gen);
+            }
             continue;
         }
         if slot.retire.load(Ordering::Acquire) {
@@ -374,6 +384,13 @@ unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64) {
 unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: i32) {
     // SAFETY: the caller's sigsetjmp catches every ERROR raised below.
     unsafe {
+        // The error queues are an array of the context's nworkers (at most MAX_TICKETS
+        // tickets are posted): a number outside it would write another's queue.
+        let nworkers = slot.t_nworkers.load(Ordering::Relaxed);
+        if number < 0 || number >= nworkers || number as usize >= MAX_TICKETS {
+            FRAG.declined = true;
+            return;
+        }
         pg_sys::ParallelWorkerNumber = number;
         pg_sys::InitializingParallelWorker = true;
         let seg = dsm_attach(handle);
@@ -433,10 +450,7 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         }
         FRAG.joined = true;
         SetParallelStartTimestamps((*fps).xact_ts, (*fps).stmt_ts);
-        // Not SetAuthenticatedUserId (once per process): the bootstrap superuser stays
-        // authenticated, and these accept any role.
-        SetSessionAuthorization((*fps).session_user_id, (*fps).session_user_is_superuser);
-        SetCurrentRoleId((*fps).outer_user_id, (*fps).role_is_superuser);
+        identity::adopt_users(fps);
 
         // RestoreLibraryState is replaced by the check above: nothing gets loaded.
         // Up to 17 the settings come first, in a transaction of their own; 18 restores
@@ -477,8 +491,15 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         #[cfg(not(feature = "pg18"))]
         restore_storage_state(toc);
         RestoreUncommittedEnums(shm_toc_lookup(toc, PARALLEL_KEY_UNCOMMITTEDENUMS, false));
-        // Not restored (documented): ClientConnectionInfo (SYSTEM_USER shows the pool's)
-        // and the serializable transaction (SERIALIZABLE leaders are declined).
+        #[cfg(not(feature = "pg15"))]
+        if !identity::adopt_connection(toc) {
+            // Leaders without a client identity post only to workers without one
+            // (leader.rs): reaching this is a bug, never a fragment run with another
+            // leader's system_user.
+            FRAG.retire = true;
+            super::leader::raise(c"pg_stride pool: the pool worker cannot take the leader's client identity".as_ptr());
+        }
+        // Not restored: the serializable transaction (SERIALIZABLE leaders are declined).
         pg_sys::InitializingParallelWorker = false;
         EnterParallelMode();
         FRAG.entered = true;
@@ -537,7 +558,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             }
             DetachSession();
         }
-        leave_cpu_scheduling();
+        leave_cpu_scheduling(!FRAG.ok);
         if FRAG.ok {
             if let Some(put) = (*PqCommMethods).putmessage {
                 put(b'X' as c_char, std::ptr::null(), 0);
@@ -599,10 +620,19 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         RestoreGUCState(BASELINE_GUC.cast());
         CommitTransactionCommand();
         pg_sys::InitializingParallelWorker = false;
-        SetSessionAuthorization(pg_sys::BOOTSTRAP_SUPERUSERID.into(), true);
-        SetCurrentRoleId(pg_sys::InvalidOid, false);
-        SetUserIdAndSecContext(MY_USER, MY_SEC_CONTEXT);
+        if let Some(own) = OWN {
+            identity::restore_own(&own);
+        }
+        slot.system_user_set
+            .store(identity::system_user_set(), Ordering::Release);
         SetTempNamespaceState(pg_sys::InvalidOid, pg_sys::InvalidOid);
+        // Placeholders the leader's settings created (`SET app.tenant`) cannot be
+        // removed: RestoreGUCState keeps them, reset to an empty string, and another
+        // leader's fragment would read '' where its own backend reads NULL.
+        if pg_sys::GetNumConfigOptions() != BASELINE_OPTIONS {
+            FRAG.retire = true;
+            pool.count(Counter::RetiredForSettings);
+        }
         pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null());
         pg_sys::CurrentMemoryContext = pg_sys::TopMemoryContext;
         MemoryContextReset(FRAGMENT_CONTEXT);
@@ -614,6 +644,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             proc_exit(0);
         }
         LAST_USED_MS = super::now_ms();
+        lifecycle::show_idle(true);
         slot.word.store(pack(gen, State::Idle), Ordering::Release);
     }
 }
@@ -639,13 +670,13 @@ unsafe fn leave_lock_group(leader: *mut pg_sys::PGPROC, pid: i32) -> bool {
     }
 }
 
-/// A fragment that ended without ExecutorEnd (an ERROR) leaves the leader's CPU
-/// scheduling here; a parallel worker would have exited.
+/// A fragment that ended without ExecutorEnd (an ERROR, `failed`) leaves the leader's
+/// CPU scheduling here; a parallel worker would have exited.
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn leave_cpu_scheduling() {
-    if cpu::is_member() {
-        if let Some(shared) = shmem::shared() {
-            cpu::end_statement(shared, None, true);
-        }
+unsafe extern "C-unwind" fn leave_cpu_scheduling(failed: bool) {
+    // Also after a fragment that ended well: no statement of this process runs any
+    // more, and nothing it wrapped may outlive it.
+    if let Some(shared) = shmem::shared() {
+        cpu::end_statement(shared, None, failed);
     }
 }

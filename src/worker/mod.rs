@@ -16,7 +16,7 @@
 
 mod tuner;
 
-use crate::{admission, config, cpu, gucs, pg, shmem};
+use crate::{admission, config, cpu, gucs, pg, pool, shmem};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -182,8 +182,11 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
     };
     shared.groups.set_loader(pg::my_procno());
     reload_groups(shared);
+    pool::prestart();
     while BackgroundWorker::wait_latch(None) {
-        reload_config_if_signalled();
+        if reload_config_if_signalled() {
+            pool::prestart();
+        }
         if shared.groups.pending_reload().is_some() {
             reload_groups(shared);
         }

@@ -25,15 +25,16 @@ impl SchedShared {
     }
 
     /// Number of parallel workers a Gather of group `g` that planned `requested` may
-    /// launch: limited by the hint and by the group's `max_workers`, and reserved against
+    /// launch: limited by the hint, the slots free now and the group's `max_workers`, and reserved against
     /// the group's cap until [`SchedShared::return_workers`].
     pub fn reserve_workers(&self, g: GroupId, requested: u32) -> u32 {
         let ge = self.group(g);
         let cap = ge.max_workers.load(Relaxed);
         let hint = self.hint();
+        let free_now = self.cpu_slots().saturating_sub(self.running());
         let mut in_use = ge.workers_in_use.load(Relaxed);
         loop {
-            let grant = grant_workers(requested, hint, cap.saturating_sub(in_use));
+            let grant = grant_workers(requested, hint, free_now, cap.saturating_sub(in_use));
             if grant == 0 {
                 return 0;
             }

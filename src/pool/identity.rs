@@ -1,0 +1,146 @@
+//! Who a pool worker is while it runs a fragment, and again afterwards.
+//!
+//! A pool worker connects as the bootstrap superuser (it serves every role of its
+//! database). For a fragment it must be exactly what a parallel worker of the same
+//! leader is (docs/design.md, safety rule 11): PostgreSQL decides whether
+//! `session_authorization` may change from the *authenticated* user, so taking on the
+//! leader's session and current user alone would leave every `SET session_authorization`
+//! of a function's SET clause to the superuser's rights. So, in `ParallelWorkerMain`'s
+//! order:
+//!
+//! 1. the authenticated user (and, in 15, whether it is a superuser), which also marks
+//!    the PGPROC with that role, as a parallel worker's is;
+//! 2. the session and outer user (`SetSessionAuthorization`, `SetCurrentRoleId`);
+//! 3. from 16 on, the client connection's authenticated identity, which `system_user`
+//!    shows.
+//!
+//! [`restore_own`] undoes all three. PostgreSQL's `SetAuthenticatedUserId` and
+//! `InitializeSystemUser` assert that they run once per process; a server built with
+//! assertions therefore gets no pool (the leader falls back, `leader.rs`).
+//!
+//! `system_user` cannot be unset once set (PostgreSQL keeps it in a private static): a
+//! worker that served a leader with an authenticated identity is marked
+//! (`Slot::system_user_set`), and leaders without one do not post to it.
+
+use super::ffi::*;
+use pgrx::pg_sys;
+use std::ffi::c_int;
+
+/// The worker's own identity, taken once at its start.
+#[derive(Clone, Copy)]
+pub(super) struct Own {
+    user: pg_sys::Oid,
+    sec_context: c_int,
+    /// `MyProc->roleId`: what `SetAuthenticatedUserId` overwrites (InvalidOid for a
+    /// background worker connected without a role).
+    proc_role: pg_sys::Oid,
+}
+
+/// The identity the worker has now; call once, after connecting.
+///
+/// # Safety
+/// In a pool worker with its PGPROC.
+pub(super) unsafe fn own() -> Own {
+    let mut own = Own {
+        user: pg_sys::InvalidOid,
+        sec_context: 0,
+        proc_role: pg_sys::InvalidOid,
+    };
+    // SAFETY: the caller's promise; process-local globals.
+    unsafe {
+        GetUserIdAndSecContext(&raw mut own.user, &raw mut own.sec_context);
+        own.proc_role = (*pg_sys::MyProc).roleId;
+    }
+    own
+}
+
+/// Takes the leader's authenticated, session and outer user (steps 1 and 2).
+///
+/// # Safety
+/// `fps` is the leader's FixedParallelState; the caller's sigsetjmp catches ERRORs.
+pub(super) unsafe fn adopt_users(fps: *const FixedParallelState) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        SetAuthenticatedUserId(
+            (*fps).authenticated_user_id,
+            (*fps).authenticated_user_is_superuser,
+        );
+        #[cfg(not(feature = "pg15"))]
+        SetAuthenticatedUserId((*fps).authenticated_user_id);
+        SetSessionAuthorization((*fps).session_user_id, (*fps).session_user_is_superuser);
+        SetCurrentRoleId((*fps).outer_user_id, (*fps).role_is_superuser);
+    }
+}
+
+/// Takes the leader's client connection identity (step 3). Returns false when it cannot
+/// be taken: the leader has none and this worker's `system_user` is already set.
+///
+/// # Safety
+/// `toc` is the table of contents of the leader's parallel segment.
+#[cfg(not(feature = "pg15"))]
+pub(super) unsafe fn adopt_connection(toc: *mut pg_sys::shm_toc) -> bool {
+    // SAFETY: the caller's promise; the key every parallel context has from 16 on.
+    unsafe {
+        let previous = GetSystemUser();
+        RestoreClientConnectionInfo(shm_toc_lookup(toc, PARALLEL_KEY_CLIENTCONNINFO, false).cast());
+        let authn_id = MyClientConnectionInfo.authn_id;
+        if authn_id.is_null() {
+            return previous.is_null();
+        }
+        InitializeSystemUser(authn_id, hba_authname(MyClientConnectionInfo.auth_method));
+        if !previous.is_null() {
+            pfree(previous.cast_mut().cast());
+        }
+        true
+    }
+}
+
+/// Whether this process's `system_user` is set (it stays set: see the module comment).
+pub(super) fn system_user_set() -> bool {
+    #[cfg(feature = "pg15")]
+    return false;
+    // SAFETY: a plain read of PostgreSQL's process-local value.
+    #[cfg(not(feature = "pg15"))]
+    unsafe {
+        !GetSystemUser().is_null()
+    }
+}
+
+/// Whether this backend, a leader, has a client identity that `system_user` shows.
+pub(super) fn leader_has_system_user() -> bool {
+    #[cfg(feature = "pg15")]
+    return false;
+    // SAFETY: a plain read of PostgreSQL's process-local value.
+    #[cfg(not(feature = "pg15"))]
+    unsafe {
+        !MyClientConnectionInfo.authn_id.is_null()
+    }
+}
+
+/// Back to the worker's own identity, whatever point the fragment reached.
+///
+/// # Safety
+/// In a pool worker, after the fragment's transaction was aborted.
+pub(super) unsafe fn restore_own(own: &Own) {
+    // SAFETY: the caller's promise; each call undoes one of the adopt steps.
+    unsafe {
+        #[cfg(not(feature = "pg15"))]
+        {
+            if !MyClientConnectionInfo.authn_id.is_null() {
+                pfree(MyClientConnectionInfo.authn_id.cast_mut().cast());
+            }
+            MyClientConnectionInfo.authn_id = std::ptr::null();
+            MyClientConnectionInfo.auth_method = 0;
+        }
+        let bootstrap = pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID);
+        #[cfg(feature = "pg15")]
+        SetAuthenticatedUserId(bootstrap, true);
+        #[cfg(not(feature = "pg15"))]
+        SetAuthenticatedUserId(bootstrap);
+        (*pg_sys::MyProc).roleId = own.proc_role;
+        SetSessionAuthorization(bootstrap, true);
+        SetCurrentRoleId(pg_sys::InvalidOid, false);
+        SetUserIdAndSecContext(own.user, own.sec_context);
+    }
+}

@@ -1,0 +1,199 @@
+//! Starting and ending pool workers.
+//!
+//! * A database's pool is started by the first statement there whose plan has a
+//!   Gather for the pool ([`ensure_pool`]), and ahead of any statement for
+//!   `pg_stride.database` by the groups worker while `parallel_mode` is `pool`
+//!   ([`prestart`]).
+//! * Its size is bounded by pg_stride_sched::pool::caps: the pool never takes the
+//!   background-worker slots that PostgreSQL's own parallel workers, logical
+//!   replication and other databases' pools need.
+//! * Commands that need a database nobody is connected to (DROP, RENAME, SET
+//!   TABLESPACE, CREATE DATABASE … TEMPLATE) must not fail because of its pool, and a
+//!   command that fails its permission check must not touch it. PostgreSQL waits up to
+//!   5 s for the other backends of such a database to leave and sends SIGTERM to its
+//!   autovacuum workers, after its own checks (`CountOtherDBBackends`): an idle pool
+//!   worker shows itself to that check as an autovacuum worker ([`show_idle`]). DROP
+//!   DATABASE … WITH (FORCE) first terminates every backend of the database, pool
+//!   workers included, and refuses to if the caller may not signal them; its drop
+//!   hook, which runs right after the ownership check, releases the pool first
+//!   ([`release_database`]).
+
+use super::shared::{PoolShared, State};
+use crate::gucs;
+use pg_stride_sched::pool::caps::{pool_caps, PoolCaps};
+use pgrx::pg_sys;
+use std::ffi::c_char;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// A slot STARTING for longer than this was never started by the postmaster.
+const START_TIMEOUT_MS: i64 = 10_000;
+
+/// pg_stride's own static background workers (scheduler, groups loader, tuner).
+const STATIC_WORKERS: u32 = 3;
+
+/// The caps in force, from the server's settings.
+pub fn caps() -> PoolCaps {
+    // SAFETY: plain reads of PostgreSQL's settings.
+    let (processes, parallel) =
+        unsafe { (pg_sys::max_worker_processes, pg_sys::max_parallel_workers) };
+    pool_caps(
+        processes.max(0) as u32,
+        parallel.max(0) as u32,
+        STATIC_WORKERS,
+        gucs::pool_size() as u32,
+    )
+}
+
+/// Starts pool workers for `database` up to its cap (counting those starting or
+/// running); reclaims slots whose worker never started.
+pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
+    let caps = caps();
+    let database = u32::from(database);
+    let now = super::now_ms();
+    let (mut in_db, mut in_server) = (0u32, 0u32);
+    let mut others: Vec<u32> = Vec::new();
+    for slot in &pool.slots {
+        let (g, s) = slot.load();
+        if s == State::Free {
+            continue;
+        }
+        if s == State::Starting
+            && now - slot.starting_since_ms.load(Ordering::Acquire) > START_TIMEOUT_MS
+        {
+            slot.cas((g, State::Starting), (g + 1, State::Free));
+            continue;
+        }
+        in_server += 1;
+        let owner = slot.database.load(Ordering::Acquire);
+        if owner == database {
+            in_db += 1;
+        } else if !others.contains(&owner) {
+            others.push(owner);
+        }
+    }
+    for (index, slot) in pool.slots.iter().enumerate() {
+        if !caps.may_start(in_db, in_server, others.len() as u32) {
+            break;
+        }
+        let (g, s) = slot.load();
+        if s != State::Free || !slot.cas((g, State::Free), (g, State::Starting)) {
+            continue;
+        }
+        slot.database.store(database, Ordering::Release);
+        slot.starting_since_ms.store(now, Ordering::Release);
+        slot.retire.store(false, Ordering::Release);
+        slot.system_user_set.store(false, Ordering::Release);
+        if spawn(index, database.into(), g) {
+            in_db += 1;
+            in_server += 1;
+        } else {
+            slot.cas((g, State::Starting), (g, State::Free));
+            break;
+        }
+    }
+}
+
+/// Starts the pool of the database this process is connected to, if `parallel_mode`
+/// is `pool` for the whole server: the first Gathers there then find idle workers
+/// instead of falling back while the pool starts. Called by the groups worker, which
+/// is connected to `pg_stride.database`, at its start and after each reload.
+pub fn prestart() {
+    if let Some(pool) = super::shared::shared().filter(|_| gucs::pool_mode() && gucs::enabled()) {
+        // SAFETY: a global set at connection.
+        ensure_pool(pool, unsafe { pg_sys::MyDatabaseId });
+    }
+}
+
+fn spawn(index: usize, database: pg_sys::Oid, gen: u64) -> bool {
+    fn copy(dst: &mut [c_char], src: &str) {
+        for (d, b) in dst.iter_mut().zip(src.bytes().chain(std::iter::once(0))) {
+            *d = b as c_char;
+        }
+    }
+    // SAFETY: a zeroed BackgroundWorker is valid; RegisterDynamicBackgroundWorker copies
+    // it into shared memory.
+    unsafe {
+        let mut w: pg_sys::BackgroundWorker = std::mem::zeroed();
+        w.bgw_flags =
+            (pg_sys::BGWORKER_SHMEM_ACCESS | pg_sys::BGWORKER_BACKEND_DATABASE_CONNECTION) as i32;
+        w.bgw_start_time = pg_sys::BgWorkerStartTime::BgWorkerStart_ConsistentState;
+        w.bgw_restart_time = pg_sys::BGW_NEVER_RESTART;
+        copy(&mut w.bgw_library_name, "pg_stride");
+        copy(&mut w.bgw_function_name, "pg_stride_pool_main");
+        copy(&mut w.bgw_name, &format!("pg_stride pool worker {index}"));
+        copy(&mut w.bgw_type, "pg_stride pool");
+        w.bgw_main_arg = pg_sys::Datum::from(index);
+        let extra = w.bgw_extra.as_mut_ptr();
+        std::ptr::write_unaligned(extra.cast::<u32>(), u32::from(database));
+        std::ptr::write_unaligned(extra.add(8).cast::<u64>(), gen);
+        w.bgw_notify_pid = 0;
+        let mut handle = std::ptr::null_mut();
+        pg_sys::RegisterDynamicBackgroundWorker(&mut w, &mut handle)
+    }
+}
+
+/// Terminates the pool workers connected to `database` and waits (up to 5 s) until they
+/// are gone. Called from DROP DATABASE's drop hook, once the caller passed the
+/// ownership check.
+pub fn release_database(database: pg_sys::Oid) {
+    let Some(pool) = super::shared::shared() else { return };
+    let mut any = false;
+    for slot in &pool.slots {
+        if slot.load().1 != State::Free
+            && slot.database.load(Ordering::Acquire) == u32::from(database)
+        {
+            slot.retire.store(true, Ordering::Release);
+            let pid = slot.pid.load(Ordering::Acquire);
+            if pid > 0 {
+                // SAFETY: SIGTERM to our own worker: it exits at its next interrupt check.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            any = true;
+        }
+    }
+    if !any {
+        return;
+    }
+    crate::pg::wait_until(
+        || {
+            pool.slots.iter().all(|slot| {
+                slot.load().1 == State::Free
+                    || slot.database.load(Ordering::Acquire) != u32::from(database)
+            })
+        },
+        Some(Instant::now() + Duration::from_secs(5)),
+    );
+}
+
+/// PROC_IS_AUTOVACUUM of storage/proc.h.
+const PROC_IS_AUTOVACUUM: u8 = 0x01;
+/// ProcArrayLock's place in MainLWLockArray (lwlocknames.txt, 15 to 18).
+const PROC_ARRAY_LOCK: usize = 4;
+
+/// Marks this pool worker's PGPROC as an autovacuum worker while it is idle (`idle`)
+/// and unmarks it before it runs a fragment, so that PostgreSQL's
+/// `CountOtherDBBackends` ends it as it ends autovacuum workers (module comment). An
+/// idle pool worker holds no lock, so the other meaning of the flag (a lock waiter
+/// cancels an autovacuum worker that blocks it) never applies to it.
+///
+/// # Safety
+/// In a pool worker, holding no LWLock.
+pub(super) unsafe fn show_idle(idle: bool) {
+    // SAFETY: the caller's promise; statusFlags and its mirror in ProcGlobal are
+    // written under ProcArrayLock held exclusively, as vacuum does.
+    unsafe {
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(PROC_ARRAY_LOCK)).lock;
+        super::ffi::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let me = pg_sys::MyProc;
+        if idle {
+            (*me).statusFlags |= PROC_IS_AUTOVACUUM;
+        } else {
+            (*me).statusFlags &= !PROC_IS_AUTOVACUUM;
+        }
+        *(*pg_sys::ProcGlobal)
+            .statusFlags
+            .add((*me).pgxactoff as usize) = (*me).statusFlags;
+        super::ffi::LWLockRelease(lock);
+    }
+}
