@@ -387,10 +387,49 @@ def a_failed_statement_is_recorded_as_failed(s):
     assert len(rows) == 1 and rows[0]["failed"], rows
 
 
+@check
+def other_roles_statements_show_no_query_id_or_times(s):
+    """As pg_stat_activity and pg_stat_statements do: a role sees the query id, times
+    and place in the schedule of its own statements in pg_stride.activity and
+    pg_stride.trace, a member of pg_read_all_stats sees everyone's, and another ordinary
+    role sees those columns NULL (also when it calls the views' functions directly)."""
+    writer = subprocess.Popen(
+        s.psql_args("SELECT count(*) FROM big, generate_series(1, 10)", user="regress_writer"),
+        env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    hidden = ("SELECT bool_and(cpu_time_ms IS NULL AND priority IS NULL AND admitted_at IS NULL "
+              "AND paused_time_ms IS NULL) FROM pg_stride.activity WHERE usename = 'regress_writer' AND pid <> pg_backend_pid()")
+    shown = ("SELECT bool_and(cpu_time_ms IS NOT NULL AND priority IS NOT NULL "
+             "AND admitted_at IS NOT NULL) FROM pg_stride.activity WHERE usename = 'regress_writer' AND pid <> pg_backend_pid()")
+    s.wait_until("SELECT count(*) FROM pg_stride.activity WHERE usename = 'regress_writer' "
+                 "AND cpu_time_ms > 0", "1", timeout=20)
+    seen = {user: (s.sql(hidden, user=user), s.sql(shown, user=user))
+            for user in ["regress_other", "regress_stats", "regress_writer"]}
+    assert finish(writer, timeout=60)[0] == 0
+    assert seen == {"regress_other": ("t", "f"), "regress_stats": ("f", "t"),
+                    "regress_writer": ("f", "t")}, seen
+    writer_oid = s.sql("SELECT oid FROM pg_roles WHERE rolname = 'regress_writer'")
+    trace_hidden = ("SELECT count(*) > 0, bool_and(query_id IS NULL AND cpu_ms IS NULL AND arrival IS NULL "
+                    f"AND finished_ms IS NULL) FROM pg_stride.trace WHERE userid = {writer_oid}")
+    trace_shown = ("SELECT count(*) > 0, bool_and(query_id <> 0 AND cpu_ms > 0 AND arrival IS NOT NULL) "
+                   f"FROM pg_stride.trace WHERE userid = {writer_oid}")
+    direct = ("SELECT bool_and(query_id IS NULL AND cpu_ms IS NULL) FROM pg_stride.trace_records() "
+              f"WHERE userid = {writer_oid}")
+    assert s.sql(trace_hidden, user="regress_other") == "t|t", s.sql(trace_hidden, user="regress_other")
+    assert s.sql(direct, user="regress_other") == "t"
+    for user in ["regress_stats", "regress_writer", "postgres"]:
+        assert s.sql(trace_shown, user=user) == "t|t", (user, s.sql(trace_shown, user=user))
+    print("    other role: NULL; own role, pg_read_all_stats, superuser: shown")
+
+
 def setup(s):
     s.sql("CREATE EXTENSION pg_stride")
+    s.sql("CREATE ROLE regress_writer LOGIN; CREATE ROLE regress_other LOGIN; "
+          "CREATE ROLE regress_stats LOGIN IN ROLE pg_read_all_stats")
+    s.sql("ALTER ROLE regress_writer SET pg_stride.trace = on; "
+          "ALTER ROLE regress_writer SET compute_query_id = on")
     s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 3000000) g")
     s.sql("VACUUM ANALYZE big")
+    s.sql("GRANT SELECT ON big TO regress_writer")
 
 
 def main():

@@ -101,6 +101,28 @@ pub fn proc_pid(procno: usize) -> i32 {
     })
 }
 
+/// The role process `procno` authenticated as (`PGPROC.roleId`; a parallel or pool
+/// worker's is its leader's while it works for it). Read without a lock.
+pub fn proc_role(procno: usize) -> pg_sys::Oid {
+    proc_by_number(procno).map_or(pg_sys::InvalidOid, |proc| {
+        // SAFETY: a PGPROC of allProcs; a volatile read of a word its owner writes.
+        unsafe { std::ptr::read_volatile(&raw const (*proc).roleId) }
+    })
+}
+
+/// Whether the current role may see what a statement of `role` did beyond its
+/// existence: PostgreSQL's rule for `pg_stat_activity` and `pg_stat_statements`
+/// (the role's own privileges, or those of `pg_read_all_stats`; superusers have both).
+/// Looks roles up in the syscache, so it runs inside a transaction.
+pub fn may_read_stats_of(role: pg_sys::Oid) -> bool {
+    // SAFETY: plain calls into PostgreSQL's role checks.
+    unsafe {
+        let me = pg_sys::GetUserId();
+        pg_sys::has_privs_of_role(me, pg_sys::ROLE_PG_READ_ALL_STATS.into())
+            || (role != pg_sys::InvalidOid && pg_sys::has_privs_of_role(me, role))
+    }
+}
+
 /// The wait event of process `procno` (`wait_event_info`: 0 while it runs). Read
 /// without a lock, like `pg_stat_activity` reads it.
 pub fn proc_wait_event(procno: usize) -> u32 {
@@ -586,4 +608,24 @@ pub fn may_leave_idle_class() -> bool {
 pub fn current_cpu() -> Option<u32> {
     // SAFETY: sched_getcpu takes no arguments and only returns a number.
     u32::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
+
+/// Whether the fault `name` is switched on for tests: in a debug build (what the test
+/// suites install), the comma-separated names in the server's environment variable
+/// PG_STRIDE_TEST_FAULTS; never in a release build. Read once per process.
+pub fn test_fault(name: &str) -> bool {
+    #[cfg(debug_assertions)]
+    {
+        thread_local! {
+            static FAULTS: Vec<String> = std::env::var("PG_STRIDE_TEST_FAULTS")
+                .map(|v| v.split(',').map(str::to_owned).collect())
+                .unwrap_or_default();
+        }
+        FAULTS.with(|faults| faults.iter().any(|f| f == name))
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        let _ = name;
+        false
+    }
 }

@@ -255,7 +255,9 @@ mod pg_stride {
     }
 
     /// One row per process that runs or waits to run a scheduled statement; the
-    /// `pg_stride.activity` view adds what pg_stat_activity shows of it.
+    /// `pg_stride.activity` view adds what pg_stat_activity shows of it. Its times and
+    /// its place in the schedule are NULL to a role that may not read the statistics
+    /// of the process's role (pg::may_read_stats_of), as pg_stat_activity does.
     #[pg_extern(parallel_restricted)]
     #[allow(clippy::type_complexity)]
     fn activity_state() -> TableIterator<
@@ -270,7 +272,7 @@ mod pg_stride {
             name!(priority, Option<i32>),
             name!(pass, Option<i64>),
             name!(cpu_time_ms, Option<f64>),
-            name!(paused_time_ms, f64),
+            name!(paused_time_ms, Option<f64>),
             name!(processes, Option<i32>),
             name!(workers_planned, i32),
             name!(workers_granted, i32),
@@ -299,6 +301,9 @@ mod pg_stride {
                     .sched()
                     .and_then(|s| s.query_snapshot(pg_stride_sched::QueryId(q - 1))),
             };
+            let visible = crate::pg::may_read_stats_of(crate::pg::proc_role(procno));
+            let shown = |v: Option<i64>| v.filter(|_| visible);
+            let query = query.filter(|_| visible);
             let state = if queued > 0 {
                 "queued"
             } else if entry.paused.load(Ordering::Acquire) != 0 {
@@ -311,16 +316,16 @@ mod pg_stride {
                 names.get(&slot).cloned().unwrap_or_default(),
                 state,
                 running as i32,
-                if queued > 0 {
+                shown(if queued > 0 {
                     nonzero(entry.queued_since.load(Ordering::Relaxed))
                 } else {
                     None
-                },
-                nonzero(entry.admitted_at.load(Ordering::Relaxed)),
+                }),
+                shown(nonzero(entry.admitted_at.load(Ordering::Relaxed))),
                 query.map(|q| q.priority as i32),
                 query.map(|q| q.pass as i64),
                 query.map(|q| q.cpu_ns as f64 / 1e6),
-                entry.paused_us.load(Ordering::Relaxed) as f64 / 1e3,
+                visible.then(|| entry.paused_us.load(Ordering::Relaxed) as f64 / 1e3),
                 query.map(|q| q.members as i32),
                 entry.workers_planned.load(Ordering::Relaxed) as i32,
                 entry.workers_granted.load(Ordering::Relaxed) as i32,
@@ -333,69 +338,83 @@ mod pg_stride {
     /// One row per finished statement in the trace (`pg_stride.trace = on`, or the
     /// tuner on), oldest first; the `pg_stride.trace` view. Times are CLOCK_MONOTONIC
     /// readings turned into TimestampTz µs by today's offset between the two clocks.
+    /// A statement's query id and times are NULL to a role that may not read the
+    /// statistics of the statement's role (pg::may_read_stats_of), as
+    /// pg_stat_statements does.
     #[pg_extern(parallel_restricted)]
     #[allow(clippy::type_complexity)]
     fn trace_records() -> TableIterator<
         'static,
         (
-            name!(arrival_us, i64),
-            name!(admitted_ms, f64),
-            name!(finished_ms, f64),
+            name!(arrival_us, Option<i64>),
+            name!(admitted_ms, Option<f64>),
+            name!(finished_ms, Option<f64>),
             name!(first_slot_ms, Option<f64>),
-            name!(query_id, i64),
+            name!(userid, pg_sys::Oid),
+            name!(query_id, Option<i64>),
             name!(group_name, String),
             name!(processes, i32),
             name!(workers_planned, i32),
-            name!(cpu_ms, f64),
-            name!(cpu_total_ms, f64),
-            name!(paused_ms, f64),
-            name!(handoff_ms, f64),
-            name!(handoffs, i64),
-            name!(held_ms, f64),
-            name!(held_runqueue_ms, f64),
-            name!(runqueue_ms, f64),
-            name!(runqueue_before_slot_ms, f64),
-            name!(paused_runqueue_ms, f64),
-            name!(long_slice_ms, f64),
+            name!(cpu_ms, Option<f64>),
+            name!(cpu_total_ms, Option<f64>),
+            name!(paused_ms, Option<f64>),
+            name!(handoff_ms, Option<f64>),
+            name!(handoffs, Option<i64>),
+            name!(held_ms, Option<f64>),
+            name!(held_runqueue_ms, Option<f64>),
+            name!(runqueue_ms, Option<f64>),
+            name!(runqueue_before_slot_ms, Option<f64>),
+            name!(paused_runqueue_ms, Option<f64>),
+            name!(long_slice_ms, Option<f64>),
             name!(failed, bool),
         ),
     > {
         let shared = require_shared();
         let offset_us = crate::pg::now_timestamp() - (crate::pg::monotonic_ns() / 1_000) as i64;
-        let ms = |ns: u64| ns as f64 / 1e6;
-        let since = move |t: u64, arrival: u64| ms(t.saturating_sub(arrival));
         let mut records: Vec<_> = crate::cpu::read_window(shared, 0, 0)
             .records
             .into_iter()
             .filter(|r| r.finished().is_some())
             .collect();
         records.sort_by_key(|r| r.arrival_ns);
-        let rows = records.into_iter().map(move |r| {
-            let a = r.acct;
-            (
-                offset_us + (r.arrival_ns / 1_000) as i64,
-                since(r.admit_ns, r.arrival_ns),
-                since(r.finish_ns, r.arrival_ns),
-                (a.first_slot_ns != TraceRecord::PENDING)
-                    .then(|| since(a.first_slot_ns, r.arrival_ns)),
-                r.query_id as i64,
-                shared.groups.name_of(r.group as usize),
-                r.procs as i32,
-                a.workers_planned as i32,
-                ms(r.cpu_ns),
-                ms(a.cpu_total_ns),
-                ms(a.paused_ns),
-                ms(a.handoff_ns),
-                i64::from(a.handoffs),
-                ms(a.held_ns),
-                ms(a.held_runqueue_ns),
-                ms(a.runqueue_ns),
-                ms(a.runqueue_before_slot_ns),
-                ms(a.paused_runqueue_ns),
-                ms(a.long_slice_ns),
-                r.flags & TraceRecord::ERROR != 0,
-            )
-        });
+        let mut visible_roles = std::collections::HashMap::new();
+        let rows: Vec<_> = records
+            .into_iter()
+            .map(|r| {
+                let userid = pg_sys::Oid::from(r.userid);
+                let visible = *visible_roles
+                    .entry(r.userid)
+                    .or_insert_with(|| crate::pg::may_read_stats_of(userid));
+                let ms = |ns: u64| visible.then_some(ns as f64 / 1e6);
+                let since = |t: u64| ms(t.saturating_sub(r.arrival_ns));
+                let a = r.acct;
+                (
+                    visible.then_some(offset_us + (r.arrival_ns / 1_000) as i64),
+                    since(r.admit_ns),
+                    since(r.finish_ns),
+                    (a.first_slot_ns != TraceRecord::PENDING)
+                        .then(|| since(a.first_slot_ns))
+                        .flatten(),
+                    userid,
+                    visible.then_some(r.query_id as i64),
+                    shared.groups.name_of(r.group as usize),
+                    r.procs as i32,
+                    a.workers_planned as i32,
+                    ms(r.cpu_ns),
+                    ms(a.cpu_total_ns),
+                    ms(a.paused_ns),
+                    ms(a.handoff_ns),
+                    visible.then_some(i64::from(a.handoffs)),
+                    ms(a.held_ns),
+                    ms(a.held_runqueue_ns),
+                    ms(a.runqueue_ns),
+                    ms(a.runqueue_before_slot_ns),
+                    ms(a.paused_runqueue_ns),
+                    ms(a.long_slice_ns),
+                    r.flags & TraceRecord::ERROR != 0,
+                )
+            })
+            .collect();
         TableIterator::new(rows)
     }
 
@@ -668,14 +687,14 @@ extension_sql!(
     r#"
 CREATE VIEW pg_stride.trace AS
     SELECT timestamptz '2000-01-01 00:00:00+00' + t.arrival_us * interval '1 microsecond' AS arrival,
-           t.admitted_ms, t.first_slot_ms, t.finished_ms, t.query_id, t.group_name,
+           t.admitted_ms, t.first_slot_ms, t.finished_ms, t.userid, t.query_id, t.group_name,
            t.processes, t.workers_planned, t.cpu_ms, t.cpu_total_ms, t.paused_ms,
            t.handoff_ms, t.handoffs, t.held_ms, t.held_runqueue_ms, t.runqueue_ms,
            t.runqueue_before_slot_ms, t.paused_runqueue_ms, t.long_slice_ms, t.failed
-      FROM pg_stride.trace_records() t
-     ORDER BY t.arrival_us;
+      FROM pg_stride.trace_records() WITH ORDINALITY t
+     ORDER BY t.ordinality;
 COMMENT ON VIEW pg_stride.trace IS
-    'pg_stride trace: the most recent CPU-scheduled statements that finished while pg_stride.trace (or the tuner) was on, with their times after arrival, CPU in and outside CPU slots, and waits for slots';
+    'pg_stride trace: the most recent CPU-scheduled statements that finished while pg_stride.trace (or the tuner) was on, with their times after arrival, CPU in and outside CPU slots, and waits for slots; query ids and times of other roles'' statements only for members of pg_read_all_stats';
 GRANT SELECT ON pg_stride.trace TO PUBLIC;
 "#,
     name = "trace_view",

@@ -20,9 +20,9 @@ use std::ops::Deref;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering::*};
 
-/// Words of one record; with its sequence word a slot takes 152 bytes, 192 with its
+/// Words of one record; with its sequence word a slot takes 160 bytes, 192 with its
 /// alignment (three cache lines).
-pub const RECORD_WORDS: usize = 18;
+pub const RECORD_WORDS: usize = 19;
 
 /// One record's payload.
 pub type Words = [u64; RECORD_WORDS];

@@ -9,6 +9,7 @@
 
 use super::priority_range;
 use crate::{gucs, pg, shmem};
+use pgrx::pg_sys;
 use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::trace_ring::Missing;
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
@@ -80,6 +81,9 @@ pub fn record_end(shared: &shmem::Shared, ended: &Ended, snapshot: &QuerySnapsho
         procs: ended.procs.max(1),
         pinned_priority: ended.pinned_priority.unwrap_or(0),
         flags: if ended.failed { TraceRecord::ERROR } else { 0 },
+        // SAFETY: a process-local read; the statement's role, as pg_stat_statements
+        // takes it at ExecutorEnd.
+        userid: u32::from(unsafe { pg_sys::GetUserId() }),
         acct: ended.acct,
     };
     // A record dropped because its slot was still being written is counted by the
@@ -177,6 +181,7 @@ fn running(shared: &shmem::Shared, start_ns: u64) -> Vec<TraceRecord> {
             procs: 1 + entry.workers_granted.load(Ordering::Relaxed),
             pinned_priority: pinned_priority(shared, snapshot.group.0 as usize),
             flags: 0,
+            userid: 0,
             acct: Accounting::default(),
         });
     }

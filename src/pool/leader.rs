@@ -107,6 +107,10 @@ pub struct PoolGather {
     declined: usize,
     /// How many participants a Gather Merge's heap holds.
     pub(super) in_heap: usize,
+    /// The leader runs the plan itself in this round (need_to_scan_locally at its
+    /// start): a worker that declines its ticket then leaves no work undone, since the
+    /// leader claims whatever no participant took.
+    leader_participates: bool,
 }
 
 /// Gathers this backend replaced, by node (a transaction's worth; cleared at its end).
@@ -454,6 +458,7 @@ unsafe fn start_round(node: GatherNode, pg: *mut PoolGather) -> bool {
         };
         *state_field!(node, need_to_scan_locally) =
             (*pg).nslots == 0 || (!single_copy && pg_sys::parallel_leader_participation);
+        (*pg).leader_participates = *state_field!(node, need_to_scan_locally);
         *state_field!(node, initialized) = true;
         pool.count(Counter::GathersPooled);
         true
@@ -597,7 +602,14 @@ unsafe fn post_tickets(
             }
             let i = (*pg).nslots;
             slot.t_dsm.store(handle, Ordering::Relaxed);
-            slot.t_worker_number.store(i as i32, Ordering::Relaxed);
+            // A test build may post the first ticket with a number past the context's
+            // workers, to show that the worker declines it and the leader does its part.
+            let number = if i == 0 && crate::pg::test_fault("pool_ticket_out_of_range") {
+                nworkers
+            } else {
+                i as i32
+            };
+            slot.t_worker_number.store(number, Ordering::Relaxed);
             slot.t_nworkers.store(nworkers, Ordering::Relaxed);
             slot.t_leader_procno
                 .store(super::my_procno(), Ordering::Relaxed);
@@ -848,8 +860,12 @@ unsafe fn poll(pg: *mut PoolGather, rethrow: bool) -> bool {
             if !(was_done || detached) {
                 continue;
             }
-            if slot.entered_gen.load(Ordering::SeqCst) == gen && rethrow {
+            let entered = slot.entered_gen.load(Ordering::SeqCst) == gen;
+            if entered && rethrow {
                 raise(c"lost connection to parallel worker (pg_stride pool)".as_ptr());
+            }
+            if !entered && !(*pg).leader_participates {
+                take_over_declined(pg);
             }
             (*pg).finished[i] = true;
             for p in 0..(*pg).nreaders {
@@ -861,6 +877,22 @@ unsafe fn poll(pg: *mut PoolGather, rethrow: bool) -> bool {
             }
         }
         changed
+    }
+}
+
+/// A worker gave its ticket back without doing any of the work, in a round the leader
+/// does not take part in: nobody would claim that work. A Gather's leader runs the plan
+/// itself from now on, as ExecGather does when it launched no worker; a Gather Merge's
+/// heap was built without the leader, so the statement fails instead of returning
+/// fewer rows.
+unsafe fn take_over_declined(pg: *mut PoolGather) {
+    // SAFETY: our state; its node is the Gather (Merge) state being run.
+    unsafe {
+        (*pg).leader_participates = true;
+        match GatherNode::of((*pg).node) {
+            Some(GatherNode::Gather(gather)) => (*gather).need_to_scan_locally = true,
+            _ => raise(c"pg_stride pool: a pool worker could not take its part of a Gather Merge".as_ptr()),
+        }
     }
 }
 

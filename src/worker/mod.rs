@@ -182,9 +182,14 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
     };
     shared.groups.set_loader(pg::my_procno());
     reload_groups(shared);
+    // The pool of this database starts now rather than at its first Gather, and again
+    // when parallel_mode becomes pool; not at every reload (an idle pool may have
+    // exited on purpose, pg_stride.pool_idle_timeout).
+    let mut pool_mode = gucs::pool_mode();
     pool::prestart();
     while BackgroundWorker::wait_latch(None) {
-        if reload_config_if_signalled() {
+        if reload_config_if_signalled() && gucs::pool_mode() != pool_mode {
+            pool_mode = gucs::pool_mode();
             pool::prestart();
         }
         if shared.groups.pending_reload().is_some() {

@@ -125,6 +125,7 @@ fn traced(workload: &[QuerySpec], so_far: &[QueryResult], now: u64, window_ns: u
             procs: q.procs,
             pinned_priority: q.pinned_priority.unwrap_or(0),
             flags: 0,
+            userid: 0,
             acct: Accounting::default(),
         })
         .collect();

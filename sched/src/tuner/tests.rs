@@ -50,6 +50,7 @@ fn traced(workload: &[QuerySpec], decay: DecayParams) -> Trace {
             procs: q.procs,
             pinned_priority: 0,
             flags: 0,
+            userid: 0,
             acct: Accounting::default(),
         })
         .collect();

@@ -15,7 +15,7 @@ use crate::trace_ring::{Words, RECORD_WORDS};
 const _: () = assert!(std::mem::size_of::<TraceRecord>() == RECORD_WORDS * 8);
 
 /// One statement as the tracer saw it. Plain integers, `#[repr(C)]`, fixed size and
-/// `Copy`, so the extension can keep records in a shared-memory ring: 144 bytes, and a
+/// `Copy`, so the extension can keep records in a shared-memory ring: 152 bytes, and a
 /// sequence word per slot (a seqlock, to detect torn or overwritten records).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +40,9 @@ pub struct TraceRecord {
     pub pinned_priority: u32,
     /// [`TraceRecord::ERROR`], [`TraceRecord::CANCELED`].
     pub flags: u32,
+    /// The role that ran it (PostgreSQL's current user at its start): the trace shows
+    /// its query id and times to that role and to readers of all statistics only.
+    pub userid: u32,
     /// Where the statement's time went beyond the CPU it was charged: what a replay in
     /// the simulator does not see (`bench/sim_gap.py`).
     pub acct: Accounting,
@@ -139,12 +142,13 @@ impl TraceRecord {
             self.acct.long_slice_ns,
             self.acct.first_slot_ns,
             (u64::from(self.acct.workers_planned) << 32) | u64::from(self.acct.handoffs),
+            u64::from(self.userid),
         ]
     }
 
     /// The record a [`TraceRecord::to_words`] payload holds.
     pub fn from_words(words: &Words) -> TraceRecord {
-        let [arrival_ns, admit_ns, finish_ns, cpu_ns, query_id, group_procs, pinned_flags, cpu_total_ns, paused_ns, handoff_ns, held_ns, held_runqueue_ns, runqueue_ns, runqueue_before_slot_ns, paused_runqueue_ns, long_slice_ns, first_slot_ns, planned_handoffs] =
+        let [arrival_ns, admit_ns, finish_ns, cpu_ns, query_id, group_procs, pinned_flags, cpu_total_ns, paused_ns, handoff_ns, held_ns, held_runqueue_ns, runqueue_ns, runqueue_before_slot_ns, paused_runqueue_ns, long_slice_ns, first_slot_ns, planned_handoffs, userid] =
             *words;
         TraceRecord {
             arrival_ns,
@@ -156,6 +160,7 @@ impl TraceRecord {
             procs: group_procs as u32,
             pinned_priority: (pinned_flags >> 32) as u32,
             flags: pinned_flags as u32,
+            userid: userid as u32,
             acct: Accounting {
                 cpu_total_ns,
                 paused_ns,
@@ -288,6 +293,7 @@ mod tests {
             procs: 3,
             pinned_priority: 10_000,
             flags: TraceRecord::ERROR | TraceRecord::CANCELED,
+            userid: 16_384,
             acct: Accounting {
                 cpu_total_ns: 5,
                 paused_ns: 6,
@@ -318,13 +324,14 @@ mod tests {
             procs: 1,
             pinned_priority: 0,
             flags: 0,
+            userid: 0,
             acct: Accounting::default(),
         }
     }
 
     #[test]
     fn a_record_is_plain_and_fills_its_slot() {
-        assert_eq!(std::mem::size_of::<TraceRecord>(), 144);
+        assert_eq!(std::mem::size_of::<TraceRecord>(), 152);
         assert_eq!(std::mem::align_of::<TraceRecord>(), 8);
         let r = rec(1, 2, None);
         assert_eq!((r.admitted(), r.finished()), (Some(1_000_000), None));

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""The pool's limits and its reach (README "The pool"), each on a server of its own:
+
+- caps: with PostgreSQL's default max_worker_processes (8) and cpu_slots = 8, a pooled
+  query in one database leaves background-worker slots for a Gather in a second
+  database and for PostgreSQL's own parallel workers; the pool of pg_stride.database
+  is started with the server, before any query; one client looping a small parallel
+  query on two CPU slots gets its workers (the hint does not count the client's own
+  slot against it);
+- an unchecked server release (simulated in the debug build through
+  PG_STRIDE_TEST_SERVER_VERSION_NUM): Gathers run with PostgreSQL's own workers, the
+  fallback is counted under its reason, and the server log has the WARNING once;
+- a ticket a pool worker must decline (its number past the context's workers, through
+  PG_STRIDE_TEST_FAULTS in the debug build), with the leader not taking part: the
+  leader does that part itself and the result is the serial one.
+
+Prints one line per check, then "pool_limits: N passed, N failed".
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import concurrency  # noqa: E402
+from concurrency import AS_POSTGRES, ENV, PGBIN  # noqa: E402
+
+APP = "regress_pool_app"
+FORCE = ("SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; "
+         "SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2; ")
+
+
+class EnvServer(concurrency.Server):
+    """A temporary server whose postmaster gets `env` besides the usual environment."""
+
+    def __init__(self, port, extra_conf, env=None):
+        super().__init__(port=port, extra_conf=extra_conf)
+        self.env = dict(ENV, **(env or {}))
+
+    def run(self, *args, **kw):
+        kw.setdefault("env", self.env)
+        return subprocess.run(AS_POSTGRES + list(args), **kw)
+
+    def log(self):
+        with open(os.path.join(self.dir, "log")) as f:
+            return f.read()
+
+
+def counters(s):
+    return {k: int(v) for k, v in (line.split("|") for line in s.sql(
+        "SELECT name, value FROM pg_stride.pool_counters()").splitlines())}
+
+
+def in_database(s, database, sql, user=APP):
+    args = s.psql_args(sql, user=user)
+    args[args.index("-d") + 1] = database
+    out = s.run(*args[len(AS_POSTGRES):], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def launched(s, database, sql, settings="", user=APP):
+    """Workers Launched of the single Gather of `sql` run in `database`."""
+    plan = in_database(s, database, FORCE + settings +
+                       "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + sql, user)
+    counts = [int(n) for n in re.findall(r"Workers Launched: (\d+)", plan)]
+    assert len(counts) == 1, plan
+    return counts[0]
+
+
+def make_database(s, name):
+    s.sql(f"CREATE DATABASE {name}")
+    in_database(s, name, "CREATE EXTENSION IF NOT EXISTS pg_stride; "
+                "CREATE TABLE t AS SELECT g AS a FROM generate_series(1, 100000) g; "
+                f"ANALYZE t; GRANT SELECT ON t TO {APP}", user="postgres")
+
+
+def pool_workers(s, database=None):
+    where = f" WHERE datname = '{database}'" if database else ""
+    return int(s.sql(f"SELECT count(*) FROM pg_stride.pool{where}"))
+
+
+def caps_and_reach():
+    s = EnvServer(concurrency.PORT + 13, """
+pg_stride.parallel_mode = pool
+pg_stride.cpu_slots = 8
+max_worker_processes = 8
+max_parallel_workers = 8
+""")
+    checks = []
+    s.start()
+    try:
+        s.sql(f"CREATE ROLE {APP} LOGIN")
+        s.sql("CREATE EXTENSION pg_stride")
+        # Started with the server: before any query, pg_stride.database has idle workers.
+        deadline = time.monotonic() + 10
+        while pool_workers(s, "postgres") == 0:
+            assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+            time.sleep(0.1)
+        started = pool_workers(s, "postgres")
+        checks.append(("the_pool_of_pg_stride_database_starts_with_the_server", None,
+                       f"{started} workers before any query"))
+        # The pool of `postgres` took the 2 the cap allows (8 worker processes, 3 of
+        # them pg_stride's own, 3 kept for native workers).
+        in_database(s, "postgres", "CREATE TABLE t AS SELECT g AS a FROM generate_series(1, 100000) g; "
+                    f"ANALYZE t; GRANT SELECT ON t TO {APP}", user="postgres")
+        make_database(s, "regress_db2")
+
+        def slots_stay_for_others():
+            before = counters(s)
+            first = launched(s, "postgres", "SELECT count(*) FROM t")
+            first_again = launched(s, "postgres", "SELECT count(*) FROM t")
+            pooled = counters(s)["gathers_pooled"] - before["gathers_pooled"]
+            total = pool_workers(s)
+            second_db = launched(s, "regress_db2", "SELECT count(*) FROM t")
+            native = launched(s, "postgres", "SELECT count(*) FROM t",
+                              settings="SET pg_stride.parallel_mode = native; ", user="postgres")
+            print(f"    postgres: {first}, then {first_again} workers ({pooled} pooled); pool workers in all "
+                  f"{total}; db2: {second_db}; native Gather: {native}")
+            assert pooled == 2 and first_again == 2, (first, first_again, pooled)
+            # 8 worker processes, 3 of them pg_stride's: the pool takes at most 2.
+            assert total <= 2, s.sql("SELECT * FROM pg_stride.pool")
+            assert second_db == 2 and native == 2, (second_db, native)
+        checks.append(("pooled_queries_leave_worker_slots_to_other_databases_and_native_workers",
+                       slots_stay_for_others, None))
+
+        def one_client_gets_its_workers():
+            concurrency.set_server(s, "pg_stride.cpu_slots", 2)
+            script = os.path.join(s.dir, "small.sql")
+            with open(script, "w") as f:
+                f.write(FORCE.replace("; ", ";\n") + "SELECT count(*) FROM t;\n")
+            if AS_POSTGRES:
+                os.chmod(script, 0o644)
+            in_database(s, "postgres", FORCE + "SELECT count(*) FROM t")
+            before = counters(s)
+            out = s.run(f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(s.port), "-U", APP,
+                        "-c", "1", "-t", "300", "-f", script, "postgres",
+                        capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
+            after = counters(s)
+            pooled = after["gathers_pooled"] - before["gathers_pooled"]
+            print(f"    {pooled} of 300 statements ran their Gather in the pool")
+            assert pooled >= 270, (before, after)
+        checks.append(("one_client_looping_a_small_parallel_query_gets_its_workers",
+                       one_client_gets_its_workers, None))
+        return run(s, checks)
+    finally:
+        s.stop()
+
+
+def unchecked_release():
+    s = EnvServer(concurrency.PORT + 15, "pg_stride.parallel_mode = pool\npg_stride.cpu_slots = 8\n"
+                  "max_worker_processes = 16\n",
+                  env={"PG_STRIDE_TEST_SERVER_VERSION_NUM": "150009"})
+    s.start()
+    try:
+        s.sql(f"CREATE ROLE {APP} LOGIN")
+        s.sql("CREATE EXTENSION pg_stride")
+        make_database(s, "regress_db1")
+
+        def falls_back_with_one_warning():
+            counts = [launched(s, "regress_db1", "SELECT count(*) FROM t") for _ in range(5)]
+            fallbacks = s.sql("SELECT reason, gathers FROM pg_stride.pool_fallbacks")
+            log = s.log()
+            warnings = log.count("WARNING:  pg_stride.parallel_mode = pool is not available on PostgreSQL 15.9")
+            print(f"    workers launched {counts}; fallbacks: {fallbacks!r}; {warnings} WARNING in the log")
+            assert counts == [2] * 5, counts
+            assert re.search(r"server release not checked for the pool\|5$", fallbacks, re.M), fallbacks
+            assert warnings == 1, log[-3000:]
+            assert "releases 15.10–15.20 of this major" in log, log[-3000:]
+            assert counters(s)["gathers_pooled"] == 0
+        return run(s, [("an_unchecked_release_uses_native_workers_and_says_so_once",
+                        falls_back_with_one_warning, None)])
+    finally:
+        s.stop()
+
+
+def declined_ticket():
+    s = EnvServer(concurrency.PORT + 16, "pg_stride.parallel_mode = pool\npg_stride.cpu_slots = 8\n"
+                  "max_worker_processes = 16\npg_stride.pool_size = 4\n",
+                  env={"PG_STRIDE_TEST_FAULTS": "pool_ticket_out_of_range"})
+    s.start()
+    try:
+        s.sql(f"CREATE ROLE {APP} LOGIN")
+        s.sql("CREATE EXTENSION pg_stride")
+        make_database(s, "regress_db1")
+
+        def the_leader_does_a_declined_part():
+            sql = "SELECT count(*), sum(a) FROM t"
+            serial = in_database(s, "regress_db1", "SET max_parallel_workers_per_gather = 0; " + sql)
+            in_database(s, "regress_db1", FORCE + sql)
+            time.sleep(1)
+            before = counters(s)
+            results = [in_database(s, "regress_db1", FORCE + "SET parallel_leader_participation = off; " + sql)
+                       for _ in range(10)]
+            after = counters(s)
+            declined = after["fragments_declined_by_worker"] - before["fragments_declined_by_worker"]
+            entered = after["fragments_entered"] - before["fragments_entered"]
+            print(f"    10 of 10 results as serial; {declined} tickets declined, {entered} fragments ran")
+            assert results == [serial] * 10, (serial, results)
+            assert declined >= 5 and entered >= 5, (before, after)
+        return run(s, [("a_ticket_a_worker_declines_is_done_by_the_leader",
+                        the_leader_does_a_declined_part, None)])
+    finally:
+        s.stop()
+
+
+def run(s, checks):
+    passed = failed = 0
+    for name, fn, note in checks:
+        try:
+            if fn:
+                fn()
+            elif note:
+                print(f"    {note}")
+            passed += 1
+            print(f"ok     {name}")
+        except Exception as e:  # noqa: BLE001 - report every failing check
+            failed += 1
+            print(f"FAILED {name}: {e}")
+    return passed, failed
+
+
+def main():
+    passed = failed = 0
+    for part in (caps_and_reach, unchecked_release, declined_ticket):
+        try:
+            p, f = part()
+        except Exception as e:  # noqa: BLE001 - a server that did not start
+            p, f = 0, 1
+            print(f"FAILED {part.__name__}: {e}")
+        passed += p
+        failed += f
+    print(f"pool_limits: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
