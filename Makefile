@@ -3,7 +3,8 @@
 #   make test      install what is missing, then run every test suite
 #   make run       start a local PostgreSQL with pg_stride and run the demo
 #   make stop      stop that server
-#   make fuzz      random SQL (sqlsmith) against pg_stride for FUZZ_SECONDS (default 900)
+#   make fuzz      random SQL (sqlsmith) against pg_stride for FUZZ_SECONDS (default 900),
+#                  FUZZ_PARALLEL_MODE=pool to run the parallel plans in pool workers
 #   make install   build (release) and install the extension
 #   make build     build (debug) for one major
 #   make lint      module layers and clippy for one major
@@ -19,6 +20,7 @@ export PG PG_CONFIG
 .PHONY: setup build lint install test unit pgtest regress fuzz run stop clean
 
 FUZZ_SECONDS ?= 900
+FUZZ_PARALLEL_MODE ?= native
 
 setup:
 	scripts/setup
@@ -48,7 +50,7 @@ test: setup
 
 fuzz: setup
 	scripts/install-extension
-	regress/fuzz --duration $(FUZZ_SECONDS)
+	regress/fuzz --duration $(FUZZ_SECONDS) --parallel-mode $(FUZZ_PARALLEL_MODE)
 
 run: install
 	scripts/demo

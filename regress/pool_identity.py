@@ -201,10 +201,15 @@ def another_leaders_placeholder_does_not_reach_her_fragments(s):
         out, error = run_as(s, BOB, "SET app.tenant = 'bob-corp'; " + per_row(
             "coalesce(current_setting('app.tenant', true), '<null>')", table="bob.t"))
         assert error is None and out == ["bob-corp|2000"], (out, error)
+    retired = counters(s)["workers_retired_for_settings"]
     rows, _ = same_in_three_ways(
         s, per_row("coalesce(current_setting('app.tenant', true), '<null>')"),
         before=bob_sets_a_placeholder)
     assert rows == ["<null>|2000"], rows
+    retired = counters(s)["workers_retired_for_settings"] - retired
+    # The pool workers that ran bob's fragments kept his placeholder, and retired.
+    assert retired >= 1, retired
+    print(f"    {retired} pool workers retired after restoring bob's placeholder")
 
 
 @check

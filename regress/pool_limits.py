@@ -117,8 +117,21 @@ max_parallel_workers = 8
             second_db = launched(s, "regress_db2", "SELECT count(*) FROM t")
             native = launched(s, "postgres", "SELECT count(*) FROM t",
                               settings="SET pg_stride.parallel_mode = native; ", user="postgres")
+            # At the cap, the second database took an idle worker of the first's: its
+            # later Gathers run in a pool of its own, the first keeps one.
+            deadline = time.monotonic() + 10
+            while True:
+                mid = counters(s)["gathers_pooled"]
+                second_again = launched(s, "regress_db2", "SELECT count(*) FROM t")
+                if counters(s)["gathers_pooled"] > mid:
+                    break
+                assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+                time.sleep(0.2)
+            shares = s.sql("SELECT datname, count(*) FROM pg_stride.pool GROUP BY 1 ORDER BY 1")
             print(f"    postgres: {first}, then {first_again} workers ({pooled} pooled); pool workers in all "
-                  f"{total}; db2: {second_db}; native Gather: {native}")
+                  f"{total}; db2: {second_db}, later {second_again} pooled; native Gather: {native}; "
+                  f"pools: {shares.splitlines()}")
+            assert shares.splitlines() == ["postgres|1", "regress_db2|1"], shares
             assert pooled == 2 and first_again == 2, (first, first_again, pooled)
             # 8 worker processes, 3 of them pg_stride's: the pool takes at most 2.
             assert total <= 2, s.sql("SELECT * FROM pg_stride.pool")

@@ -65,6 +65,9 @@ SELECT name, weight, max_concurrency FROM pg_stride.resource_groups ORDER BY nam
 -- is done as an ordinary role.
 CREATE ROLE stride_member;
 GRANT USAGE ON SCHEMA pg_stride TO stride_member;
+-- Its own backend authenticated as the superuser: what pg_stride.activity shows of
+-- it beyond its existence needs pg_read_all_stats, as in pg_stat_activity.
+GRANT pg_read_all_stats TO stride_member;
 SET pg_stride.resource_group = 'nosuch';
 SET pg_stride.resource_group = 'reporting';
 SET ROLE stride_member;

@@ -316,7 +316,7 @@ pub fn register(group_exists: GroupExists) {
     GucRegistry::define_int_guc(
         c"pg_stride.pool_size",
         c"Pool workers per database for parallel_mode = pool; -1 for the CPU slots plus 2.",
-        c"The extra workers let fragments wait at yield points while others run.",
+        c"The extra workers let fragments wait at yield points while others run. The pool stays within caps derived from max_worker_processes and max_parallel_workers.",
         &POOL_SIZE,
         -1,
         MAX_POOL_SIZE,

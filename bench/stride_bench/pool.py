@@ -12,6 +12,11 @@ Two parts (README "The pool"; bench/README.md, "The pool"):
   100k rows, TPC-H Q6 at the small scale; medians of >= 200 executions per way, and the
   pool's set-up time per fragment broken into phases (pg_stride.pool_counters()); once
   with the server's default min_dynamic_shared_memory and once with 64MB.
+- clients: what an application gets with the shipped settings (CPU slots = CPUs,
+  max_worker_processes as configured, only parallel_mode = pool set) and an ordinary
+  login role per way (ALTER ROLE … SET chooses the way): count(*) over 100k rows with
+  parallelism encouraged, sent by 1 pgbench client (closed loop, >= 300 executions per
+  way, rounds interleaved) and by 4 clients; median latency and transactions per second.
 """
 
 import hashlib
@@ -58,6 +63,14 @@ SERVER_VARIANTS = [("min_dynamic_shared_memory = 0 (default)", []),
                    ("min_dynamic_shared_memory = 64MB", ["min_dynamic_shared_memory = '64MB'"])]
 ROUNDS = 10
 PER_ROUND = 25          # executions per way and round: 250 per way
+# The clients part: the settings users get once they ask for the pool, one role per way.
+CLIENT_SETTINGS = ["shared_preload_libraries = 'pg_stride'", "pg_stride.parallel_mode = pool"]
+CLIENT_ROLES = {"no workers": ("pool_bench_serial", "max_parallel_workers_per_gather = 0"),
+                "native": ("pool_bench_native", "pg_stride.parallel_mode = native"),
+                "pool": ("pool_bench_pool", "pg_stride.parallel_mode = pool")}
+CLIENT_ROUNDS = 12
+CLIENT_PER_ROUND = 30   # 360 executions per way with one client
+CLIENT_COUNTS = [1, 4]
 
 SCHEMA = "pool_bench"
 SETUP_SQL = f"""
@@ -235,6 +248,55 @@ class PoolBench:
                 f"{phases.get('gathers_pooled', 0)}")
         return out
 
+    # ---- clients ----------------------------------------------------------------------
+    def clients(self) -> dict:
+        """count(*) over 100k rows from 1 and 4 clients, each way as its own login role."""
+        cdir = self.run_dir / "pool_clients"
+        cdir.mkdir(parents=True, exist_ok=True)
+        script = cdir / "count_100k.sql"
+        script.write_text(f"select count(*) from {SCHEMA}.rows_100k;\n")
+        for way, (role, setting) in CLIENT_ROLES.items():
+            self.sql(f"do $$ begin create role {role} login; exception when duplicate_object "
+                     f"then null; end $$; alter role {role} set {setting}; "
+                     f"grant usage on schema {SCHEMA} to {role}; "
+                     f"grant select on {SCHEMA}.rows_100k to {role}")
+        out = {}
+        for clients in CLIENT_COUNTS:
+            lat = {w: [] for w in CLIENT_ROLES}
+            tps = {w: [] for w in CLIENT_ROLES}
+            before = self.counters()
+            for way in CLIENT_ROLES:
+                self.client_run(script, way, clients, 20, cdir / f"warm_{clients}_{way[:2]}")
+            for rnd in range(CLIENT_ROUNDS):
+                k = rnd % len(CLIENT_ROLES)
+                ways = list(CLIENT_ROLES)
+                for way in ways[k:] + ways[:k]:
+                    lats, rate = self.client_run(script, way, clients, CLIENT_PER_ROUND * clients,
+                                                 cdir / f"c{clients}_{way[:2]}_{rnd}")
+                    lat[way] += lats
+                    tps[way].append(rate)
+            res = {w: {**stats([x * 1000 for x in lat[w]]),
+                       "tps_median": analysis.percentile(tps[w], 50)} for w in CLIENT_ROLES}
+            out[str(clients)] = {"ms": res, "pool": self.delta(self.counters(), before)}
+            log(f"  {clients} client(s): median " + ", ".join(
+                f"{w} {res[w]['p50']:.3f} ms ({res[w]['tps_median']:.0f} tps)" for w in CLIENT_ROLES))
+        return out
+
+    def client_run(self, script: Path, way: str, clients: int, n: int, prefix: Path):
+        clear_logs(prefix)
+        role = CLIENT_ROLES[way][0]
+        conn = self.server.conn_args(TPCH_DB)
+        conn[conn.index("-U") + 1] = role
+        r = pgbench(["-n", "-M", "simple", "-c", clients, "-j", clients, "-t", n // clients,
+                     "-l", f"--log-prefix={prefix}", "-f", script],
+                    conn, Path(str(prefix) + ".out"), timeout=600, cwd=prefix.parent,
+                    env=dict(os.environ, PGOPTIONS=options_of_role(way)))
+        txns = analysis.parse_logs(str(prefix))
+        if r["rc"] != 0 or len(txns) != n or any(t.failed for t in txns):
+            raise RuntimeError(f"pgbench {script.name} ({way}, {clients} clients) failed; "
+                               f"see {prefix}.out")
+        return [t.latency_s for t in txns], r["tps"]
+
     @staticmethod
     def statement(script: Path) -> str:
         """The one statement of a latency script, its pgbench variables fixed."""
@@ -255,6 +317,12 @@ class PoolBench:
         if r["rc"] != 0 or len(txns) != n or any(t.failed for t in txns):
             raise RuntimeError(f"pgbench {script.name} ({way}) failed; see {prefix}.out")
         return [t.latency_s for t in txns]
+
+
+def options_of_role(way: str) -> str:
+    """PARALLEL's session options, which take precedence over a role's settings: the
+    no-workers role keeps its max_parallel_workers_per_gather = 0."""
+    return PARALLEL + (" " + WAYS["no workers"] if way == "no workers" else "")
 
 
 def stats(xs: list) -> dict:
@@ -316,6 +384,27 @@ def report(meta: dict) -> list:
             n = p.get("fragments_ok", 0) + p.get("fragments_error", 0)
             lines.append(f"| {label} | {n} | " + " | ".join(
                 f"{p.get(k, 0) / n / 1000:.1f} µs" if n else "-" for k, _ in PHASES) + " |")
+    if meta.get("clients"):
+        lines += ["", "## Clients, shipped settings", "",
+                  "The server restarted with only `" + "`, `".join(CLIENT_SETTINGS) + "` (CPU "
+                  "slots = CPUs, the pool's caps from max_worker_processes); each way is a login "
+                  "role of its own, chosen with ALTER ROLE … SET (" + ", ".join(
+                      f"{w}: `{s}`" for w, (_, s) in CLIENT_ROLES.items()) + "), session options "
+                  f"`{PARALLEL}`. `count(*)` over 100k rows, closed loop; {CLIENT_ROUNDS} rounds "
+                  "per client count, the ways in a rotating order.", "",
+                  "| clients | way | median ms | p90 | p99 | n | tps (median of rounds) | "
+                  "no workers ÷ way (medians) |", "|---|---|---|---|---|---|---|---|"]
+        for clients, v in meta["clients"].items():
+            ms = v["ms"]
+            for w in CLIENT_ROLES:
+                st = ms[w]
+                lines.append(f"| {clients} | {w} | {st['p50']:.3f} | {st['p90']:.3f} | "
+                             f"{st['p99']:.3f} | {st['n']} | {st['tps_median']:.0f} | "
+                             f"{ms['no workers']['p50'] / st['p50']:.2f} |")
+            pool = v["pool"]
+            lines += ["", f"{clients} client(s): {pool.get('gathers_pooled', 0)} Gathers pooled, "
+                      + (", ".join(f"{k[10:]} {n}" for k, n in pool.items() if k.startswith("fallback: "))
+                         or "no fallbacks") + ".", ""]
     lines += ["", "## Plans", "", "EXPLAIN ANALYZE of each latency query, per way (first "
               "server variant)", ""]
     for label, v in next(iter(meta["latency"].values())).items():
@@ -339,6 +428,9 @@ def main(run_dir: Path, base: list, small_sf: float, large_sf: float, publish: b
             bench.server.start(SETTINGS + extra, "pool")
             log(f"latency ({variant}): " + ", ".join(LATENCY_WAYS))
             bench.meta["latency"][variant] = bench.latency()
+        bench.server.start(CLIENT_SETTINGS, "pool-shipped")
+        log("clients (shipped settings): " + ", ".join(CLIENT_ROLES))
+        bench.meta["clients"] = bench.clients()
     finally:
         bench.server.shutdown()
         bench.huge_pages.release()

@@ -537,11 +537,12 @@ fn idle_workers(pool: &PoolShared) -> usize {
 }
 
 /// Whether the pool worker of `slot` may run this backend's fragments: it is connected
-/// to this database, and its `system_user` is unset unless this leader has one too
-/// (identity.rs).
+/// to this database, not retiring, and its `system_user` is unset unless this leader
+/// has one too (identity.rs).
 fn serves_this_leader(slot: &Slot) -> bool {
     // SAFETY: a global set at connection.
     slot.database.load(Ordering::Acquire) == u32::from(unsafe { pg_sys::MyDatabaseId })
+        && !slot.retire.load(Ordering::Acquire)
         && (identity::leader_has_system_user() || !slot.system_user_set.load(Ordering::Acquire))
 }
 

@@ -52,7 +52,8 @@ pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
     let database = u32::from(database);
     let now = super::now_ms();
     let (mut in_db, mut in_server) = (0u32, 0u32);
-    let mut others: Vec<u32> = Vec::new();
+    // Pool workers per other database: (database, count).
+    let mut others: Vec<(u32, u32)> = Vec::new();
     for slot in &pool.slots {
         let (g, s) = slot.load();
         if s == State::Free {
@@ -68,9 +69,14 @@ pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
         let owner = slot.database.load(Ordering::Acquire);
         if owner == database {
             in_db += 1;
-        } else if !others.contains(&owner) {
-            others.push(owner);
+        } else if let Some(other) = others.iter_mut().find(|(d, _)| *d == owner) {
+            other.1 += 1;
+        } else {
+            others.push((owner, 1));
         }
+    }
+    if in_server >= caps.server && in_db < caps.shared {
+        make_room(pool, &others, caps.shared);
     }
     for (index, slot) in pool.slots.iter().enumerate() {
         if !caps.may_start(in_db, in_server, others.len() as u32) {
@@ -91,6 +97,30 @@ pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
             slot.cas((g, State::Starting), (g, State::Free));
             break;
         }
+    }
+}
+
+/// The pool is at its server-wide cap and this database has less than its share:
+/// the database with the most pool workers above its share retires one of its idle
+/// ones (it exits at its next wake-up, and a later Gather here starts one). Without
+/// this, a database whose pool started first (pg_stride.database's, with the server)
+/// would keep every pool worker until its idle timeout.
+fn make_room(pool: &PoolShared, others: &[(u32, u32)], share: u32) {
+    let Some(&(richest, _)) = others
+        .iter()
+        .filter(|&&(_, n)| n > share)
+        .max_by_key(|&&(_, n)| n)
+    else {
+        return;
+    };
+    let idle = pool.slots.iter().find(|slot| {
+        slot.load().1 == State::Idle
+            && slot.database.load(Ordering::Acquire) == richest
+            && !slot.retire.load(Ordering::Acquire)
+    });
+    if let Some(slot) = idle {
+        slot.retire.store(true, Ordering::Release);
+        super::set_latch_of(slot.procno.load(Ordering::Acquire));
     }
 }
 

@@ -199,9 +199,24 @@ unsafe fn take_baseline() {
         let size = EstimateLibraryStateSpace();
         OWN_LIBRARIES = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
         SerializeLibraryState(size, OWN_LIBRARIES);
-        BASELINE_OPTIONS = pg_sys::GetNumConfigOptions();
+        BASELINE_OPTIONS = config_option_count();
         pg_sys::CurrentMemoryContext = previous;
         CommitTransactionCommand();
+    }
+}
+
+/// How many settings (placeholders included) this process knows.
+fn config_option_count() -> c_int {
+    // SAFETY: plain reads of guc.c's count of its variables.
+    #[cfg(feature = "pg15")]
+    unsafe {
+        pg_sys::GetNumConfigOptions()
+    }
+    #[cfg(not(feature = "pg15"))]
+    unsafe {
+        let mut n: c_int = 0;
+        pg_sys::get_guc_variables(&mut n);
+        n
     }
 }
 
@@ -629,7 +644,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         // Placeholders the leader's settings created (`SET app.tenant`) cannot be
         // removed: RestoreGUCState keeps them, reset to an empty string, and another
         // leader's fragment would read '' where its own backend reads NULL.
-        if pg_sys::GetNumConfigOptions() != BASELINE_OPTIONS {
+        if config_option_count() != BASELINE_OPTIONS {
             FRAG.retire = true;
             pool.count(Counter::RetiredForSettings);
         }
