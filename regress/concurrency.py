@@ -498,12 +498,12 @@ def forced_pausing_inside_index_scans_and_hash_joins_is_safe(s):
         set_server(s, "pg_stride.cpu_slots", 0)
 
 
-def workers_planned(s, query):
+def workers_planned(s, query, settings=""):
     """The workers the Gather of `query` was planned with when it ran (EXPLAIN ANALYZE
     shows the plan that ran, after pg_stride's grant)."""
     plan = s.sql("SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; "
                  "SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2; "
-                 f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {query}")
+                 f"{settings}EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {query}")
     counts = [int(line.split(":")[1]) for line in plan.splitlines() if "Workers Planned:" in line]
     assert len(counts) == 1, plan
     return counts[0]
@@ -511,23 +511,29 @@ def workers_planned(s, query):
 
 @check
 def gather_workers_follow_the_concurrency_hint(s):
-    """Two CPU slots: on a quiet server a Gather gets the two workers it planned; while
-    two long serial scans hold both slots the hint falls to 0 and it gets none; when
-    they end, the hint and the grant come back."""
+    """Two CPU slots: on a quiet server a Gather gets the two workers it planned when
+    its leader only gathers, and one when the leader scans beside it (it takes the other
+    slot); while two long serial scans hold both slots the hint falls to 0 and it gets
+    none; when they end, the hint and the grant come back."""
     set_server(s, "pg_stride.cpu_slots", 2)
     set_server(s, "pg_stride.hint_interval", "'10ms'")
     query = "SELECT count(*) FROM big WHERE v >= 0"
     try:
         s.wait_until("SELECT hint FROM pg_stride.scheduler", "2")
-        quiet = workers_planned(s, query)
+        quiet = workers_planned(s, query, "SET parallel_leader_participation = off; ")
+        # A slot lent to a blocked holder (the previous Gather's leader, waiting for its
+        # workers) is counted free until the watchdog's next round takes it back, which
+        # can grant one worker more: the fewest of three runs is the rule's.
+        beside = min(workers_planned(s, query) for _ in range(3))
         longs = [s.client("holder", LONG, settings="SET max_parallel_workers_per_gather = 0;") for _ in range(2)]
         s.wait_until("SELECT hint < 1 FROM pg_stride.scheduler", "t", timeout=60)
         busy = workers_planned(s, query)
         assert all(finish(p, timeout=120)[0] == 0 for p in longs)
         s.wait_until("SELECT hint FROM pg_stride.scheduler", "2")
         again = workers_planned(s, query)
-        print(f"    workers planned: quiet {quiet}, both slots busy {busy}, quiet again {again}")
-        assert (quiet, busy, again) == (2, 0, 2), (quiet, busy, again)
+        print(f"    workers planned: quiet {quiet} (leader scanning too: {beside}), both slots busy "
+              f"{busy}, quiet again {again}")
+        assert (quiet, beside, busy, again) == (2, 1, 0, 1), (quiet, beside, busy, again)
     finally:
         set_server(s, "pg_stride.hint_interval", "'50ms'")
         set_server(s, "pg_stride.cpu_slots", 0)

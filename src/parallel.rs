@@ -2,7 +2,8 @@
 //!
 //! When a scheduled statement starts, each Gather and Gather Merge of its plan may
 //! launch no more workers than the hint — the recent average of free CPU slots, sampled
-//! by the scheduler worker — and what is left of its group's `max_parallel_workers`.
+//! by the scheduler worker —, the slots free at that moment (less the leader's own when
+//! it takes part in the scan) and what is left of its group's `max_parallel_workers`.
 //! Under load the system is already busy and extra workers would only wait for slots;
 //! on a quiet server the planned degree is granted. The grant is reserved against the
 //! group's cap until the statement ends.
@@ -49,19 +50,21 @@ pub fn grant_workers(
     }
     let mut planned = Vec::new();
     // SAFETY: `stmt` is a valid PlannedStmt; the walk only reads it.
-    unsafe { for_each_gather(stmt, |workers| planned.push(*workers)) };
+    unsafe { for_each_gather(stmt, |workers, leader_runs| planned.push((*workers, leader_runs))) };
     if planned.is_empty() {
         return;
     }
     let granted: Vec<i32> = planned
         .iter()
-        .map(|&n| sched.reserve_workers(GroupId(group as u32), n.max(0) as u32) as i32)
+        .map(|&(n, leader_runs)| {
+            sched.reserve_workers(GroupId(group as u32), n.max(0) as u32, leader_runs) as i32
+        })
         .collect();
     reserved(Grant {
-        planned: planned.iter().map(|&n| n.max(0) as u32).sum(),
+        planned: planned.iter().map(|&(n, _)| n.max(0) as u32).sum(),
         granted: granted.iter().map(|&n| n as u32).sum(),
     });
-    if granted == planned {
+    if granted.iter().eq(planned.iter().map(|(n, _)| n)) {
         return;
     }
     // SAFETY: the copy is made in the context that holds the QueryDesc, so it lives as
@@ -74,7 +77,7 @@ pub fn grant_workers(
         let copy = pg_sys::copyObjectImpl(stmt.cast()).cast::<pg_sys::PlannedStmt>();
         pg_sys::CurrentMemoryContext = previous;
         let mut grants = granted.into_iter();
-        for_each_gather(copy, |workers| {
+        for_each_gather(copy, |workers, _| {
             if let Some(n) = grants.next() {
                 *workers = n;
             }
@@ -91,19 +94,27 @@ pub fn return_workers(shared: &shmem::Shared, group: usize, grant: Grant) {
 }
 
 /// Calls `f` with the worker count of every Gather and Gather Merge of `stmt` — those
-/// a Stride Gather stands for included —, in a fixed order (plan_tree::for_each_plan).
+/// a Stride Gather stands for included —, in a fixed order (plan_tree::for_each_plan),
+/// and whether the leader runs the plan below it too (parallel_leader_participation,
+/// unless the Gather is single-copy), taking a CPU slot of its own.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt; `f` may change the counts and nothing else.
-unsafe fn for_each_gather(stmt: *mut pg_sys::PlannedStmt, mut f: impl FnMut(&mut i32)) {
+unsafe fn for_each_gather(stmt: *mut pg_sys::PlannedStmt, mut f: impl FnMut(&mut i32, bool)) {
     use pg_sys::NodeTag::*;
     // SAFETY: the caller's promise; a Plan's tag tells its type.
     unsafe {
+        let participates = pg_sys::parallel_leader_participation;
         plan_tree::for_each_plan(stmt, &mut |slot| {
             let plan = plan_tree::stride_gather_inner(*slot).unwrap_or(*slot);
             match (*plan).type_ {
-                T_Gather => f(&mut (*plan.cast::<pg_sys::Gather>()).num_workers),
-                T_GatherMerge => f(&mut (*plan.cast::<pg_sys::GatherMerge>()).num_workers),
+                T_Gather => {
+                    let gather = plan.cast::<pg_sys::Gather>();
+                    f(&mut (*gather).num_workers, participates && !(*gather).single_copy)
+                }
+                T_GatherMerge => {
+                    f(&mut (*plan.cast::<pg_sys::GatherMerge>()).num_workers, participates)
+                }
                 _ => {}
             }
         });

@@ -32,8 +32,9 @@ pub fn next_hint(previous: f64, free: u32, slots: u32, alpha: f64) -> f64 {
 }
 
 /// The grant rule for one Gather: the workers it planned, limited by the hint, by the
-/// slots free right now (`free_now`, not counting the asking statement, which holds
-/// none at ExecutorStart) and by what is left of its group's parallel-worker cap.
+/// slots free right now (`free_now`: not counting the asking statement, which holds
+/// none at ExecutorStart, less the one its leader takes when it scans beside its
+/// workers) and by what is left of its group's parallel-worker cap.
 ///
 /// The hint's samples counted the asking client's own earlier statements as busy
 /// slots: a client that sends statements back to back holds a slot at most samples, so

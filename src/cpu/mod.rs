@@ -28,15 +28,17 @@
 //! fails, or exits, leaves its entry, passing on any slot it held (rule 8).
 
 mod pinning;
+mod priority;
 mod slice_share;
 mod trace;
+
+use priority::priority_range;
 
 pub use trace::{read_window, Arrival};
 
 use crate::backend_local::BackendLocal;
 use crate::pg::{self, interrupts_can_be_processed, thread_cpu_ns};
 use crate::{gucs, numa, shmem};
-use pg_stride_sched::decay::PriorityRange;
 use pg_stride_sched::slice::{Checkpoint, SliceClock};
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
 use pg_stride_sched::{
@@ -366,17 +368,6 @@ pub fn configure_group(sched: &SchedShared, slot: usize, settings: &GroupSetting
                 .map_or(u32::MAX, |n| n.max(0) as u32),
         },
     );
-}
-
-/// A group's initial and lowest priority.
-fn priority_range(settings: &GroupSettings) -> PriorityRange {
-    let p0 = settings
-        .priority_initial
-        .unwrap_or_else(|| gucs::PRIORITY_INITIAL.get());
-    let p_min = settings
-        .priority_min
-        .unwrap_or_else(|| gucs::PRIORITY_MIN.get());
-    PriorityRange::new(p0.max(1) as u32, p_min.max(1) as u32)
 }
 
 /// A top-level read-only statement of this backend starts running in group slot

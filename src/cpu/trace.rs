@@ -7,7 +7,7 @@
 //! its first check-in never competes for a slot, so the scheduler's parameters do not
 //! touch it, and the simulator leaves it out the same way.
 
-use super::priority_range;
+use super::priority::priority_range;
 use crate::{gucs, pg, shmem};
 use pgrx::pg_sys;
 use pg_stride_sched::shared::QuerySnapshot;

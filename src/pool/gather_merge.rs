@@ -7,7 +7,7 @@
 //! (heap_compare_slots) compares those slots. What differs from core is the reading:
 //! core waits inside `shm_mq_receive` for the worker it needs, which would never return
 //! for a pool worker that dies before it attaches to its queue; here every wait goes
-//! through `leader::wait_ticket`, which also watches the pool worker (as the Gather's
+//! through `tickets::wait_ticket`, which also watches the pool worker (as the Gather's
 //! round-robin reading does).
 //!
 //! A slot keeps the tuple as the queue holds it, without a copy: a queue's message
@@ -19,7 +19,8 @@
 //! destructor.
 
 use super::ffi::*;
-use super::leader::{self, PoolGather, Read};
+use super::port::{exec_clear_tuple, tup_is_null};
+use super::tickets::{self, PoolGather, Read};
 use pgrx::pg_sys;
 use std::ffi::c_void;
 
@@ -41,29 +42,12 @@ fn participant(i: usize) -> pg_sys::Datum {
 pub(super) unsafe fn round_started(node: *mut pg_sys::GatherMergeState, pg: *mut PoolGather) {
     // SAFETY: the caller's promise.
     unsafe {
-        clear_worker_slots(node);
+        tickets::clear_worker_slots(node);
         (*node).gm_initialized = false;
         (*pg).in_heap = 0;
     }
 }
 
-/// Empties the workers' slots, whose tuples may point into the round's queues.
-///
-/// # Safety
-/// `node` is a Gather Merge state set up by ExecInitGatherMerge.
-pub(super) unsafe fn clear_worker_slots(node: *mut pg_sys::GatherMergeState) {
-    // SAFETY: gather_merge_setup made num_workers + 1 slots, the first for the leader.
-    unsafe {
-        let planned = (*(*node).ps.plan.cast::<pg_sys::GatherMerge>()).num_workers;
-        for p in 1..=planned.max(0) as usize {
-            let slot = *(*node).gm_slots.add(p);
-            if !slot.is_null() {
-                leader::exec_clear_tuple(slot);
-            }
-        }
-        *(*node).gm_slots = std::ptr::null_mut();
-    }
-}
 
 /// The next tuple in merge order, or null after the last one (the round is finished
 /// then).
@@ -91,7 +75,7 @@ pub(super) unsafe fn getnext(
             }
         }
         if (*pg).in_heap == 0 {
-            leader::end_of_tuples(pg);
+            tickets::end_of_tuples(pg);
             return std::ptr::null_mut();
         }
         *(*node).gm_slots.add(binaryheap_first(heap).value())
@@ -122,7 +106,7 @@ unsafe fn first_tuples(node: *mut pg_sys::GatherMergeState, pg: *mut PoolGather)
         }
         for p in 1..=workers {
             let slot = *(*node).gm_slots.add(p);
-            if leader::tup_is_null(slot) && next_tuple(node, pg, p, true) {
+            if tup_is_null(slot) && next_tuple(node, pg, p, true) {
                 add(p);
             }
         }
@@ -145,8 +129,8 @@ unsafe fn next_tuple(
             if !(*node).need_to_scan_locally {
                 return false;
             }
-            let slot = leader::scan_locally(&raw mut (*node).ps, (*node).pei);
-            if leader::tup_is_null(slot) {
+            let slot = tickets::scan_locally(&raw mut (*node).ps, (*node).pei);
+            if tup_is_null(slot) {
                 (*node).need_to_scan_locally = false;
                 return false;
             }
@@ -154,9 +138,9 @@ unsafe fn next_tuple(
             return true;
         }
         let tup = if wait {
-            leader::wait_ticket(pg, p - 1)
+            tickets::wait_ticket(pg, p - 1)
         } else {
-            match leader::read_ticket(pg, p - 1) {
+            match tickets::read_ticket(pg, p - 1) {
                 Read::Tuple(tup) => tup,
                 Read::Empty | Read::Done => std::ptr::null_mut(),
             }
@@ -164,7 +148,7 @@ unsafe fn next_tuple(
         let slot = *(*node).gm_slots.add(p);
         if tup.is_null() {
             // Its last tuple, already returned, may point into the queue's old message.
-            leader::exec_clear_tuple(slot);
+            exec_clear_tuple(slot);
             return false;
         }
         ExecStoreMinimalTuple(tup, slot, false);

@@ -50,7 +50,7 @@ pub fn caps() -> PoolCaps {
 pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
     let caps = caps();
     let database = u32::from(database);
-    let now = super::now_ms();
+    let now = super::shared::now_ms();
     let (mut in_db, mut in_server) = (0u32, 0u32);
     // Pool workers per other database: (database, count).
     let mut others: Vec<(u32, u32)> = Vec::new();
@@ -120,7 +120,7 @@ fn make_room(pool: &PoolShared, others: &[(u32, u32)], share: u32) {
     });
     if let Some(slot) = idle {
         slot.retire.store(true, Ordering::Release);
-        super::set_latch_of(slot.procno.load(Ordering::Acquire));
+        super::shared::set_latch_of(slot.procno.load(Ordering::Acquire));
     }
 }
 

@@ -8,14 +8,18 @@
 //!
 //! * [`shared`]: the slots and counters in shared memory;
 //! * [`worker`]: the pool worker (restores a fragment's state, runs it, undoes it);
-//! * [`leader`]: the Gather's ExecProcNode and the hand-off;
+//! * [`leader`]: the Gather's ExecProcNode, its rounds and its tuples;
+//! * [`tickets`]: the leader's side of the hand-off: posting tickets, reading the
+//!   workers' queues, ending a round on every path;
+//! * [`gather_merge`]: a Gather Merge's merged reading of the same queues;
 //! * [`lifecycle`]: starting pool workers, their caps, and ending them for commands
 //!   that need their database to themselves;
 //! * [`identity`]: the leader's identity in a pool worker, and back;
 //! * [`compat`]: whether this server can run the pool at all;
 //! * [`stride_gather`]: the custom scan that stands for a Gather in plans made for the
 //!   pool, so that EXPLAIN shows it;
-//! * [`ffi`]: parallel.c's private definitions, per major, and unbound functions.
+//! * [`ffi`]: parallel.c's private definitions, per major, and unbound functions;
+//! * [`port`]: PostgreSQL's inline functions and macros, in Rust.
 //!
 //! PostgreSQL 15, 17 and 18: the private definitions are checked per major; on the
 //! others `pool` behaves as `native`.
@@ -26,8 +30,10 @@ mod gather_merge;
 mod identity;
 mod leader;
 mod lifecycle;
+mod port;
 mod shared;
 mod stride_gather;
+mod tickets;
 mod worker;
 mod worker_row;
 
@@ -36,27 +42,10 @@ pub use worker_row::WorkerRow;
 use crate::{gucs, pg};
 use pgrx::pg_sys;
 
-pub use leader::transaction_ended;
+pub use tickets::transaction_ended;
 pub use lifecycle::{prestart, release_database};
 use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;
-
-/// Sets the latch of the process with PGPROC number `procno` (-1: none).
-fn set_latch_of(procno: i32) {
-    if let Ok(procno) = usize::try_from(procno) {
-        pg::set_latch(procno);
-    }
-}
-
-/// CLOCK_MONOTONIC in ms.
-fn now_ms() -> i64 {
-    (pg::monotonic_ns() / 1_000_000) as i64
-}
-
-/// This process's PGPROC number, -1 before it has one.
-fn my_procno() -> i32 {
-    pg::my_procno().map_or(-1, |n| n as i32)
-}
 
 /// Registers the pool's shared memory. Called from `_PG_init`.
 pub fn install() {

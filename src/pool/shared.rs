@@ -22,6 +22,25 @@ use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 pub const MAX_POOL: usize = 32;
+/// Most pool workers one Gather uses (tickets of one round).
+pub const MAX_TICKETS: usize = 16;
+
+/// Sets the latch of the process with PGPROC number `procno` (-1: none).
+pub fn set_latch_of(procno: i32) {
+    if let Ok(procno) = usize::try_from(procno) {
+        crate::pg::set_latch(procno);
+    }
+}
+
+/// CLOCK_MONOTONIC in ms.
+pub fn now_ms() -> i64 {
+    (crate::pg::monotonic_ns() / 1_000_000) as i64
+}
+
+/// This process's PGPROC number, -1 before it has one.
+pub fn my_procno() -> i32 {
+    crate::pg::my_procno().map_or(-1, |n| n as i32)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]

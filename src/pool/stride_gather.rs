@@ -23,7 +23,8 @@
 //! frames hold nothing with a destructor, and they call PostgreSQL through `ffi`.
 
 use super::ffi::*;
-use super::leader;
+use super::port::{exec_proc_node, raise};
+use super::tickets;
 use crate::plan_tree::{self, STRIDE_GATHER, STRIDE_GATHER_MERGE};
 use pgrx::pg_sys;
 use std::ffi::c_int;
@@ -196,7 +197,7 @@ unsafe extern "C-unwind" fn begin(
     unsafe {
         let cscan = (*node).ss.ps.plan.cast::<pg_sys::CustomScan>();
         let Some(stored) = plan_tree::stride_gather_inner(cscan.cast()) else {
-            leader::raise(c"pg_stride: a Stride Gather without its Gather".as_ptr());
+            raise(c"pg_stride: a Stride Gather without its Gather".as_ptr());
             return;
         };
         let size = gather_size(stored);
@@ -226,7 +227,7 @@ unsafe extern "C-unwind" fn exec_node(
     node: *mut pg_sys::CustomScanState,
 ) -> *mut pg_sys::TupleTableSlot {
     // SAFETY: the executor's call on our state.
-    unsafe { leader::exec_proc_node(inner_of(node)) }
+    unsafe { exec_proc_node(inner_of(node)) }
 }
 
 unsafe extern "C-unwind" fn end(node: *mut pg_sys::CustomScanState) {
@@ -240,7 +241,7 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
     unsafe {
         let inner = inner_of(node);
         ExecReScan(inner);
-        leader::rescanned(inner);
+        tickets::rescanned(inner);
     }
 }
 
@@ -326,7 +327,7 @@ unsafe extern "C-unwind" fn explain(
             }
         }
         if (*es).analyze && (*es).verbose {
-            ExplainPropertyText(c"Pool".as_ptr(), leader::describe_pool_use(inner), es);
+            ExplainPropertyText(c"Pool".as_ptr(), tickets::describe_pool_use(inner), es);
         }
     }
 }

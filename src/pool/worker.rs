@@ -8,8 +8,8 @@
 
 use super::ffi::*;
 use super::{identity, lifecycle};
-use super::shared::{self, pack, Counter, Slot, State};
-use super::leader::MAX_TICKETS;
+use super::port::*;
+use super::shared::{self, pack, set_latch_of, Counter, Slot, State, MAX_TICKETS};
 use crate::{cpu, gucs, shmem};
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
@@ -173,7 +173,7 @@ unsafe extern "C-unwind" fn on_exit(_code: c_int, arg: pg_sys::Datum) {
         before.1,
         State::Reserved | State::Posted | State::Running | State::Cancel
     ) {
-        super::set_latch_of(slot.t_leader_procno.load(Ordering::Acquire));
+        set_latch_of(slot.t_leader_procno.load(Ordering::Acquire));
     }
 }
 
@@ -276,7 +276,7 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
     unsafe {
         SLOT = index;
         slot.pid.store(pg_sys::MyProcPid, Ordering::Release);
-        slot.procno.store(super::my_procno(), Ordering::Release);
+        slot.procno.store(shared::my_procno(), Ordering::Release);
         pg_sys::on_shmem_exit(Some(on_exit), pg_sys::Datum::from(index));
         // The bootstrap superuser, between fragments; each fragment takes its leader's
         // identity (identity.rs).
@@ -292,7 +292,7 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
         );
         take_baseline();
         OWN = Some(identity::own());
-        LAST_USED_MS = super::now_ms();
+        LAST_USED_MS = shared::now_ms();
         pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null());
     }
     // SAFETY: holding no LWLock.
@@ -333,7 +333,7 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
             }
             let idle_timeout = gucs::POOL_IDLE_TIMEOUT_MS.get();
             if idle_timeout > 0
-                && super::now_ms().saturating_sub(LAST_USED_MS) >= i64::from(idle_timeout)
+                && shared::now_ms().saturating_sub(LAST_USED_MS) >= i64::from(idle_timeout)
             {
                 pool.count(Counter::WorkersIdleExited);
                 proc_exit(0);
@@ -512,7 +512,7 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
             // (leader.rs): reaching this is a bug, never a fragment run with another
             // leader's system_user.
             FRAG.retire = true;
-            super::leader::raise(c"pg_stride pool: the pool worker cannot take the leader's client identity".as_ptr());
+            raise(c"pg_stride pool: the pool worker cannot take the leader's client identity".as_ptr());
         }
         // Not restored: the serializable transaction (SERIALIZABLE leaders are declined).
         pg_sys::InitializingParallelWorker = false;
@@ -613,7 +613,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             slot.word
                 .store(pack(gen, State::Restoring), Ordering::Release);
         }
-        super::set_latch_of(FRAG.leader_procno);
+        set_latch_of(FRAG.leader_procno);
         let released = crate::pg::monotonic_ns();
         if FRAG.ok {
             pool.add(Counter::NsUntilReleased, released - FRAG.t_ran);
@@ -658,7 +658,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             pool.count(Counter::WorkersRetired);
             proc_exit(0);
         }
-        LAST_USED_MS = super::now_ms();
+        LAST_USED_MS = shared::now_ms();
         lifecycle::show_idle(true);
         slot.word.store(pack(gen, State::Idle), Ordering::Release);
     }

@@ -2,7 +2,7 @@
 //! backend reads (names and settings under the directory's LWLock, counters as
 //! atomics), and the requests that make the groups loader re-read the table.
 
-use super::{LockId, ShmemLock};
+use super::locks::{LockId, ShmemLock};
 use crate::pg;
 use pg_stride_sched::groups::{self, GroupSettings, DEFAULT_GROUP, MAX_NAME_LEN};
 use pg_stride_sched::histogram;

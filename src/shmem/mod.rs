@@ -12,8 +12,12 @@
 
 mod cpu_owners;
 mod directory;
+mod locks;
 mod node_counters;
 mod tuner_state;
+
+pub use locks::{LockId, ShmemLock};
+use locks::{LOCKS, LOCK_COUNT};
 
 pub use cpu_owners::CpuOwners;
 pub use directory::{Group, GroupDirectory, MAX_GROUPS};
@@ -344,58 +348,6 @@ const TRACE_REGION_NAME: &CStr = c"pg_stride trace";
 /// Statements the trace holds: 2 MiB of 128-byte records, minutes of a busy server's
 /// CPU-scheduled statements, more than a tuner window needs.
 const TRACE_CAPACITY: u32 = 16_384;
-static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(std::ptr::null_mut());
-
-/// pg_stride's LWLocks, one tranche named "pg_stride".
-#[derive(Clone, Copy)]
-pub enum LockId {
-    /// Names and settings of the group directory.
-    Directory = 0,
-    /// The admission state and waiters.
-    Admission = 1,
-    /// The decay parameters' owner and the tuner's history.
-    Tuner = 2,
-}
-const LOCK_COUNT: i32 = 3;
-
-/// One of pg_stride's LWLocks, held for as long as the guard lives. They are taken on
-/// the registration and admission paths and by group changes, never per slice
-/// (DESIGN.md §3), and never around anything that can raise an error (an error would
-/// release them anyway, through LWLockReleaseAll).
-pub struct ShmemLock(*mut pg_sys::LWLock);
-
-impl ShmemLock {
-    pub fn shared(id: LockId) -> ShmemLock {
-        ShmemLock::acquire(id, pg_sys::LWLockMode::LW_SHARED)
-    }
-
-    pub fn exclusive(id: LockId) -> ShmemLock {
-        ShmemLock::acquire(id, pg_sys::LWLockMode::LW_EXCLUSIVE)
-    }
-
-    fn acquire(id: LockId, mode: pg_sys::LWLockMode::Type) -> ShmemLock {
-        let locks = LOCKS.load(Ordering::Acquire);
-        assert!(
-            !locks.is_null(),
-            "pg_stride's shared memory is not initialised"
-        );
-        // SAFETY: the tranche has LOCK_COUNT locks in shared memory for the life of the
-        // server.
-        unsafe {
-            let lock = &raw mut (*locks.add(id as usize)).lock;
-            pg_sys::LWLockAcquire(lock, mode);
-            ShmemLock(lock)
-        }
-    }
-}
-
-impl Drop for ShmemLock {
-    fn drop(&mut self) {
-        // SAFETY: acquired in `acquire` by this process and not yet released.
-        unsafe { pg_sys::LWLockRelease(self.0) };
-    }
-}
-
 /// The region, or `None` when pg_stride was not loaded through
 /// `shared_preload_libraries` (then there is no region and every hook passes through).
 pub fn shared() -> Option<&'static Shared> {

@@ -3,7 +3,7 @@
 //! view `pg_stride.tuner`. Written under the tuner's LWLock by the process applying a
 //! reload or by the tuner worker, read by the view.
 
-use super::{LockId, ShmemLock};
+use super::locks::{LockId, ShmemLock};
 use pg_stride_sched::tuner::{DecayChoice, Refresh};
 use pg_stride_sched::{DecayParams, SchedShared};
 use std::cell::UnsafeCell;

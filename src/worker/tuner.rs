@@ -79,7 +79,7 @@ pub extern "C-unwind" fn pg_stride_tuner_main(_arg: pg_sys::Datum) {
     let mut tracking: Option<Tracking> = None;
     let check = Duration::from_nanos(LoopSettings::default().check_ns);
     while BackgroundWorker::wait_latch(Some(check)) {
-        super::reload_config_if_signalled();
+        super::signals::reload_config_if_signalled();
         if !gucs::TUNER.get() {
             // Off: what was tracked is stale by the time it is switched on again.
             tracking = None;
@@ -89,7 +89,7 @@ pub extern "C-unwind" fn pg_stride_tuner_main(_arg: pg_sys::Datum) {
         round(shared, sched, t);
     }
     shared.tuner.pid.store(0, Ordering::Release);
-    super::exit_to_be_restarted();
+    super::signals::exit_to_be_restarted();
 }
 
 /// One round: a search when one is due, else a look for a shift.

@@ -25,13 +25,17 @@ impl SchedShared {
     }
 
     /// Number of parallel workers a Gather of group `g` that planned `requested` may
-    /// launch: limited by the hint, the slots free now and the group's `max_workers`, and reserved against
+    /// launch: limited by the hint, the slots free now (less one for the leader when
+    /// `leader_runs`: it scans beside its workers) and the group's `max_workers`, and reserved against
     /// the group's cap until [`SchedShared::return_workers`].
-    pub fn reserve_workers(&self, g: GroupId, requested: u32) -> u32 {
+    pub fn reserve_workers(&self, g: GroupId, requested: u32, leader_runs: bool) -> u32 {
         let ge = self.group(g);
         let cap = ge.max_workers.load(Relaxed);
         let hint = self.hint();
-        let free_now = self.cpu_slots().saturating_sub(self.running());
+        let free_now = self
+            .cpu_slots()
+            .saturating_sub(self.running())
+            .saturating_sub(u32::from(leader_runs));
         let mut in_use = ge.workers_in_use.load(Relaxed);
         loop {
             let grant = grant_workers(requested, hint, free_now, cap.saturating_sub(in_use));
