@@ -739,7 +739,7 @@ def a_session_that_survives_a_cancelled_pause_is_not_shown_paused(s):
 
 @check
 def a_dump_restores_groups_and_role_assignments(s):
-    # DESIGN.md §4 rule 10: pg_dumpall restores roles (with their settings) before the
+    # docs/design.md §4 rule 10: pg_dumpall restores roles (with their settings) before the
     # database whose table defines the groups; the role's assignment must survive.
     s.sql("SELECT pg_stride.create_group('restored', weight => 250)")
     s.sql("CREATE ROLE regress_restored LOGIN; "
@@ -775,7 +775,7 @@ NO_DATABASE_CHECKS = []
 without_database = collector(NO_DATABASE_CHECKS)
 
 
-# DESIGN.md §4 rule 9: the safety net runs from shared memory alone. These checks run
+# docs/design.md §4 rule 9: the safety net runs from shared memory alone. These checks run
 # on a second server whose pg_stride.database does not exist, so the groups loader can
 # never connect; every statement runs in "default", under max_active_queries = 1.
 

@@ -35,7 +35,7 @@ SET pg_stride.slice = '10ms';
 SHOW pg_stride.resource_group;
 RESET ROLE;
 -- A role may be assigned a group that does not exist yet, with a NOTICE: a dump
--- restores roles before the database that defines their groups (DESIGN.md §4 rule 10).
+-- restores roles before the database that defines their groups (docs/design.md §4 rule 10).
 -- A session that uses it runs in "default" with a WARNING (groups.sql). A SET in a
 -- session is checked.
 ALTER ROLE stride_user SET pg_stride.resource_group = 'reporting';

@@ -1,4 +1,4 @@
-//! Admission control at ExecutorStart (DESIGN.md §1, §4 rules 3 and 5).
+//! Admission control at ExecutorStart (docs/design.md §1, §4 rules 3 and 5).
 //!
 //! The decisions (limits, stride order between groups, arrival order inside a group) are
 //! `pg_stride_sched::admission`; this module keeps that state in shared memory — the

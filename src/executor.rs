@@ -2,7 +2,7 @@
 //!
 //! Every hook chains to the one installed before it (pg_stat_statements, auto_explain …)
 //! and, when pg_stride is disabled or was not preloaded, does nothing else
-//! (DESIGN.md §4 rule 7). The hooks decide which statements are scheduled (rule 4):
+//! (docs/design.md §4 rule 7). The hooks decide which statements are scheduled (rule 4):
 //!
 //! * the statements a client sends, run by a portal of a client backend, at nesting
 //!   depth 0, cursors included;
@@ -154,7 +154,7 @@ fn is_scheduled(eflags: i32) -> bool {
 }
 
 /// A parallel worker (PostgreSQL's own) running part of a statement: it joins its
-/// leader's query, if there is one (DESIGN.md §2).
+/// leader's query, if there is one (docs/design.md §2).
 fn is_parallel_worker_of_scheduled_leader(eflags: i32) -> bool {
     pg::is_parallel_worker() && runs_top_level(eflags)
 }
@@ -230,7 +230,7 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
         unsafe { pool_gathers(desc) };
     }
     // With the plan tree built, yield points can be placed in it: in a statement that
-    // may be paused (DESIGN.md §4 rule 2: writes are never paused).
+    // may be paused (docs/design.md §4 rule 2: writes are never paused).
     if scheduled {
         if cpu::is_pausable(desc) {
             // SAFETY: a guarded function, given the executor's own QueryDesc.

@@ -1,4 +1,4 @@
-//! Resource groups (DESIGN.md §1, §5): which group a statement runs in, and reading the
+//! Resource groups (docs/design.md §1, §5): which group a statement runs in, and reading the
 //! groups table.
 //!
 //! The DBA defines groups with `pg_stride.create_group` and friends; they persist in the
@@ -82,7 +82,7 @@ pub fn resolve_statement_group(directory: &GroupDirectory, tag: Option<String>) 
 }
 
 /// The group of the session's statements: its `pg_stride.resource_group`, or `default`
-/// with a WARNING when no such group exists (DESIGN.md §4 rule 10: a setting restored
+/// with a WARNING when no such group exists (docs/design.md §4 rule 10: a setting restored
 /// before its group is accepted, and falls back when used).
 fn resolve_session_group(directory: &GroupDirectory) -> usize {
     let key = (gucs::group_assignments(), directory.generation());

@@ -1,6 +1,6 @@
 //! pg_stride's configuration parameters (GUCs), registered from `_PG_init`.
 //!
-//! Names, units and ranges follow DESIGN.md §5 and PostgreSQL's own conventions: times
+//! Names, units and ranges follow docs/design.md §5 and PostgreSQL's own conventions: times
 //! carry a unit, `0` means "automatic" where PostgreSQL uses that idiom, and settings
 //! that let a session take more than its share are superuser-only (`PGC_SUSET`), so a
 //! role's values come from `ALTER ROLE … SET` / `ALTER DATABASE … SET`.
@@ -23,12 +23,12 @@ pub enum ParallelMode {
     #[name = c"native"]
     Native,
     /// As `native`, with the parallel part of each Gather run by pg_stride's pool
-    /// workers where it can (src/pool, DESIGN.md §6); native workers otherwise.
+    /// workers where it can (src/pool, docs/design.md §6); native workers otherwise.
     #[name = c"pool"]
     Pool,
 }
 
-/// `pg_stride.numa`: what pg_stride does about NUMA (DESIGN.md §10).
+/// `pg_stride.numa`: what pg_stride does about NUMA (docs/design.md §10).
 #[derive(PostgresGucEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NumaMode {
     /// Nothing: no per-node accounting.
@@ -534,7 +534,7 @@ pub fn database_name() -> String {
 }
 
 /// Checks a group name against the group directory, the way PostgreSQL checks the
-/// names of `default_tablespace` or `search_path` (DESIGN.md §4 rule 10): a `SET` in a
+/// names of `default_tablespace` or `search_path` (docs/design.md §4 rule 10): a `SET` in a
 /// session of a group that does not exist fails; `ALTER ROLE/DATABASE … SET` of one
 /// (source `PGC_S_TEST`) is accepted with a NOTICE, so that a dump restores roles
 /// before the database that defines their groups; a value from any other source
@@ -632,7 +632,7 @@ unsafe extern "C-unwind" fn check_numa_topology(
 }
 
 /// CPU slots in effect: `pg_stride.cpu_slots`, or the CPUs available to this server
-/// when it is 0 (DESIGN.md §1: one slot per core, wagner2021 §2).
+/// when it is 0 (docs/design.md §1: one slot per core, wagner2021 §2).
 pub fn effective_cpu_slots() -> u32 {
     // Counting the CPUs reads the affinity mask and cgroup files: once per process, not
     // at every watchdog round.
@@ -645,7 +645,7 @@ pub fn effective_cpu_slots() -> u32 {
 }
 
 /// Pool workers a database gets: `pg_stride.pool_size`, or the CPU slots plus 2 when it
-/// is -1 (DESIGN.md §6), never more than the pool has.
+/// is -1 (docs/design.md §6), never more than the pool has.
 pub fn pool_size() -> usize {
     let size = match POOL_SIZE.get() {
         -1 => effective_cpu_slots().saturating_add(2),

@@ -4,11 +4,11 @@
 //! registers the GUCs, asks for the shared-memory region, registers the scheduler
 //! worker and installs the hooks. Loaded any other way (`LOAD`, or a function call
 //! before the library was preloaded) it warns and installs nothing, so every statement
-//! runs exactly as without pg_stride (DESIGN.md §4 rule 7).
+//! runs exactly as without pg_stride (docs/design.md §4 rule 7).
 
 use pgrx::prelude::*;
 
-// Layers (DESIGN.md §7; `scripts/layers` checks that each module uses only layers
+// Layers (docs/design.md §7; `scripts/layers` checks that each module uses only layers
 // below its own): 1 helpers, 2 settings, 3 shared-memory layout, 4 the machine (NUMA
 // topology and per-node accounting), 5 mechanisms, 6 coordination, 7 processes and SQL
 // functions, 8 hooks and _PG_init.

@@ -1,5 +1,5 @@
 //! The machine's NUMA nodes as this process sees them, and per-node accounting
-//! (DESIGN.md §10, design/NUMA.md; psaroudakis2016 §4.2 keeps utilisation per socket).
+//! (docs/design.md §10; psaroudakis2016 §4.2 keeps utilisation per socket).
 //!
 //! * The topology comes from the kernel (`sched`'s `Topology::from_sysfs("/sys")`) or
 //!   from `pg_stride.numa_topology` (fake nodes for tests), restricted to the CPUs this

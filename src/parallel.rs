@@ -1,4 +1,4 @@
-//! Parallel workers by the concurrency hint (psaroudakis2013 §6; DESIGN.md §1).
+//! Parallel workers by the concurrency hint (psaroudakis2013 §6; docs/design.md §1).
 //!
 //! When a scheduled statement starts, each Gather and Gather Merge of its plan may
 //! launch no more workers than the hint — the recent average of free CPU slots, sampled
@@ -9,7 +9,7 @@
 //! group's cap until the statement ends.
 //!
 //! The plan handed to ExecutorStart may belong to the plan cache and be executed again
-//! later (DESIGN.md §4 rule 6): when a grant is lower than planned, the statement runs a
+//! later (docs/design.md §4 rule 6): when a grant is lower than planned, the statement runs a
 //! copy of the plan with the lower worker counts, made in the memory context of its
 //! QueryDesc, and the cached plan keeps its own.
 

@@ -1,5 +1,5 @@
 //! Thin wrappers around the PostgreSQL state and calls pg_stride uses, so that the rest
-//! of the extension is safe Rust (layer 1 of DESIGN.md §7: no pg_stride state here).
+//! of the extension is safe Rust (layer 1 of docs/design.md §7: no pg_stride state here).
 //!
 //! Some functions are declared here instead of taken from `pg_sys`, to be called
 //! without pgrx's error boundary: pgrx wraps every `pg_sys` function in a `sigsetjmp`
@@ -198,7 +198,7 @@ pub fn lock_waits_by_group(n: usize) -> Vec<bool> {
 }
 
 /// The PGPROC number of this process's lock-group leader, if it is another process: in
-/// a parallel worker, its leader's (DESIGN.md §8).
+/// a parallel worker, its leader's (docs/design.md §8).
 pub fn lock_group_leader() -> Option<usize> {
     let me = my_procno()?;
     let leader = proc_lock_group_leader(me);
@@ -220,7 +220,7 @@ pub fn set_latch(procno: usize) {
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 /// Sleeps on this process's latch until `done()` holds, or until `deadline` (then
-/// returns `false`). The one latch-wait loop of pg_stride (DESIGN.md §4 rule 3): it
+/// returns `false`). The one latch-wait loop of pg_stride (docs/design.md §4 rule 3): it
 /// serves cancel, `statement_timeout` and `pg_terminate_backend` (CHECK_FOR_INTERRUPTS
 /// raises their errors, which end the wait) and exits on postmaster death. `done` is
 /// looked at before every sleep and after every wake-up.
@@ -251,7 +251,7 @@ pub fn wait_until(mut done: impl FnMut() -> bool, deadline: Option<Instant>) -> 
 }
 
 /// Whether interrupts can be processed here: INTERRUPTS_CAN_BE_PROCESSED(). LWLockAcquire
-/// holds interrupts until release, so this excludes every LWLock (DESIGN.md §8).
+/// holds interrupts until release, so this excludes every LWLock (docs/design.md §8).
 pub fn interrupts_can_be_processed() -> bool {
     // SAFETY: plain reads of process-local counters.
     unsafe {
@@ -360,7 +360,7 @@ impl StatementText {
 }
 
 /// The thread CPU clock, ns. A system call on Linux: read once per chunk of tuples,
-/// never per tuple (DESIGN.md §8).
+/// never per tuple (docs/design.md §8).
 pub fn thread_cpu_ns() -> u64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }

@@ -1,6 +1,6 @@
 //! Walking a finished plan (a PlannedStmt) for the parts that read or change its
 //! Gathers: the concurrency hint lowers their worker counts, the pool puts a Stride
-//! Gather in their place (layer 1 of DESIGN.md §7: no pg_stride state here).
+//! Gather in their place (layer 1 of docs/design.md §7: no pg_stride state here).
 
 use pgrx::pg_sys;
 use std::ffi::CStr;

@@ -3,7 +3,7 @@
 //! A statement is registered when the executor starts it and unregistered when the
 //! executor ends it. When a statement fails, is cancelled or times out, ExecutorEnd never
 //! runs; its portal's resource owner is released instead, and the release callback
-//! below unregisters every statement started under that owner (DESIGN.md §2, §4 rule 8).
+//! below unregisters every statement started under that owner (docs/design.md §2, §4 rule 8).
 //! When the process exits, its shared entry is cleared by a `before_shmem_exit` callback
 //! (the one exit callback of pg_stride); a process that dies without running it
 //! (SIGKILL) makes the postmaster reinitialise shared memory, and the scheduler worker

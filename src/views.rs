@@ -1,4 +1,4 @@
-//! SQL functions behind pg_stride's views (DESIGN.md §5). Each view is a plain SQL view
+//! SQL functions behind pg_stride's views (docs/design.md §5). Each view is a plain SQL view
 //! over a set-returning function that reads live shared memory.
 
 use pgrx::prelude::*;

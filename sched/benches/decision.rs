@@ -1,5 +1,5 @@
 //! Cost of the per-slice operations (wagner2021 §3.1: "each scheduling decision takes less
-//! than one microsecond"; DESIGN.md §3: a yield point that does not switch must cost well
+//! than one microsecond"; docs/design.md §3: a yield point that does not switch must cost well
 //! under 1 µs).
 //!
 //! * `yield_check/no_switch` — `end_slice` when nobody waits: charge plus the fast check.

@@ -1,6 +1,6 @@
 //! Admission control: a bounded number of admitted statements, the rest waiting in
 //! stride order (wagner2021 §2.3: a bounded set of active resource groups with a wait
-//! queue in front; DESIGN.md §1 "admission").
+//! queue in front; docs/design.md §1 "admission").
 //!
 //! Two limits apply to each statement: the global `max_active` and its group's
 //! `max_concurrency` (0 = none). When both have room a statement is admitted at once;
@@ -20,7 +20,7 @@
 //!   of waiting statements, all atomics. An uncontended statement — nobody waits and both
 //!   limits have room — is admitted and released with a few atomic operations and no lock
 //!   ([`Counts::try_enter`], [`Counts::leave`]): that is every statement of a server that
-//!   is not at its limits, so admission costs it next to nothing (DESIGN.md §3).
+//!   is not at its limits, so admission costs it next to nothing (docs/design.md §3).
 //! * [`Queue`]: the waiting statements, arrival tickets and stride passes. The caller
 //!   keeps it in shared memory and serialises every call with one lock (the extension's
 //!   admission LWLock). Waiting processes are entries of a caller-provided slice indexed
@@ -496,7 +496,7 @@ impl Queue {
     }
 
     /// Admits process `p` whatever the limits, if it is queued (the watchdog's way out
-    /// of a wait-for cycle through admission, DESIGN.md §4 rule 5). Returns whether it did.
+    /// of a wait-for cycle through admission, docs/design.md §4 rule 5). Returns whether it did.
     pub fn force_admit(&mut self, c: &Counts, waiters: &mut [Waiter], p: usize) -> bool {
         if waiters[p].state != WaitState::Queued {
             return false;

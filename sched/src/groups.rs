@@ -1,5 +1,5 @@
 //! Resource-group settings: their limits, their validation, and how the shared group
-//! directory assigns groups to its slots (DESIGN.md §1, §5).
+//! directory assigns groups to its slots (docs/design.md §1, §5).
 //!
 //! The limits below are the only definition of the settings' ranges: the SQL functions
 //! validate with [`validate`], and a test of the extension checks that the CHECK

@@ -1,5 +1,5 @@
 //! A fixed-size ring of fixed-size records in shared memory, written by many processes
-//! without a lock and read by one (the tuner, DESIGN.md §9, design/TUNER.md "Ring").
+//! without a lock and read by one (the tuner, docs/design.md §9).
 //!
 //! Every record gets a ticket `n` from one `fetch_add` on the head; it goes to slot
 //! `n % capacity`. Each slot carries a sequence word that says which ticket it holds and

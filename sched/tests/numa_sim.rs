@@ -1,4 +1,4 @@
-//! NUMA in the simulator (design/NUMA.md "Simulator"; psaroudakis2016 §4): on 2 nodes ×
+//! NUMA in the simulator (docs/design.md §10; psaroudakis2016 §4): on 2 nodes ×
 //! 2 slots with a 1.3× remote penalty, affine placement (`numa = bind`, stealing after
 //! `numa_steal_after` = 4 slices, the default) beats the operating system's oblivious
 //! placement (`numa = off`) on the paper's workload shape at load 0.9; without a penalty

@@ -1,4 +1,4 @@
-//! The self-tuner in the loop (wagner2021 §4; TUNER.md "Honest measurement" 1): on a
+//! The self-tuner in the loop (wagner2021 §4; docs/design.md §9 1): on a
 //! workload that shifts from the paper's shape to queries 10× longer and back, tuning
 //! must lower the short queries' mean slowdown where the defaults are wrong (phase B) and
 //! not raise it elsewhere; on a stationary workload it must change nothing that matters.
@@ -119,7 +119,7 @@ fn tuning_helps_where_the_defaults_are_wrong_and_hurts_no_phase() {
         &LoopSettings::default(),
     );
     // In B the defaults decay queries that are all long: the short ones of B lose their
-    // edge (TUNER.md: there the grid optimum is 12–42 % better than the defaults).
+    // edge (docs/design.md §9: there the grid optimum is 12–42 % better than the defaults).
     assert!(
         tuned.mean(1) <= 0.8 * fixed.mean(1),
         "B: tuned {} vs fixed {}",
@@ -142,7 +142,7 @@ fn tuning_helps_where_the_defaults_are_wrong_and_hurts_no_phase() {
 #[test]
 fn without_the_shift_check_phase_c_pays_for_b() {
     // The control that shows the "no phase more than 5 % higher" assertion has teeth:
-    // parameters tuned for B stay in force into C until the next refresh (TUNER.md:
+    // parameters tuned for B stay in force into C until the next refresh (docs/design.md §9:
     // "Shift back (C): the tuner is worse than fixed").
     let settings = LoopSettings {
         shift_queries: 0,

@@ -1,4 +1,4 @@
-//! CPU scheduling inside the executor (DESIGN.md §1–§4, wagner2021 §2–§3).
+//! CPU scheduling inside the executor (docs/design.md §1–§4, wagner2021 §2–§3).
 //!
 //! At most `pg_stride.cpu_slots` processes run scheduled query work at once. The
 //! decisions are `pg_stride_sched::SchedShared`, kept in its own shared-memory block;
@@ -18,7 +18,7 @@
 //!   its query, and, when a waiting query has a lower pass, hands its slot over and
 //!   sleeps on its latch until it is given one again.
 //!
-//! Safety rules (DESIGN.md §4): a process pauses only where interrupts can be processed,
+//! Safety rules (docs/design.md §4): a process pauses only where interrupts can be processed,
 //! that is with no LWLock held and outside critical sections (rule 1); statements that
 //! write (anything but a plain SELECT without row locks or data-modifying CTEs), and
 //! any statement of a transaction that already wrote, take no part and are never paused
@@ -330,7 +330,7 @@ fn dispatch_free_slots(sched: &SchedShared) {
     }
 }
 
-/// Whether a statement may be paused (DESIGN.md §4 rule 2): it only reads, and its
+/// Whether a statement may be paused (docs/design.md §4 rule 2): it only reads, and its
 /// transaction has not written or locked rows (see [`transaction_wrote`]).
 /// Cannot panic: the executor hooks ask it outside pgrx's error boundary.
 pub fn is_pausable(desc: *const pg_sys::QueryDesc) -> bool {
@@ -856,7 +856,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
 /// as in TPC-H Q11) included, and with `pg_stride.yield_above_scans` the nodes that
 /// return tuples from work already done. The scans produce the tuples everything above
 /// them consumes, so they check in regularly while their consumers take input
-/// (DESIGN.md §8); a sort, an aggregate or a materialized result then emits its output
+/// (docs/design.md §8); a sort, an aggregate or a materialized result then emits its output
 /// with no scan below it, as one long slice (bench/results/SIM_GAP.md).
 /// ExecSetExecProcNode keeps PostgreSQL's first-call shim working.
 fn wrap_scans(desc: *const pg_sys::QueryDesc) {

@@ -1,4 +1,4 @@
-//! The tuner's trace (wagner2021 §4 "Tracking"; TUNER.md "Ring"): a record per
+//! The tuner's trace (wagner2021 §4 "Tracking"; docs/design.md §9): a record per
 //! CPU-scheduled statement in a shared-memory ring, written by the backend that
 //! registered the statement's query when it ends, and the tuner's reading of a window
 //! of it together with the statements still running.

@@ -1,4 +1,4 @@
-//! What the pool needs from PostgreSQL that pgrx does not give it (POOL.md §3).
+//! What the pool needs from PostgreSQL that pgrx does not give it (docs/design.md §6).
 //!
 //! * The private definitions of `src/backend/access/transam/parallel.c` (the TOC magic,
 //!   its keys, the error-queue size and `FixedParallelState`), copied per major (15,

@@ -1,4 +1,4 @@
-//! The leader side (POOL.md §3, approach B): at ExecutorStart, the ExecProcNode of
+//! The leader side (docs/design.md §6, approach B): at ExecutorStart, the ExecProcNode of
 //! each GatherState and GatherMergeState is replaced by [`pool_exec_gather`], which
 //! does what ExecGather's (ExecGatherMerge's) first call does — ExecInitParallelPlan —
 //! but posts tickets to idle pool workers (tickets.rs) instead of

@@ -1,4 +1,4 @@
-//! Pooled parallel execution (DESIGN.md §6, design/POOL.md).
+//! Pooled parallel execution (docs/design.md §6).
 //!
 //! With `pg_stride.parallel_mode = pool`, the Gathers of a client backend's statements
 //! run their parallel part in persistent per-database pool workers (dynamic background

@@ -198,7 +198,7 @@ pub const COUNTER_NAMES: [&str; 21] = [
 #[repr(usize)]
 pub enum Fallback {
     /// The leader's transaction has an XID: its uncommitted catalog rows would need the
-    /// cache invalidation and combo-CID handling of a fresh worker (POOL.md §0.1).
+    /// cache invalidation and combo-CID handling of a fresh worker (docs/design.md §6).
     Xid,
     /// SERIALIZABLE: the pool does not attach to the leader's predicate-lock state.
     Serializable,

@@ -1,7 +1,7 @@
 //! The pool worker: a dynamic background worker connected to one database as the
 //! bootstrap superuser, that serves fragments (tickets) one at a time, the way
 //! `ParallelWorkerMain` (parallel.c) runs one and exits, but undoing each step after it
-//! (POOL.md §1's table). A fragment runs inside the worker's own `sigsetjmp`, so that
+//! (docs/design.md §6's table). A fragment runs inside the worker's own `sigsetjmp`, so that
 //! an ERROR in it (a division by zero, a cancel the leader sent) is reported to the
 //! leader whole and the worker goes back to idle; an ERROR while undoing a fragment,
 //! and a FATAL, end the process.
@@ -84,7 +84,7 @@ unsafe extern "C" fn on_sigint(signo: c_int) {
     unsafe { StatementCancelHandler(signo) };
 }
 
-// ---- Our own PQcommMethods (POOL.md §1 step 5): pqmq.c's, with a busy flag this
+// ---- Our own PQcommMethods (docs/design.md §6 step 5): pqmq.c's, with a busy flag this
 // process resets at every fragment. ----
 
 unsafe extern "C-unwind" fn comm_reset() {}
@@ -340,7 +340,7 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
             }
             if rc & pg_sys::WL_TIMEOUT as c_int != 0 {
                 // Keeps up with the invalidation queue while idle, so that the caches
-                // stay warm instead of being reset (POOL.md §3, Operations).
+                // stay warm instead of being reset (docs/design.md §6, Operations).
                 StartTransactionCommand();
                 CommitTransactionCommand();
             }
@@ -554,7 +554,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
     // SAFETY: see the function comment; each step undoes one of fragment()'s.
     unsafe {
         pg_sys::InitializingParallelWorker = false;
-        // Never a commit (POOL.md §0.1): CommitTransaction would report XactLastRecEnd
+        // Never a commit (docs/design.md §6): CommitTransaction would report XactLastRecEnd
         // through parallel.c's MyFixedParallelState, NULL in this process.
         AbortOutOfAnyTransaction();
         LockReleaseAll(2 /* USER_LOCKMETHOD */, true);
@@ -562,7 +562,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             FlushErrorState();
         }
         if FRAG.session {
-            // The record-typmod registry (POOL.md §0.2): a worker may have cached
+            // The record-typmod registry (docs/design.md §6): a worker may have cached
             // pointers into this session's DSA for any RECORD typmod; with none in the
             // registry, it cannot have.
             let registry = (*CurrentSession).shared_typmod_registry;
@@ -595,7 +595,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         }
         if FRAG.joined && !leave_lock_group(FRAG.leader, FRAG.leader_pid) {
             // The leader exited while this process was in its group: only ProcKill
-            // may return its PGPROC (POOL.md §2).
+            // may return its PGPROC (docs/design.md §6).
             pool.count(Counter::WorkersRetired);
             proc_exit(0);
         }

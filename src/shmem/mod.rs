@@ -1,4 +1,4 @@
-//! pg_stride's shared-memory region (DESIGN.md §3).
+//! pg_stride's shared-memory region (docs/design.md §3).
 //!
 //! One fixed-size block, requested while `shared_preload_libraries` is processed and
 //! initialised in `shmem_startup_hook`. It holds a small header and one [`ProcEntry`]

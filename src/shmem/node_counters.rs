@@ -1,5 +1,5 @@
 //! Per-node counters of `pg_stride.numa = stats` (psaroudakis2016 §4.2 keeps such
-//! utilisation counters per socket; NUMA.md "Per-node CPU accounting"): the CPU time
+//! utilisation counters per socket; docs/design.md §10): the CPU time
 //! charged to queries, by the node of the CPU the charging process was on. A fixed
 //! array of atomics in the region's header, indexed by the kernel's node number, so
 //! that every process counts into the same place whatever its view of the topology.

@@ -1,6 +1,6 @@
-//! pg_stride's three static background workers (DESIGN.md §2).
+//! pg_stride's three static background workers (docs/design.md §2).
 //!
-//! * `pg_stride scheduler` keeps the safety net (DESIGN.md §4 rule 9) from shared
+//! * `pg_stride scheduler` keeps the safety net (docs/design.md §4 rule 9) from shared
 //!   memory alone: it connects to no database and never uses SPI, so it keeps working
 //!   when `pg_stride.database` is missing, locked or slow. It applies configuration
 //!   reloads (`cpu_slots`, limits, decay), runs the CPU watchdog
@@ -192,7 +192,7 @@ fn reload_groups(shared: &shmem::Shared) {
     }
 }
 
-/// The admission watchdog (DESIGN.md §4 rule 5, psaroudakis2013 §5 applied to
+/// The admission watchdog (docs/design.md §4 rule 5, psaroudakis2013 §5 applied to
 /// admission): an admitted statement that waits on a heavyweight lock (itself, or one
 /// of its parallel workers while it waits for them), or for its client, at two
 /// consecutive rounds has its admission lent out, so that the statement
@@ -257,7 +257,7 @@ fn reclaim_entries(shared: &shmem::Shared) {
     }
 }
 
-/// DESIGN.md §4 rule 5: a queued backend may hold locks (taken by its transaction's
+/// docs/design.md §4 rule 5: a queued backend may hold locks (taken by its transaction's
 /// earlier statements, or by its own statement while it was planned) that an admitted
 /// backend waits for. Each such queued backend is admitted ahead of its turn, found
 /// with the lock manager's own data (`pg_blocking_pids`), not SQL.

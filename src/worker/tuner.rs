@@ -1,5 +1,4 @@
-//! The `pg_stride tuner` background worker (wagner2021 §4; TUNER.md "Design for
-//! pg_stride"): every `pg_stride.tuner_interval` it replays the last
+//! The `pg_stride tuner` background worker (wagner2021 §4; docs/design.md §9): every `pg_stride.tuner_interval` it replays the last
 //! `pg_stride.tuner_window` of the trace in the simulator over candidate decay
 //! parameters and installs the best if it beats those in force by the margin; every
 //! second it looks whether the newest statements' sizes have shifted, and then checks

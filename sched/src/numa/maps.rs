@@ -1,5 +1,5 @@
 //! Where a shared-memory segment's pages are, per NUMA node, read from a process's
-//! `/proc/<pid>/maps` and `/proc/<pid>/numa_maps` without touching a page (NUMA.md,
+//! `/proc/<pid>/maps` and `/proc/<pid>/numa_maps` without touching a page (docs/design.md §10,
 //! "Shared-buffer placement without touching pages"; PostgreSQL 18's
 //! `pg_shmem_allocations_numa` touches every page and queries `move_pages` instead).
 //!

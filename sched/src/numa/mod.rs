@@ -1,4 +1,4 @@
-//! NUMA placement, free of PostgreSQL (psaroudakis2016; DESIGN.md §10): the machine's
+//! NUMA placement, free of PostgreSQL (psaroudakis2016; docs/design.md §10): the machine's
 //! nodes as the kernel reports them, and the rules `pg_stride.numa = bind` places work
 //! by.
 //!

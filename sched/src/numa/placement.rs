@@ -1,4 +1,4 @@
-//! Where `pg_stride.numa = bind` runs work (psaroudakis2016 §4, DESIGN.md §10): the CPU
+//! Where `pg_stride.numa = bind` runs work (psaroudakis2016 §4, docs/design.md §10): the CPU
 //! slots split by node, each query's home node chosen at admission, and the rule for
 //! running a query on another node than its home (stealing).
 

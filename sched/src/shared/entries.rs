@@ -45,7 +45,7 @@ pub(crate) struct NodeEntry {
 #[derive(Default)]
 pub(crate) struct Padded<T>(pub T);
 
-/// A resource group (DESIGN.md §1).
+/// A resource group (docs/design.md §1).
 #[repr(C, align(64))]
 pub(crate) struct GroupEntry {
     /// CPU weight: the group's share against other groups with work.

@@ -1,4 +1,4 @@
-//! CPU slots split by node (`pg_stride.numa = bind`; psaroudakis2016 §4, DESIGN.md §10).
+//! CPU slots split by node (`pg_stride.numa = bind`; psaroudakis2016 §4, docs/design.md §10).
 //!
 //! Each node has its own slot count and its own count of slots held. A query has a home
 //! node, chosen when it registers; its processes take slots on that node only, until one

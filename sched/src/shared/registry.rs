@@ -14,7 +14,7 @@ use crate::decay::PriorityRange;
 use crate::ids::{GroupId, ProcId, QueryId, NONE};
 use crate::stride::stride;
 
-/// A group's settings (DESIGN.md §1).
+/// A group's settings (docs/design.md §1).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GroupConfig {
     /// CPU weight against other groups; 0 counts as 1.
@@ -241,7 +241,7 @@ impl SchedShared {
     }
 
     /// Process `p` stops working for its query: at the end of the statement, on error,
-    /// or — called by the scheduler worker — after the process died (DESIGN.md §4 rule
+    /// or — called by the scheduler worker — after the process died (docs/design.md §4 rule
     /// 8). A held slot is passed on and a pending wait is withdrawn; the result is the
     /// process to wake, if the slot went to one.
     pub fn leave(&self, p: ProcId) -> Option<ProcId> {

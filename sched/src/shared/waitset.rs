@@ -6,7 +6,7 @@
 //! read-modify-write is the claim, so two granters can never claim the same waiter, and a
 //! waiter that withdraws races the granters on the same bit.
 //!
-//! The choice (wagner2021 §2.1, hierarchical per DESIGN.md §1): among queries with
+//! The choice (wagner2021 §2.1, hierarchical per docs/design.md §1): among queries with
 //! waiting members, the lowest `(group pass, query pass)`; within the query, the next
 //! waiting member after the last one served (round robin, so that no worker of a parallel
 //! query is passed over forever).

@@ -1,4 +1,4 @@
-//! NUMA nodes in the simulator (design/NUMA.md "Simulator"; psaroudakis2016 §4): the CPU
+//! NUMA nodes in the simulator (docs/design.md §10; psaroudakis2016 §4): the CPU
 //! slots are labelled with nodes, each query's memory is on one node, and CPU work runs
 //! [`NumaSim::remote_penalty`] times slower on a slot of any other node. The scheduler
 //! sees the CPU time actually used, as on a real machine: a remote slice of `slice_ns`

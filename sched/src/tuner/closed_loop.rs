@@ -1,7 +1,6 @@
 //! The simulator with the tuner in the loop: the scheduler runs a workload while, as in
 //! the extension's tuner worker, a tuner periodically reads the trace of the last window,
-//! searches, and installs what it adopts (wagner2021 §4, Figure 6; TUNER.md "Refresh
-//! cycle").
+//! searches, and installs what it adopts (wagner2021 §4, Figure 6; docs/design.md §9).
 //!
 //! The trace is what a real tracer could see at that moment: the queries that arrived in
 //! the window, finished ones with their CPU, running ones with the CPU charged so far

@@ -1,6 +1,6 @@
 //! The self-tuner of wagner2021 §4, free of PostgreSQL: every refresh, replay the traced
 //! window in the simulator over candidate decay parameters `(λ, d_start)` and keep the
-//! ones with the lowest mean slowdown (Eq. 3), with the guards of TUNER.md ("Search").
+//! ones with the lowest mean slowdown (Eq. 3), with the guards of docs/design.md §9("Search").
 //!
 //! * [`trace`] — the per-statement [`TraceRecord`] and the window → workload conversion.
 //! * [`quanta`] — per-query quanta of a trace: d_start candidates, p95 cap, median.
@@ -41,7 +41,7 @@ pub const UNDECAYED_SHARES: [f64; 7] = [0.05, 0.10, 0.15, 0.20, 0.25, 0.30, 0.35
 /// λ of the first search (wagner2021 §4: `λ0 = 0.9` for the first run).
 pub const FIRST_LAMBDA: f64 = 0.9;
 
-/// The guards around the paper's search (TUNER.md "Search").
+/// The guards around the paper's search (docs/design.md §9).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TunerSettings {
     /// Adopt other parameters only if their predicted mean slowdown is lower than the
@@ -59,7 +59,7 @@ pub struct TunerSettings {
     /// windows were 1.3–8× off, after a shift back and at load 1.0; without this guard
     /// short queries ended up 4–25 % slower than with fixed defaults there.)
     pub fidelity: f64,
-    /// λ stays in these bounds (TUNER.md: [0.5, 1]). At 0.5 a query already falls from
+    /// λ stays in these bounds (docs/design.md §9: [0.5, 1]). At 0.5 a query already falls from
     /// `p0` to `p_min` within 7 quanta past d_start.
     pub lambda_bounds: (f64, f64),
     /// [`Tuner::shifted`] reports a shift when the median quanta per query changed by
@@ -214,7 +214,7 @@ impl Tuner {
         self.shift_handled = false;
         let old = sim.decay;
         // d_start beyond the p95 query would leave all but a few queries undecayed:
-        // fair sharing for nearly everyone (TUNER.md "Search").
+        // fair sharing for nearly everyone (docs/design.md §9).
         let candidates = profile.d_start_candidates(&UNDECAYED_SHARES, profile.p95() as u32);
         let best = search::search(
             &candidates,
@@ -254,7 +254,7 @@ impl Tuner {
     /// if it is better by the margin. Two simulations instead of a search: a few
     /// seconds of trace are too little to pick the best of a hundred candidates, but
     /// enough to see that parameters tuned for the old workload hurt the new one
-    /// (TUNER.md: "the tuner is worse than fixed" right after a shift back). The
+    /// (docs/design.md §9: "the tuner is worse than fixed" right after a shift back). The
     /// fidelity guard does not apply: the configured parameters are the safe choice.
     pub fn fall_back(&mut self, trace: &Trace, sim: &SimConfig, fallback: DecayParams) -> Refresh {
         let profile = QuantaProfile::new(&trace.queries, sim.decay.quantum_ns);
@@ -284,7 +284,7 @@ impl Tuner {
     }
 
     /// True when the median quanta per query of `recent` (the latest arrivals) differs
-    /// from that of the last searched trace by more than the shift factor (TUNER.md:
+    /// from that of the last searched trace by more than the shift factor (docs/design.md §9:
     /// "refresh early when the per-query-quanta distribution shifts by more than 2×").
     /// False before the first search, for traces too small to judge, and after a
     /// [`Tuner::fall_back`] until the next search: that shift is being dealt with.

@@ -1,12 +1,12 @@
 //! What the tuner sees of the workload: one [`TraceRecord`] per CPU-scheduled statement,
 //! and the conversion of a window of them into a workload the simulator replays
-//! (wagner2021 §4 "Tuning Process"; TUNER.md "Ring", "Refresh cycle").
+//! (wagner2021 §4 "Tuning Process"; docs/design.md §9).
 //!
 //! The paper's tracker "only logs the execution time spent on each of the active
 //! resource groups"; pg_stride records when each statement arrived (before admission),
 //! when it was admitted and finished, and the CPU its processes used. Statements still
 //! running when the window is read are included with the CPU they have used so far
-//! (TUNER.md: leaving them out would keep exactly the long queries out of the trace).
+//! (docs/design.md §9: leaving them out would keep exactly the long queries out of the trace).
 
 use crate::sim::QuerySpec;
 use crate::trace_ring::{Words, RECORD_WORDS};
@@ -30,7 +30,7 @@ pub struct TraceRecord {
     pub cpu_ns: u64,
     /// PostgreSQL's query identifier, 0 if none was computed. Not used by the search;
     /// kept so that isolated latencies could later be estimated per query shape
-    /// (TUNER.md "Ring").
+    /// (docs/design.md §9).
     pub query_id: u64,
     /// Resource group index.
     pub group: u32,
