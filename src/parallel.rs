@@ -2,8 +2,10 @@
 //!
 //! When a scheduled statement starts, each Gather and Gather Merge of its plan may
 //! launch no more workers than the hint — the recent average of free CPU slots, sampled
-//! by the scheduler worker —, the slots free at that moment (less the leader's own when
-//! it takes part in the scan) and what is left of its group's `max_parallel_workers`.
+//! by the scheduler worker —, the slots free at that moment (the slots less those held,
+//! or wanted by other statements that are executing or queued, whichever is more, and
+//! less the leader's own when it takes part in the scan) and what is left of its
+//! group's `max_parallel_workers`.
 //! Under load the system is already busy and extra workers would only wait for slots;
 //! on a quiet server the planned degree is granted. The grant is reserved against the
 //! group's cap until the statement ends.
@@ -15,6 +17,7 @@
 
 use crate::gucs::{self, ParallelMode};
 use crate::{plan_tree, shmem};
+use pg_stride_sched::shared::Demand;
 use pg_stride_sched::GroupId;
 use pgrx::pg_sys;
 
@@ -54,10 +57,12 @@ pub fn grant_workers(
     if planned.is_empty() {
         return;
     }
+    let elsewhere = shared.statements_elsewhere();
     let granted: Vec<i32> = planned
         .iter()
         .map(|&(n, leader_runs)| {
-            sched.reserve_workers(GroupId(group as u32), n.max(0) as u32, leader_runs) as i32
+            let demand = Demand { leader_runs, elsewhere };
+            sched.reserve_workers(GroupId(group as u32), n.max(0) as u32, demand) as i32
         })
         .collect();
     reserved(Grant {

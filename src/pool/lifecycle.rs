@@ -48,7 +48,11 @@ pub fn caps() -> PoolCaps {
 /// Starts pool workers for `database` up to its cap (counting those starting or
 /// running); reclaims slots whose worker never started.
 pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
-    let caps = caps();
+    start_workers(pool, database, caps());
+}
+
+/// [`ensure_pool`] with `caps`.
+fn start_workers(pool: &PoolShared, database: pg_sys::Oid, caps: PoolCaps) {
     let database = u32::from(database);
     let now = super::shared::now_ms();
     let (mut in_db, mut in_server) = (0u32, 0u32);
@@ -124,14 +128,18 @@ fn make_room(pool: &PoolShared, others: &[(u32, u32)], share: u32) {
     }
 }
 
-/// Starts the pool of the database this process is connected to, if `parallel_mode`
-/// is `pool` for the whole server: the first Gathers there then find idle workers
-/// instead of falling back while the pool starts. Called by the groups worker, which
+/// Starts the pool of the database this process is connected to, up to a database's
+/// share of the caps, if `parallel_mode` is `pool` for the whole server: the first
+/// Gathers there then find idle workers instead of falling back while the pool starts. Called by the groups worker, which
 /// is connected to `pg_stride.database`, at its start and after each reload.
 pub fn prestart() {
     if let Some(pool) = super::shared::shared().filter(|_| gucs::pool_mode() && gucs::enabled()) {
+        // Only a database's share while others may come: the workers of a pool nobody
+        // uses yet would otherwise hold the whole cap until their idle timeout.
+        let caps = caps();
+        let share = PoolCaps { alone: caps.shared, ..caps };
         // SAFETY: a global set at connection.
-        ensure_pool(pool, unsafe { pg_sys::MyDatabaseId });
+        start_workers(pool, unsafe { pg_sys::MyDatabaseId }, share);
     }
 }
 

@@ -303,6 +303,24 @@ impl Shared {
     }
 
     /// This process's entry, if it is a process that can run queries.
+    /// Statements of other processes that want CPU now: admitted and executing, not
+    /// lent (a lent one waits on a lock or its client), or waiting for admission. Read
+    /// without a lock: a moment old at worst. For the worker grant, which asks it only
+    /// for plans with a Gather.
+    pub fn statements_elsewhere(&self) -> u32 {
+        let me = pg::my_procno();
+        self.procs()
+            .iter()
+            .enumerate()
+            .filter(|&(procno, entry)| {
+                Some(procno) != me
+                    && ((entry.running.load(Ordering::Relaxed) > 0 && !entry.lease.is_lent())
+                        || entry.queued.load(Ordering::Relaxed) > 0)
+                    && self.is_live(procno)
+            })
+            .count() as u32
+    }
+
     pub fn my_entry(&self) -> Option<&ProcEntry> {
         self.procs().get(pg::my_procno()?)
     }

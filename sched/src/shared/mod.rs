@@ -54,6 +54,7 @@ pub use entries::MAX_QUERY_MEMBERS;
 pub use nodes::MAX_SLOT_NODES;
 pub use registry::{GroupConfig, ProcSnapshot, QueryOptions, QuerySnapshot};
 pub use slots::{Outcome, Turn};
+pub use workers::Demand;
 
 use crate::decay::DecayParams;
 use crate::ids::{GroupId, ProcId, QueryId, NONE};

@@ -405,15 +405,19 @@ fn worker_grants_follow_hint_and_cap() {
     assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA), 5.0);
     assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA), 3.5);
     assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA), 2.75);
-    assert_eq!(s.reserve_workers(GroupId(1), 4, false), 2);
-    assert_eq!(s.reserve_workers(GroupId(1), 4, false), 2);
-    assert_eq!(s.reserve_workers(GroupId(1), 4, false), 1); // the cap: 5
-    assert_eq!(s.reserve_workers(GroupId(1), 4, false), 0);
+    assert_eq!(s.reserve_workers(GroupId(1), 4, Demand::default()), 2);
+    assert_eq!(s.reserve_workers(GroupId(1), 4, Demand::default()), 2);
+    assert_eq!(s.reserve_workers(GroupId(1), 4, Demand::default()), 1); // the cap: 5
+    assert_eq!(s.reserve_workers(GroupId(1), 4, Demand::default()), 0);
     s.return_workers(GroupId(1), 3);
     assert_eq!(s.workers_in_use(GroupId(1)), 2);
-    assert_eq!(s.reserve_workers(GroupId(0), 100, false), 2); // no cap on group 0
+    assert_eq!(s.reserve_workers(GroupId(0), 100, Demand::default()), 2); // no cap on group 0
     // A leader that scans beside its workers keeps one of the 2 free slots for itself.
-    assert_eq!(s.reserve_workers(GroupId(0), 100, true), 1);
+    let beside = Demand { leader_runs: true, elsewhere: 0 };
+    assert_eq!(s.reserve_workers(GroupId(0), 100, beside), 1);
+    // Seven statements elsewhere want the 8 slots, more than the 6 held: one is free.
+    let busy = Demand { leader_runs: false, elsewhere: 7 };
+    assert_eq!(s.reserve_workers(GroupId(0), 100, busy), 1);
 }
 
 /// Registers a query homed on node `home` in group 0 with processes `procs` joined.

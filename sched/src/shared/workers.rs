@@ -7,6 +7,18 @@ use super::SchedShared;
 use crate::hint::{grant_workers, next_hint};
 use crate::ids::GroupId;
 
+/// What else wants the CPU slots when a Gather asks for workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Demand {
+    /// The leader scans beside its workers: it takes one of the free slots itself.
+    pub leader_runs: bool,
+    /// Statements of other processes executing or queued now. Slots are free for this
+    /// Gather only beyond the larger of these and the slots held: between statements
+    /// (parse, plan, ExecutorStart, the client's round trip) a busy server's slots look
+    /// free for a moment, and a worker granted then would only wait for one.
+    pub elsewhere: u32,
+}
+
 impl SchedShared {
     /// Folds the current number of free slots into the hint with weight `alpha` (the
     /// paper's `a`, [`crate::hint::HINT_ALPHA`]). The scheduler worker calls this every
@@ -25,17 +37,17 @@ impl SchedShared {
     }
 
     /// Number of parallel workers a Gather of group `g` that planned `requested` may
-    /// launch: limited by the hint, the slots free now (less one for the leader when
-    /// `leader_runs`: it scans beside its workers) and the group's `max_workers`, and reserved against
+    /// launch: limited by the hint, the slots free now (see [`Demand`]) and the group's
+    /// `max_workers`, and reserved against
     /// the group's cap until [`SchedShared::return_workers`].
-    pub fn reserve_workers(&self, g: GroupId, requested: u32, leader_runs: bool) -> u32 {
+    pub fn reserve_workers(&self, g: GroupId, requested: u32, demand: Demand) -> u32 {
         let ge = self.group(g);
         let cap = ge.max_workers.load(Relaxed);
         let hint = self.hint();
         let free_now = self
             .cpu_slots()
-            .saturating_sub(self.running())
-            .saturating_sub(u32::from(leader_runs));
+            .saturating_sub(self.running().max(demand.elsewhere))
+            .saturating_sub(u32::from(demand.leader_runs));
         let mut in_use = ge.workers_in_use.load(Relaxed);
         loop {
             let grant = grant_workers(requested, hint, free_now, cap.saturating_sub(in_use));
