@@ -207,12 +207,13 @@ unsafe fn take_baseline() {
 
 /// How many settings (placeholders included) this process knows.
 fn config_option_count() -> c_int {
-    // SAFETY: plain reads of guc.c's count of its variables.
     #[cfg(feature = "pg15")]
+    // SAFETY: a plain read of guc.c's count of its variables.
     unsafe {
         pg_sys::GetNumConfigOptions()
     }
     #[cfg(not(feature = "pg15"))]
+    // SAFETY: guc.c's array of its variables and their count; only the count is read.
     unsafe {
         let mut n: c_int = 0;
         pg_sys::get_guc_variables(&mut n);
