@@ -76,12 +76,11 @@ def run_as(s, user, sql, settings=""):
 
 
 def set_mode(s, role, mode):
-    value = "serial" if mode == "serial" else mode
-    if value == "serial":
+    if mode == "serial":
         s.sql(f"ALTER ROLE {role} SET pg_stride.parallel_mode = native; "
               f"ALTER ROLE {role} SET max_parallel_workers_per_gather = 0")
     else:
-        s.sql(f"ALTER ROLE {role} SET pg_stride.parallel_mode = {value}; "
+        s.sql(f"ALTER ROLE {role} SET pg_stride.parallel_mode = {mode}; "
               f"ALTER ROLE {role} RESET max_parallel_workers_per_gather")
 
 

@@ -13,34 +13,24 @@ use pgrx::pg_sys;
 use std::ffi::CStr;
 use std::sync::atomic::Ordering;
 
-/// 0: not asked yet; otherwise 1 + the Fallback, or u8::MAX when the pool may run.
-static mut ANSWER: u8 = 0;
-const AVAILABLE: u8 = u8::MAX;
+/// The answer of [`unavailable`] once asked: `Some(None)` when the pool may run.
+static mut ANSWER: Option<Option<Fallback>> = None;
 
 /// Why this server cannot run the pool, if it cannot. Cannot panic.
 pub(super) fn unavailable(pool: &PoolShared) -> Option<Fallback> {
     // SAFETY: process-local.
-    let answer = unsafe { ANSWER };
-    let answer = if answer == 0 {
-        let fresh = match why_not() {
-            None => AVAILABLE,
-            Some(why) => {
-                if !pool.unavailable_warned.swap(true, Ordering::AcqRel) {
-                    warn(why);
-                }
-                why as u8 + 1
-            }
-        };
-        // SAFETY: process-local.
-        unsafe { ANSWER = fresh };
-        fresh
-    } else {
-        answer
-    };
-    match answer {
-        AVAILABLE => None,
-        n => Some(Fallback::from_index(n as usize - 1)),
+    if let Some(answer) = unsafe { ANSWER } {
+        return answer;
     }
+    let answer = why_not();
+    if let Some(why) = answer {
+        if !pool.unavailable_warned.swap(true, Ordering::AcqRel) {
+            warn(why);
+        }
+    }
+    // SAFETY: process-local.
+    unsafe { ANSWER = Some(answer) };
+    answer
 }
 
 /// The server's `server_version_num`. A debug build (what the test suites install)

@@ -287,11 +287,7 @@ fn wait_for_starting_worker(pool: &PoolShared) -> bool {
     while Instant::now() < deadline {
         // SAFETY: a short latch wait; interrupts are checked by the caller's loop.
         unsafe { wait_latch(Some(1), wait_event::EXECUTE_GATHER) };
-        if pool
-            .slots
-            .iter()
-            .any(|s| s.load().1 == State::Idle && serves_this_leader(s))
-        {
+        if idle_workers(pool) > 0 {
             pool.count(Counter::WaitedForStart);
             return true;
         }

@@ -213,20 +213,6 @@ pub enum Fallback {
     /// authenticated user more than once per process (identity.rs).
     AssertBuild,
 }
-impl Fallback {
-    /// The reason of index `i` of [`FALLBACK_NAMES`] (an unknown index: the last).
-    pub fn from_index(i: usize) -> Fallback {
-        match i {
-            0 => Fallback::Xid,
-            1 => Fallback::Serializable,
-            2 => Fallback::NoIdleWorker,
-            3 => Fallback::NoDsm,
-            4 => Fallback::UncheckedRelease,
-            _ => Fallback::AssertBuild,
-        }
-    }
-}
-
 pub const FALLBACK_NAMES: [&str; 6] = [
     "transaction has an xid",
     "serializable",
