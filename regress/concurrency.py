@@ -213,8 +213,8 @@ def terminating_an_admitted_backend_frees_its_admission(s):
 class Session:
     """A psql session that stays connected between statements, reading from a pipe."""
 
-    def __init__(self, s):
-        args = s.psql_args("")
+    def __init__(self, s, user="postgres"):
+        args = s.psql_args("", user)
         args = args[:args.index("-c")]
         # psql buffers its output when it goes to a pipe; line-buffered, each result
         # arrives as soon as its statement ends.
@@ -581,21 +581,35 @@ def admitted_within(s, seconds, group="pair", sql="SELECT 'admitted'", settings=
     return out
 
 
+def over_limit(s, group="pair"):
+    return int(s.sql(f"SELECT over_limit_total FROM pg_stride.groups WHERE name = '{group}'"))
+
+
 @check
-def a_statement_waiting_on_a_lock_lends_its_admission(s):
-    # Issue's minimal case: S1 holds a row lock idle in its transaction; S2, admitted
-    # (group limit 1), waits on it; S3's statement must not stay queued until S1 ends.
+def a_statement_waiting_on_a_lock_keeps_its_admission(s):
+    # S1 holds a row lock idle in its transaction; S2, admitted (group limit 1), waits
+    # on it. The cap holds: S3 stays queued. S1's next statement needs the admission
+    # S2 holds while S2 waits for S1: a cycle, so S1 gets in beyond the limit, counted.
+    before = over_limit(s)
     s1 = Session(s)
     try:
         s1.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; BEGIN; "
                "INSERT INTO uniq VALUES (1); SELECT 'inserted'")
         s2 = s.client("pair", "INSERT INTO uniq VALUES (1)")
         s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", "1")
-        assert admitted_within(s, 2) == "admitted"
-        assert s2.poll() is None, "S2 did not wait for S1's lock"
-        s1.run("ROLLBACK; SELECT 'rolled back'")
+        s3 = s.client("pair", "SELECT 'admitted'")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+        time.sleep(0.5)
+        assert s3.poll() is None and s2.poll() is None, "the group's limit of 1 was crossed"
+        started = time.monotonic()
+        assert s1.run("SELECT 'still in'") == ["still in"]
+        took = time.monotonic() - started
+        assert took < 2, f"the lock holder waited {took:.2f} s"
+        assert over_limit(s) - before == 1, over_limit(s) - before
+        s1.run("ROLLBACK; \\echo rolled back")
         rc, out, err = finish(s2)
         assert rc == 0, (rc, out, err)
+        assert finish(s3)[:2] == (0, "admitted")
         s.wait_until("SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = 'pair'", "0 0")
     finally:
         s1.close()
@@ -603,20 +617,26 @@ def a_statement_waiting_on_a_lock_lends_its_admission(s):
 
 
 @check
-def a_statement_whose_parallel_worker_waits_on_a_lock_lends_its_admission(s):
-    # The leader waits for its worker (an IPC wait), the worker for S1's lock: the
-    # statement waits on the lock all the same (the shape of PostgreSQL's isolation
-    # test deadlock-parallel).
+def a_lock_holder_whose_lock_a_parallel_worker_waits_for_gets_in(s):
+    # The leader waits for its worker (an IPC wait), the worker for S1's lock: S1's next
+    # statement, queued behind the leader's admission, is admitted ahead of its turn all
+    # the same (pg_blocking_pids of a leader counts its workers' waits; the shape of
+    # PostgreSQL's isolation test deadlock-parallel).
+    before = over_limit(s)
     s1 = Session(s)
     try:
-        s1.run(f"SET ROLE {ROLE}; SELECT pg_advisory_lock(9) IS NOT NULL")
+        s1.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; "
+               "SELECT pg_advisory_lock(9) IS NOT NULL")
         s2 = s.client("pair", "SELECT stride_lock_shared(9)", f"SET {s.force_parallel_guc()} = on;")
         s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                      "AND backend_type = 'parallel worker'", "1")
-        assert admitted_within(s, 2) == "admitted"
+        started = time.monotonic()
         assert s1.run("SELECT pg_advisory_unlock(9)") == ["t"]
+        took = time.monotonic() - started
+        assert took < 2, f"the lock holder waited {took:.2f} s"
         rc, out, err = finish(s2)
         assert (rc, out) == (0, "1"), (rc, out, err)
+        assert over_limit(s) - before == 1, over_limit(s) - before
     finally:
         s1.close()
 
@@ -649,17 +669,14 @@ def advisory_lock_waiter(s, holder, group, key, settings=""):
 
 @check
 def a_queued_lock_holder_is_admitted_ahead_of_its_turn(s):
-    # S2 holds an advisory lock; S1, admitted, waits for it. Its admission is lent, but
-    # a long statement queued before S2's next one takes it: only the lock-holder
-    # watchdog (pg_blocking_pids, no SQL) lets S2 in before that statement ends.
+    # S2 holds an advisory lock; S1, admitted, waits for it; a long statement queues
+    # before S2's next one. Only the lock-holder watchdog (pg_blocking_pids, no SQL)
+    # lets S2 in ahead of it, and the long one stays queued until S1 is done.
     s2 = Session(s)
     try:
         s1 = advisory_lock_waiter(s, s2, "pair", 7, "SET pg_stride.resource_group = 'pair'; ")
-        holder = holder_running(s, 0.5)  # takes the admission S1 lends; S2 not queued yet
-        finish(holder)
-        long = s.client("pair", "SET application_name = 'long'; SELECT pg_sleep(4)")
-        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'long' "
-                     "AND wait_event = 'PgSleep'", "1")
+        long = s.client("pair", "SET application_name = 'long'; SELECT pg_sleep(1)")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
         started = time.monotonic()
         assert s2.run("SELECT pg_advisory_unlock(7)") == ["t"]
         took = time.monotonic() - started

@@ -16,7 +16,7 @@
 use crate::gucs;
 use crate::pg::{self, set_latch as wake};
 use crate::shmem::{self, Group, ProcEntry};
-use pg_stride_sched::admission::Arrival;
+use pg_stride_sched::admission::{Arrival, Reclaim};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
@@ -39,24 +39,29 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
     }
     // A lease of another group is of no use to this statement.
     give_back_lease(shared, entry);
-    let arrival = if shared.admission.try_enter(group) {
-        Arrival::Admitted
-    } else {
-        shared.with_admission(|queue, waiters| {
-            let leases = shared.procs().iter().map(|e| &e.lease);
-            queue.arrive(&shared.admission, waiters, leases, procno, group, wake)
-        })
-    };
-    if arrival == Arrival::Admitted {
+    if shared.admission.try_enter(group) || arrive(shared, procno, group) == Arrival::Admitted {
         admitted_at_once(entry);
         entry.lease.hold(group);
         return true;
     }
+    wait_in_queue(shared, entry, procno, group, true);
+    entry.lease.hold(group);
+    true
+}
 
+/// Waits in the queue, where `arrive` left process `procno` with a statement of group
+/// slot `group`, until it is admitted; `count` records the admission and its wait in
+/// the group's statistics (a statement taking a lent admission back is not counted
+/// again, and shows queued from now rather than from its start). Raises an ERROR when the wait is cancelled, times out or
+/// the backend is terminated, having left the queue.
+fn wait_in_queue(shared: &shmem::Shared, entry: &ProcEntry, procno: usize, group: usize, count: bool) {
     let started = Instant::now();
-    entry
-        .queued_since
-        .store(pg::statement_start_timestamp(), Ordering::Relaxed);
+    let since = if count {
+        pg::statement_start_timestamp()
+    } else {
+        pg::now_timestamp()
+    };
+    entry.queued_since.store(since, Ordering::Relaxed);
     entry.queued.fetch_add(1, Ordering::AcqRel);
     let outcome = PgTryBuilder::new(|| wait_for_turn(shared, procno, started))
         .catch_others(|error| {
@@ -70,13 +75,13 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
     let counters = shared.groups.counters(group);
     match outcome {
         Ok(()) => {
-            let waited_us = started.elapsed().as_micros().min(u64::MAX as u128) as u64;
-            counters.record_admission(waited_us);
-            entry
-                .admitted_at
-                .store(pg::now_timestamp(), Ordering::Relaxed);
-            entry.lease.hold(group);
-            true
+            if count {
+                let waited_us = started.elapsed().as_micros().min(u64::MAX as u128) as u64;
+                counters.record_admission(waited_us);
+                entry
+                    .admitted_at
+                    .store(pg::now_timestamp(), Ordering::Relaxed);
+            }
         }
         Err(()) => {
             counters.timed_out.fetch_add(1, Ordering::Relaxed);
@@ -98,6 +103,15 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
             unreachable!("an ERROR report does not return")
         }
     }
+}
+
+/// Queues process `procno` with a statement of group slot `group`, admitting it at once
+/// if nobody waits and the limits have room.
+fn arrive(shared: &shmem::Shared, procno: usize, group: usize) -> Arrival {
+    shared.with_admission(|queue, waiters| {
+        let leases = shared.procs().iter().map(|e| &e.lease);
+        queue.arrive(&shared.admission, waiters, leases, procno, group, wake)
+    })
 }
 
 /// Records an admission without a wait, in the process's own entry only.
@@ -213,14 +227,21 @@ pub fn flush_admissions(shared: &shmem::Shared, entry: &ProcEntry) {
 }
 
 /// Admits process `procno` ahead of its turn if it is queued (the watchdog's way out of
-/// a wait-for cycle through admission). Returns whether it did.
+/// a wait-for cycle through admission), counting the crossing of the limits in its
+/// group's `over_limit_total` (docs/design.md §4 rule 12). Returns whether it did.
 pub fn force_admit(shared: &shmem::Shared, procno: usize) -> bool {
     let admitted = shared
         .with_admission(|queue, waiters| queue.force_admit(&shared.admission, waiters, procno));
-    if admitted {
-        wake(procno);
-    }
-    admitted
+    let Some(group) = admitted else {
+        return false;
+    };
+    shared
+        .groups
+        .counters(group)
+        .over_limit
+        .fetch_add(1, Ordering::Relaxed);
+    wake(procno);
+    true
 }
 
 /// Brings the admission limits in line with the settings (after a reload or a group
@@ -247,15 +268,16 @@ pub fn configure(
     });
 }
 
-/// Lends out the admission of `entry`'s statement, which waits on a lock or on its
-/// client, and admits whoever that lets in (see `Lease`). `still_waits` is asked again
-/// once the admission is lent: the statement may have ended, and another one taken the
-/// lease, since the caller looked; that one's admission is taken back at once.
+/// Lends out the admission of `entry`'s statement, which waits for its client, and
+/// admits whoever that lets in (see `Lease`). `still_waits` is asked again once the
+/// admission is lent: the statement may have ended, and another one taken the lease,
+/// since the caller looked; that one counts again at once if it can do so within the
+/// limits, or else when its process comes back through the queue ([`take_back`]).
 pub fn lend_if(shared: &shmem::Shared, entry: &ProcEntry, still_waits: impl Fn() -> bool) {
     let Some(waiters) = entry.lease.lend(&shared.admission) else {
         return;
     };
-    if !still_waits() && entry.lease.reclaim(&shared.admission) {
+    if !still_waits() && reclaim_if_room(shared, entry) {
         return;
     }
     if waiters {
@@ -263,8 +285,51 @@ pub fn lend_if(shared: &shmem::Shared, entry: &ProcEntry, still_waits: impl Fn()
     }
 }
 
-/// `entry`'s statement, whose admission may have been lent, runs again: it counts
-/// against the limits again.
-pub fn reclaim(shared: &shmem::Shared, entry: &ProcEntry) {
-    entry.lease.reclaim(&shared.admission);
+/// `entry`'s statement, whose admission may have been lent, was seen running: it counts
+/// again if nobody waits and the limits have room. Returns whether it counts now (or
+/// was not lent).
+pub fn reclaim_if_room(shared: &shmem::Shared, entry: &ProcEntry) -> bool {
+    match entry.lease.reclaim(&shared.admission) {
+        Reclaim::NotLent | Reclaim::Reclaimed => true,
+        Reclaim::NoRoom => false,
+        Reclaim::Raced { waiters } => {
+            if waiters {
+                dispatch(shared);
+            }
+            true
+        }
+    }
+}
+
+/// Whether this process's statement has its admission lent out.
+pub fn is_lent(shared: &shmem::Shared) -> bool {
+    shared.my_entry().is_some_and(|e| e.lease.lent_group().is_some())
+}
+
+/// This process's statement, whose admission was lent while it waited for its client,
+/// runs again: it takes an admission back before it goes on, at once when nobody waits
+/// and the limits have room, otherwise through the queue in its turn like any arrival
+/// (docs/design.md §4 rule 12). A statement queued so while it holds a lock that an
+/// admitted one waits for is admitted ahead of its turn by the watchdog, and counted.
+/// Raises the errors of a queued wait. Called only where interrupts can be processed
+/// (rule 1), at a yield point or at ExecutorRun.
+pub fn take_back(shared: &shmem::Shared) {
+    let Some(entry) = shared.my_entry() else {
+        return;
+    };
+    let Some(group) = entry.lease.lent_group() else {
+        return;
+    };
+    let Some(procno) = pg::my_procno() else {
+        return;
+    };
+    if reclaim_if_room(shared, entry) {
+        return;
+    }
+    if arrive(shared, procno, group) == Arrival::Queued {
+        wait_in_queue(shared, entry, procno, group, false);
+    }
+    if entry.lease.returned(&shared.admission) {
+        dispatch(shared);
+    }
 }

@@ -39,7 +39,7 @@
 //! with saturating arithmetic, so that no hook can panic over it.
 
 use crate::backend_local::BackendLocal;
-use crate::{cpu, groups, gucs, pg, pool, shmem, statements};
+use crate::{admission, cpu, groups, gucs, pg, pool, shmem, statements};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -273,6 +273,10 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
     // A top-level scheduled statement holds a CPU slot while it runs, and only then:
     // between the FETCHes of a cursor it holds none. After an error the statement's
     // cleanup gives the slot back.
+    if NESTING.get() == 0 {
+        // SAFETY: a guarded function.
+        unsafe { take_back_admission() };
+    }
     let on_cpu = NESTING.get() == 0 && runs_on_cpu_slots(desc);
     if on_cpu {
         // SAFETY: a guarded function.
@@ -407,6 +411,17 @@ unsafe extern "C-unwind" fn join_cpu_scheduling(desc: *mut pg_sys::QueryDesc) {
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn join_leader(desc: *mut pg_sys::QueryDesc) {
     statements::start_worker(desc);
+}
+
+/// A statement whose admission was lent while its client was away (a cursor between
+/// fetches) takes it back before it runs again (docs/design.md §4 rule 12).
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn take_back_admission() {
+    if let Some(shared) = shmem::shared() {
+        if admission::is_lent(shared) && pg::interrupts_can_be_processed() {
+            admission::take_back(shared);
+        }
+    }
 }
 
 #[pgrx::pg_guard]

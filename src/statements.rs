@@ -108,10 +108,11 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
     // A backend that holds an admission already (an open cursor, the query of a FOR
     // loop in a DO block) runs its further statements under it: it runs one at a
     // time, and waiting for another admission could mean waiting for itself. If that
-    // admission was lent while the backend waited for its client, it counts again.
+    // admission was lent while the backend waited for its client, it takes it back
+    // first, through the queue if need be.
     let holds_one = REGISTERED.with_borrow(|list| list.iter().any(|r| r.admitted));
-    if holds_one {
-        admission::reclaim(shared, entry);
+    if holds_one && pg::interrupts_can_be_processed() {
+        admission::take_back(shared);
     }
     let exempt = || gucs::EXEMPT_SUPERUSER.get() && pg::is_superuser();
     let mut arrival = cpu::Arrival::now();

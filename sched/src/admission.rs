@@ -218,14 +218,14 @@ impl Counts {
 /// see the module comment. Only its own process takes a lease, uses it and keeps it
 /// idle; anyone may revoke it while it is idle.
 ///
-/// A statement that waits on a heavyweight lock, or for its client (a cursor between
-/// fetches), may have its admission **lent** ([`Lease::lend`]): the statement keeps
-/// running under the lease, but no longer counts against the limits, so that the
-/// statement that would end its wait — perhaps the next one of the session holding the
-/// lock, queued behind it — can be admitted (psaroudakis2013 §5 treats a blocked
-/// worker the same way). When it runs again it counts again ([`Lease::reclaim`]),
-/// whatever the limits say then: the limits are exceeded by at most the number of
-/// lent statements that resumed while the admissions they had lent were in use.
+/// A statement that waits for its client (a cursor between fetches, a result the client
+/// does not read) may have its admission **lent** ([`Lease::lend`]): the statement keeps
+/// the lease, but no longer counts against the limits, so that a statement the client
+/// may be waiting for can be admitted (psaroudakis2013 §5 treats a blocked worker the
+/// same way). When it runs again it must count again before it goes on: at once when
+/// nobody waits and the limits have room ([`Lease::reclaim`]), otherwise through the
+/// [`Queue`] in its turn like any arrival, then [`Lease::returned`]. Nothing here
+/// crosses a limit; only [`Queue::force_admit`] does (docs/design.md §4 rule 12).
 #[derive(Debug, Default)]
 #[repr(transparent)]
 pub struct Lease(AtomicU32);
@@ -340,23 +340,73 @@ impl Lease {
             .then(|| c.leave(group_of(state)))
     }
 
-    /// The statement whose admission was lent runs again: it counts against the limits
-    /// again, even beyond them. Returns whether it was lent. Called by its own process,
-    /// or by anyone who sees it run.
-    pub fn reclaim(&self, c: &Counts) -> bool {
+    /// Group of the statement whose admission is lent out, if it is.
+    pub fn lent_group(&self) -> Option<usize> {
+        let state = self.0.load(SeqCst);
+        (state & LENT != 0).then(|| group_of(state))
+    }
+
+    /// The statement whose admission was lent runs again: it counts again if it can do
+    /// so within the limits with nobody waiting ([`Counts::try_enter`]). Called by its
+    /// own process, or by anyone who sees it run.
+    pub fn reclaim(&self, c: &Counts) -> Reclaim {
         let state = self.0.load(SeqCst);
         if state & LENT == 0 {
-            return false;
+            return Reclaim::NotLent;
         }
-        let reclaimed = self.swap_state(state, state & !LENT);
-        if reclaimed {
-            c.force(group_of(state));
+        let g = group_of(state);
+        if !c.try_enter(g) {
+            return Reclaim::NoRoom;
         }
-        reclaimed
+        if self.swap_state(state, state & !LENT) {
+            return Reclaim::Reclaimed;
+        }
+        // Meanwhile the statement ended, or its process took the admission back itself:
+        // the one just taken is not needed.
+        Reclaim::Raced {
+            waiters: c.leave(g),
+        }
+    }
+
+    /// The lent statement's process was admitted through the [`Queue`] for it: that
+    /// admission is the lease's from now on. Returns whether statements wait (then the
+    /// caller dispatches): the lease had been reclaimed meanwhile, and the admission
+    /// from the queue is given back.
+    pub fn returned(&self, c: &Counts) -> bool {
+        loop {
+            let state = self.0.load(SeqCst);
+            if state & LENT == 0 {
+                return c.leave(group_of(state));
+            }
+            if self.swap_state(state, state & !LENT) {
+                return false;
+            }
+        }
     }
 
     fn swap_state(&self, from: u32, to: u32) -> bool {
         self.0.compare_exchange(from, to, SeqCst, SeqCst).is_ok()
+    }
+}
+
+/// What [`Lease::reclaim`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reclaim {
+    /// The admission was not lent out.
+    NotLent,
+    /// It counts again.
+    Reclaimed,
+    /// The limits have no room, or statements wait: it stays lent, and its process
+    /// comes back through the queue.
+    NoRoom,
+    /// Someone else ended the lending first; `waiters`: the caller dispatches.
+    Raced { waiters: bool },
+}
+
+impl Reclaim {
+    /// Whether the caller must dispatch the queue.
+    pub fn must_dispatch(self) -> bool {
+        matches!(self, Reclaim::Raced { waiters: true })
     }
 }
 
@@ -495,16 +545,17 @@ impl Queue {
         }
     }
 
-    /// Admits process `p` whatever the limits, if it is queued (the watchdog's way out
-    /// of a wait-for cycle through admission, docs/design.md §4 rule 5). Returns whether it did.
-    pub fn force_admit(&mut self, c: &Counts, waiters: &mut [Waiter], p: usize) -> bool {
+    /// Admits process `p` whatever the limits, if it is queued: the watchdog's way out
+    /// of a wait-for cycle through admission (docs/design.md §4 rules 5 and 12), the one
+    /// place where a limit is crossed. Returns the group it was admitted in.
+    pub fn force_admit(&mut self, c: &Counts, waiters: &mut [Waiter], p: usize) -> Option<usize> {
         if waiters[p].state != WaitState::Queued {
-            return false;
+            return None;
         }
         let g = waiters[p].group as usize;
         c.force(g);
         self.mark_admitted(c, waiters, p, g);
-        true
+        Some(g)
     }
 
     /// Records that `p`, queued in group `g`, holds an admission now.
@@ -769,9 +820,9 @@ mod tests {
         let mut s = Server::new(1, 2);
         s.arrive(0, 0);
         s.arrive(1, 0);
-        assert!(s.q.force_admit(&s.c, &mut s.w, 1));
+        assert_eq!(s.q.force_admit(&s.c, &mut s.w, 1), Some(0));
         assert_eq!(s.totals(), (2, 0));
-        assert!(!s.q.force_admit(&s.c, &mut s.w, 1));
+        assert_eq!(s.q.force_admit(&s.c, &mut s.w, 1), None);
         s.finish(0);
         s.finish(0);
         assert_eq!(s.c.active(), 0);
@@ -842,31 +893,69 @@ mod tests {
     }
 
     #[test]
-    fn a_lent_admission_lets_the_next_statement_in_and_counts_again_when_reclaimed() {
-        // Process 0's statement waits on a lock held by process 1, whose next statement
-        // is queued behind it: lending 0's admission lets 1 in.
-        let mut s = Server::new(1, 2);
+    fn a_lent_admission_lets_the_next_statement_in_and_comes_back_through_the_queue() {
+        // Process 0's statement waits for its client, whose next move needs process 1's
+        // statement, queued behind it: lending 0's admission lets 1 in.
+        let mut s = Server::new(1, 3);
         assert_eq!(s.arrive_leasing(0, 0), (Arrival::Admitted, true));
         assert_eq!(s.arrive_leasing(1, 0), (Arrival::Queued, false));
         assert_eq!(lend(&mut s, 0), Some(vec![1]));
-        assert!(s.l[0].is_lent());
+        assert_eq!(s.l[0].lent_group(), Some(0));
         assert_eq!(lend(&mut s, 0), None, "lent once only");
         assert!(s.take_admitted(1));
         assert_eq!(s.totals(), (1, 0));
-        // The lock is granted: process 0 runs again, over the limit.
-        assert!(s.l[0].reclaim(&s.c));
-        assert!(!s.l[0].reclaim(&s.c), "reclaimed once only");
-        assert_eq!(s.totals(), (2, 0));
-        s.finish(0);
+        // Process 0 runs again while 1 holds the only admission: it stays lent, and a
+        // statement that arrived before it comes back goes first.
+        assert_eq!(s.l[0].reclaim(&s.c), Reclaim::NoRoom);
+        assert_eq!(s.totals(), (1, 0), "no limit crossed");
+        assert_eq!(s.arrive(2, 0), Arrival::Queued);
+        assert_eq!(s.q.arrive(&s.c, &mut s.w, &s.l, 0, 0, |_| {}), Arrival::Queued);
+        assert_eq!(s.finish(0), vec![2], "the earlier arrival first");
+        assert_eq!(s.finish(0), vec![0]);
+        assert!(s.take_admitted(0));
+        assert!(!s.l[0].returned(&s.c));
+        assert_eq!(s.l[0].lent_group(), None);
+        assert_eq!(s.totals(), (1, 0));
         assert!(s.finish_leased(0).is_empty());
         assert_eq!(
             s.l[0].idle_group(),
             Some(0),
-            "reclaimed, it is an admission again"
+            "back from the queue, it is an admission again"
         );
-        assert_eq!(s.totals(), (1, 0));
         s.l[0].surrender(&s.c);
         assert_eq!(s.totals(), (0, 0));
+    }
+
+    #[test]
+    fn a_lent_admission_comes_back_at_once_when_there_is_room_and_nobody_waits() {
+        let mut s = Server::new(2, 2);
+        s.arrive_leasing(0, 0);
+        assert_eq!(lend(&mut s, 0), Some(vec![]));
+        assert_eq!(s.totals(), (0, 0));
+        assert_eq!(s.l[0].reclaim(&s.c), Reclaim::Reclaimed);
+        assert_eq!(s.l[0].reclaim(&s.c), Reclaim::NotLent, "reclaimed once only");
+        assert_eq!(s.totals(), (1, 0));
+        // Room, but a statement waits (its group is full): the lent one does not pass it.
+        s.configure(1, 100, 1);
+        s.arrive(1, 1);
+        assert_eq!(lend(&mut s, 0), Some(vec![]));
+        assert_eq!(s.arrive(1, 1), Arrival::Queued);
+        assert_eq!(s.l[0].reclaim(&s.c), Reclaim::NoRoom);
+    }
+
+    #[test]
+    fn an_admission_from_the_queue_is_given_back_when_the_lease_was_reclaimed_meanwhile() {
+        let mut s = Server::new(1, 1);
+        s.arrive_leasing(0, 0);
+        lend(&mut s, 0);
+        // Its process queues for it, and before it is admitted another reclaims it.
+        assert_eq!(s.l[0].reclaim(&s.c), Reclaim::Reclaimed);
+        assert_eq!(s.q.arrive(&s.c, &mut s.w, &s.l, 0, 0, |_| {}), Arrival::Queued);
+        assert_eq!(s.finish(0), vec![0]);
+        assert!(s.take_admitted(0));
+        assert_eq!(s.totals(), (1, 0));
+        assert!(!s.l[0].returned(&s.c), "nobody waits");
+        assert_eq!(s.totals(), (0, 0), "the queue's admission given back");
     }
 
     #[test]

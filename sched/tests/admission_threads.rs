@@ -6,7 +6,7 @@
 //! round can only be let in by statements that end: a wake-up lost between a leaving
 //! statement and an arriving one leaves it queued, and the test fails after seconds.
 
-use pg_stride_sched::admission::{Arrival, Counts, Lease, Queue, Waiter};
+use pg_stride_sched::admission::{Arrival, Counts, Lease, Queue, Reclaim, Waiter};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -113,6 +113,26 @@ impl Server {
             self.dispatch();
         }
         self.busy[p].store(false, SeqCst);
+    }
+
+    /// Thread `p`'s statement runs again after its admission was lent: it counts again
+    /// before it goes on, at once or through the queue, as at a yield point.
+    fn take_back(&self, p: usize) {
+        let lease = &self.leases[p];
+        let Some(g) = lease.lent_group() else { return };
+        match lease.reclaim(&self.counts) {
+            Reclaim::NoRoom => {}
+            r => {
+                if r.must_dispatch() {
+                    self.dispatch();
+                }
+                return;
+            }
+        }
+        self.wait_for_admission(p, g);
+        if lease.returned(&self.counts) {
+            self.dispatch();
+        }
     }
 
     fn dispatch(&self) {
@@ -232,9 +252,12 @@ fn leases_and_waiters_do_not_miss_each_other() {
     }
 }
 
-/// A watchdog thread lends and reclaims, without pause, the admissions of statements while they run
-/// and end, as the scheduler worker does for statements that wait on locks: whatever
-/// the interleaving, nothing is counted twice or lost, and no waiter is forgotten.
+/// A watchdog thread lends and reclaims, without pause, the admissions of statements
+/// while they run and end, as the scheduler worker does for statements that wait for
+/// their clients, and the statements take lent admissions back themselves, through the
+/// queue when there is no room: whatever the interleaving, nothing is counted twice or
+/// lost, no waiter is forgotten, and the limit is never crossed (docs/design.md §4
+/// rule 12).
 #[test]
 fn lending_admissions_races_with_statements_ending() {
     const PROCS: usize = 4;
@@ -267,9 +290,11 @@ fn lending_admissions_races_with_statements_ending() {
                             s.dispatch();
                         }
                     }
-                } else {
-                    lease.reclaim(&s.counts);
+                } else if lease.reclaim(&s.counts).must_dispatch() {
+                    s.dispatch();
                 }
+                let active = s.counts.active();
+                assert!(active <= 2, "{active} admitted against a limit of 2");
             }
         })
     };
@@ -282,6 +307,9 @@ fn lending_admissions_races_with_statements_ending() {
                     let leased = s.admit(p, 0);
                     if i % 7 == 0 {
                         std::thread::yield_now();
+                    }
+                    if leased && i % 3 == 0 {
+                        s.take_back(p);
                     }
                     s.release(p, 0, leased);
                 }

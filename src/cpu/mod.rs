@@ -38,7 +38,7 @@ pub use trace::{read_window, Arrival};
 
 use crate::backend_local::BackendLocal;
 use crate::pg::{self, interrupts_can_be_processed, thread_cpu_ns};
-use crate::{gucs, numa, shmem};
+use crate::{admission, gucs, numa, shmem};
 use pg_stride_sched::slice::{Checkpoint, SliceClock};
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
 use pg_stride_sched::{
@@ -710,8 +710,9 @@ pub struct Seen {
 /// client, a sleep — uses no CPU, so it must not keep others from running. Holders seen
 /// waiting at two consecutive rounds (`before` carries the previous round) are counted
 /// as inactive: the slot count is raised by their number and the extra slots are
-/// handed out at once. When they run again, the count drops back and takes effect as
-/// holders end their slices.
+/// handed out at once. When they run again, the count drops back, and each of them is
+/// asked to end its slice at its next tuple, where it competes for its slot with the
+/// waiters in stride order.
 ///
 /// With `pg_stride.lend_on_overrun`, a holder that ran a whole round without reaching a
 /// yield point (a sort, a hash aggregate's output, no scan below) gets the same extra
@@ -738,6 +739,12 @@ pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
             .map(|e| e.checkins.load(Ordering::Relaxed));
         let overran = lend_on_overrun && checkins.is_some() && checkins == seen.checkins;
         let blocked = waiting && seen.blocked;
+        if seen.lent && !blocked && !overran && running && !sched.nobody_waits() {
+            // Its extra slot goes away with this round: it competes for its slot at its
+            // next tuple, in stride order with the waiters, rather than keep it to the
+            // end of its slice (docs/design.md §4 rule 12).
+            sched.yield_flag(proc).store(1, Ordering::Relaxed);
+        }
         if blocked || overran {
             let node = sched.slot_node(proc).unwrap_or(0) as usize;
             slots[node.min(last)] += 1;
@@ -1029,6 +1036,15 @@ unsafe extern "C-unwind" fn check_in() {
     // Answered here whatever follows, so that a yield point reads it set only once.
     let asked = take_yield_request();
     count_check_in(shared);
+    if admission::is_lent(shared) && interrupts_can_be_processed() {
+        // Its admission was lent while it waited for its client: the statement takes it
+        // back before it goes on, without a slot while it may wait (docs/design.md §4
+        // rule 12).
+        end_run(shared);
+        admission::take_back(shared);
+        begin_run(shared);
+        return;
+    }
     if MEMBER.with_borrow(|m| m.as_ref().is_some_and(|m| m.query.is_none())) {
         join_at_first_check_in(shared, sched);
         return;

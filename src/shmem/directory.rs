@@ -59,6 +59,9 @@ pub struct GroupCounters {
     pub cpu_ns: AtomicU64,
     /// Statements that gave up waiting at `pg_stride.queue_timeout`.
     pub timed_out: AtomicU64,
+    /// Admissions beyond the limits, to break a cycle of waits (docs/design.md §4
+    /// rule 12).
+    pub over_limit: AtomicU64,
     /// Sum of the admitted statements' waits, µs.
     pub queue_time_us: AtomicU64,
     /// Admitted statements by wait (`pg_stride_sched::histogram`).
@@ -74,6 +77,7 @@ impl GroupCounters {
             admitted: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
+            over_limit: AtomicU64::new(0),
             queue_time_us: AtomicU64::new(0),
             queue_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
             incarnation: AtomicU32::new(0),
@@ -84,6 +88,7 @@ impl GroupCounters {
         self.admitted.store(0, Ordering::Relaxed);
         self.cpu_ns.store(0, Ordering::Relaxed);
         self.timed_out.store(0, Ordering::Relaxed);
+        self.over_limit.store(0, Ordering::Relaxed);
         self.queue_time_us.store(0, Ordering::Relaxed);
         for bucket in &self.queue_histogram {
             bucket.store(0, Ordering::Relaxed);

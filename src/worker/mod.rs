@@ -192,12 +192,14 @@ fn reload_groups(shared: &shmem::Shared) {
     }
 }
 
-/// The admission watchdog (docs/design.md §4 rule 5, psaroudakis2013 §5 applied to
-/// admission): an admitted statement that waits on a heavyweight lock (itself, or one
-/// of its parallel workers while it waits for them), or for its client, at two
-/// consecutive rounds has its admission lent out, so that the statement
-/// that would end its wait can be admitted even when it comes from the session the lock
-/// holder's client waits on. It counts again as soon as it is seen running.
+/// The admission watchdog (docs/design.md §4 rules 5 and 12, psaroudakis2013 §5
+/// applied to admission): an admitted statement that waits for its client at two
+/// consecutive rounds has its admission lent out, so that a statement the client may be
+/// waiting for can be admitted. A lent statement seen running counts again if it can do
+/// so within the limits; otherwise its process takes the admission back through the
+/// queue at its next yield point or ExecutorRun. A statement waiting on a lock keeps its
+/// admission: it could not be stopped when the lock is granted, and a lock holder that
+/// needs admission is admitted ahead of its turn instead (`admit_lock_holders`).
 /// `waited_before` carries, per entry, the statement seen waiting at the previous round.
 ///
 /// The entry's statement count is read around each look, because a backend between two
@@ -207,13 +209,12 @@ fn reload_groups(shared: &shmem::Shared) {
 fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<Option<u32>>) {
     let procs = shared.procs();
     waited_before.resize(procs.len(), None);
-    let lock_waits = pg::lock_waits_by_group(procs.len());
     for (procno, (entry, before)) in procs.iter().zip(waited_before.iter_mut()).enumerate() {
         if !shared.is_live(procno) {
             *before = None;
             continue;
         }
-        let waiting = || lock_waits[procno] || pg::proc_waiting(procno) == pg::Waiting::Client;
+        let waiting = || pg::proc_waiting(procno) == pg::Waiting::Client;
         let statement = statement_waiting(entry, waiting);
         match statement {
             Some(seen) if *before == Some(seen) => {
@@ -222,7 +223,9 @@ fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<Optio
                 });
             }
             Some(_) => {}
-            None if entry.running.load(Ordering::Acquire) > 0 => admission::reclaim(shared, entry),
+            None if entry.running.load(Ordering::Acquire) > 0 => {
+                admission::reclaim_if_room(shared, entry);
+            }
             None => {}
         }
         *before = statement;
@@ -257,10 +260,11 @@ fn reclaim_entries(shared: &shmem::Shared) {
     }
 }
 
-/// docs/design.md §4 rule 5: a queued backend may hold locks (taken by its transaction's
-/// earlier statements, or by its own statement while it was planned) that an admitted
-/// backend waits for. Each such queued backend is admitted ahead of its turn, found
-/// with the lock manager's own data (`pg_blocking_pids`), not SQL.
+/// docs/design.md §4 rules 5 and 12: a queued backend may hold locks (taken by its
+/// transaction's earlier statements, or by its own statement while it was planned or
+/// before its admission was lent) that an admitted backend waits for: the two wait for
+/// each other. Each such queued backend is admitted ahead of its turn, beyond the
+/// limits, found with the lock manager's own data (`pg_blocking_pids`), not SQL.
 fn admit_lock_holders(shared: &shmem::Shared) {
     if shared.admission.waiting() == 0 {
         return;
