@@ -8,10 +8,13 @@ session counts, every 100 ms, the role's statements that run: active in
 pg_stat_activity, neither waiting on a heavyweight lock nor queued by pg_stride.
 
 - advisory locks: one session holds a lock while four others' statements need it; the
-  holder's next statements need the group's only admission (a wait cycle, so they are
-  admitted beyond the limit and counted), and the four then run one at a time;
+  holder's last statement needs the group's only admission, held by the first waiter
+  (a wait cycle, so it is admitted beyond the limit and counted), and the four then
+  run one at a time;
 - row locks: the same with a row the holder locked FOR UPDATE in its transaction and the
   others want FOR SHARE (so that, once it commits, all of them could run at once);
+- a lock wait that only a client can end (its holder idle in its transaction) lends
+  its admission, counted, so that a statement queued behind it gets in;
 - a cursor whose admission was lent while its client was idle comes back through the
   queue: its FETCH waits for the statement that took the admission, unless that
   statement waits on a lock the cursor's transaction holds (a cycle: it comes back at
@@ -81,23 +84,23 @@ def active_app_statements(s):
     return f"SELECT count(*) FROM pg_stat_activity WHERE usename = '{APP}' AND state = 'active'"
 
 
-def waiters_finish_one_at_a_time(s, holder, lock_sql, holder_next, unlock_sql, hold_s, each_s, n=4):
-    """`holder` (an app session) has taken a lock; `n` app clients each run
-    `lock_sql` (which needs the lock, then works `each_s` s). The holder then runs
-    `holder_next` (`hold_s` s) and `unlock_sql`. Returns the most statements seen
-    running at once, the holder's wait for each of its statements, and each client's
-    end (s after the holder's next statement was sent)."""
+def waiters_finish_one_at_a_time(s, holder_sql, holder_lines, lock_sql, hold_s, each_s, n=4):
+    """An app session runs `holder_sql` (it takes a lock, works `hold_s` s, then needs
+    another admission before it lets the lock go); after 0.5 s, `n` app clients each
+    run `lock_sql` (which needs the lock, then works `each_s` s). The holder's
+    statements print `holder_lines` lines. Returns the most
+    statements seen running at once, the holder's time, and each client's end (s after
+    the holder started)."""
     sampler = Sampler(s)
+    holder = Session(s, user=APP)
     try:
-        clients = [app_client(s, lock_sql) for _ in range(n)]
-        s.wait_until(active_app_statements(s), str(n))
-        time.sleep(0.3)  # past the watchdog rounds that decide whether to lend
         started = time.monotonic()
-        holder.run(holder_next, timeout=hold_s + 10)
-        next_took = time.monotonic() - started - hold_s
-        t = time.monotonic()
-        holder.run(unlock_sql, timeout=10)
-        unlock_took = time.monotonic() - t
+        holder.send(holder_sql)
+        time.sleep(0.5)
+        clients = [app_client(s, lock_sql) for _ in range(n)]
+        out = holder.run("\\echo done", lines=holder_lines + 1, timeout=hold_s + n * each_s + 20)
+        assert out[-1].startswith("done"), out
+        holder_took = time.monotonic() - started
         ends = {}
         deadline = time.monotonic() + hold_s + n * each_s + 20
         while len(ends) < n:
@@ -110,8 +113,9 @@ def waiters_finish_one_at_a_time(s, holder, lock_sql, holder_next, unlock_sql, h
             rc, out, err = finish(c)
             assert rc == 0, (rc, out, err)
     finally:
+        holder.close()
         most = sampler.stop()
-    return most, (next_took, unlock_took), list(ends.values())
+    return most, holder_took, sorted(ends.values())
 
 
 CHECKS = []
@@ -120,48 +124,68 @@ check = concurrency.collector(CHECKS)
 
 @check
 def a_group_cap_holds_while_statements_wait_on_an_advisory_lock(s):
+    # The holder's last statement needs the admission that the first waiter on its lock
+    # holds: a cycle, so it gets in beyond the limit (counted), and the waiters run one
+    # at a time.
     before = over_limit(s)
-    holder = Session(s, user=APP)
-    try:
-        assert holder.run("SELECT pg_advisory_lock(1) IS NOT NULL") == ["t"]
-        most, (next_took, unlock_took), ends = waiters_finish_one_at_a_time(
-            s, holder, "SELECT pg_advisory_lock_shared(1) IS NOT NULL, pg_sleep(2)",
-            "SELECT pg_sleep(3)", "SELECT pg_advisory_unlock(1)", hold_s=3, each_s=2)
-    finally:
-        holder.close()
-    print(f"       most running at once {most}; holder's statements waited "
-          f"{next_took:.2f} s and {unlock_took:.2f} s; waiters ended at "
-          + ", ".join(f"{e:.1f}" for e in sorted(ends)) + " s")
+    most, holder_took, ends = waiters_finish_one_at_a_time(
+        s, "SELECT pg_advisory_lock(1) IS NOT NULL; SELECT pg_sleep(3); "
+        "SELECT pg_advisory_unlock(1)", 3,
+        "SELECT pg_advisory_lock_shared(1) IS NOT NULL, pg_sleep(2)", hold_s=3, each_s=2)
+    print(f"       most running at once {most}; the holder took {holder_took:.2f} s; "
+          "waiters ended at " + ", ".join(f"{e:.1f}" for e in ends) + " s")
     assert most == 1, f"{most} statements of a group capped at 1 ran at once"
-    # The holder's two statements each needed the admission that a waiter on its lock
-    # held: each was admitted beyond the limit, soon (the watchdog looks every 100 ms).
-    assert next_took < 1.5 and unlock_took < 1.5, (next_took, unlock_took)
-    assert over_limit(s) - before == 2, over_limit(s) - before
+    assert holder_took < 3 + 1.5, f"the lock holder took {holder_took:.2f} s"
+    assert over_limit(s) - before == 1, over_limit(s) - before
     # One at a time after the holder's 3 s: the k-th ends by 3 + 2k s, plus slack.
-    for k, end in enumerate(sorted(ends), start=1):
+    for k, end in enumerate(ends, start=1):
         assert end < 3 + 2 * k + 1.5, (k, end)
     s.wait_until(f"SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = '{GROUP}'", "0 0")
 
 
 @check
 def a_group_cap_holds_while_statements_wait_on_a_row_lock(s):
+    # The same with a row the holder locked FOR UPDATE and the others want FOR SHARE
+    # (so that, once it commits, all of them could run at once).
+    before = over_limit(s)
+    most, holder_took, ends = waiters_finish_one_at_a_time(
+        s, "BEGIN; SELECT n FROM caps_rows WHERE id = 1 FOR UPDATE; SELECT pg_sleep(2); "
+        "SELECT 'last'; COMMIT", 3,
+        "SELECT pg_sleep(1) IS NOT NULL FROM (SELECT id FROM caps_rows WHERE id = 1 FOR SHARE) locked",
+        hold_s=2, each_s=1, n=3)
+    print(f"       most running at once {most}; the holder took {holder_took:.2f} s; "
+          "waiters ended at " + ", ".join(f"{e:.1f}" for e in ends) + " s")
+    assert most == 1, f"{most} statements of a group capped at 1 ran at once"
+    assert holder_took < 2 + 1.5, f"the lock holder took {holder_took:.2f} s"
+    assert over_limit(s) - before == 1, over_limit(s) - before
+    for k, end in enumerate(ends, start=1):
+        assert end < 2 + k + 1.5, (k, end)
+
+
+@check
+def a_lock_wait_that_only_a_client_can_end_lends_its_admission(s):
+    # The holder is idle in its transaction: its client may be waiting for a statement
+    # queued behind the one waiting on its lock (as isolationtester does). That waiter
+    # lends its admission, counted as a crossing.
     before = over_limit(s)
     holder = Session(s, user=APP)
     try:
         holder.run("BEGIN; SELECT n FROM caps_rows WHERE id = 1 FOR UPDATE")
-        most, _, ends = waiters_finish_one_at_a_time(
-            s, holder, "SELECT pg_sleep(1) IS NOT NULL FROM "
-            "(SELECT id FROM caps_rows WHERE id = 1 FOR SHARE) locked",
-            # psql's \echo: a statement after COMMIT would queue behind the waiters.
-            "SELECT pg_sleep(1)", "COMMIT; \\echo committed", hold_s=1, each_s=1, n=3)
+        waiter = app_client(s, "UPDATE caps_rows SET n = n + 1 WHERE id = 1")
+        s.wait_until(f"SELECT count(*) FROM pg_stat_activity WHERE usename = '{APP}' "
+                     "AND wait_event_type = 'Lock'", "1")
+        started = time.monotonic()
+        rc, out, err = finish(app_client(s, "SELECT 'admitted'"), timeout=10)
+        took = time.monotonic() - started
+        assert (rc, out) == (0, "admitted"), (rc, out, err)
+        assert waiter.poll() is None, "the waiter did not wait for the lock"
+        holder.run("COMMIT; \\echo committed")
+        assert finish(waiter)[0] == 0
     finally:
         holder.close()
-    print(f"       most running at once {most}; waiters ended at "
-          + ", ".join(f"{e:.1f}" for e in sorted(ends)) + " s")
-    assert most == 1, f"{most} statements of a group capped at 1 ran at once"
+    print(f"       the queued statement got in after {took:.2f} s")
+    assert took < 2, f"the queued statement waited {took:.2f} s"
     assert over_limit(s) - before == 1, over_limit(s) - before
-    for k, end in enumerate(sorted(ends), start=1):
-        assert end < 1 + k + 1.5, (k, end)
 
 
 @check

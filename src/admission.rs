@@ -54,7 +54,13 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
 /// the group's statistics (a statement taking a lent admission back is not counted
 /// again, and shows queued from now rather than from its start). Raises an ERROR when the wait is cancelled, times out or
 /// the backend is terminated, having left the queue.
-fn wait_in_queue(shared: &shmem::Shared, entry: &ProcEntry, procno: usize, group: usize, count: bool) {
+fn wait_in_queue(
+    shared: &shmem::Shared,
+    entry: &ProcEntry,
+    procno: usize,
+    group: usize,
+    count: bool,
+) {
     let started = Instant::now();
     let since = if count {
         pg::statement_start_timestamp()
@@ -268,21 +274,38 @@ pub fn configure(
     });
 }
 
-/// Lends out the admission of `entry`'s statement, which waits for its client, and
-/// admits whoever that lets in (see `Lease`). `still_waits` is asked again once the
-/// admission is lent: the statement may have ended, and another one taken the lease,
-/// since the caller looked; that one counts again at once if it can do so within the
-/// limits, or else when its process comes back through the queue ([`take_back`]).
-pub fn lend_if(shared: &shmem::Shared, entry: &ProcEntry, still_waits: impl Fn() -> bool) {
+/// Lends out the admission of `entry`'s statement, which waits for its client (or on a
+/// lock that only a client can end, then `crossing`: counted in the group's
+/// `over_limit_total`, since the statement will go on beyond the limits once the lock
+/// is granted, up to the next place it can take an admission back), and admits whoever
+/// that lets in (see `Lease`). `still_waits` is asked again once the admission is lent:
+/// the statement may have ended, and another one taken the lease, since the caller
+/// looked; that one counts again at once if it can do so within the limits, or else
+/// when its process comes back through the queue ([`take_back`]). Returns whether the
+/// admission stays lent.
+pub fn lend_if(
+    shared: &shmem::Shared,
+    entry: &ProcEntry,
+    crossing: bool,
+    still_waits: impl Fn() -> bool,
+) -> bool {
     let Some(waiters) = entry.lease.lend(&shared.admission) else {
-        return;
+        return false;
     };
     if !still_waits() && reclaim_if_room(shared, entry) {
-        return;
+        return false;
+    }
+    if let (true, Some(group)) = (crossing, entry.lease.lent_group()) {
+        shared
+            .groups
+            .counters(group)
+            .over_limit
+            .fetch_add(1, Ordering::Relaxed);
     }
     if waiters {
         dispatch(shared);
     }
+    true
 }
 
 /// `entry`'s statement, whose admission may have been lent, was seen running: it counts
@@ -303,7 +326,9 @@ pub fn reclaim_if_room(shared: &shmem::Shared, entry: &ProcEntry) -> bool {
 
 /// Whether this process's statement has its admission lent out.
 pub fn is_lent(shared: &shmem::Shared) -> bool {
-    shared.my_entry().is_some_and(|e| e.lease.lent_group().is_some())
+    shared
+        .my_entry()
+        .is_some_and(|e| e.lease.lent_group().is_some())
 }
 
 /// This process's statement, whose admission was lent while it waited for its client,

@@ -53,7 +53,11 @@ pub fn grant_workers(
     }
     let mut planned = Vec::new();
     // SAFETY: `stmt` is a valid PlannedStmt; the walk only reads it.
-    unsafe { for_each_gather(stmt, |workers, leader_runs| planned.push((*workers, leader_runs))) };
+    unsafe {
+        for_each_gather(stmt, |workers, leader_runs| {
+            planned.push((*workers, leader_runs))
+        })
+    };
     if planned.is_empty() {
         return;
     }
@@ -61,7 +65,10 @@ pub fn grant_workers(
     let granted: Vec<i32> = planned
         .iter()
         .map(|&(n, leader_runs)| {
-            let demand = Demand { leader_runs, elsewhere };
+            let demand = Demand {
+                leader_runs,
+                elsewhere,
+            };
             sched.reserve_workers(GroupId(group as u32), n.max(0) as u32, demand) as i32
         })
         .collect();
@@ -115,11 +122,15 @@ unsafe fn for_each_gather(stmt: *mut pg_sys::PlannedStmt, mut f: impl FnMut(&mut
             match (*plan).type_ {
                 T_Gather => {
                     let gather = plan.cast::<pg_sys::Gather>();
-                    f(&mut (*gather).num_workers, participates && !(*gather).single_copy)
+                    f(
+                        &mut (*gather).num_workers,
+                        participates && !(*gather).single_copy,
+                    )
                 }
-                T_GatherMerge => {
-                    f(&mut (*plan.cast::<pg_sys::GatherMerge>()).num_workers, participates)
-                }
+                T_GatherMerge => f(
+                    &mut (*plan.cast::<pg_sys::GatherMerge>()).num_workers,
+                    participates,
+                ),
                 _ => {}
             }
         });

@@ -909,7 +909,10 @@ mod tests {
         assert_eq!(s.l[0].reclaim(&s.c), Reclaim::NoRoom);
         assert_eq!(s.totals(), (1, 0), "no limit crossed");
         assert_eq!(s.arrive(2, 0), Arrival::Queued);
-        assert_eq!(s.q.arrive(&s.c, &mut s.w, &s.l, 0, 0, |_| {}), Arrival::Queued);
+        assert_eq!(
+            s.q.arrive(&s.c, &mut s.w, &s.l, 0, 0, |_| {}),
+            Arrival::Queued
+        );
         assert_eq!(s.finish(0), vec![2], "the earlier arrival first");
         assert_eq!(s.finish(0), vec![0]);
         assert!(s.take_admitted(0));
@@ -933,7 +936,11 @@ mod tests {
         assert_eq!(lend(&mut s, 0), Some(vec![]));
         assert_eq!(s.totals(), (0, 0));
         assert_eq!(s.l[0].reclaim(&s.c), Reclaim::Reclaimed);
-        assert_eq!(s.l[0].reclaim(&s.c), Reclaim::NotLent, "reclaimed once only");
+        assert_eq!(
+            s.l[0].reclaim(&s.c),
+            Reclaim::NotLent,
+            "reclaimed once only"
+        );
         assert_eq!(s.totals(), (1, 0));
         // Room, but a statement waits (its group is full): the lent one does not pass it.
         s.configure(1, 100, 1);
@@ -950,7 +957,10 @@ mod tests {
         lend(&mut s, 0);
         // Its process queues for it, and before it is admitted another reclaims it.
         assert_eq!(s.l[0].reclaim(&s.c), Reclaim::Reclaimed);
-        assert_eq!(s.q.arrive(&s.c, &mut s.w, &s.l, 0, 0, |_| {}), Arrival::Queued);
+        assert_eq!(
+            s.q.arrive(&s.c, &mut s.w, &s.l, 0, 0, |_| {}),
+            Arrival::Queued
+        );
         assert_eq!(s.finish(0), vec![0]);
         assert!(s.take_admitted(0));
         assert_eq!(s.totals(), (1, 0));

@@ -2,8 +2,8 @@
 //! from its settings or the server's.
 
 use crate::gucs;
-use pg_stride_sched::GroupSettings;
 use pg_stride_sched::decay::PriorityRange;
+use pg_stride_sched::GroupSettings;
 
 /// A group's initial and lowest priority.
 pub(super) fn priority_range(settings: &GroupSettings) -> PriorityRange {

@@ -103,7 +103,9 @@ pub fn publish(shared: &shmem::Shared, ran: Option<Ran>) {
         withdraw(entry);
         return;
     };
-    entry.slice_ran_permille.store(ran.permille, Ordering::Relaxed);
+    entry
+        .slice_ran_permille
+        .store(ran.permille, Ordering::Relaxed);
     entry
         .slice_share_at_ns
         .store(pg::monotonic_ns(), Ordering::Release);

@@ -9,11 +9,11 @@
 
 use super::priority::priority_range;
 use crate::{gucs, pg, shmem};
-use pgrx::pg_sys;
 use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::trace_ring::Missing;
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
 use pg_stride_sched::QueryId;
+use pgrx::pg_sys;
 use std::sync::atomic::Ordering;
 
 /// When a statement arrived (before admission) and was admitted, CLOCK_MONOTONIC ns,

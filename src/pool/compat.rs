@@ -44,7 +44,9 @@ pub fn server_version_num() -> u32 {
     {
         return v;
     }
-    setting(c"server_version_num").and_then(|v| v.parse().ok()).unwrap_or(0)
+    setting(c"server_version_num")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 fn setting(name: &CStr) -> Option<String> {
@@ -89,7 +91,11 @@ extern "C-unwind" fn warn(why: Fallback) {
             "Set pg_stride.parallel_mode = native.".to_string(),
         ),
     };
-    ErrorReport::new(PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED, message, "pg_stride pool")
-        .set_hint(hint)
-        .report(PgLogLevel::WARNING);
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        message,
+        "pg_stride pool",
+    )
+    .set_hint(hint)
+    .report(PgLogLevel::WARNING);
 }

@@ -48,7 +48,6 @@ pub(super) unsafe fn round_started(node: *mut pg_sys::GatherMergeState, pg: *mut
     }
 }
 
-
 /// The next tuple in merge order, or null after the last one (the round is finished
 /// then).
 ///

@@ -11,7 +11,9 @@
 //! with a destructor.
 
 use super::ffi::*;
-use super::port::{check_for_interrupts, exec_clear_tuple, exec_project, raise, tup_is_null, wait_latch};
+use super::port::{
+    check_for_interrupts, exec_clear_tuple, exec_project, raise, tup_is_null, wait_latch,
+};
 use super::shared::{self, Counter, Fallback, PoolShared, State, MAX_TICKETS};
 use super::tickets::{
     drop_reader, end_of_tuples, finish_round, lookup, on_detach, plan_field, poll, post_tickets,

@@ -137,7 +137,10 @@ pub fn prestart() {
         // Only a database's share while others may come: the workers of a pool nobody
         // uses yet would otherwise hold the whole cap until their idle timeout.
         let caps = caps();
-        let share = PoolCaps { alone: caps.shared, ..caps };
+        let share = PoolCaps {
+            alone: caps.shared,
+            ..caps
+        };
         // SAFETY: a global set at connection.
         start_workers(pool, unsafe { pg_sys::MyDatabaseId }, share);
     }
@@ -175,7 +178,9 @@ fn spawn(index: usize, database: pg_sys::Oid, gen: u64) -> bool {
 /// are gone. Called from DROP DATABASE's drop hook, once the caller passed the
 /// ownership check.
 pub fn release_database(database: pg_sys::Oid) {
-    let Some(pool) = super::shared::shared() else { return };
+    let Some(pool) = super::shared::shared() else {
+        return;
+    };
     let mut any = false;
     for slot in &pool.slots {
         if slot.load().1 != State::Free

@@ -42,10 +42,10 @@ pub use worker_row::WorkerRow;
 use crate::{gucs, pg};
 use pgrx::pg_sys;
 
-pub use tickets::transaction_ended;
 pub use lifecycle::{prestart, release_database};
 use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;
+pub use tickets::transaction_ended;
 
 /// Registers the pool's shared memory. Called from `_PG_init`.
 pub fn install() {

@@ -110,9 +110,7 @@ pub unsafe fn tup_is_null(slot: *mut pg_sys::TupleTableSlot) -> bool {
     unsafe { slot.is_null() || (*slot).tts_flags & TTS_FLAG_EMPTY != 0 }
 }
 
-pub unsafe fn exec_clear_tuple(
-    slot: *mut pg_sys::TupleTableSlot,
-) -> *mut pg_sys::TupleTableSlot {
+pub unsafe fn exec_clear_tuple(slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::TupleTableSlot {
     // SAFETY: a valid slot; ExecClearTuple is an inline call of its clear callback.
     unsafe {
         if let Some(clear) = (*(*slot).tts_ops).clear {

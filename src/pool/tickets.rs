@@ -12,12 +12,14 @@
 //! ERROR longjmps through them, so their frames hold nothing with a destructor.
 
 use super::ffi::*;
-use super::port::{
-    check_for_interrupts, exec_clear_tuple, exec_proc_node, hold_interrupts, raise, resume_interrupts,
-    wait_latch,
-};
-use super::shared::{self, Counter, Fallback, PoolShared, Slot, State, FALLBACK_NAMES, MAX_TICKETS};
 use super::identity;
+use super::port::{
+    check_for_interrupts, exec_clear_tuple, exec_proc_node, hold_interrupts, raise,
+    resume_interrupts, wait_latch,
+};
+use super::shared::{
+    self, Counter, Fallback, PoolShared, Slot, State, FALLBACK_NAMES, MAX_TICKETS,
+};
 use crate::gucs;
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int, c_void};
@@ -488,7 +490,9 @@ unsafe fn take_over_declined(pg: *mut PoolGather) {
         (*pg).leader_participates = true;
         match GatherNode::of((*pg).node) {
             Some(GatherNode::Gather(gather)) => (*gather).need_to_scan_locally = true,
-            _ => raise(c"pg_stride pool: a pool worker could not take its part of a Gather Merge".as_ptr()),
+            _ => raise(
+                c"pg_stride pool: a pool worker could not take its part of a Gather Merge".as_ptr(),
+            ),
         }
     }
 }
@@ -574,7 +578,12 @@ fn cancel_ticket(pool: &PoolShared, slot: &Slot, gen: u64) {
 /// not finished (no 'X'); SIGTERM after [`TERM_AFTER`]. Never raises an ERROR: runs
 /// with interrupts held, from the DSM-detach callback during an abort too, where only
 /// TopTransactionContext memory may be touched (`in_callback`).
-pub(super) unsafe fn wait_round(pool: &PoolShared, pg: *mut PoolGather, cancel: bool, in_callback: bool) {
+pub(super) unsafe fn wait_round(
+    pool: &PoolShared,
+    pg: *mut PoolGather,
+    cancel: bool,
+    in_callback: bool,
+) {
     // SAFETY: our state; see the function comment.
     unsafe {
         if !(*pg).active {
@@ -624,7 +633,10 @@ pub(super) unsafe fn wait_round(pool: &PoolShared, pg: *mut PoolGather, cancel: 
 
 /// on_dsm_detach callback of the parallel context's segment: DestroyParallelContext
 /// runs it at the Gather's shutdown, at abort (AtEOXact_Parallel) and at exit.
-pub(super) unsafe extern "C-unwind" fn on_detach(_seg: *mut pg_sys::dsm_segment, arg: pg_sys::Datum) {
+pub(super) unsafe extern "C-unwind" fn on_detach(
+    _seg: *mut pg_sys::dsm_segment,
+    arg: pg_sys::Datum,
+) {
     let Some(pool) = shared::shared() else { return };
     // SAFETY: the PoolGather registered with the segment, in TopTransactionContext,
     // which outlives the parallel context.

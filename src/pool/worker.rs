@@ -7,9 +7,9 @@
 //! and a FATAL, end the process.
 
 use super::ffi::*;
-use super::{identity, lifecycle};
 use super::port::*;
 use super::shared::{self, pack, set_latch_of, Counter, Slot, State, MAX_TICKETS};
+use super::{identity, lifecycle};
 use crate::{cpu, gucs, shmem};
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
@@ -513,7 +513,10 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
             // (leader.rs): reaching this is a bug, never a fragment run with another
             // leader's system_user.
             FRAG.retire = true;
-            raise(c"pg_stride pool: the pool worker cannot take the leader's client identity".as_ptr());
+            raise(
+                c"pg_stride pool: the pool worker cannot take the leader's client identity"
+                    .as_ptr(),
+            );
         }
         // Not restored: the serializable transaction (SERIALIZABLE leaders are declined).
         pg_sys::InitializingParallelWorker = false;

@@ -55,4 +55,3 @@ impl Drop for ShmemLock {
         unsafe { pg_sys::LWLockRelease(self.0) };
     }
 }
-

@@ -181,8 +181,10 @@ impl ProcEntry {
         // Unpinned, one write on: a process still pinning the entry's last process
         // (a giver between its mask and its compare-and-swap) fails its swap.
         let pinned = self.pinned_cpu.load(Ordering::Relaxed);
-        self.pinned_cpu
-            .store(pg_stride_sched::pin_word::next(pinned, None), Ordering::Relaxed);
+        self.pinned_cpu.store(
+            pg_stride_sched::pin_word::next(pinned, None),
+            Ordering::Relaxed,
+        );
         self.slice_share_at_ns.store(0, Ordering::Relaxed);
         self.clear_statement();
         self.pid.store(0, Ordering::Release);

@@ -25,6 +25,7 @@ use pgrx::bgworkers::{
 };
 use pgrx::pg_sys;
 use pgrx::PgMemoryContexts;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -113,6 +114,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     config::apply(shared);
     let mut cpu_seen = Vec::new();
     let mut admission_waits = Vec::new();
+    let mut stalled_before = Vec::new();
     let sweep_context = PgMemoryContexts::new("pg_stride scheduler sweep");
     let mut timers = Timers::due_now();
     while BackgroundWorker::wait_latch(Some(timers.sleep())) {
@@ -140,7 +142,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
             // allocated in it outlives the call.
             unsafe {
                 PgMemoryContexts::For(sweep_context.value())
-                    .switch_to(|_| admit_lock_holders(shared));
+                    .switch_to(|_| break_admission_cycles(shared, &mut stalled_before));
                 pg_sys::MemoryContextReset(sweep_context.value());
             }
         }
@@ -198,8 +200,8 @@ fn reload_groups(shared: &shmem::Shared) {
 /// waiting for can be admitted. A lent statement seen running counts again if it can do
 /// so within the limits; otherwise its process takes the admission back through the
 /// queue at its next yield point or ExecutorRun. A statement waiting on a lock keeps its
-/// admission: it could not be stopped when the lock is granted, and a lock holder that
-/// needs admission is admitted ahead of its turn instead (`admit_lock_holders`).
+/// admission (it could not be stopped when the lock is granted), unless that is needed
+/// to break a cycle (`break_admission_cycles`).
 /// `waited_before` carries, per entry, the statement seen waiting at the previous round.
 ///
 /// The entry's statement count is read around each look, because a backend between two
@@ -218,7 +220,7 @@ fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<Optio
         let statement = statement_waiting(entry, waiting);
         match statement {
             Some(seen) if *before == Some(seen) => {
-                admission::lend_if(shared, entry, || {
+                admission::lend_if(shared, entry, false, || {
                     statement_waiting(entry, waiting) == Some(seen)
                 });
             }
@@ -260,19 +262,35 @@ fn reclaim_entries(shared: &shmem::Shared) {
     }
 }
 
-/// docs/design.md §4 rules 5 and 12: a queued backend may hold locks (taken by its
-/// transaction's earlier statements, or by its own statement while it was planned or
-/// before its admission was lent) that an admitted backend waits for: the two wait for
-/// each other. Each such queued backend is admitted ahead of its turn, beyond the
-/// limits, found with the lock manager's own data (`pg_blocking_pids`), not SQL.
-fn admit_lock_holders(shared: &shmem::Shared) {
+/// Breaks the cycles of waits that go through admission (docs/design.md §4 rules 5 and
+/// 12), looking with the lock manager's own data (`pg_blocking_pids`), not SQL, while
+/// statements are queued:
+///
+/// * a queued backend may hold locks (taken by its transaction's earlier statements, or
+///   by its own statement while it was planned or before its admission was lent) that
+///   an admitted statement waits for: it is admitted ahead of its turn;
+/// * an admitted statement whose lock wait can only end through a client — its chain of
+///   blockers ends at a backend waiting for its client, seen so at two consecutive
+///   sweeps — lends its admission: that client may be waiting for a queued statement
+///   (an application that holds a lock on one connection while it queries on another).
+///
+/// Both cross the limits and are counted in the group's `over_limit_total`.
+/// `stalled_before` carries, per entry, the statement seen stalled at the previous sweep.
+fn break_admission_cycles(shared: &shmem::Shared, stalled_before: &mut Vec<Option<u32>>) {
+    let procs = shared.procs();
+    stalled_before.resize(procs.len(), None);
     if shared.admission.waiting() == 0 {
+        stalled_before.fill(None);
         return;
     }
     let mut running = Vec::new();
     let mut queued = Vec::new();
-    let lock_waits = pg::lock_waits_by_group(shared.procs().len());
-    for (procno, entry) in shared.procs().iter().enumerate() {
+    let lock_waits = pg::lock_waits_by_group(procs.len());
+    let pids: HashMap<i32, usize> = (0..procs.len())
+        .map(|procno| (pg::proc_pid(procno), procno))
+        .filter(|&(pid, _)| pid != 0)
+        .collect();
+    for (procno, entry) in procs.iter().enumerate() {
         if !shared.is_live(procno) {
             continue;
         }
@@ -281,14 +299,13 @@ fn admit_lock_holders(shared: &shmem::Shared) {
             queued.push((pid, procno));
         } else if entry.running.load(Ordering::Acquire) > 0 && lock_waits[procno] {
             // For a leader, pg_blocking_pids counts its workers' waits too.
-            running.push(pid);
+            running.push((pid, procno));
         }
     }
-    if queued.is_empty() {
-        return;
-    }
-    for waiter in running {
-        for blocker in pg::blocking_pids(waiter) {
+    let mut stalled = vec![None; procs.len()];
+    for (waiter, waiter_procno) in running {
+        let blockers = pg::blocking_pids(waiter);
+        for &blocker in &blockers {
             let Some(&(_, procno)) = queued.iter().find(|&&(pid, _)| pid == blocker) else {
                 continue;
             };
@@ -298,5 +315,45 @@ fn admit_lock_holders(shared: &shmem::Shared) {
                 );
             }
         }
+        let entry = &procs[waiter_procno];
+        if entry.lease.lent_group().is_some()
+            || !blockers
+                .iter()
+                .any(|&b| waits_for_a_client(b, &pids, CHAIN_DEPTH))
+        {
+            continue;
+        }
+        let lock_wait = || pg::proc_waiting(waiter_procno) != pg::Waiting::No;
+        let seen = statement_waiting(entry, lock_wait);
+        if seen.is_some() && stalled_before[waiter_procno] == seen {
+            let lent = admission::lend_if(shared, entry, true, || {
+                statement_waiting(entry, lock_wait) == seen
+            });
+            if lent {
+                pgrx::log!(
+                    "pg_stride: process {waiter} lent its admission: the lock it waits for is held by a session waiting for its client"
+                );
+            }
+        }
+        stalled[waiter_procno] = seen;
+    }
+    *stalled_before = stalled;
+}
+
+/// Most blockers followed from a lock waiter to the backend its wait ends with.
+const CHAIN_DEPTH: u32 = 4;
+
+/// Whether backend `pid` waits for its client, or on a lock whose chain of blockers
+/// reaches one within `depth` steps. `pids` maps the server's pids to process numbers.
+fn waits_for_a_client(pid: i32, pids: &HashMap<i32, usize>, depth: u32) -> bool {
+    let Some(&procno) = pids.get(&pid) else {
+        return false;
+    };
+    match pg::proc_waiting(procno) {
+        pg::Waiting::Client => true,
+        pg::Waiting::Lock if depth > 0 => pg::blocking_pids(pid)
+            .into_iter()
+            .any(|b| b != pid && waits_for_a_client(b, pids, depth - 1)),
+        _ => false,
     }
 }

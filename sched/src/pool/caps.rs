@@ -53,7 +53,11 @@ impl PoolCaps {
     /// another, with `in_server` in all and `other_databases` other databases that have
     /// some.
     pub fn may_start(&self, in_db: u32, in_server: u32, other_databases: u32) -> bool {
-        let db_cap = if other_databases > 0 { self.shared } else { self.alone };
+        let db_cap = if other_databases > 0 {
+            self.shared
+        } else {
+            self.alone
+        };
         in_db < db_cap && in_server < self.server
     }
 }
@@ -67,7 +71,14 @@ mod tests {
     fn postgresql_defaults_leave_half_for_native_workers() {
         // 8 worker processes, pg_stride's 3: 5 available, 3 kept free, 2 for the pool.
         let caps = pool_caps(8, 8, 3, 10);
-        assert_eq!(caps, PoolCaps { server: 2, alone: 2, shared: 1 });
+        assert_eq!(
+            caps,
+            PoolCaps {
+                server: 2,
+                alone: 2,
+                shared: 1
+            }
+        );
     }
 
     #[test]

@@ -11,7 +11,9 @@ pub const CHECKED: [(u32, u32); 3] = [(150_010, 150_020), (170_002, 170_011), (1
 
 /// Whether the pool may run on a server whose `server_version_num` is `version`.
 pub fn layout_checked(version: u32) -> bool {
-    CHECKED.iter().any(|&(low, high)| (low..=high).contains(&version))
+    CHECKED
+        .iter()
+        .any(|&(low, high)| (low..=high).contains(&version))
 }
 
 /// The checked range for `version`'s major as text (`"15.10–15.20"`), for messages;

@@ -412,11 +412,17 @@ fn worker_grants_follow_hint_and_cap() {
     s.return_workers(GroupId(1), 3);
     assert_eq!(s.workers_in_use(GroupId(1)), 2);
     assert_eq!(s.reserve_workers(GroupId(0), 100, Demand::default()), 2); // no cap on group 0
-    // A leader that scans beside its workers keeps one of the 2 free slots for itself.
-    let beside = Demand { leader_runs: true, elsewhere: 0 };
+                                                                          // A leader that scans beside its workers keeps one of the 2 free slots for itself.
+    let beside = Demand {
+        leader_runs: true,
+        elsewhere: 0,
+    };
     assert_eq!(s.reserve_workers(GroupId(0), 100, beside), 1);
     // Seven statements elsewhere want the 8 slots, more than the 6 held: one is free.
-    let busy = Demand { leader_runs: false, elsewhere: 7 };
+    let busy = Demand {
+        leader_runs: false,
+        elsewhere: 7,
+    };
     assert_eq!(s.reserve_workers(GroupId(0), 100, busy), 1);
 }
 

@@ -1,0 +1,185 @@
+//! This process's part in CPU scheduling, kept in process-local state: its membership
+//! of a query (`Member`: slice clock, what it measured for the trace), the tuple
+//! countdown a yield point reads, and its request flag to end a slice early.
+
+use super::slice_share;
+use super::trace::{self, Arrival};
+use crate::backend_local::BackendLocal;
+use crate::gucs;
+use crate::pg::{self, thread_cpu_ns};
+use pg_stride_sched::slice::SliceClock;
+use pg_stride_sched::tuner::{Accounting, TraceRecord};
+use pg_stride_sched::{ProcId, QueryId};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// This process's part in CPU scheduling.
+pub(super) struct Member {
+    pub(super) proc: ProcId,
+    /// Group slot of the statements.
+    pub(super) group: usize,
+    /// The query entry; `None` until the statements reach their first check-in.
+    pub(super) query: Option<QueryId>,
+    /// Whether this process registered the query (a leader) rather than joined it.
+    pub(super) owner: bool,
+    pub(super) clock: SliceClock,
+    /// Thread CPU time when the current chunk started, ns.
+    pub(super) chunk_start_ns: u64,
+    /// Thread CPU time since which nothing was charged, ns.
+    pub(super) slice_start_ns: u64,
+    /// Top-level statements sharing the query (cursors open at once).
+    pub(super) statements: u32,
+    /// When the first of them arrived and was admitted.
+    pub(super) arrival: Arrival,
+    /// PostgreSQL's query identifier of the first, 0 if none was computed.
+    pub(super) query_id: u64,
+    /// Most processes that worked for them: the leader and its granted workers.
+    pub(super) procs: u32,
+    /// The static priority the query was registered with, if its group is pinned.
+    pub(super) pinned_priority: Option<u32>,
+    /// For a parallel worker, its leader's process number: the worker adds what it
+    /// measured to the leader's entry when it ends.
+    pub(super) leader: Option<usize>,
+    /// What this process measured for the statement's trace record.
+    pub(super) acct: Accounting,
+    /// Since when this process holds its slot (CLOCK_MONOTONIC ns).
+    pub(super) held_since_ns: Option<u64>,
+    /// The thread's run delay when it took the slot, while statements are traced.
+    pub(super) held_run_delay_ns: Option<u64>,
+    /// The thread's run delay when it last gave its slot up, while traced.
+    pub(super) left_run_delay_ns: Option<u64>,
+    /// The thread's run delay when its current pause began, while traced.
+    pub(super) paused_run_delay_ns: Option<u64>,
+    /// The thread's run delay when it started working for the statements, while traced.
+    pub(super) start_run_delay_ns: Option<u64>,
+}
+
+impl Member {
+    pub(super) fn new(proc: ProcId, group: usize, query: Option<QueryId>, owner: bool) -> Member {
+        Member {
+            proc,
+            group,
+            query,
+            owner,
+            clock: SliceClock::new(gucs::slice_ns()),
+            chunk_start_ns: 0,
+            slice_start_ns: 0,
+            statements: 1,
+            arrival: Arrival::default(),
+            query_id: 0,
+            procs: 1,
+            pinned_priority: None,
+            leader: None,
+            acct: Accounting {
+                first_slot_ns: TraceRecord::PENDING,
+                ..Accounting::default()
+            },
+            held_since_ns: None,
+            held_run_delay_ns: None,
+            left_run_delay_ns: None,
+            paused_run_delay_ns: None,
+            start_run_delay_ns: trace::enabled().then(pg::thread_run_delay_ns),
+        }
+    }
+
+    /// The process runs on a slot from now on (after a pause, if one began).
+    pub(super) fn holds_slot(&mut self) {
+        let now = pg::monotonic_ns();
+        self.held_since_ns = Some(now);
+        self.held_run_delay_ns = trace::enabled().then(pg::thread_run_delay_ns);
+        if let (Some(before), Some(at)) = (self.paused_run_delay_ns.take(), self.held_run_delay_ns)
+        {
+            self.acct.paused_runqueue_ns += at.saturating_sub(before);
+        }
+        self.left_run_delay_ns = None;
+        if self.acct.first_slot_ns == TraceRecord::PENDING {
+            self.acct.first_slot_ns = now;
+            if let (Some(start), Some(at)) = (self.start_run_delay_ns, self.held_run_delay_ns) {
+                // The only pause so far is the one for this first slot.
+                self.acct.runqueue_before_slot_ns = at
+                    .saturating_sub(start)
+                    .saturating_sub(self.acct.paused_runqueue_ns);
+            }
+        }
+    }
+
+    /// The process gave its slot back (or is about to); returns when (CLOCK_MONOTONIC).
+    pub(super) fn left_slot(&mut self) -> u64 {
+        let now = pg::monotonic_ns();
+        if let Some(since) = self.held_since_ns.take() {
+            self.acct.held_ns += now.saturating_sub(since);
+        }
+        if let Some(before) = self.held_run_delay_ns.take() {
+            let at = pg::thread_run_delay_ns();
+            self.acct.held_runqueue_ns += at.saturating_sub(before);
+            self.left_run_delay_ns = Some(at);
+        }
+        now
+    }
+
+    /// A pause begins: right after giving the slot up (`gave_up`), whose reading of the
+    /// run delay it starts from, or before a first slot.
+    pub(super) fn pause_begins(&mut self, gave_up: bool) {
+        let left = self.left_run_delay_ns.take().filter(|_| gave_up);
+        self.paused_run_delay_ns = left.or_else(|| trace::enabled().then(pg::thread_run_delay_ns));
+    }
+
+    /// The run delay since the process started working for the statements, for its
+    /// trace record at their end.
+    pub(super) fn count_runqueue(&mut self) {
+        if let Some(start) = self.start_run_delay_ns.take() {
+            self.acct.runqueue_ns = pg::thread_run_delay_ns().saturating_sub(start);
+            if self.acct.first_slot_ns == TraceRecord::PENDING {
+                self.acct.runqueue_before_slot_ns = self
+                    .acct
+                    .runqueue_ns
+                    .saturating_sub(self.acct.paused_runqueue_ns);
+            }
+        }
+    }
+
+    /// A slice (or the tail of a run) used `used_ns` of CPU between two check-ins.
+    pub(super) fn slice_used(&mut self, used_ns: u64) {
+        let limit = self.clock.target_ns().saturating_mul(2);
+        self.acct.long_slice_ns += used_ns.saturating_sub(limit);
+    }
+
+    /// Charging starts afresh now: CPU used before (not scheduled yet, or paused) is not
+    /// the query's.
+    pub(super) fn restart_charging(&mut self) {
+        let now = thread_cpu_ns();
+        (self.chunk_start_ns, self.slice_start_ns) = (now, now);
+        slice_share::new_slot();
+    }
+}
+
+/// The process's membership, while it has scheduled statements.
+pub(super) static MEMBER: BackendLocal<RefCell<Option<Member>>> =
+    BackendLocal::new(RefCell::new(None));
+/// Tuples left before the next check-in; counting down is all a yield point does on most
+/// tuples.
+pub(super) static COUNTDOWN: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(u32::MAX));
+/// This process's request to end its slice early, in the scheduler's shared memory
+/// (`pg_stride.preempt_lower_priority`): a yield point reads it at every tuple. Set when
+/// the process first takes a slot; its process entry stays the same for its lifetime.
+pub(super) static YIELD_FLAG: BackendLocal<Cell<Option<&'static AtomicU32>>> =
+    BackendLocal::new(Cell::new(None));
+/// Thread CPU time when this process last ended a statement as a worker of a leader:
+/// a pool worker serves fragment after fragment, each counted from the one before.
+pub(super) static WORKER_CPU_BASE: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
+
+/// Whether a waiter of a higher priority asked this process to end its slice: one load
+/// per tuple.
+#[inline]
+pub(super) fn asked_to_yield() -> bool {
+    YIELD_FLAG
+        .get()
+        .is_some_and(|f| f.load(Ordering::Relaxed) != 0)
+}
+
+/// Clears this process's request to end its slice; returns whether there was one.
+pub(super) fn take_yield_request() -> bool {
+    YIELD_FLAG
+        .get()
+        .is_some_and(|f| f.swap(0, Ordering::AcqRel) != 0)
+}
