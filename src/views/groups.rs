@@ -1,0 +1,106 @@
+//! The `pg_stride.groups` view: each resource group's settings, statement counts, queue
+//! times and CPU time.
+
+use super::shared_access::require_shared;
+use crate::shmem;
+use pgrx::prelude::*;
+use std::sync::atomic::Ordering;
+
+/// One row per resource group; the `pg_stride.groups` view.
+#[pg_extern(parallel_restricted, schema = "pg_stride")]
+#[allow(clippy::type_complexity)]
+fn groups_state() -> TableIterator<
+    'static,
+    (
+        name!(name, String),
+        name!(weight, i32),
+        name!(max_concurrency, i32),
+        name!(max_parallel_workers, Option<i32>),
+        name!(priority_initial, Option<i32>),
+        name!(priority_min, Option<i32>),
+        name!(decay_lambda, Option<f64>),
+        name!(decay_start, Option<i32>),
+        name!(pinned, bool),
+        name!(active, i64),
+        name!(queued, i64),
+        name!(admitted_total, i64),
+        name!(timed_out_total, i64),
+        name!(over_limit_total, i64),
+        name!(queue_time_total_ms, f64),
+        name!(queue_time_p50_ms, Option<f64>),
+        name!(queue_time_p99_ms, Option<f64>),
+        name!(cpu_time_ms, f64),
+    ),
+> {
+    let shared = require_shared();
+    let mut live_cpu_ns = [0u64; shmem::MAX_GROUPS];
+    if let Some(sched) = shared.sched() {
+        for entry in shared.procs() {
+            let q = entry.cpu_query.load(Ordering::Acquire);
+            if let Some(s) = (q != 0)
+                .then(|| sched.query_snapshot(pg_stride_sched::QueryId(q - 1)))
+                .flatten()
+            {
+                live_cpu_ns[(s.group.0 as usize).min(shmem::MAX_GROUPS - 1)] += s.cpu_ns;
+            }
+        }
+    }
+    let mut active = [0i64; shmem::MAX_GROUPS];
+    // Admissions that processes counted and have not added to the group's counter.
+    let mut pending = [0u64; shmem::MAX_GROUPS];
+    let mut queued = [0i64; shmem::MAX_GROUPS];
+    for (procno, entry) in shared.procs().iter().enumerate() {
+        if shared.is_live(procno) {
+            let slot = (entry.group.load(Ordering::Acquire) as usize).min(shmem::MAX_GROUPS - 1);
+            active[slot] += i64::from(entry.running.load(Ordering::Acquire));
+            queued[slot] += i64::from(entry.queued.load(Ordering::Acquire));
+            if let Some((of, n)) = crate::admission::pending_admissions(shared, entry) {
+                pending[of] += n;
+            }
+        }
+    }
+    let rows: Vec<_> = shared
+        .groups
+        .groups()
+        .into_iter()
+        .map(|(slot, g)| {
+            let s = g.settings;
+            let c = shared.groups.counters(slot);
+            let admitted = c.admitted.load(Ordering::Relaxed) + pending[slot];
+            let ms = |us: u64| us as f64 / 1000.0;
+            (
+                g.name,
+                s.weight,
+                s.max_concurrency,
+                s.max_parallel_workers,
+                s.priority_initial,
+                s.priority_min,
+                s.decay_lambda,
+                s.decay_start,
+                s.pinned,
+                active[slot],
+                queued[slot],
+                admitted as i64,
+                c.timed_out.load(Ordering::Relaxed) as i64,
+                c.over_limit.load(Ordering::Relaxed) as i64,
+                ms(c.queue_time_us.load(Ordering::Relaxed)),
+                c.queue_time_quantile_us(admitted, 0.5).map(ms),
+                c.queue_time_quantile_us(admitted, 0.99).map(ms),
+                (c.cpu_ns.load(Ordering::Relaxed) + live_cpu_ns[slot]) as f64 / 1e6,
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+extension_sql!(
+    r#"
+CREATE VIEW pg_stride.groups AS
+    SELECT * FROM pg_stride.groups_state() ORDER BY name;
+COMMENT ON VIEW pg_stride.groups IS
+    'pg_stride resource groups: settings (NULL = the server-wide setting) and statement counts';
+GRANT SELECT ON pg_stride.groups TO PUBLIC;
+"#,
+    name = "groups_view",
+    requires = [groups_state],
+);
