@@ -1,4 +1,4 @@
-//! Admission control at ExecutorStart (docs/design.md §1, §4 rules 3 and 5).
+//! Admission control at ExecutorStart (docs/design.md §1, §4 rules 3, 5 and 12).
 //!
 //! The decisions (limits, stride order between groups, arrival order inside a group) are
 //! `pg_stride_sched::admission`; this module keeps that state in shared memory — the
@@ -12,6 +12,11 @@
 //! (WL_EXIT_ON_PM_DEATH); `pg_stride.queue_timeout` ends the wait with an error. However
 //! the wait ends, the backend leaves the queue, and an admission that raced with the end
 //! of the wait is given back, so nothing is held that the statement does not run with.
+//!
+//! A statement whose admission was lent takes it back before it goes on ([`take_back`],
+//! at ExecutorRun and at yield points), through the same queue when the limits have no
+//! room; the limits are crossed only by [`force_admit`] and by lending a lock wait that
+//! only a client can end, both counted per group.
 
 use crate::gucs;
 use crate::pg::{self, set_latch as wake};

@@ -219,13 +219,14 @@ impl Counts {
 /// idle; anyone may revoke it while it is idle.
 ///
 /// A statement that waits for its client (a cursor between fetches, a result the client
-/// does not read) may have its admission **lent** ([`Lease::lend`]): the statement keeps
-/// the lease, but no longer counts against the limits, so that a statement the client
-/// may be waiting for can be admitted (psaroudakis2013 §5 treats a blocked worker the
-/// same way). When it runs again it must count again before it goes on: at once when
-/// nobody waits and the limits have room ([`Lease::reclaim`]), otherwise through the
-/// [`Queue`] in its turn like any arrival, then [`Lease::returned`]. Nothing here
-/// crosses a limit; only [`Queue::force_admit`] does (docs/design.md §4 rule 12).
+/// does not read), or on a lock only a client can release, may have its admission
+/// **lent** ([`Lease::lend`]): the statement keeps the lease, but no longer counts
+/// against the limits, so that a statement the client may be waiting for can be
+/// admitted (psaroudakis2013 §5 treats a blocked worker the same way). When it runs
+/// again it must count again before it goes on: at once when nobody waits and the
+/// limits have room ([`Lease::reclaim`]), otherwise through the [`Queue`] in its turn
+/// like any arrival, then [`Lease::returned`]. Nothing here forces an admission; only
+/// [`Queue::force_admit`] does (docs/design.md §4 rule 12).
 #[derive(Debug, Default)]
 #[repr(transparent)]
 pub struct Lease(AtomicU32);
