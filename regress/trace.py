@@ -228,8 +228,8 @@ def a_slots_receiver_woken_as_batch_runs_as_other_again(s):
     # must be SCHED_OTHER again once it ran. With the setting off the scan preempts the
     # count after its ExecutorRun (2.0-2.4 ms a count runnable without a slot there);
     # on, it waits for the count (0-0.27 ms), as long as nobody changes its time slice
-    # while it sleeps (then 1.4-1.75 ms in two runs of five; bench/results/
-    # alpha095_own_slices): it must be at most half.
+    # while it sleeps (then 1.4-1.75 ms in two runs of five;
+    # bench/results/handoff-and-slices/alpha095_own_slices): it must be at most half.
     scan = "SELECT count(*) FROM big WHERE a % 7 <> 3;" * 40
     count = "SET pg_stride.trace = on;" + "SELECT count(*) FROM big WHERE a <= 200000;" * 30
     set_server(s, "pg_stride.cpu_slots", 2)

@@ -552,10 +552,11 @@ class Runner:
         """Calibrates load point `alpha`'s rate again, just before its points, on the
         machine's speed during the points at α `before`: the machine sped up by 10 %
         between the isolated runs the first calibration rests on and the points an hour
-        later, and stock's machine was 89 % busy at α = 0.95 (bench/results/full_0951).
-        The isolated rounds after those points (isolated_between) against the isolated
-        runs' give the speed (analysis.speed_scale), which scales each query's CPU; every
-        configuration of one α still gets the same arrivals."""
+        later, and stock's machine was 89 % busy at α = 0.95
+        (bench/results/archive/full_0951). The isolated rounds after those points
+        (isolated_between) against the isolated runs' give the speed
+        (analysis.speed_scale), which scales each query's CPU; every configuration of one
+        α still gets the same arrivals."""
         p = self.plan
         point = (self.meta.get("calibration") or {}).get("points", {}).get(str(alpha))
         if p.load_from != "cpu" or not dry or not point or point.get("calibrated") is None:

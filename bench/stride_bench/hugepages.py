@@ -6,9 +6,10 @@ backend maps the segment with 4-kB pages, and on a virtual machine whose kernel 
 DAMON to page out memory for the host (kdamond), each access check of a shared page walks
 the page's mappings in every backend: with 64 clients connected, kdamond took 9-10 % of
 a CPU during the open-loop points, in runs of tens of milliseconds that no process can
-preempt on a kernel without preemption (bench/results/alpha095_huge_pages). Huge pages
-are not on the kernel's LRU lists, so DAMON does not check them, and the server needs a
-TLB entry per 2 MB rather than per 4 kB, like any production server.
+preempt on a kernel without preemption
+(bench/results/cpu-interference/alpha095_huge_pages). Huge pages are not on the
+kernel's LRU lists, so DAMON does not check them, and the server needs a TLB entry per
+2 MB rather than per 4 kB, like any production server.
 
 As root, the run reserves what the server needs (`vm.nr_hugepages`, from `postgres -C
 shared_memory_size_in_huge_pages`), and gives the machine back the previous value at its

@@ -3,11 +3,11 @@
 //! With as many slots as CPUs, the kernel still decides where each holder runs, and it
 //! may put two holders on one CPU while the other runs unslotted work (parse, plan,
 //! the client) or even idles: the holders are runnable but not running, which the
-//! trace measures (`held_runqueue`) and the simulator does not have (bench/results/
-//! SIM_GAP.md). Pinning gives each holder one CPU for as long as it holds its slot, and
-//! the CPU travels with the slot: the process that hands its slot over pins the
-//! receiver to the CPU it leaves before it sets the receiver's latch, so the receiver
-//! wakes where a CPU is about to be free, not where the kernel last saw it.
+//! trace measures (`held_runqueue`) and the simulator does not have
+//! (bench/results/sim-gap/SIM_GAP.md). Pinning gives each holder one CPU for as long as
+//! it holds its slot, and the CPU travels with the slot: the process that hands its slot
+//! over pins the receiver to the CPU it leaves before it sets the receiver's latch, so
+//! the receiver wakes where a CPU is about to be free, not where the kernel last saw it.
 //!
 //! Who owns which CPU is `shmem::CpuOwners`; each process's entry says which CPU it owns
 //! (`slot_cpu`) and which it is pinned to (`pinned_cpu`). A holder that finds no CPU free
@@ -110,9 +110,9 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
 /// without a slot: it then waits in the run queue holding its slot. With as many slots
 /// as CPUs and 95 % of the machine's CPU offered, that cost unpinned holders 13.6 % of
 /// their slot time against 7.8 % pinned, and the queue grew without bound
-/// (bench/results/alpha095_unpinned). Pinning the receiver to the CPU its giver leaves,
-/// only until it runs, keeps one holder per CPU across hand-offs as `pass` does, without
-/// binding any process to a CPU for longer than its wake-up.
+/// (bench/results/pinning-and-wakeups/alpha095_unpinned). Pinning the receiver to the
+/// CPU its giver leaves, only until it runs, keeps one holder per CPU across hand-offs as
+/// `pass` does, without binding any process to a CPU for longer than its wake-up.
 pub fn places_receivers(sched: &SchedShared) -> bool {
     !gucs::PIN_SLOTS.get() && gucs::WAKE_ON_GIVER_CPU.get() && sched.node_count() == 1
 }
@@ -204,8 +204,8 @@ fn outranking<'a>(
 /// A pinned holder asks the kernel for long slices (`holder_time_slice`): a process
 /// without a slot that wakes on its CPU, with the default slice, then preempts it at once
 /// (EEVDF serves shorter requests first) to parse and plan or to answer its client,
-/// rather than waiting out the holder's slice (bench/results/SIM_GAP.md). An older
-/// kernel ignores the request. Without a slot, a process asks for
+/// rather than waiting out the holder's slice (bench/results/sim-gap/SIM_GAP.md). An
+/// older kernel ignores the request. Without a slot, a process asks for
 /// `pg_stride.unslotted_time_slice` (the kernel's default unless set): shorter slices
 /// let such processes, each with a little work between two waits (the rest of a
 /// statement, its reply, the next one's parse and plan), preempt each other at wake-up
@@ -223,7 +223,8 @@ fn outranking<'a>(
 /// receiver's slice, the receiver ran inside the tail of the statement that woke it more
 /// often (a short statement was runnable without a slot after its ExecutorRun 0.32-0.46
 /// ms, against 0.08-0.16 ms with each process setting its own;
-/// bench/results/alpha095_own_slices). A system call only when what it wants changes.
+/// bench/results/handoff-and-slices/alpha095_own_slices). A system call only when what
+/// it wants changes.
 fn fit_own_scheduling(entry: &shmem::ProcEntry, outranked: bool) {
     let pinned = pin_word::cpu(entry.pinned_cpu.load(Ordering::Acquire)).is_some();
     let ms = if pinned {

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 /// when it `goes_on` without a slot: a statement leaving ExecutorRun still has its
 /// ExecutorEnd, commit and reply to do, well under a millisecond, and a receiver that
 /// preempted it would hold it back for the receiver's whole kernel time slice (1.7 ms a
-/// short statement, bench/results/SIM_GAP.md). The shorter job goes first: the
+/// short statement, bench/results/sim-gap/SIM_GAP.md). The shorter job goes first: the
 /// receiver on this CPU then wakes as `SCHED_BATCH`, which the kernel does not let
 /// preempt, and runs as soon as this process sleeps; it sets itself back to
 /// `SCHED_OTHER` once it runs (`run_as_other`).

@@ -56,7 +56,7 @@ impl Hasher for AddressHasher {
 /// return tuples from work already done. The scans produce the tuples everything above
 /// them consumes, so they check in regularly while their consumers take input
 /// (docs/design.md §8); a sort, an aggregate or a materialized result then emits its output
-/// with no scan below it, as one long slice (bench/results/SIM_GAP.md).
+/// with no scan below it, as one long slice (bench/results/sim-gap/SIM_GAP.md).
 /// ExecSetExecProcNode keeps PostgreSQL's first-call shim working.
 pub(super) fn wrap_scans(desc: *const pg_sys::QueryDesc) {
     let outputs = gucs::YIELD_ABOVE_SCANS.get();
