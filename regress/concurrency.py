@@ -678,6 +678,88 @@ def a_queued_lock_holder_is_admitted_ahead_of_its_turn(s):
 
 
 @check
+def monitoring_queries_are_never_queued(s):
+    # While a statement holds group pair's only admission, an ordinary role of that
+    # group reads the catalogs, the statistics views and pg_stride's views at once
+    # (pg_stride.bypass_monitoring), and calls built-in pg_* functions; a catalog query
+    # that calls a user-defined function, a built-in set-returning function that is not
+    # pg_*, pg_sleep and a user table still queue.
+    holder = holder_running(s, 6)
+    session = Session(s)
+    try:
+        session.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; \\echo ready")
+        took = {}
+        for sql, expected in [("SELECT count(*) > 0 FROM pg_stat_activity", "t"),
+                              ("SELECT count(*) > 0 FROM pg_class c JOIN pg_namespace n "
+                               "ON n.oid = c.relnamespace", "t"),
+                              ("SELECT count(*) > 0 FROM pg_stride.groups", "t"),
+                              ("SELECT count(*) >= 0 FROM pg_stride.activity", "t"),
+                              ("SELECT count(*) > 0 FROM pg_settings WHERE name LIKE 'pg_stride.%'", "t"),
+                              ("SELECT pg_is_in_recovery()", "f")]:
+            started = time.monotonic()
+            assert session.run(sql, timeout=5) == [expected], sql
+            took[sql] = time.monotonic() - started
+        print("    answered in " + ", ".join(f"{t * 1000:.0f}" for t in took.values()) + " ms")
+        assert max(took.values()) < 0.1, took
+        for sql in ["SELECT count(*) FROM pg_class WHERE stride_lock_shared(0) = 1",
+                    "SELECT count(*) FROM generate_series(1, 10)",
+                    "SELECT pg_sleep(0.1)",
+                    "SELECT count(*) FROM big"]:
+            rc, out, err = finish(s.client("pair", sql, "SET pg_stride.queue_timeout = '300ms';"))
+            assert rc != 0 and "waiting 300 ms for admission" in err, (sql, rc, out, err)
+    finally:
+        session.close()
+    # Off (superusers only): the same catalog query queues.
+    rc, out, err = finish(s.client("pair", "SELECT count(*) FROM pg_stat_activity",
+                                   "SET pg_stride.bypass_monitoring = off; SET pg_stride.queue_timeout = '300ms';"))
+    assert rc != 0 and "waiting 300 ms for admission" in err, (rc, out, err)
+    assert holder.poll() is None, "the holder ended before the checks did: they proved nothing"
+    assert finish(holder)[0] == 0
+
+
+@check
+def a_full_queue_turns_statements_away_at_once(s):
+    # Group "bounded": one admitted, one waiting at most, waits of 300 ms at most. A third
+    # statement fails at once (SQLSTATE 53000, a HINT naming the group's max_queued),
+    # counted in rejected_total; the waiting one ends at the group's queue_timeout even
+    # though its session sets none. pg_stride.max_queued bounds the whole server alike.
+    s.sql("SELECT pg_stride.create_group('bounded', max_concurrency => 1, max_queued => 1, "
+          "queue_timeout => 300)")
+    s.wait_until("SELECT max_queued || ' ' || queue_timeout FROM pg_stride.groups "
+                 "WHERE name = 'bounded'", "1 300")
+    holder = s.client("bounded", "SELECT pg_sleep(3)")
+    s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'", "1")
+    waiter = s.client("bounded", "SELECT 'admitted'")
+    s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'bounded'", "1")
+    started = time.monotonic()
+    args = s.psql_args(f"SET pg_stride.resource_group = 'bounded'; SET ROLE {ROLE}; SELECT 'admitted'")
+    args[args.index("-c"):args.index("-c")] = ["-v", "VERBOSITY=verbose"]
+    rc, out, err = finish(subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE))
+    took = time.monotonic() - started
+    assert rc != 0 and 'too many statements waiting for admission in resource group "bounded"' in err \
+        and "53000" in err and "max_queued of group" in err, (rc, out, err)
+    assert took < 1, f"turned away after {took:.2f} s"
+    rc, out, err = finish(waiter)
+    assert rc != 0 and "waiting 300 ms for admission" in err, (rc, out, err)
+    assert s.sql("SELECT rejected_total || ' ' || timed_out_total FROM pg_stride.groups "
+                 "WHERE name = 'bounded'") == "1 1"
+    # The server's bound: one waiting statement in the whole server.
+    set_server(s, "pg_stride.max_queued", 1)
+    try:
+        holder2 = holder_running(s, 2)
+        waiter = s.client("pair", "SELECT 'admitted'", "SET pg_stride.queue_timeout = '5s';")
+        s.wait_until("SELECT sum(queued) FROM pg_stride.groups", "1")
+        rc, out, err = finish(s.client("pair", "SELECT 'admitted'"))
+        assert rc != 0 and "pg_stride.max_queued" in err, (rc, out, err)
+        assert finish(holder2)[0] == 0
+    finally:
+        set_server(s, "pg_stride.max_queued", 0)
+    assert finish(waiter)[0] == 0 and finish(holder)[0] == 0
+    s.sql("SELECT pg_stride.drop_group('bounded')")
+
+
+@check
 def utilities_run_their_internal_queries_nested(s):
     # While a running statement holds group pair's only admission, queries that a
     # utility runs by itself, and those PostgreSQL runs at COMMIT, never queue.

@@ -33,6 +33,8 @@ SELECT pg_stride.create_group('x', weight => 0);
 SELECT pg_stride.create_group('x', weight => 10001);
 SELECT pg_stride.create_group('x', max_concurrency => -1);
 SELECT pg_stride.create_group('x', max_parallel_workers => -1);
+SELECT pg_stride.create_group('x', max_queued => -1);
+SELECT pg_stride.create_group('x', queue_timeout => 86400001);
 SELECT pg_stride.create_group('x', priority_initial => 100, priority_min => 200);
 SELECT pg_stride.create_group('x', decay_lambda => 1.5);
 SELECT pg_stride.create_group('x', decay_lambda => 'NaN');

@@ -44,26 +44,95 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
     }
     // A lease of another group is of no use to this statement.
     give_back_lease(shared, entry);
-    if shared.admission.try_enter(group) || arrive(shared, procno, group) == Arrival::Admitted {
+    if shared.admission.try_enter(group) {
         admitted_at_once(entry);
         entry.lease.hold(group);
         return true;
     }
-    wait_in_queue(shared, entry, procno, group, true);
+    let settings = shared.groups.settings_of(group).unwrap_or_default();
+    let bounds = Bounds {
+        group: settings.max_queued.unwrap_or(0).max(0) as u32,
+        server: gucs::MAX_QUEUED.get().max(0) as u32,
+    };
+    match arrive(shared, procno, group, Some(bounds)) {
+        Arrived::Admitted => admitted_at_once(entry),
+        Arrived::Queued => {
+            let timeout_ms = settings.queue_timeout_ms(gucs::QUEUE_TIMEOUT_MS.get());
+            wait_in_queue(shared, entry, procno, group, timeout_ms, true);
+        }
+        Arrived::Full { group_bound } => turned_away(shared, group, group_bound, bounds),
+    }
     entry.lease.hold(group);
     true
 }
 
+/// Bounds on the statements waiting for admission (0 = none).
+#[derive(Clone, Copy)]
+struct Bounds {
+    /// Of the statement's group (its `max_queued`).
+    group: u32,
+    /// Of the server (`pg_stride.max_queued`).
+    server: u32,
+}
+
+/// What became of a statement that arrived in the queue.
+#[derive(PartialEq, Eq)]
+enum Arrived {
+    Admitted,
+    Queued,
+    /// The queue was full — the group's part of it (`max_queued`) or the server's
+    /// (`pg_stride.max_queued`): it left it at once.
+    Full {
+        group_bound: bool,
+    },
+}
+
+/// Counts and raises the ERROR of a statement that a full queue turned away, naming the
+/// bound it met.
+fn turned_away(shared: &shmem::Shared, group: usize, group_bound: bool, bounds: Bounds) -> ! {
+    shared
+        .groups
+        .counters(group)
+        .rejected
+        .fetch_add(1, Ordering::Relaxed);
+    let group_name = shared.groups.name_of(group);
+    let (detail, hint) = if group_bound {
+        (
+            format!("{} statements of the group wait already, its max_queued.", bounds.group),
+            format!("Retry later, or raise the max_queued of group \"{group_name}\" with pg_stride.alter_group()."),
+        )
+    } else {
+        (
+            format!(
+                "{} statements wait already, pg_stride.max_queued.",
+                bounds.server
+            ),
+            "Retry later, or raise pg_stride.max_queued.".to_string(),
+        )
+    };
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
+        format!("too many statements waiting for admission in resource group \"{group_name}\""),
+        "pg_stride admission",
+    )
+    .set_detail(detail)
+    .set_hint(hint)
+    .report(PgLogLevel::ERROR);
+    unreachable!("an ERROR report does not return")
+}
+
 /// Waits in the queue, where `arrive` left process `procno` with a statement of group
-/// slot `group`, until it is admitted; `count` records the admission and its wait in
-/// the group's statistics (a statement taking a lent admission back is not counted
-/// again, and shows queued from now rather than from its start). Raises an ERROR when the wait is cancelled, times out or
-/// the backend is terminated, having left the queue.
+/// slot `group`, until it is admitted or `timeout_ms` (0 = none) ran out; `count`
+/// records the admission and its wait in the group's statistics (a statement taking a
+/// lent admission back is not counted again, and shows queued from now rather than from
+/// its start). Raises an ERROR when the wait is cancelled, times out or the backend is
+/// terminated, having left the queue.
 fn wait_in_queue(
     shared: &shmem::Shared,
     entry: &ProcEntry,
     procno: usize,
     group: usize,
+    timeout_ms: i32,
     count: bool,
 ) {
     let started = Instant::now();
@@ -74,7 +143,7 @@ fn wait_in_queue(
     };
     entry.queued_since.store(since, Ordering::Relaxed);
     entry.queued.fetch_add(1, Ordering::AcqRel);
-    let outcome = PgTryBuilder::new(|| wait_for_turn(shared, procno, started))
+    let outcome = PgTryBuilder::new(|| wait_for_turn(shared, procno, started, timeout_ms))
         .catch_others(|error| {
             leave_queue(shared, procno);
             error.rethrow()
@@ -100,15 +169,13 @@ fn wait_in_queue(
             ErrorReport::new(
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
                 format!(
-                    "canceling statement after waiting {} ms for admission in resource group \"{group_name}\"",
-                    gucs::QUEUE_TIMEOUT_MS.get()
+                    "canceling statement after waiting {timeout_ms} ms for admission in resource group \"{group_name}\""
                 ),
                 "pg_stride admission",
             )
-            .set_detail("The wait reached pg_stride.queue_timeout.")
+            .set_detail("The wait reached pg_stride.queue_timeout or the group's queue_timeout.")
             .set_hint(format!(
-                "Retry later, or raise pg_stride.queue_timeout, pg_stride.max_active_queries or the max_concurrency of group \"{}\".",
-                group_name
+                "Retry later, or raise pg_stride.queue_timeout, the queue_timeout of group \"{group_name}\", pg_stride.max_active_queries or its max_concurrency."
             ))
             .report(PgLogLevel::ERROR);
             unreachable!("an ERROR report does not return")
@@ -117,11 +184,23 @@ fn wait_in_queue(
 }
 
 /// Queues process `procno` with a statement of group slot `group`, admitting it at once
-/// if nobody waits and the limits have room.
-fn arrive(shared: &shmem::Shared, procno: usize, group: usize) -> Arrival {
+/// if nobody waits and the limits have room. With `bounds`, a statement that would wait
+/// beyond them leaves the queue at once (under the same lock, so the bounds are exact).
+fn arrive(shared: &shmem::Shared, procno: usize, group: usize, bounds: Option<Bounds>) -> Arrived {
     shared.with_admission(|queue, waiters| {
         let leases = shared.procs().iter().map(|e| &e.lease);
-        queue.arrive(&shared.admission, waiters, leases, procno, group, wake)
+        let c = &shared.admission;
+        match queue.arrive(c, waiters, leases, procno, group, wake) {
+            Arrival::Admitted => Arrived::Admitted,
+            Arrival::Queued => match bounds {
+                Some(b) if queue.over_bounds(c, group, b.group, b.server) => {
+                    let group_bound = queue.over_bounds(c, group, b.group, 0);
+                    queue.withdraw(c, waiters, procno);
+                    Arrived::Full { group_bound }
+                }
+                _ => Arrived::Queued,
+            },
+        }
     })
 }
 
@@ -135,8 +214,13 @@ fn admitted_at_once(entry: &ProcEntry) {
 
 /// Waits until this backend's queued statement is admitted. Returns `Err` when
 /// `pg_stride.queue_timeout` ran out first (the backend has then left the queue).
-fn wait_for_turn(shared: &shmem::Shared, procno: usize, started: Instant) -> Result<(), ()> {
-    let deadline = match gucs::QUEUE_TIMEOUT_MS.get() {
+fn wait_for_turn(
+    shared: &shmem::Shared,
+    procno: usize,
+    started: Instant,
+    timeout_ms: i32,
+) -> Result<(), ()> {
+    let deadline = match timeout_ms {
         0 => None,
         ms => Some(started + Duration::from_millis(ms as u64)),
     };
@@ -356,8 +440,10 @@ pub fn take_back(shared: &shmem::Shared) {
     if reclaim_if_room(shared, entry) {
         return;
     }
-    if arrive(shared, procno, group) == Arrival::Queued {
-        wait_in_queue(shared, entry, procno, group, false);
+    if arrive(shared, procno, group, None) == Arrived::Queued {
+        let settings = shared.groups.settings_of(group).unwrap_or_default();
+        let timeout_ms = settings.queue_timeout_ms(gucs::QUEUE_TIMEOUT_MS.get());
+        wait_in_queue(shared, entry, procno, group, timeout_ms, false);
     }
     if entry.lease.returned(&shared.admission) {
         dispatch(shared);

@@ -39,7 +39,7 @@
 //! with saturating arithmetic, so that no hook can panic over it.
 
 use crate::backend_local::BackendLocal;
-use crate::{admission, cpu, groups, gucs, pg, pool, shmem, statements};
+use crate::{admission, cpu, groups, gucs, pg, plan_tree, pool, shmem, statements};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -218,7 +218,8 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     // Admission comes first, so that a queued statement holds no executor resources
     // (and launches no parallel workers) while it waits. If starting the executor then
     // fails, the statement's resource owner gives the admission back.
-    let scheduled = is_scheduled(eflags);
+    // SAFETY: a guarded function, given the executor's own QueryDesc.
+    let scheduled = is_scheduled(eflags) && !unsafe { is_monitoring(desc) };
     if scheduled {
         // SAFETY: a guarded function, given the executor's own QueryDesc.
         unsafe { register_statement(desc) };
@@ -401,6 +402,22 @@ unsafe extern "C-unwind" fn object_access(
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn release_pool_database(database: pg_sys::Oid) {
     pool::release_database(database);
+}
+
+/// Whether `desc` is a monitoring query that `pg_stride.bypass_monitoring` keeps out of
+/// scheduling (`plan_tree::is_monitoring_query`).
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn is_monitoring(desc: *mut pg_sys::QueryDesc) -> bool {
+    if !gucs::BYPASS_MONITORING.get() {
+        return false;
+    }
+    // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt; a guarded function may look
+    // up the catalogs. The schema is looked up by name each time, since the extension
+    // may be dropped and created again.
+    unsafe {
+        let own_schema = pg_sys::get_namespace_oid(c"pg_stride".as_ptr(), true);
+        plan_tree::is_monitoring_query((*desc).plannedstmt, own_schema)
+    }
 }
 
 #[pgrx::pg_guard]

@@ -12,6 +12,8 @@ CREATE TABLE pg_stride.resource_groups (
     name                 text PRIMARY KEY CHECK (octet_length(name) BETWEEN 1 AND 63),
     weight               integer NOT NULL DEFAULT 100 CHECK (weight BETWEEN 1 AND 10000),
     max_concurrency      integer NOT NULL DEFAULT 0 CHECK (max_concurrency BETWEEN 0 AND 262143),
+    max_queued           integer CHECK (max_queued BETWEEN 0 AND 262143),
+    queue_timeout        integer CHECK (queue_timeout BETWEEN 0 AND 86400000),
     max_parallel_workers integer CHECK (max_parallel_workers BETWEEN 0 AND 262143),
     priority_initial     integer CHECK (priority_initial BETWEEN 1 AND 1000000),
     priority_min         integer CHECK (priority_min BETWEEN 1 AND 1000000),
@@ -131,10 +133,12 @@ mod functions {
     }
 
     fn upsert(name: &str, s: &GroupSettings) {
-        let args: [DatumWithOid; 9] = [
+        let args: [DatumWithOid; 11] = [
             name.into(),
             s.weight.into(),
             s.max_concurrency.into(),
+            s.max_queued.into(),
+            s.queue_timeout.into(),
             s.max_parallel_workers.into(),
             s.priority_initial.into(),
             s.priority_min.into(),
@@ -144,12 +148,14 @@ mod functions {
         ];
         Spi::run_with_args(
             "INSERT INTO pg_stride.resource_groups AS g \
-                 (name, weight, max_concurrency, max_parallel_workers, priority_initial, \
-                  priority_min, decay_lambda, decay_start, pinned) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 (name, weight, max_concurrency, max_queued, queue_timeout, \
+                  max_parallel_workers, priority_initial, priority_min, decay_lambda, \
+                  decay_start, pinned) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
              ON CONFLICT (name) DO UPDATE SET weight = $2, max_concurrency = $3, \
-                 max_parallel_workers = $4, priority_initial = $5, priority_min = $6, \
-                 decay_lambda = $7, decay_start = $8, pinned = $9",
+                 max_queued = $4, queue_timeout = $5, max_parallel_workers = $6, \
+                 priority_initial = $7, priority_min = $8, decay_lambda = $9, \
+                 decay_start = $10, pinned = $11",
             &args,
         )
         .unwrap_or_else(|e| pgrx::error!("pg_stride: cannot store resource group \"{name}\": {e}"));
@@ -168,12 +174,16 @@ mod functions {
         decay_lambda: default!(Option<f64>, "NULL"),
         decay_start: default!(Option<i32>, "NULL"),
         pinned: default!(Option<bool>, false),
+        max_queued: default!(Option<i32>, "NULL"),
+        queue_timeout: default!(Option<i32>, "NULL"),
     ) {
         let name = check_caller(name);
         let leave_out = "Leave the argument out for its default.";
         let settings = GroupSettings {
             weight: required(weight, "the weight", leave_out),
             max_concurrency: required(max_concurrency, "max_concurrency", leave_out),
+            max_queued,
+            queue_timeout,
             max_parallel_workers,
             priority_initial,
             priority_min,
@@ -205,6 +215,8 @@ mod functions {
         decay_lambda: default!(Option<f64>, "NULL"),
         decay_start: default!(Option<i32>, "NULL"),
         pinned: default!(Option<bool>, "NULL"),
+        max_queued: default!(Option<i32>, "NULL"),
+        queue_timeout: default!(Option<i32>, "NULL"),
     ) {
         let name = check_caller(name);
         let Some(old) = stored(name) else {
@@ -217,6 +229,8 @@ mod functions {
         let settings = GroupSettings {
             weight: weight.unwrap_or(old.weight),
             max_concurrency: max_concurrency.unwrap_or(old.max_concurrency),
+            max_queued: max_queued.or(old.max_queued),
+            queue_timeout: queue_timeout.or(old.queue_timeout),
             max_parallel_workers: max_parallel_workers.or(old.max_parallel_workers),
             priority_initial: priority_initial.or(old.priority_initial),
             priority_min: priority_min.or(old.priority_min),

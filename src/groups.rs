@@ -123,7 +123,7 @@ pub fn read_table() -> Vec<Group> {
         }
         let rows = client.select(
             "SELECT name, weight, max_concurrency, max_parallel_workers, priority_initial, \
-                    priority_min, decay_lambda, decay_start, pinned \
+                    priority_min, decay_lambda, decay_start, pinned, max_queued, queue_timeout \
                FROM pg_stride.resource_groups ORDER BY name",
             None,
             &[],
@@ -142,6 +142,8 @@ pub fn read_table() -> Vec<Group> {
                     decay_lambda: row.get::<f64>(7)?,
                     decay_start: row.get::<i32>(8)?,
                     pinned: row.get::<bool>(9)?.unwrap_or(d.pinned),
+                    max_queued: row.get::<i32>(10)?,
+                    queue_timeout: row.get::<i32>(11)?,
                 },
             });
         }

@@ -57,7 +57,12 @@ pub static YIELD_ABOVE_SCANS: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static RESOURCE_GROUP: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"default"));
 pub static QUEUE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// `pg_stride.max_queued`: statements waiting for admission at once, server-wide (0 =
+/// no bound).
+pub static MAX_QUEUED: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static EXEMPT_SUPERUSER: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// `pg_stride.bypass_monitoring`: monitoring queries are never queued nor paused.
+pub static BYPASS_MONITORING: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static DECAY_LAMBDA: GucSetting<f64> = GucSetting::<f64>::new(0.9);
 pub static DECAY_START: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static PRIORITY_INITIAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
@@ -191,12 +196,30 @@ pub fn register(group_exists: GroupExists) {
         GucContext::Userset,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"pg_stride.max_queued",
+        c"Most statements waiting for admission at once, server-wide; 0 sets no bound.",
+        c"A statement that would wait beyond it fails at once with SQLSTATE 53000.",
+        &MAX_QUEUED,
+        0,
+        262_143,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     GucRegistry::define_bool_guc(
         c"pg_stride.exempt_superuser",
         c"Superusers' statements are admitted at once, without counting against the limits.",
         c"",
         &EXEMPT_SUPERUSER,
         GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.bypass_monitoring",
+        c"Monitoring queries (reading only the system catalogs, statistics views and pg_stride's views) are never queued nor paused.",
+        c"So that a DBA can look at a saturated server. Such a query may still be expensive: turn this off if roles abuse it.",
+        &BYPASS_MONITORING,
+        GucContext::Suset,
         GucFlags::default(),
     );
     GucRegistry::define_float_guc(

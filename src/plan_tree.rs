@@ -91,3 +91,215 @@ pub unsafe fn stride_gather_inner(plan: *mut pg_sys::Plan) -> Option<*mut pg_sys
             .then(|| (*(*private).elements).ptr_value.cast::<pg_sys::Plan>())
     }
 }
+
+/// Whether `stmt` is a monitoring query, which pg_stride never queues nor pauses
+/// (docs/design.md §4 rule 4): a plain SELECT of built-in `pg_*` functions of constants
+/// (not `pg_sleep*`) without FROM, or one that reads at least one relation or
+/// set-returning function and only these — relations of the system catalogs (views
+/// such as `pg_stat_activity` included) or of schema `own_schema` (pg_stride's views and
+/// groups table), set-returning built-in functions named `pg_*` (those under the
+/// statistics views), functions of `own_schema` — and that calls no other user-defined
+/// function anywhere in the plan (the planner records a dependency on each one it
+/// calls, `PlannedStmt.invalItems`).
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt. Catalog lookups may raise an ERROR: call it inside a
+/// guarded function.
+pub unsafe fn is_monitoring_query(
+    stmt: *const pg_sys::PlannedStmt,
+    own_schema: pg_sys::Oid,
+) -> bool {
+    use pg_sys::RTEKind::*;
+    // Objects created by initdb (the catalogs, their views and built-in functions) have
+    // OIDs below this; CREATE EXTENSION's above.
+    let built_in = |oid: pg_sys::Oid| u32::from(oid) < pg_sys::FirstNormalObjectId;
+    // SAFETY: the caller's promise; a PlannedStmt's rtable is a List of RangeTblEntry,
+    // an RTE_FUNCTION's functions a List of RangeTblFunction, invalItems a List of
+    // PlanInvalItem; lsyscache lookups return InvalidOid or NULL for what is missing.
+    unsafe {
+        if (*stmt).commandType != pg_sys::CmdType::CMD_SELECT
+            || (*stmt).hasModifyingCTE
+            || !(*stmt).rowMarks.is_null()
+        {
+            return false;
+        }
+        let in_own_schema =
+            |namespace: pg_sys::Oid| own_schema != pg_sys::InvalidOid && namespace == own_schema;
+        let mut reads = false;
+        let mut own_functions: Vec<pg_sys::Oid> = Vec::new();
+        let rtable = pgrx::PgList::<pg_sys::RangeTblEntry>::from_pg((*stmt).rtable);
+        for rte in rtable.iter_ptr() {
+            match (*rte).rtekind {
+                RTE_RELATION => {
+                    let relid = (*rte).relid;
+                    if !built_in(relid) && !in_own_schema(pg_sys::get_rel_namespace(relid)) {
+                        return false;
+                    }
+                    reads = true;
+                }
+                // Its functions are in its Function Scan (the flat rtable drops them).
+                RTE_FUNCTION => reads = true,
+                RTE_TABLEFUNC | RTE_NAMEDTUPLESTORE => return false,
+                _ => {}
+            }
+        }
+        if !reads {
+            // No relation and no function in FROM: a monitoring call such as
+            // `SELECT pg_is_in_recovery()` or `SELECT pg_current_wal_lsn()`.
+            return calls_only_monitoring_functions((*stmt).planTree);
+        }
+        let mut scans_allowed = true;
+        for_each_plan(stmt.cast_mut(), &mut |plan| {
+            let plan = *plan;
+            if plan.is_null() || !scans_allowed {
+                return;
+            }
+            match (*plan).type_ {
+                pg_sys::NodeTag::T_FunctionScan => {
+                    let scan = plan.cast::<pg_sys::FunctionScan>();
+                    let functions =
+                        pgrx::PgList::<pg_sys::RangeTblFunction>::from_pg((*scan).functions);
+                    for f in functions.iter_ptr() {
+                        match monitoring_function((*f).funcexpr, own_schema) {
+                            Some(Some(own)) => own_functions.push(own),
+                            Some(None) => {}
+                            None => scans_allowed = false,
+                        }
+                    }
+                }
+                pg_sys::NodeTag::T_TableFuncScan => scans_allowed = false,
+                _ => {}
+            }
+        });
+        if !scans_allowed {
+            return false;
+        }
+        let allowed: Vec<u32> = own_functions
+            .iter()
+            .map(|&f| {
+                pg_sys::GetSysCacheHashValue(
+                    pg_sys::SysCacheIdentifier::PROCOID as i32,
+                    pg_sys::Datum::from(f),
+                    pg_sys::Datum::from(0),
+                    pg_sys::Datum::from(0),
+                    pg_sys::Datum::from(0),
+                )
+            })
+            .collect();
+        let items = pgrx::PgList::<pg_sys::PlanInvalItem>::from_pg((*stmt).invalItems);
+        let calls_no_other = items.iter_ptr().all(|item| {
+            (*item).cacheId != pg_sys::SysCacheIdentifier::PROCOID as i32
+                || allowed.contains(&(*item).hashValue)
+        });
+        calls_no_other
+    }
+}
+
+/// Whether `funcexpr`, a function in FROM, may be read by a monitoring query: one of
+/// schema `own_schema` (`Some(Some(oid))`: its calls are allowed in the plan's
+/// dependencies), or a set-returning built-in named `pg_*` (`Some(None)`); `None`
+/// otherwise.
+///
+/// # Safety
+/// `funcexpr` is null or a valid expression node; inside a guarded function.
+unsafe fn monitoring_function(
+    funcexpr: *mut pg_sys::Node,
+    own_schema: pg_sys::Oid,
+) -> Option<Option<pg_sys::Oid>> {
+    // SAFETY: the caller's promise; lsyscache lookups return InvalidOid for what is
+    // missing.
+    unsafe {
+        if funcexpr.is_null() || (*funcexpr).type_ != pg_sys::NodeTag::T_FuncExpr {
+            return None;
+        }
+        let funcid = (*funcexpr.cast::<pg_sys::FuncExpr>()).funcid;
+        if own_schema != pg_sys::InvalidOid && pg_sys::get_func_namespace(funcid) == own_schema {
+            return Some(Some(funcid));
+        }
+        (u32::from(funcid) < pg_sys::FirstNormalObjectId
+            && pg_sys::get_func_retset(funcid)
+            && name_starts_with_pg(funcid))
+        .then_some(None)
+    }
+}
+
+/// Whether `plan` is a Result that calls built-in `pg_*` functions of constants and
+/// parameters, and computes nothing else — not `pg_sleep*`, which would wait without
+/// ever being queued.
+///
+/// # Safety
+/// `plan` is a valid Plan; inside a guarded function (catalog lookups).
+unsafe fn calls_only_monitoring_functions(plan: *const pg_sys::Plan) -> bool {
+    // SAFETY: the caller's promise; a Result's targetlist is a List of TargetEntry.
+    unsafe {
+        if plan.is_null()
+            || (*plan).type_ != pg_sys::NodeTag::T_Result
+            || !(*plan).lefttree.is_null()
+            || !(*plan.cast::<pg_sys::Result>()).resconstantqual.is_null()
+        {
+            return false;
+        }
+        // At least one call: `SELECT 1` and its like stay scheduled like any statement.
+        let targets = pgrx::PgList::<pg_sys::TargetEntry>::from_pg((*plan).targetlist);
+        let calls = targets
+            .iter_ptr()
+            .any(|t| (*(*t).expr.cast::<pg_sys::Node>()).type_ == pg_sys::NodeTag::T_FuncExpr);
+        let only = targets
+            .iter_ptr()
+            .all(|t| is_monitoring_call((*t).expr.cast()));
+        calls && only
+    }
+}
+
+/// Whether `node` is a constant, a parameter, or a call of a built-in `pg_*` function
+/// (not `pg_sleep*`) whose arguments are such nodes.
+///
+/// # Safety
+/// `node` is null or a valid expression node; inside a guarded function.
+unsafe fn is_monitoring_call(node: *const pg_sys::Node) -> bool {
+    // SAFETY: the caller's promise; a node's tag tells its type, a FuncExpr's args are a
+    // List of expression nodes.
+    unsafe {
+        if node.is_null() {
+            return false;
+        }
+        match (*node).type_ {
+            pg_sys::NodeTag::T_Const | pg_sys::NodeTag::T_Param => true,
+            pg_sys::NodeTag::T_FuncExpr => {
+                let f = node.cast::<pg_sys::FuncExpr>();
+                let funcid = (*f).funcid;
+                if u32::from(funcid) >= pg_sys::FirstNormalObjectId
+                    || !name_starts_with_pg(funcid)
+                    || name_starts_with(funcid, b"pg_sleep")
+                {
+                    return false;
+                }
+                let args = pgrx::PgList::<pg_sys::Node>::from_pg((*f).args);
+                let only = args.iter_ptr().all(|a| is_monitoring_call(a));
+                only
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether the name of function `funcid` begins with `pg_`.
+///
+/// # Safety
+/// Inside a guarded function (a catalog lookup).
+unsafe fn name_starts_with_pg(funcid: pg_sys::Oid) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe { name_starts_with(funcid, b"pg_") }
+}
+
+/// Whether the name of function `funcid` begins with `prefix`.
+///
+/// # Safety
+/// Inside a guarded function (a catalog lookup).
+unsafe fn name_starts_with(funcid: pg_sys::Oid, prefix: &[u8]) -> bool {
+    // SAFETY: get_func_name returns NULL or a palloc'd NUL-terminated name.
+    unsafe {
+        let name = pg_sys::get_func_name(funcid);
+        !name.is_null() && CStr::from_ptr(name).to_bytes().starts_with(prefix)
+    }
+}

@@ -515,6 +515,14 @@ impl Queue {
         }
     }
 
+    /// Whether group `g`'s waiting statements exceed `group_max`, or the server's exceed
+    /// `server_max` (0 = no bound): asked right after [`Queue::arrive`] queued one, which
+    /// then withdraws it ([`Queue::withdraw`]) and fails at once.
+    pub fn over_bounds(&self, c: &Counts, g: usize, group_max: u32, server_max: u32) -> bool {
+        (group_max > 0 && self.groups[g].waiting > group_max)
+            || (server_max > 0 && c.waiting() > server_max)
+    }
+
     /// Process `p` stops waiting (timeout, cancel, exit). Returns `true` if it was still
     /// queued and is now gone from the queue; `false` if it had been admitted meanwhile,
     /// in which case it holds an admission the caller must give back
@@ -994,6 +1002,25 @@ mod tests {
         s.finish_leased(0);
         assert_eq!(lend(&mut s, 0), None, "an idle lease is revoked, not lent");
         assert_eq!(s.c.group_active(1), 1);
+    }
+
+    #[test]
+    fn a_bounded_queue_turns_away_the_statement_past_its_bound() {
+        let mut s = Server::new(1, 5);
+        s.configure(1, 100, 0);
+        assert_eq!(s.arrive(0, 0), Arrival::Admitted);
+        assert_eq!(s.arrive(1, 0), Arrival::Queued);
+        assert!(!s.q.over_bounds(&s.c, 0, 1, 0), "one waits, one may");
+        assert_eq!(s.arrive(2, 0), Arrival::Queued);
+        assert!(s.q.over_bounds(&s.c, 0, 1, 0));
+        assert!(s.q.withdraw(&s.c, &mut s.w, 2));
+        // The server's bound counts every group's waiters.
+        assert_eq!(s.arrive(3, 1), Arrival::Queued);
+        assert!(s.q.over_bounds(&s.c, 1, 0, 1));
+        assert!(!s.q.over_bounds(&s.c, 1, 0, 2));
+        assert!(!s.q.over_bounds(&s.c, 1, 0, 0), "0: no bound");
+        assert!(s.q.withdraw(&s.c, &mut s.w, 3));
+        assert_eq!(s.finish(0), vec![1]);
     }
 
     #[test]

@@ -34,6 +34,18 @@ pub const MAX_CONCURRENCY: Limit = Limit {
     min: 0,
     max: 262_143,
 };
+/// Statements of the group waiting for admission at once (0 = no group bound).
+pub const MAX_QUEUED: Limit = Limit {
+    name: "max_queued",
+    min: 0,
+    max: 262_143,
+};
+/// Longest wait for admission in ms (0 = none); a day at most.
+pub const QUEUE_TIMEOUT: Limit = Limit {
+    name: "queue_timeout",
+    min: 0,
+    max: 86_400_000,
+};
 /// Parallel workers the group's statements hold at once; max_worker_processes' maximum.
 pub const MAX_PARALLEL_WORKERS: Limit = Limit {
     name: "max_parallel_workers",
@@ -62,9 +74,11 @@ pub const DECAY_START: Limit = Limit {
 pub const DECAY_LAMBDA_RANGE: (f64, f64) = (0.0, 1.0);
 
 /// Every integer setting's limit, for tests that compare them with the SQL table.
-pub const INTEGER_LIMITS: [Limit; 6] = [
+pub const INTEGER_LIMITS: [Limit; 8] = [
     WEIGHT,
     MAX_CONCURRENCY,
+    MAX_QUEUED,
+    QUEUE_TIMEOUT,
     MAX_PARALLEL_WORKERS,
     PRIORITY_INITIAL,
     PRIORITY_MIN,
@@ -80,6 +94,12 @@ pub struct GroupSettings {
     pub weight: i32,
     /// Statements of the group admitted at once; 0 = no limit beyond the global one.
     pub max_concurrency: i32,
+    /// Statements of the group that may wait for admission at once (0 = no bound);
+    /// `None` = `pg_stride.max_queued` alone bounds them.
+    pub max_queued: Option<i32>,
+    /// Longest wait for admission, ms (0 = none); `None` = the session's
+    /// `pg_stride.queue_timeout` alone. With both, the shorter non-zero one applies.
+    pub queue_timeout: Option<i32>,
     /// Parallel workers the group's statements may hold at once; `None` = no cap.
     pub max_parallel_workers: Option<i32>,
     pub priority_initial: Option<i32>,
@@ -95,6 +115,8 @@ impl GroupSettings {
     pub const DEFAULT: GroupSettings = GroupSettings {
         weight: 100,
         max_concurrency: 0,
+        max_queued: None,
+        queue_timeout: None,
         max_parallel_workers: None,
         priority_initial: None,
         priority_min: None,
@@ -102,6 +124,18 @@ impl GroupSettings {
         decay_start: None,
         pinned: false,
     };
+}
+
+impl GroupSettings {
+    /// The wait for admission allowed, in ms (0 = no limit), given the session's
+    /// `pg_stride.queue_timeout`: the shorter of the two that are set.
+    pub fn queue_timeout_ms(&self, session_ms: i32) -> i32 {
+        match (self.queue_timeout.unwrap_or(0), session_ms) {
+            (0, s) => s.max(0),
+            (g, s) if s <= 0 => g,
+            (g, s) => g.min(s),
+        }
+    }
 }
 
 impl Default for GroupSettings {
@@ -124,6 +158,8 @@ fn check(limit: Limit, value: Option<i32>) -> Result<(), String> {
 pub fn validate(s: &GroupSettings) -> Result<(), String> {
     check(WEIGHT, Some(s.weight))?;
     check(MAX_CONCURRENCY, Some(s.max_concurrency))?;
+    check(MAX_QUEUED, s.max_queued)?;
+    check(QUEUE_TIMEOUT, s.queue_timeout)?;
     check(MAX_PARALLEL_WORKERS, s.max_parallel_workers)?;
     check(PRIORITY_INITIAL, s.priority_initial)?;
     check(PRIORITY_MIN, s.priority_min)?;
@@ -242,6 +278,8 @@ mod tests {
                 match limit.name {
                     "weight" => s.weight = v,
                     "max_concurrency" => s.max_concurrency = v,
+                    "max_queued" => s.max_queued = Some(v),
+                    "queue_timeout" => s.queue_timeout = Some(v),
                     "max_parallel_workers" => s.max_parallel_workers = Some(v),
                     "priority_initial" => s.priority_initial = Some(v),
                     "priority_min" => s.priority_min = Some(v),
@@ -251,6 +289,20 @@ mod tests {
                 assert_eq!(validate(&s).is_ok(), ok, "{} = {v}", limit.name);
             }
         }
+    }
+
+    #[test]
+    fn the_shorter_of_the_group_and_session_queue_timeouts_applies() {
+        let group = |t| GroupSettings {
+            queue_timeout: t,
+            ..GroupSettings::DEFAULT
+        };
+        assert_eq!(group(None).queue_timeout_ms(0), 0);
+        assert_eq!(group(None).queue_timeout_ms(500), 500);
+        assert_eq!(group(Some(0)).queue_timeout_ms(500), 500);
+        assert_eq!(group(Some(300)).queue_timeout_ms(0), 300);
+        assert_eq!(group(Some(300)).queue_timeout_ms(500), 300);
+        assert_eq!(group(Some(900)).queue_timeout_ms(500), 500);
     }
 
     #[test]

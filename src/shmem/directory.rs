@@ -59,6 +59,8 @@ pub struct GroupCounters {
     pub cpu_ns: AtomicU64,
     /// Statements that gave up waiting at `pg_stride.queue_timeout`.
     pub timed_out: AtomicU64,
+    /// Statements turned away at once because the queue was full (`max_queued`).
+    pub rejected: AtomicU64,
     /// Admissions beyond the limits, to break a cycle of waits (docs/design.md §4
     /// rule 12).
     pub over_limit: AtomicU64,
@@ -77,6 +79,7 @@ impl GroupCounters {
             admitted: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
             over_limit: AtomicU64::new(0),
             queue_time_us: AtomicU64::new(0),
             queue_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -88,6 +91,7 @@ impl GroupCounters {
         self.admitted.store(0, Ordering::Relaxed);
         self.cpu_ns.store(0, Ordering::Relaxed);
         self.timed_out.store(0, Ordering::Relaxed);
+        self.rejected.store(0, Ordering::Relaxed);
         self.over_limit.store(0, Ordering::Relaxed);
         self.queue_time_us.store(0, Ordering::Relaxed);
         for bucket in &self.queue_histogram {

@@ -316,10 +316,12 @@ fn break_admission_cycles(shared: &shmem::Shared, stalled_before: &mut Vec<Optio
             }
         }
         let entry = &procs[waiter_procno];
+        let waits = Waits {
+            pids: &pids,
+            on_lock: &lock_waits,
+        };
         if entry.lease.lent_group().is_some()
-            || !blockers
-                .iter()
-                .any(|&b| waits_for_a_client(b, &pids, CHAIN_DEPTH))
+            || !blockers.iter().any(|&b| waits.for_a_client(b, CHAIN_DEPTH))
         {
             continue;
         }
@@ -343,17 +345,29 @@ fn break_admission_cycles(shared: &shmem::Shared, stalled_before: &mut Vec<Optio
 /// Most blockers followed from a lock waiter to the backend its wait ends with.
 const CHAIN_DEPTH: u32 = 4;
 
-/// Whether backend `pid` waits for its client, or on a lock whose chain of blockers
-/// reaches one within `depth` steps. `pids` maps the server's pids to process numbers.
-fn waits_for_a_client(pid: i32, pids: &HashMap<i32, usize>, depth: u32) -> bool {
-    let Some(&procno) = pids.get(&pid) else {
-        return false;
-    };
-    match pg::proc_waiting(procno) {
-        pg::Waiting::Client => true,
-        pg::Waiting::Lock if depth > 0 => pg::blocking_pids(pid)
-            .into_iter()
-            .any(|b| b != pid && waits_for_a_client(b, pids, depth - 1)),
-        _ => false,
+/// Who waits for what, as the lock-holder look saw it.
+struct Waits<'a> {
+    /// The server's pids, to process numbers.
+    pids: &'a HashMap<i32, usize>,
+    /// Per process number: it, or one of its parallel workers, waits on a lock.
+    on_lock: &'a [bool],
+}
+
+impl Waits<'_> {
+    /// Whether backend `pid` waits for its client, or on a lock (itself or through its
+    /// parallel workers) whose chain of blockers reaches one within `depth` steps.
+    fn for_a_client(&self, pid: i32, depth: u32) -> bool {
+        let Some(&procno) = self.pids.get(&pid) else {
+            return false;
+        };
+        if pg::proc_waiting(procno) == pg::Waiting::Client {
+            return true;
+        }
+        // For a leader, pg_blocking_pids counts its workers' waits too.
+        depth > 0
+            && self.on_lock.get(procno) == Some(&true)
+            && pg::blocking_pids(pid)
+                .into_iter()
+                .any(|b| b != pid && self.for_a_client(b, depth - 1))
     }
 }
