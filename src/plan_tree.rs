@@ -93,13 +93,12 @@ pub unsafe fn stride_gather_inner(plan: *mut pg_sys::Plan) -> Option<*mut pg_sys
 }
 
 /// Whether `stmt` is a monitoring query, which pg_stride never queues nor pauses
-/// (docs/design.md §4 rule 4): a plain SELECT of built-in `pg_*` functions of constants
-/// (not `pg_sleep*`) without FROM, or one that reads at least one relation or
-/// set-returning function and only these — relations of the system catalogs (views
-/// such as `pg_stat_activity` included) or of schema `own_schema` (pg_stride's views and
-/// groups table), set-returning built-in functions named `pg_*` (those under the
-/// statistics views), functions of `own_schema` — and that calls no other user-defined
-/// function anywhere in the plan (the planner records a dependency on each one it
+/// (docs/design.md §4 rule 4): a plain SELECT without FROM that calls monitoring
+/// built-ins ([`is_monitoring_built_in`]) of constants, or one that reads at least one
+/// relation or function and only these — relations of the system catalogs (views such
+/// as `pg_stat_activity` included) or of schema `own_schema` (pg_stride's views and
+/// groups table), monitoring built-ins, functions of `own_schema` — and that calls no
+/// other user-defined function anywhere in the plan (the planner records a dependency on each one it
 /// calls, `PlannedStmt.invalItems`).
 ///
 /// # Safety
@@ -197,8 +196,8 @@ pub unsafe fn is_monitoring_query(
 
 /// Whether `funcexpr`, a function in FROM, may be read by a monitoring query: one of
 /// schema `own_schema` (`Some(Some(oid))`: its calls are allowed in the plan's
-/// dependencies), or a set-returning built-in named `pg_*` (`Some(None)`); `None`
-/// otherwise.
+/// dependencies), or a monitoring built-in (`Some(None)`, [`is_monitoring_built_in`]);
+/// `None` otherwise.
 ///
 /// # Safety
 /// `funcexpr` is null or a valid expression node; inside a guarded function.
@@ -216,16 +215,12 @@ unsafe fn monitoring_function(
         if own_schema != pg_sys::InvalidOid && pg_sys::get_func_namespace(funcid) == own_schema {
             return Some(Some(funcid));
         }
-        (u32::from(funcid) < pg_sys::FirstNormalObjectId
-            && pg_sys::get_func_retset(funcid)
-            && name_starts_with_pg(funcid))
-        .then_some(None)
+        is_monitoring_built_in(funcid).then_some(None)
     }
 }
 
-/// Whether `plan` is a Result that calls built-in `pg_*` functions of constants and
-/// parameters, and computes nothing else — not `pg_sleep*`, which would wait without
-/// ever being queued.
+/// Whether `plan` is a Result that calls monitoring built-ins
+/// ([`is_monitoring_built_in`]) of constants and parameters, and computes nothing else.
 ///
 /// # Safety
 /// `plan` is a valid Plan; inside a guarded function (catalog lookups).
@@ -251,8 +246,8 @@ unsafe fn calls_only_monitoring_functions(plan: *const pg_sys::Plan) -> bool {
     }
 }
 
-/// Whether `node` is a constant, a parameter, or a call of a built-in `pg_*` function
-/// (not `pg_sleep*`) whose arguments are such nodes.
+/// Whether `node` is a constant, a parameter, or a call of a monitoring built-in whose
+/// arguments are such nodes.
 ///
 /// # Safety
 /// `node` is null or a valid expression node; inside a guarded function.
@@ -267,11 +262,7 @@ unsafe fn is_monitoring_call(node: *const pg_sys::Node) -> bool {
             pg_sys::NodeTag::T_Const | pg_sys::NodeTag::T_Param => true,
             pg_sys::NodeTag::T_FuncExpr => {
                 let f = node.cast::<pg_sys::FuncExpr>();
-                let funcid = (*f).funcid;
-                if u32::from(funcid) >= pg_sys::FirstNormalObjectId
-                    || !name_starts_with_pg(funcid)
-                    || name_starts_with(funcid, b"pg_sleep")
-                {
+                if !is_monitoring_built_in((*f).funcid) {
                     return false;
                 }
                 let args = pgrx::PgList::<pg_sys::Node>::from_pg((*f).args);
@@ -283,23 +274,27 @@ unsafe fn is_monitoring_call(node: *const pg_sys::Node) -> bool {
     }
 }
 
-/// Whether the name of function `funcid` begins with `pg_`.
-///
-/// # Safety
-/// Inside a guarded function (a catalog lookup).
-unsafe fn name_starts_with_pg(funcid: pg_sys::Oid) -> bool {
-    // SAFETY: the caller's promise.
-    unsafe { name_starts_with(funcid, b"pg_") }
-}
+/// Built-in functions whose names begin with `pg_` but that wait or take locks: a
+/// statement calling them is scheduled like any other.
+const WAITING_BUILT_INS: [&[u8]; 3] = [b"pg_sleep", b"pg_advisory", b"pg_try_advisory"];
 
-/// Whether the name of function `funcid` begins with `prefix`.
+/// Whether function `funcid` is a built-in one named `pg_*` (the functions under the
+/// statistics views, `pg_is_in_recovery`, `pg_database_size`, …) that neither waits nor
+/// takes locks.
 ///
 /// # Safety
 /// Inside a guarded function (a catalog lookup).
-unsafe fn name_starts_with(funcid: pg_sys::Oid, prefix: &[u8]) -> bool {
+unsafe fn is_monitoring_built_in(funcid: pg_sys::Oid) -> bool {
+    if u32::from(funcid) >= pg_sys::FirstNormalObjectId {
+        return false;
+    }
     // SAFETY: get_func_name returns NULL or a palloc'd NUL-terminated name.
     unsafe {
         let name = pg_sys::get_func_name(funcid);
-        !name.is_null() && CStr::from_ptr(name).to_bytes().starts_with(prefix)
+        if name.is_null() {
+            return false;
+        }
+        let name = CStr::from_ptr(name).to_bytes();
+        name.starts_with(b"pg_") && !WAITING_BUILT_INS.iter().any(|p| name.starts_with(p))
     }
 }
