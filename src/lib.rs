@@ -78,7 +78,12 @@ pub extern "C-unwind" fn _PG_init() {
             .is_loaded()
             .then(|| directory.find(name).is_some())
     });
-    shmem::install();
+    // Everything pg_stride hooks into, each hook chained to the one installed before it:
+    // shared memory (shmem_request_hook, shmem_startup_hook: pg_stride's regions and the
+    // pool's block), the pool's custom scans, the resource-release callback that ends a
+    // failed statement's scheduling, the three background workers, and the planner,
+    // executor, utility and object-access hooks.
+    shmem::install(pool::SHMEM_BLOCKS);
     pool::install();
     statements::install();
     worker::register();

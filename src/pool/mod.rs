@@ -47,9 +47,11 @@ use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;
 pub use tickets::transaction_ended;
 
-/// Registers the pool's shared memory. Called from `_PG_init`.
+/// The pool's shared memory, which `_PG_init` gives to `shmem::install`.
+pub const SHMEM_BLOCKS: &[crate::shmem::Block] = &[shared::SHMEM_BLOCK];
+
+/// Registers the pool's custom scans. Called from `_PG_init`.
 pub fn install() {
-    shared::install();
     stride_gather::register();
 }
 

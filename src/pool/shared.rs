@@ -17,8 +17,8 @@
 //! RUNNING or CANCEL at generation g: its worker holds no lock and is out of the
 //! leader's lock group (or exited).
 
+use crate::shmem;
 use pgrx::pg_sys;
-use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 pub const MAX_POOL: usize = 32;
@@ -271,60 +271,33 @@ impl PoolShared {
     }
 }
 
-const REGION: &CStr = c"pg_stride pool";
+/// The pool's block of shared memory, created with pg_stride's own (`shmem::install`).
+pub const SHMEM_BLOCK: shmem::Block = shmem::Block {
+    name: c"pg_stride pool",
+    size: std::mem::size_of::<PoolShared>(),
+    attach,
+};
+
 static mut SHARED: *const PoolShared = std::ptr::null();
-static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
-static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
 
 pub fn shared() -> Option<&'static PoolShared> {
     // SAFETY: set once in shmem_startup_hook (inherited by every child), never changed.
     unsafe { SHARED.as_ref() }
 }
 
-/// Asks for the region and installs the startup hook. Called from `_PG_init`.
-pub fn install() {
-    // SAFETY: _PG_init runs single-threaded in the postmaster.
+/// Attaches to the pool's block, zeroing it first when this process is the first to
+/// see it: zeroed memory is a valid PoolShared (every field is an atomic whose zero is
+/// FREE / 0).
+///
+/// # Safety
+/// `block` is the block `SHMEM_BLOCK` describes, in shared memory for the server's
+/// life; called under AddinShmemInitLock.
+unsafe fn attach(block: *mut u8, found: bool) {
+    // SAFETY: the caller's promise.
     unsafe {
-        PREV_REQUEST = pg_sys::shmem_request_hook;
-        pg_sys::shmem_request_hook = Some(on_request);
-        PREV_STARTUP = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(on_startup);
-    }
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn on_request() {
-    // SAFETY: chained hook; RequestAddinShmemSpace is allowed in shmem_request_hook.
-    unsafe {
-        if let Some(prev) = PREV_REQUEST {
-            prev();
-        }
-        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<PoolShared>());
-    }
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn on_startup() {
-    // SAFETY: chained hook; ShmemInitStruct under AddinShmemInitLock, zeroed memory is a
-    // valid PoolShared (every field is an atomic whose zero is FREE / 0).
-    unsafe {
-        if let Some(prev) = PREV_STARTUP {
-            prev();
-        }
-        // AddinShmemInitLock is MainLWLockArray[21] in every supported major.
-        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
-        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let mut found = false;
-        let ptr = pg_sys::ShmemInitStruct(
-            REGION.as_ptr(),
-            std::mem::size_of::<PoolShared>(),
-            &mut found,
-        )
-        .cast::<PoolShared>();
         if !found {
-            std::ptr::write_bytes(ptr.cast::<u8>(), 0, std::mem::size_of::<PoolShared>());
+            std::ptr::write_bytes(block, 0, std::mem::size_of::<PoolShared>());
         }
-        SHARED = ptr;
-        pg_sys::LWLockRelease(lock);
+        SHARED = block.cast();
     }
 }

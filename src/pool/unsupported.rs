@@ -9,6 +9,9 @@ mod worker_row;
 
 pub use worker_row::WorkerRow;
 
+/// No shared memory: nothing is pooled.
+pub const SHMEM_BLOCKS: &[crate::shmem::Block] = &[];
+
 pub fn install() {}
 
 pub fn plans_for_pool() -> bool {

@@ -415,9 +415,25 @@ static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
 static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 
-/// Asks PostgreSQL for the region and arranges its initialisation. Only valid while
-/// `shared_preload_libraries` is processed.
-pub fn install() {
+/// A block of shared memory that a module above this one keeps (the pool's), requested
+/// and created through this module's one request and startup path.
+pub struct Block {
+    /// Its name for ShmemInitStruct.
+    pub name: &'static CStr,
+    pub size: usize,
+    /// Called in every process at startup, under AddinShmemInitLock, with the block and
+    /// whether another process created it already (`false`: initialise it).
+    pub attach: unsafe fn(block: *mut u8, found: bool),
+}
+
+/// The other modules' blocks, set once by [`install`].
+static BLOCKS: std::sync::OnceLock<&'static [Block]> = std::sync::OnceLock::new();
+
+/// Asks PostgreSQL for pg_stride's shared memory — its own regions and `blocks` — and
+/// arranges their initialisation: the one place pg_stride installs shmem_request_hook
+/// and shmem_startup_hook. Only valid while `shared_preload_libraries` is processed.
+pub fn install(blocks: &'static [Block]) {
+    let _ = BLOCKS.set(blocks);
     // SAFETY: _PG_init runs single-threaded in the postmaster; hooks are chained.
     unsafe {
         #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
@@ -450,6 +466,9 @@ fn request_space() {
         pg_sys::RequestAddinShmemSpace(SchedShared::region_size(&sched_capacity()));
         pg_sys::RequestAddinShmemSpace(TraceRing::region_size(TRACE_CAPACITY));
         pg_sys::RequestNamedLWLockTranche(REGION_NAME.as_ptr(), LOCK_COUNT);
+        for block in BLOCKS.get().copied().unwrap_or_default() {
+            pg_sys::RequestAddinShmemSpace(block.size);
+        }
     }
 }
 
@@ -511,6 +530,11 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
         }
         init_sched();
         init_trace();
+        for block in BLOCKS.get().copied().unwrap_or_default() {
+            let mut found = false;
+            let ptr = pg_sys::ShmemInitStruct(block.name.as_ptr(), block.size, &mut found);
+            (block.attach)(ptr.cast(), found);
+        }
         pg_sys::LWLockRelease(lock);
         LOCKS.store(
             pg_sys::GetNamedLWLockTranche(REGION_NAME.as_ptr()),
