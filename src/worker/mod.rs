@@ -25,6 +25,7 @@ use pgrx::bgworkers::{
 };
 use pgrx::pg_sys;
 use pgrx::PgMemoryContexts;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -303,8 +304,13 @@ fn break_admission_cycles(shared: &shmem::Shared, stalled_before: &mut Vec<Optio
         }
     }
     let mut stalled = vec![None; procs.len()];
+    let waits = Waits {
+        pids: &pids,
+        on_lock: &lock_waits,
+        blockers: RefCell::new(HashMap::new()),
+    };
     for (waiter, waiter_procno) in running {
-        let blockers = pg::blocking_pids(waiter);
+        let blockers = waits.blockers_of(waiter);
         for &blocker in &blockers {
             let Some(&(_, procno)) = queued.iter().find(|&&(pid, _)| pid == blocker) else {
                 continue;
@@ -316,10 +322,6 @@ fn break_admission_cycles(shared: &shmem::Shared, stalled_before: &mut Vec<Optio
             }
         }
         let entry = &procs[waiter_procno];
-        let waits = Waits {
-            pids: &pids,
-            on_lock: &lock_waits,
-        };
         if entry.lease.lent_group().is_some()
             || !blockers.iter().any(|&b| waits.for_a_client(b, CHAIN_DEPTH))
         {
@@ -345,15 +347,28 @@ fn break_admission_cycles(shared: &shmem::Shared, stalled_before: &mut Vec<Optio
 /// Most blockers followed from a lock waiter to the backend its wait ends with.
 const CHAIN_DEPTH: u32 = 4;
 
-/// Who waits for what, as the lock-holder look saw it.
+/// Who waits for what, as one look of the lock-holder watchdog saw it.
 struct Waits<'a> {
     /// The server's pids, to process numbers.
     pids: &'a HashMap<i32, usize>,
     /// Per process number: it, or one of its parallel workers, waits on a lock.
     on_lock: &'a [bool],
+    /// `pg_blocking_pids` of the processes asked about so far in this look: each call
+    /// takes every lock-manager partition lock, and a hot row's waiters share blockers.
+    blockers: RefCell<HashMap<i32, Vec<i32>>>,
 }
 
 impl Waits<'_> {
+    /// `pg_blocking_pids(pid)`, asked once per look.
+    fn blockers_of(&self, pid: i32) -> Vec<i32> {
+        if let Some(known) = self.blockers.borrow().get(&pid) {
+            return known.clone();
+        }
+        let found = pg::blocking_pids(pid);
+        self.blockers.borrow_mut().insert(pid, found.clone());
+        found
+    }
+
     /// Whether backend `pid` waits for its client, or on a lock (itself or through its
     /// parallel workers) whose chain of blockers reaches one within `depth` steps.
     fn for_a_client(&self, pid: i32, depth: u32) -> bool {
@@ -366,7 +381,8 @@ impl Waits<'_> {
         // For a leader, pg_blocking_pids counts its workers' waits too.
         depth > 0
             && self.on_lock.get(procno) == Some(&true)
-            && pg::blocking_pids(pid)
+            && self
+                .blockers_of(pid)
                 .into_iter()
                 .any(|b| b != pid && self.for_a_client(b, depth - 1))
     }
