@@ -404,6 +404,44 @@ unsafe extern "C-unwind" fn release_pool_database(database: pg_sys::Oid) {
     pool::release_database(database);
 }
 
+/// The OID of schema `pg_stride` in this database (InvalidOid without the extension),
+/// kept until a change of any schema invalidates it.
+static OWN_SCHEMA: BackendLocal<Cell<Option<pg_sys::Oid>>> = BackendLocal::new(Cell::new(None));
+static OWN_SCHEMA_CALLBACK: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+
+/// The OID of schema `pg_stride`, looked up once and then again only after a schema
+/// changed (the extension dropped and created again gives it a new one). Call inside a
+/// guarded function.
+fn own_schema() -> pg_sys::Oid {
+    if let Some(oid) = OWN_SCHEMA.get() {
+        return oid;
+    }
+    if !OWN_SCHEMA_CALLBACK.replace(true) {
+        // SAFETY: registers a callback that only clears a process-local cache; once per
+        // process (PostgreSQL keeps a fixed number of them).
+        unsafe {
+            pg_sys::CacheRegisterSyscacheCallback(
+                pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
+                Some(forget_own_schema),
+                pg_sys::Datum::from(0),
+            );
+        }
+    }
+    // SAFETY: a catalog lookup by name, in a guarded function (the caller's promise).
+    let oid = unsafe { pg_sys::get_namespace_oid(c"pg_stride".as_ptr(), true) };
+    OWN_SCHEMA.set(Some(oid));
+    oid
+}
+
+/// A schema changed: look `pg_stride`'s OID up again when next needed.
+unsafe extern "C-unwind" fn forget_own_schema(
+    _arg: pg_sys::Datum,
+    _cache: std::ffi::c_int,
+    _hash: u32,
+) {
+    OWN_SCHEMA.set(None);
+}
+
 /// Whether `desc` is a monitoring query that `pg_stride.bypass_monitoring` keeps out of
 /// scheduling (`plan_tree::is_monitoring_query`).
 #[pgrx::pg_guard]
@@ -412,12 +450,8 @@ unsafe extern "C-unwind" fn is_monitoring(desc: *mut pg_sys::QueryDesc) -> bool 
         return false;
     }
     // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt; a guarded function may look
-    // up the catalogs. The schema is looked up by name each time, since the extension
-    // may be dropped and created again.
-    unsafe {
-        let own_schema = pg_sys::get_namespace_oid(c"pg_stride".as_ptr(), true);
-        plan_tree::is_monitoring_query((*desc).plannedstmt, own_schema)
-    }
+    // up the catalogs.
+    unsafe { plan_tree::is_monitoring_query((*desc).plannedstmt, own_schema) }
 }
 
 #[pgrx::pg_guard]

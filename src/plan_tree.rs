@@ -106,7 +106,7 @@ pub unsafe fn stride_gather_inner(plan: *mut pg_sys::Plan) -> Option<*mut pg_sys
 /// guarded function.
 pub unsafe fn is_monitoring_query(
     stmt: *const pg_sys::PlannedStmt,
-    own_schema: pg_sys::Oid,
+    own_schema: impl Fn() -> pg_sys::Oid,
 ) -> bool {
     use pg_sys::RTEKind::*;
     // Objects created by initdb (the catalogs, their views and built-in functions) have
@@ -122,8 +122,12 @@ pub unsafe fn is_monitoring_query(
         {
             return false;
         }
+        // Looked up only when a relation or function is not a built-in one: most
+        // statements that get this far read a user table, and need it once.
+        let own = std::cell::OnceCell::new();
+        let own_schema = || *own.get_or_init(&own_schema);
         let in_own_schema =
-            |namespace: pg_sys::Oid| own_schema != pg_sys::InvalidOid && namespace == own_schema;
+            |namespace: pg_sys::Oid| namespace != pg_sys::InvalidOid && namespace == own_schema();
         let mut reads = false;
         let mut own_functions: Vec<pg_sys::Oid> = Vec::new();
         let rtable = pgrx::PgList::<pg_sys::RangeTblEntry>::from_pg((*stmt).rtable);
@@ -159,7 +163,7 @@ pub unsafe fn is_monitoring_query(
                     let functions =
                         pgrx::PgList::<pg_sys::RangeTblFunction>::from_pg((*scan).functions);
                     for f in functions.iter_ptr() {
-                        match monitoring_function((*f).funcexpr, own_schema) {
+                        match monitoring_function((*f).funcexpr, &in_own_schema) {
                             Some(Some(own)) => own_functions.push(own),
                             Some(None) => {}
                             None => scans_allowed = false,
@@ -194,8 +198,8 @@ pub unsafe fn is_monitoring_query(
     }
 }
 
-/// Whether `funcexpr`, a function in FROM, may be read by a monitoring query: one of
-/// schema `own_schema` (`Some(Some(oid))`: its calls are allowed in the plan's
+/// Whether `funcexpr`, a function in FROM, may be read by a monitoring query: one whose
+/// schema is pg_stride's (`in_own_schema`; `Some(Some(oid))`: its calls are allowed in the plan's
 /// dependencies), or a monitoring built-in (`Some(None)`, [`is_monitoring_built_in`]);
 /// `None` otherwise.
 ///
@@ -203,7 +207,7 @@ pub unsafe fn is_monitoring_query(
 /// `funcexpr` is null or a valid expression node; inside a guarded function.
 unsafe fn monitoring_function(
     funcexpr: *mut pg_sys::Node,
-    own_schema: pg_sys::Oid,
+    in_own_schema: &dyn Fn(pg_sys::Oid) -> bool,
 ) -> Option<Option<pg_sys::Oid>> {
     // SAFETY: the caller's promise; lsyscache lookups return InvalidOid for what is
     // missing.
@@ -212,7 +216,7 @@ unsafe fn monitoring_function(
             return None;
         }
         let funcid = (*funcexpr.cast::<pg_sys::FuncExpr>()).funcid;
-        if own_schema != pg_sys::InvalidOid && pg_sys::get_func_namespace(funcid) == own_schema {
+        if in_own_schema(pg_sys::get_func_namespace(funcid)) {
             return Some(Some(funcid));
         }
         is_monitoring_built_in(funcid).then_some(None)
