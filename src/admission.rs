@@ -56,10 +56,7 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
     };
     match arrive(shared, procno, group, Some(bounds)) {
         Arrived::Admitted => admitted_at_once(entry),
-        Arrived::Queued => {
-            let timeout_ms = settings.queue_timeout_ms(gucs::QUEUE_TIMEOUT_MS.get());
-            wait_in_queue(shared, entry, procno, group, timeout_ms, true);
-        }
+        Arrived::Queued => wait_in_queue(shared, entry, procno, group, true),
         Arrived::Full { group_bound } => turned_away(shared, group, group_bound, bounds),
     }
     entry.lease.hold(group);
@@ -122,7 +119,8 @@ fn turned_away(shared: &shmem::Shared, group: usize, group_bound: bool, bounds: 
 }
 
 /// Waits in the queue, where `arrive` left process `procno` with a statement of group
-/// slot `group`, until it is admitted or `timeout_ms` (0 = none) ran out; `count`
+/// slot `group`, until it is admitted or its wait ran out (the group's or the session's
+/// queue timeout, `GroupSettings::queue_timeout_ms`); `count`
 /// records the admission and its wait in the group's statistics (a statement taking a
 /// lent admission back is not counted again, and shows queued from now rather than from
 /// its start). Raises an ERROR when the wait is cancelled, times out or the backend is
@@ -132,9 +130,10 @@ fn wait_in_queue(
     entry: &ProcEntry,
     procno: usize,
     group: usize,
-    timeout_ms: i32,
     count: bool,
 ) {
+    let settings = shared.groups.settings_of(group).unwrap_or_default();
+    let timeout_ms = settings.queue_timeout_ms(gucs::QUEUE_TIMEOUT_MS.get());
     let started = Instant::now();
     let since = if count {
         pg::statement_start_timestamp()
@@ -330,13 +329,19 @@ pub fn force_admit(shared: &shmem::Shared, procno: usize) -> bool {
     let Some(group) = admitted else {
         return false;
     };
+    count_crossing(shared, group);
+    wake(procno);
+    true
+}
+
+/// Counts a crossing of the limits to break a cycle of waits in group slot `group`'s
+/// `over_limit_total` (docs/design.md §4 rule 12).
+fn count_crossing(shared: &shmem::Shared, group: usize) {
     shared
         .groups
         .counters(group)
         .over_limit
         .fetch_add(1, Ordering::Relaxed);
-    wake(procno);
-    true
 }
 
 /// Brings the admission limits in line with the settings (after a reload or a group
@@ -385,11 +390,7 @@ pub fn lend_if(
         return false;
     }
     if let (true, Some(group)) = (crossing, entry.lease.lent_group()) {
-        shared
-            .groups
-            .counters(group)
-            .over_limit
-            .fetch_add(1, Ordering::Relaxed);
+        count_crossing(shared, group);
     }
     if waiters {
         dispatch(shared);
@@ -441,9 +442,7 @@ pub fn take_back(shared: &shmem::Shared) {
         return;
     }
     if arrive(shared, procno, group, None) == Arrived::Queued {
-        let settings = shared.groups.settings_of(group).unwrap_or_default();
-        let timeout_ms = settings.queue_timeout_ms(gucs::QUEUE_TIMEOUT_MS.get());
-        wait_in_queue(shared, entry, procno, group, timeout_ms, false);
+        wait_in_queue(shared, entry, procno, group, false);
     }
     if entry.lease.returned(&shared.admission) {
         dispatch(shared);
