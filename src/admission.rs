@@ -28,33 +28,40 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Admits a statement of this backend in group slot `group`, waiting for its turn when
-/// the limits are reached. Returns once admitted (`false`: a process without a PGPROC,
-/// not admitted); the admission is the process's lease until [`release`]. Raises an
-/// ERROR when the wait is cancelled, times out or the backend is terminated. The caller
-/// holds no other admission: the lease is free or idle.
+/// the limits are reached, or until `need_kb` of working memory fits in the memory
+/// budgets (`pg_stride_sched::memory`; 0 = it reserves none). Returns once admitted
+/// (`false`: a process without a PGPROC, not admitted); the admission is the process's
+/// lease until [`release`], the memory its reservation until [`release_memory`]. Raises
+/// an ERROR when the wait is cancelled, times out or the backend is terminated, or when
+/// the statement needs more memory than a budget and its group rejects such statements.
+/// The caller holds no other admission: the lease is free or idle.
 // Out of line, so that bench/instructions.py can count admission's instructions.
 #[inline(never)]
-pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize) -> bool {
+pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize, need_kb: u64) -> bool {
     let Some(procno) = pg::my_procno() else {
         return false;
     };
-    if entry.lease.resume(group) {
+    // The lease and the lock-free path admit without reserving memory.
+    if need_kb == 0 && entry.lease.resume(group) {
         admitted_at_once(entry);
         return true;
     }
     // A lease of another group is of no use to this statement.
     give_back_lease(shared, entry);
-    if shared.admission.try_enter(group) {
+    if need_kb == 0 && shared.admission.try_enter(group) {
         admitted_at_once(entry);
         entry.lease.hold(group);
         return true;
     }
     let settings = shared.groups.settings_of(group).unwrap_or_default();
+    if need_kb > 0 && settings.reject_oversized {
+        reject_if_oversized(shared, group, need_kb);
+    }
     let bounds = Bounds {
         group: settings.max_queued.unwrap_or(0).max(0) as u32,
         server: gucs::MAX_QUEUED.get().max(0) as u32,
     };
-    match arrive(shared, procno, group, Some(bounds)) {
+    match arrive(shared, procno, group, need_kb, Some(bounds)) {
         Arrived::Admitted => admitted_at_once(entry),
         Arrived::Queued => wait_in_queue(shared, entry, procno, group, true),
         Arrived::Full { group_bound } => turned_away(shared, group, group_bound, bounds),
@@ -82,6 +89,42 @@ enum Arrived {
     Full {
         group_bound: bool,
     },
+}
+
+/// Raises the ERROR of a statement that needs more working memory than the server's or
+/// its group's whole budget, whose group rejects such statements (`reject_oversized`)
+/// rather than run them alone.
+fn reject_if_oversized(shared: &shmem::Shared, group: usize, need_kb: u64) {
+    let exceeded = shared.with_admission(|queue, _| {
+        if queue.memory.exceeds(need_kb) {
+            Some(("pg_stride.memory_budget", queue.memory.limit_kb))
+        } else if queue.groups[group].memory.exceeds(need_kb) {
+            Some(("the group's memory_budget", queue.groups[group].memory.limit_kb))
+        } else {
+            None
+        }
+    });
+    let Some((setting, limit_kb)) = exceeded else {
+        return;
+    };
+    shared
+        .groups
+        .counters(group)
+        .rejected
+        .fetch_add(1, Ordering::Relaxed);
+    let group_name = shared.groups.name_of(group);
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY,
+        format!("statement needs more working memory than resource group \"{group_name}\" may use"),
+        "pg_stride admission",
+    )
+    .set_detail(format!(
+        "Its plan may keep {need_kb} kB (work_mem for each sort and tuple store, times hash_mem_multiplier for each hash table, in each process that runs it); {setting} is {limit_kb} kB."
+    ))
+    .set_hint(format!(
+        "Lower work_mem for the statement, raise {setting}, or let such statements run alone with pg_stride.alter_group('{group_name}', reject_oversized => false)."
+    ))
+    .report(PgLogLevel::ERROR);
 }
 
 /// Counts and raises the ERROR of a statement that a full queue turned away, naming the
@@ -182,19 +225,26 @@ fn wait_in_queue(
     }
 }
 
-/// Queues process `procno` with a statement of group slot `group`, admitting it at once
-/// if nobody waits and the limits have room. With `bounds`, a statement that would wait
-/// beyond them leaves the queue at once (under the same lock, so the bounds are exact).
-fn arrive(shared: &shmem::Shared, procno: usize, group: usize, bounds: Option<Bounds>) -> Arrived {
+/// Queues process `procno` with a statement of group slot `group` that reserves
+/// `need_kb` of memory, admitting it at once if nobody waits and the limits have room.
+/// With `bounds`, a statement that would wait beyond them leaves the queue at once
+/// (under the same lock, so the bounds are exact).
+fn arrive(
+    shared: &shmem::Shared,
+    procno: usize,
+    group: usize,
+    need_kb: u64,
+    bounds: Option<Bounds>,
+) -> Arrived {
     shared.with_admission(|queue, waiters| {
         let leases = shared.procs().iter().map(|e| &e.lease);
         let c = &shared.admission;
-        match queue.arrive(c, waiters, leases, procno, group, wake) {
+        match queue.arrive(c, waiters, leases, procno, group, need_kb, wake) {
             Arrival::Admitted => Arrived::Admitted,
             Arrival::Queued => match bounds {
                 Some(b) if queue.over_bounds(c, group, b.group, b.server) => {
                     let group_bound = queue.over_bounds(c, group, b.group, 0);
-                    queue.withdraw(c, waiters, procno);
+                    queue.withdraw(c, waiters, procno, wake);
                     Arrived::Full { group_bound }
                 }
                 _ => Arrived::Queued,
@@ -227,8 +277,8 @@ fn wait_for_turn(
     if pg::wait_until(admitted, deadline) {
         return Ok(());
     }
-    let still_queued =
-        shared.with_admission(|queue, waiters| queue.withdraw(&shared.admission, waiters, procno));
+    let still_queued = shared
+        .with_admission(|queue, waiters| queue.withdraw(&shared.admission, waiters, procno, wake));
     // Admitted at the last moment: take it rather than fail.
     if still_queued {
         Err(())
@@ -243,7 +293,9 @@ fn wait_for_turn(
 pub fn leave_queue(shared: &shmem::Shared, procno: usize) {
     shared.with_admission(|queue, waiters| {
         let group = waiters[procno].group as usize;
-        if !queue.withdraw(&shared.admission, waiters, procno) && shared.admission.leave(group) {
+        if !queue.withdraw(&shared.admission, waiters, procno, wake)
+            && shared.admission.leave(group)
+        {
             queue.dispatch(&shared.admission, waiters, wake);
         }
     });
@@ -257,6 +309,16 @@ pub fn release(shared: &shmem::Shared, entry: &ProcEntry) {
     if entry.lease.finish(&shared.admission) {
         dispatch(shared);
     }
+}
+
+/// The statement of this process that reserved memory when it was admitted ended (or
+/// the process exits): gives the memory back and lets in whoever waited for it.
+pub fn release_memory(shared: &shmem::Shared, procno: usize) {
+    shared.with_admission(|queue, waiters| {
+        if queue.release_memory(&shared.admission, waiters, procno) {
+            queue.dispatch(&shared.admission, waiters, wake);
+        }
+    });
 }
 
 /// Gives back the process's idle lease, if it keeps one (it leaves, or its next
@@ -351,19 +413,26 @@ pub fn configure(
     shared: &shmem::Shared,
     groups: &[(usize, Group)],
     max_active: u32,
+    memory_budget_kb: u64,
     mut also: impl FnMut(usize, &Group),
 ) {
     shared.with_admission(|queue, waiters| {
         shared.admission.set_max_active(max_active);
+        queue.set_memory_budget(memory_budget_kb);
+        let mut budgets = memory_budget_kb > 0;
         for (slot, group) in groups {
+            let group_budget_kb = group.settings.memory_budget.unwrap_or(0).max(0) as u64;
+            budgets |= group_budget_kb > 0;
             queue.configure_group(
                 &shared.admission,
                 *slot,
                 group.settings.weight as u32,
                 group.settings.max_concurrency as u32,
+                group_budget_kb,
             );
             also(*slot, group);
         }
+        shared.admission.set_memory_accounting(budgets);
         queue.dispatch(&shared.admission, waiters, wake);
     });
 }
@@ -441,7 +510,8 @@ pub fn take_back(shared: &shmem::Shared) {
     if reclaim_if_room(shared, entry) {
         return;
     }
-    if arrive(shared, procno, group, None) == Arrived::Queued {
+    // Its memory stays reserved while its admission is lent: the statement keeps it.
+    if arrive(shared, procno, group, 0, None) == Arrived::Queued {
         wait_in_queue(shared, entry, procno, group, false);
     }
     if entry.lease.returned(&shared.admission) {

@@ -13,6 +13,7 @@ pub fn apply(shared: &shmem::Shared) {
         shared,
         &groups,
         gucs::MAX_ACTIVE_QUERIES.get() as u32,
+        gucs::MEMORY_BUDGET_KB.get().max(0) as u64,
         |slot, group| {
             if let Some(sched) = sched {
                 cpu::configure_group(sched, slot, &group.settings);

@@ -20,6 +20,8 @@ CREATE TABLE pg_stride.resource_groups (
     decay_lambda         double precision CHECK (decay_lambda BETWEEN 0 AND 1),
     decay_start          integer CHECK (decay_start BETWEEN 0 AND 1000000),
     pinned               boolean NOT NULL DEFAULT false,
+    memory_budget        integer CHECK (memory_budget BETWEEN 0 AND 2147483647),
+    reject_oversized     boolean NOT NULL DEFAULT false,
     CHECK (priority_min <= priority_initial)
 );
 COMMENT ON TABLE pg_stride.resource_groups IS
@@ -133,7 +135,7 @@ mod functions {
     }
 
     fn upsert(name: &str, s: &GroupSettings) {
-        let args: [DatumWithOid; 11] = [
+        let args: [DatumWithOid; 13] = [
             name.into(),
             s.weight.into(),
             s.max_concurrency.into(),
@@ -145,17 +147,20 @@ mod functions {
             s.decay_lambda.into(),
             s.decay_start.into(),
             s.pinned.into(),
+            s.memory_budget.into(),
+            s.reject_oversized.into(),
         ];
         Spi::run_with_args(
             "INSERT INTO pg_stride.resource_groups AS g \
                  (name, weight, max_concurrency, max_queued, queue_timeout, \
                   max_parallel_workers, priority_initial, priority_min, decay_lambda, \
-                  decay_start, pinned) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                  decay_start, pinned, memory_budget, reject_oversized) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
              ON CONFLICT (name) DO UPDATE SET weight = $2, max_concurrency = $3, \
                  max_queued = $4, queue_timeout = $5, max_parallel_workers = $6, \
                  priority_initial = $7, priority_min = $8, decay_lambda = $9, \
-                 decay_start = $10, pinned = $11",
+                 decay_start = $10, pinned = $11, memory_budget = $12, \
+                 reject_oversized = $13",
             &args,
         )
         .unwrap_or_else(|e| pgrx::error!("pg_stride: cannot store resource group \"{name}\": {e}"));
@@ -176,6 +181,8 @@ mod functions {
         pinned: default!(Option<bool>, false),
         max_queued: default!(Option<i32>, "NULL"),
         queue_timeout: default!(Option<i32>, "NULL"),
+        memory_budget: default!(Option<i32>, "NULL"),
+        reject_oversized: default!(Option<bool>, false),
     ) {
         let name = check_caller(name);
         let leave_out = "Leave the argument out for its default.";
@@ -184,6 +191,8 @@ mod functions {
             max_concurrency: required(max_concurrency, "max_concurrency", leave_out),
             max_queued,
             queue_timeout,
+            memory_budget,
+            reject_oversized: required(reject_oversized, "reject_oversized", leave_out),
             max_parallel_workers,
             priority_initial,
             priority_min,
@@ -217,6 +226,8 @@ mod functions {
         pinned: default!(Option<bool>, "NULL"),
         max_queued: default!(Option<i32>, "NULL"),
         queue_timeout: default!(Option<i32>, "NULL"),
+        memory_budget: default!(Option<i32>, "NULL"),
+        reject_oversized: default!(Option<bool>, "NULL"),
     ) {
         let name = check_caller(name);
         let Some(old) = stored(name) else {
@@ -231,6 +242,8 @@ mod functions {
             max_concurrency: max_concurrency.unwrap_or(old.max_concurrency),
             max_queued: max_queued.or(old.max_queued),
             queue_timeout: queue_timeout.or(old.queue_timeout),
+            memory_budget: memory_budget.or(old.memory_budget),
+            reject_oversized: reject_oversized.unwrap_or(old.reject_oversized),
             max_parallel_workers: max_parallel_workers.or(old.max_parallel_workers),
             priority_initial: priority_initial.or(old.priority_initial),
             priority_min: priority_min.or(old.priority_min),

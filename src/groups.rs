@@ -123,7 +123,8 @@ pub fn read_table() -> Vec<Group> {
         }
         let rows = client.select(
             "SELECT name, weight, max_concurrency, max_parallel_workers, priority_initial, \
-                    priority_min, decay_lambda, decay_start, pinned, max_queued, queue_timeout \
+                    priority_min, decay_lambda, decay_start, pinned, max_queued, queue_timeout, \
+                    memory_budget, reject_oversized \
                FROM pg_stride.resource_groups ORDER BY name",
             None,
             &[],
@@ -144,6 +145,8 @@ pub fn read_table() -> Vec<Group> {
                     pinned: row.get::<bool>(9)?.unwrap_or(d.pinned),
                     max_queued: row.get::<i32>(10)?,
                     queue_timeout: row.get::<i32>(11)?,
+                    memory_budget: row.get::<i32>(12)?,
+                    reject_oversized: row.get::<bool>(13)?.unwrap_or(d.reject_oversized),
                 },
             });
         }

@@ -60,6 +60,9 @@ pub static QUEUE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// `pg_stride.max_queued`: statements waiting for admission at once, server-wide (0 =
 /// no bound).
 pub static MAX_QUEUED: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// `pg_stride.memory_budget`: working memory admitted statements may reserve at once,
+/// kB (0 = no budget; `pg_stride_sched::memory`).
+pub static MEMORY_BUDGET_KB: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static EXEMPT_SUPERUSER: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// `pg_stride.bypass_monitoring`: monitoring queries are never queued nor paused.
 pub static BYPASS_MONITORING: GucSetting<bool> = GucSetting::<bool>::new(true);
@@ -205,6 +208,16 @@ pub fn register(group_exists: GroupExists) {
         262_143,
         GucContext::Sighup,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.memory_budget",
+        c"Working memory that admitted statements may reserve at once, server-wide; 0 sets no budget.",
+        c"A statement reserves work_mem for each sort, hash (times hash_mem_multiplier) and tuple store of its plan, in each process that runs it; one that does not fit waits for admission.",
+        &MEMORY_BUDGET_KB,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
     );
     GucRegistry::define_bool_guc(
         c"pg_stride.exempt_superuser",

@@ -44,6 +44,17 @@ pub fn now_timestamp() -> pg_sys::TimestampTz {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
+/// The session's `work_mem` and `hash_mem_multiplier`.
+pub fn memory_settings() -> pg_stride_sched::memory::MemorySettings {
+    // SAFETY: plain GUC variables of this process.
+    unsafe {
+        pg_stride_sched::memory::MemorySettings {
+            work_mem_kb: pg_sys::work_mem.max(0) as u64,
+            hash_mem_multiplier: pg_sys::hash_mem_multiplier,
+        }
+    }
+}
+
 /// Makes `function` the function PostgreSQL calls to get `node`'s next tuple.
 ///
 /// # Safety

@@ -15,7 +15,7 @@
 use crate::backend_local::BackendLocal;
 use crate::parallel::{self, Grant};
 use crate::shmem::{self, ProcEntry};
-use crate::{admission, cpu, groups, gucs, pg};
+use crate::{admission, cpu, groups, gucs, pg, plan_tree};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
@@ -30,6 +30,8 @@ struct Registration {
     /// Whether it holds the process's admission (its lease), to give back or keep
     /// idle when it ends.
     admitted: bool,
+    /// Whether its admission reserved working memory, to give back when it ends.
+    reserved_memory: bool,
     /// Whether it takes part in CPU scheduling.
     cpu: bool,
     /// Parallel workers its Gathers were granted, to give back when it ends.
@@ -116,7 +118,11 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
     }
     let exempt = || gucs::EXEMPT_SUPERUSER.get() && pg::is_superuser();
     let mut arrival = cpu::Arrival::now();
-    let admitted = !holds_one && !exempt() && admission::admit(shared, entry, group);
+    let mut need_kb = 0;
+    let admitted = !holds_one && !exempt() && {
+        need_kb = memory_need(shared, desc);
+        admission::admit(shared, entry, group, need_kb)
+    };
     arrival.admit_ns = pg::monotonic_ns();
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
@@ -126,6 +132,7 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
             owner,
             group,
             admitted,
+            reserved_memory: admitted && need_kb > 0,
             cpu: false,
             workers: Grant::default(),
             arrival,
@@ -147,6 +154,17 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
             .workers_granted
             .store(grant.granted, Ordering::Relaxed);
     });
+}
+
+/// The working memory `desc`'s plan reserves when it is admitted, kB: 0 unless a memory
+/// budget is set (`pg_stride_sched::memory`).
+fn memory_need(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) -> u64 {
+    if !shared.admission.memory_accounting() {
+        return 0;
+    }
+    // SAFETY: `desc` is the statement the executor is about to start; its plan is
+    // complete.
+    unsafe { plan_tree::memory_need_kb((*desc).plannedstmt, pg::memory_settings()) }
 }
 
 /// The executor has started `desc`, a registered statement that may be paused: it
@@ -227,6 +245,9 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool, failed: bool) -> us
             cpu::end_statement(shared, Some(r.desc), failed);
         }
         parallel::return_workers(shared, r.group, r.workers);
+        if let (true, Some(procno)) = (r.reserved_memory, pg::my_procno()) {
+            admission::release_memory(shared, procno);
+        }
         if let (true, Some(entry)) = (r.admitted, entry) {
             admission::release(shared, entry);
         }

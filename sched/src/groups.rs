@@ -46,6 +46,13 @@ pub const QUEUE_TIMEOUT: Limit = Limit {
     min: 0,
     max: 86_400_000,
 };
+/// Working memory the group's admitted statements reserve at once, kB (0 = no group
+/// budget); as a kB setting of PostgreSQL, up to INT_MAX.
+pub const MEMORY_BUDGET: Limit = Limit {
+    name: "memory_budget",
+    min: 0,
+    max: i32::MAX as i64,
+};
 /// Parallel workers the group's statements hold at once; max_worker_processes' maximum.
 pub const MAX_PARALLEL_WORKERS: Limit = Limit {
     name: "max_parallel_workers",
@@ -74,11 +81,12 @@ pub const DECAY_START: Limit = Limit {
 pub const DECAY_LAMBDA_RANGE: (f64, f64) = (0.0, 1.0);
 
 /// Every integer setting's limit, for tests that compare them with the SQL table.
-pub const INTEGER_LIMITS: [Limit; 8] = [
+pub const INTEGER_LIMITS: [Limit; 9] = [
     WEIGHT,
     MAX_CONCURRENCY,
     MAX_QUEUED,
     QUEUE_TIMEOUT,
+    MEMORY_BUDGET,
     MAX_PARALLEL_WORKERS,
     PRIORITY_INITIAL,
     PRIORITY_MIN,
@@ -100,6 +108,12 @@ pub struct GroupSettings {
     /// Longest wait for admission, ms (0 = none); `None` = the session's
     /// `pg_stride.queue_timeout` alone. With both, the shorter non-zero one applies.
     pub queue_timeout: Option<i32>,
+    /// Working memory the group's admitted statements may reserve at once, kB (0 = no
+    /// group budget); `None` = only `pg_stride.memory_budget`.
+    pub memory_budget: Option<i32>,
+    /// A statement needing more memory than a budget it is under fails at once
+    /// (SQLSTATE 53200) instead of running alone when the budget is otherwise empty.
+    pub reject_oversized: bool,
     /// Parallel workers the group's statements may hold at once; `None` = no cap.
     pub max_parallel_workers: Option<i32>,
     pub priority_initial: Option<i32>,
@@ -117,6 +131,8 @@ impl GroupSettings {
         max_concurrency: 0,
         max_queued: None,
         queue_timeout: None,
+        memory_budget: None,
+        reject_oversized: false,
         max_parallel_workers: None,
         priority_initial: None,
         priority_min: None,
@@ -159,6 +175,7 @@ pub fn validate(s: &GroupSettings) -> Result<(), String> {
     check(WEIGHT, Some(s.weight))?;
     check(MAX_CONCURRENCY, Some(s.max_concurrency))?;
     check(MAX_QUEUED, s.max_queued)?;
+    check(MEMORY_BUDGET, s.memory_budget)?;
     check(QUEUE_TIMEOUT, s.queue_timeout)?;
     check(MAX_PARALLEL_WORKERS, s.max_parallel_workers)?;
     check(PRIORITY_INITIAL, s.priority_initial)?;
@@ -280,6 +297,7 @@ mod tests {
                     "max_concurrency" => s.max_concurrency = v,
                     "max_queued" => s.max_queued = Some(v),
                     "queue_timeout" => s.queue_timeout = Some(v),
+                    "memory_budget" => s.memory_budget = Some(v),
                     "max_parallel_workers" => s.max_parallel_workers = Some(v),
                     "priority_initial" => s.priority_initial = Some(v),
                     "priority_min" => s.priority_min = Some(v),

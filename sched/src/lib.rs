@@ -90,6 +90,7 @@ pub mod group_tag;
 pub mod groups;
 pub mod hint;
 pub mod histogram;
+pub mod memory;
 pub mod ids;
 pub mod numa;
 pub mod pin_word;

@@ -66,7 +66,7 @@ impl Server {
         let arrival = {
             let mut guard = self.queue.lock().unwrap();
             let (queue, waiters) = &mut *guard;
-            queue.arrive(&self.counts, waiters, &self.leases, p, g, |_| {})
+            queue.arrive(&self.counts, waiters, &self.leases, p, g, 0, |_| {})
         };
         if arrival == Arrival::Admitted {
             return;
@@ -156,8 +156,8 @@ fn limits_hold_and_no_waiter_is_forgotten() {
         let mut guard = server.queue.lock().unwrap();
         guard
             .0
-            .configure_group(&server.counts, 1, 100, GROUP1_LIMIT);
-        guard.0.configure_group(&server.counts, 2, 300, 0);
+            .configure_group(&server.counts, 1, 100, GROUP1_LIMIT, 0);
+        guard.0.configure_group(&server.counts, 2, 300, 0, 0);
     }
     let round = Arc::new(Barrier::new(THREADS));
     let threads: Vec<_> = (0..THREADS)

@@ -2,6 +2,7 @@
 //! and `pg_stride.trace` (those that finished, from the trace).
 
 use super::shared_access::require_shared;
+use pg_stride_sched::admission::WaitState;
 use pg_stride_sched::tuner::TraceRecord;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
@@ -29,6 +30,7 @@ fn activity_state() -> TableIterator<
         name!(workers_planned, i32),
         name!(workers_granted, i32),
         name!(admission_lent, bool),
+        name!(memory_kb, i64),
     ),
 > {
     let shared = require_shared();
@@ -38,6 +40,16 @@ fn activity_state() -> TableIterator<
         .into_iter()
         .map(|(slot, g)| (slot, g.name))
         .collect();
+    // Memory each process's statement reserved, or asks for while it waits.
+    let memory: Vec<u64> = shared.with_admission(|_, waiters| {
+        waiters
+            .iter()
+            .map(|w| match w.state {
+                WaitState::Queued => w.need_kb,
+                _ => w.reserved_kb,
+            })
+            .collect()
+    });
     let mut rows = Vec::new();
     for (procno, entry) in shared.procs().iter().enumerate() {
         let running = entry.running.load(Ordering::Acquire);
@@ -82,6 +94,7 @@ fn activity_state() -> TableIterator<
             entry.workers_planned.load(Ordering::Relaxed) as i32,
             entry.workers_granted.load(Ordering::Relaxed) as i32,
             entry.lease.is_lent(),
+            memory.get(procno).map_or(0, |&kb| kb as i64),
         ));
     }
     TableIterator::new(rows)
@@ -188,6 +201,7 @@ CREATE VIEW pg_stride.activity AS
            s.workers_planned,
            s.workers_granted,
            s.admission_lent,
+           s.memory_kb,
            a.usename,
            a.datname,
            a.query

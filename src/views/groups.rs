@@ -17,6 +17,8 @@ fn groups_state() -> TableIterator<
         name!(max_concurrency, i32),
         name!(max_queued, Option<i32>),
         name!(queue_timeout, Option<i32>),
+        name!(memory_budget, Option<i32>),
+        name!(reject_oversized, bool),
         name!(max_parallel_workers, Option<i32>),
         name!(priority_initial, Option<i32>),
         name!(priority_min, Option<i32>),
@@ -33,6 +35,8 @@ fn groups_state() -> TableIterator<
         name!(queue_time_p50_ms, Option<f64>),
         name!(queue_time_p99_ms, Option<f64>),
         name!(cpu_time_ms, f64),
+        name!(memory_reserved_kb, i64),
+        name!(memory_waiting_kb, i64),
     ),
 > {
     let shared = require_shared();
@@ -62,6 +66,7 @@ fn groups_state() -> TableIterator<
             }
         }
     }
+    let memory = shared.with_admission(|queue, _| queue.groups.map(|g| g.memory));
     let rows: Vec<_> = shared
         .groups
         .groups()
@@ -77,6 +82,8 @@ fn groups_state() -> TableIterator<
                 s.max_concurrency,
                 s.max_queued,
                 s.queue_timeout,
+                s.memory_budget,
+                s.reject_oversized,
                 s.max_parallel_workers,
                 s.priority_initial,
                 s.priority_min,
@@ -93,6 +100,8 @@ fn groups_state() -> TableIterator<
                 c.queue_time_quantile_us(admitted, 0.5).map(ms),
                 c.queue_time_quantile_us(admitted, 0.99).map(ms),
                 (c.cpu_ns.load(Ordering::Relaxed) + live_cpu_ns[slot]) as f64 / 1e6,
+                memory[slot].reserved_kb as i64,
+                memory[slot].waiting_kb as i64,
             )
         })
         .collect();

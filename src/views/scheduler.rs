@@ -33,6 +33,9 @@ fn scheduler_state() -> TableIterator<
         name!(decay_start, Option<i32>),
         name!(decay_tuned, bool),
         name!(tuner_pid, Option<i32>),
+        name!(memory_budget_kb, i64),
+        name!(memory_reserved_kb, i64),
+        name!(memory_waiting_kb, i64),
     ),
 > {
     let shared = require_shared();
@@ -68,6 +71,7 @@ fn scheduler_state() -> TableIterator<
     };
     // The decay in force for groups without their own: configured or tuned.
     let decay = shared.sched().map(|s| s.decay());
+    let memory = shared.with_admission(|queue, _| queue.memory);
     TableIterator::once((
         cpu_slots as i32,
         slots_in_use as i32,
@@ -90,6 +94,9 @@ fn scheduler_state() -> TableIterator<
         decay.map(|d| d.d_start as i32),
         shared.tuner.choice().is_tuned(),
         pid(&shared.tuner.pid),
+        memory.limit_kb as i64,
+        memory.reserved_kb as i64,
+        memory.waiting_kb as i64,
     ))
 }
 

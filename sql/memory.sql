@@ -1,0 +1,73 @@
+-- Memory-aware admission: a statement reserves the working memory its plan may keep
+-- (work_mem per sort and tuple store, times hash_mem_multiplier per hash table, in
+-- each process that runs the node) from the budgets it is under, while it runs.
+-- Groups live in the database named by pg_stride.database.
+\c postgres
+CREATE EXTENSION pg_stride;
+CREATE TABLE mem_t AS SELECT g AS a, g % 100 AS b FROM generate_series(1, 100000) g;
+ANALYZE mem_t;
+CREATE ROLE stride_mem;
+GRANT SELECT ON mem_t TO stride_mem;
+SELECT pg_stride.create_group('mem', memory_budget => 1048576);
+SELECT memory_budget, reject_oversized FROM pg_stride.groups WHERE name = 'mem';
+-- Out of range.
+SELECT pg_stride.alter_group('mem', memory_budget => -1);
+SET pg_stride.resource_group = 'mem';
+SET work_mem = '1MB';
+SET hash_mem_multiplier = 2;
+SET max_parallel_workers_per_gather = 0;
+-- A superuser's statements are not admitted (pg_stride.exempt_superuser): an ordinary
+-- role's are.
+SET ROLE stride_mem;
+-- Each statement reads its own reservation.
+\set own '(SELECT memory_kb FROM pg_stride.activity_state() WHERE pid = pg_backend_pid())'
+-- A plain aggregate keeps nothing: 0.
+EXPLAIN (COSTS OFF) SELECT count(*) FROM mem_t;
+SELECT :own AS kb, count(*) FROM mem_t;
+-- A sort: work_mem.
+EXPLAIN (COSTS OFF) SELECT count(*) FROM (SELECT a FROM mem_t ORDER BY a OFFSET 0) s;
+SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a OFFSET 0) s;
+-- A hash join's hash table: work_mem × hash_mem_multiplier.
+EXPLAIN (COSTS OFF) SELECT count(*) FROM mem_t x JOIN mem_t y USING (a);
+SELECT :own AS kb, count(*) FROM mem_t x JOIN mem_t y USING (a);
+-- Hashed aggregation: work_mem × hash_mem_multiplier.
+SET enable_sort = off;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM (SELECT b FROM mem_t GROUP BY b) s;
+SELECT :own AS kb, count(*) FROM (SELECT b FROM mem_t GROUP BY b) s;
+RESET enable_sort;
+-- Below a Gather, once in the leader and once in each planned worker.
+SET max_parallel_workers_per_gather = 2;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM (SELECT a FROM mem_t ORDER BY a) s;
+SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a) s;
+RESET max_parallel_workers_per_gather;
+RESET parallel_setup_cost;
+RESET parallel_tuple_cost;
+RESET min_parallel_table_scan_size;
+-- Given back when the statement ends.
+SELECT memory_reserved_kb, memory_waiting_kb FROM pg_stride.groups WHERE name = 'mem';
+-- Larger than the group's whole budget: runs alone, by default.
+RESET ROLE;
+SELECT pg_stride.alter_group('mem', memory_budget => 1000);
+SET ROLE stride_mem;
+SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a OFFSET 0) s;
+-- Or fails at once, if the group says so (SQLSTATE 53200).
+RESET ROLE;
+SELECT pg_stride.alter_group('mem', reject_oversized => true);
+SELECT memory_budget, reject_oversized FROM pg_stride.groups WHERE name = 'mem';
+SET ROLE stride_mem;
+SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a OFFSET 0) s;
+\set VERBOSITY sqlstate
+SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a OFFSET 0) s;
+\set VERBOSITY default
+-- A statement that needs no memory is not affected.
+SELECT :own AS kb, count(*) FROM mem_t;
+RESET ROLE;
+SELECT rejected_total, memory_reserved_kb FROM pg_stride.groups WHERE name = 'mem';
+RESET pg_stride.resource_group;
+SELECT pg_stride.drop_group('mem');
+DROP TABLE mem_t;
+DROP ROLE stride_mem;
+DROP EXTENSION pg_stride;

@@ -1,0 +1,93 @@
+//! The working memory a finished plan may keep at once, for memory-aware admission
+//! (`pg_stride_sched::memory` says what counts and why).
+
+use super::walk::{for_each_child, stride_gather_inner};
+use pg_stride_sched::memory::{node_need_kb, MemorySettings, NodeMemory};
+use pgrx::pg_sys;
+
+/// The working memory, kB, that `stmt`'s nodes may keep at once under `settings`: its
+/// plan tree, then each of its subplans (initPlans, CTEs, SubPlans), counted once.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt whose subplans are a List of Plan nodes or NULLs.
+pub unsafe fn need_kb(stmt: *const pg_sys::PlannedStmt, settings: MemorySettings) -> u64 {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let mut total = need_of((*stmt).planTree, 1, settings);
+        let subplans = pgrx::PgList::<pg_sys::Plan>::from_pg((*stmt).subplans);
+        for plan in subplans.iter_ptr() {
+            total = total.saturating_add(need_of(plan, 1, settings));
+        }
+        total
+    }
+}
+
+/// The memory of `plan` and the nodes under it, each run by `copies` processes.
+///
+/// # Safety
+/// `plan` is null or a valid Plan node.
+unsafe fn need_of(plan: *mut pg_sys::Plan, copies: u64, settings: MemorySettings) -> u64 {
+    // SAFETY: the caller's promise; a Gather's or a Stride Gather's children are Plans.
+    unsafe {
+        if plan.is_null() {
+            return 0;
+        }
+        let mut total = node_need_kb(kind_of(plan), settings, copies);
+        // Below a Gather, the leader and each planned worker run the nodes (with
+        // parallel_leader_participation off the leader does not: counted anyway).
+        let below = match workers_of(plan) {
+            Some(workers) => copies.saturating_mul(1 + workers),
+            None => copies,
+        };
+        for_each_child(plan, &mut |child| {
+            total = total.saturating_add(need_of(*child, below, settings));
+        });
+        total
+    }
+}
+
+/// How node `plan` bounds its memory.
+///
+/// # Safety
+/// `plan` is a valid Plan node.
+unsafe fn kind_of(plan: *const pg_sys::Plan) -> NodeMemory {
+    use pg_sys::NodeTag::*;
+    // SAFETY: the caller's promise; a Plan's tag tells its type.
+    unsafe {
+        match (*plan).type_ {
+            T_Sort | T_IncrementalSort | T_Material | T_WindowAgg | T_CteScan => {
+                NodeMemory::WorkMem
+            }
+            T_Hash | T_Memoize | T_RecursiveUnion => NodeMemory::HashMem,
+            T_Agg => match (*plan.cast::<pg_sys::Agg>()).aggstrategy {
+                pg_sys::AggStrategy::AGG_HASHED | pg_sys::AggStrategy::AGG_MIXED => {
+                    NodeMemory::HashMem
+                }
+                _ => NodeMemory::None,
+            },
+            T_SetOp => match (*plan.cast::<pg_sys::SetOp>()).strategy {
+                pg_sys::SetOpStrategy::SETOP_HASHED => NodeMemory::HashMem,
+                _ => NodeMemory::None,
+            },
+            _ => NodeMemory::None,
+        }
+    }
+}
+
+/// The workers planned for `plan` if it is a Gather or Gather Merge, or a Stride
+/// Gather standing for one.
+///
+/// # Safety
+/// `plan` is a valid Plan node.
+unsafe fn workers_of(plan: *mut pg_sys::Plan) -> Option<u64> {
+    // SAFETY: the caller's promise; a Plan's tag tells its type.
+    unsafe {
+        let gather = stride_gather_inner(plan).unwrap_or(plan);
+        let workers = match (*gather).type_ {
+            pg_sys::NodeTag::T_Gather => (*gather.cast::<pg_sys::Gather>()).num_workers,
+            pg_sys::NodeTag::T_GatherMerge => (*gather.cast::<pg_sys::GatherMerge>()).num_workers,
+            _ => return None,
+        };
+        Some(workers.max(0) as u64)
+    }
+}

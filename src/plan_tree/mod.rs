@@ -1,0 +1,12 @@
+//! Reading and changing a finished plan (a PlannedStmt), with no pg_stride state (layer 1
+//! of docs/design.md §7): the Gathers whose worker counts the concurrency hint lowers
+//! and that the pool replaces by a Stride Gather, whether a statement is a monitoring
+//! query, and the working memory its nodes may keep.
+
+mod memory;
+mod monitoring;
+mod walk;
+
+pub use memory::need_kb as memory_need_kb;
+pub use monitoring::is_monitoring_query;
+pub use walk::{for_each_plan, stride_gather_inner, STRIDE_GATHER, STRIDE_GATHER_MERGE};

@@ -1,0 +1,113 @@
+//! Walking a finished plan's nodes, and the Gathers that the pool's custom scans stand
+//! for.
+
+use pgrx::pg_sys;
+use std::ffi::CStr;
+
+/// The custom scan that stands for a Gather in a plan made for the pool.
+pub const STRIDE_GATHER: &CStr = c"Stride Gather";
+/// The one that stands for a Gather Merge.
+pub const STRIDE_GATHER_MERGE: &CStr = c"Stride Gather Merge";
+
+/// Calls `f` with the address of every pointer to a Plan node of `stmt` — its plan
+/// tree, then each of its subplans (initPlans, CTEs, SubPlans) — parent before
+/// children, in a fixed order. `f` may store another Plan at the address; the walk then
+/// goes on into the children of the one stored.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt whose subplans are a List of Plan nodes or NULLs; a
+/// Plan `f` stores is valid.
+pub unsafe fn for_each_plan(
+    stmt: *mut pg_sys::PlannedStmt,
+    f: &mut dyn FnMut(*mut *mut pg_sys::Plan),
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        walk(&raw mut (*stmt).planTree, f);
+        walk_list((*stmt).subplans, f);
+    }
+}
+
+/// # Safety
+/// `slot` points to a pointer that is null or a valid Plan node.
+unsafe fn walk(slot: *mut *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut pg_sys::Plan)) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if (*slot).is_null() {
+            return;
+        }
+        f(slot);
+        for_each_child(*slot, &mut |child| walk(child, f));
+    }
+}
+
+/// Calls `f` with the address of each pointer to a child of `plan` (null ones
+/// included): the plans of an Append, Merge Append or custom scan, a subquery scan's
+/// subplan, then the left and right trees. Bitmap heap scans' BitmapAnd/BitmapOr are
+/// left out: no Gather, sort or hash can be under them.
+///
+/// # Safety
+/// `plan` is a valid Plan node.
+pub unsafe fn for_each_child(plan: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut pg_sys::Plan)) {
+    use pg_sys::NodeTag::*;
+    // SAFETY: the caller's promise; a Plan's tag tells its type, and the lists named
+    // here hold Plan nodes.
+    unsafe {
+        match (*plan).type_ {
+            T_Append => each_in_list((*plan.cast::<pg_sys::Append>()).appendplans, f),
+            T_MergeAppend => each_in_list((*plan.cast::<pg_sys::MergeAppend>()).mergeplans, f),
+            T_CustomScan => each_in_list((*plan.cast::<pg_sys::CustomScan>()).custom_plans, f),
+            T_SubqueryScan => f(&raw mut (*plan.cast::<pg_sys::SubqueryScan>()).subplan),
+            _ => {}
+        }
+        f(&raw mut (*plan).lefttree);
+        f(&raw mut (*plan).righttree);
+    }
+}
+
+/// # Safety
+/// `list` is NIL or a valid List of Plan nodes (or NULLs).
+unsafe fn walk_list(list: *mut pg_sys::List, f: &mut dyn FnMut(*mut *mut pg_sys::Plan)) {
+    // SAFETY: the caller's promise.
+    unsafe { each_in_list(list, &mut |slot| walk(slot, f)) }
+}
+
+/// Calls `f` with the address of each element of `list`, a List of pointers.
+///
+/// # Safety
+/// `list` is NIL or a valid pointer List.
+unsafe fn each_in_list(list: *mut pg_sys::List, f: &mut dyn FnMut(*mut *mut pg_sys::Plan)) {
+    if list.is_null() {
+        return;
+    }
+    // SAFETY: the caller's promise; a pointer List keeps its elements in `elements`.
+    unsafe {
+        for i in 0..(*list).length as usize {
+            let cell = (*list).elements.add(i);
+            f((&raw mut (*cell).ptr_value).cast());
+        }
+    }
+}
+
+/// The Gather or Gather Merge a Stride Gather (or Stride Gather Merge) custom scan
+/// stands for — the first node of its `custom_private` —, or `None` when `plan` is
+/// another node.
+///
+/// # Safety
+/// `plan` is a valid Plan node.
+pub unsafe fn stride_gather_inner(plan: *mut pg_sys::Plan) -> Option<*mut pg_sys::Plan> {
+    // SAFETY: the caller's promise; a CustomScan's methods are static and name it.
+    unsafe {
+        if (*plan).type_ != pg_sys::NodeTag::T_CustomScan {
+            return None;
+        }
+        let cscan = plan.cast::<pg_sys::CustomScan>();
+        let name = CStr::from_ptr((*(*cscan).methods).CustomName);
+        if name != STRIDE_GATHER && name != STRIDE_GATHER_MERGE {
+            return None;
+        }
+        let private = (*cscan).custom_private;
+        (!private.is_null() && (*private).length > 0)
+            .then(|| (*(*private).elements).ptr_value.cast::<pg_sys::Plan>())
+    }
+}
