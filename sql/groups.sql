@@ -82,6 +82,11 @@ SELECT pg_stride.drop_group('reporting');
 RESET pg_stride.resource_group;
 SELECT name, active, admitted_total, queue_time_p50_ms, queue_time_p99_ms
   FROM pg_stride.groups WHERE name = 'reporting';
+-- The same waits as a histogram for Prometheus: bucket bounds in seconds (1 µs, then
+-- 1 ms to 72 min by factors of 4), cumulative counts, sum and count. Both statements
+-- were admitted at once, so every bound counts both, and the count is admitted_total.
+SELECT name, le_seconds, buckets, sum_seconds, count
+  FROM pg_stride.queue_time_histogram() WHERE name = 'reporting';
 
 -- A statement can name its group in a comment before its first word, without a SET:
 -- honoured for roles that may set pg_stride.resource_group, passed over with a WARNING
@@ -179,6 +184,8 @@ SELECT name, active, queued, admitted_total, timed_out_total FROM pg_stride.grou
 SELECT pg_stride.reset_stats();
 SELECT name, admitted_total, timed_out_total, queue_time_total_ms, queue_time_p50_ms
   FROM pg_stride.groups WHERE name = 'single';
+SELECT name, buckets, sum_seconds, count
+  FROM pg_stride.queue_time_histogram() WHERE name = 'single';
 SELECT pg_stride.drop_group('single');
 REVOKE USAGE ON SCHEMA pg_stride FROM stride_member;
 DROP ROLE stride_member;

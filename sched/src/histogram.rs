@@ -1,5 +1,6 @@
-//! The queue-time histogram of a resource group: power-of-two buckets of µs, and its
-//! quantiles (`queue_time_p50_ms`, `queue_time_p99_ms` of `pg_stride.groups`).
+//! The queue-time histogram of a resource group: power-of-two buckets of µs, its
+//! quantiles (`queue_time_p50_ms`, `queue_time_p99_ms` of `pg_stride.groups`) and its
+//! cumulative counts at chosen bounds (`pg_stride.queue_time_histogram()`).
 //!
 //! Bucket `i > 0` counts waits of `[2^(i-1), 2^i)` µs, bucket 0 waits under 1 µs.
 //! Statements admitted at once are not counted in bucket 0 when they are admitted: that
@@ -40,6 +41,31 @@ pub fn quantile_us(counts: &[u64; BUCKETS], admitted: u64, q: f64) -> Option<u64
     None
 }
 
+/// The cumulative counts of the waits of `admitted` statements (counted as for
+/// [`quantile_us`], bucket 0 derived) at the bounds `bounds`: for each bucket index `i`
+/// of `bounds`, the statements that waited less than 2^i µs, i.e. buckets `0..=i`; and
+/// the total, which the last count never exceeds. `bounds` increase and stay below
+/// `BUCKETS - 1` (the last bucket has no upper bound).
+pub fn cumulative(counts: &[u64; BUCKETS], admitted: u64, bounds: &[usize]) -> (Vec<u64>, u64) {
+    debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]));
+    debug_assert!(bounds.iter().all(|&b| b < BUCKETS - 1));
+    let waited: u64 = counts[1..].iter().sum();
+    let at_once = admitted.saturating_sub(waited);
+    let mut below = at_once;
+    let mut next = 1;
+    let at_bounds = bounds
+        .iter()
+        .map(|&bound| {
+            while next <= bound {
+                below += counts[next];
+                next += 1;
+            }
+            below
+        })
+        .collect();
+    (at_bounds, at_once + waited)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +104,27 @@ mod tests {
         counts[5] = 1;
         assert_eq!(quantile_us(&counts, 2, 0.0), Some(8));
         assert_eq!(quantile_us(&counts, 2, 1.0), Some(32));
+    }
+
+    #[test]
+    fn cumulative_counts_derive_bucket_0_and_add_up() {
+        let mut counts = [0u64; BUCKETS];
+        let bounds = [0, 10, 12];
+        assert_eq!(cumulative(&counts, 0, &bounds), (vec![0, 0, 0], 0));
+        // 5 admitted at once: under every bound.
+        assert_eq!(cumulative(&counts, 5, &bounds), (vec![5, 5, 5], 5));
+        // Waits of 1.5 ms (bucket 11, below 2^12 µs but not 2^10) and of 1 s (beyond the
+        // last bound: only in the total); 1 µs waits are above the 2^0 bound.
+        counts[bucket(1500)] = 2;
+        counts[bucket(1_000_000)] = 1;
+        counts[bucket(1)] = 1;
+        assert_eq!(cumulative(&counts, 10, &bounds), (vec![6, 7, 9], 10));
+        // A wait of exactly 2^10 µs is not below the 2^10 bound.
+        let mut exact = [0u64; BUCKETS];
+        exact[bucket(1024)] = 1;
+        assert_eq!(cumulative(&exact, 1, &[10, 11]), (vec![0, 1], 1));
+        // More waits counted than admissions (counters read a moment apart): no
+        // negative bucket 0, and the total covers the waits.
+        assert_eq!(cumulative(&counts, 1, &bounds), (vec![0, 1, 3], 4));
     }
 }

@@ -12,7 +12,7 @@
 //! * [`admission`] — admission limits, queue and leases (wagner2021 §2.3).
 //! * [`groups`] — resource-group settings, their limits and directory slots.
 //! * [`group_tag`] — the group a statement names in a comment before its first word.
-//! * [`histogram`] — the queue-time histogram and its quantiles.
+//! * [`histogram`] — the queue-time histogram, its quantiles and cumulative counts.
 //! * [`shared`] — the lock-free shared-memory scheduler ([`SchedShared`]).
 //! * [`sim`] — discrete-event simulator and workload generator over [`SchedShared`].
 //! * [`trace_ring`] — the lock-free ring of per-statement records the tuner reads.

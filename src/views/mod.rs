@@ -24,6 +24,7 @@ mod activity;
 mod groups;
 mod numa;
 mod pool;
+mod queue_times;
 mod scheduler;
 mod shared_access;
 mod tuner;
