@@ -20,9 +20,9 @@ pg_monitor and is scraped over loopback. The checks:
   pg_exporter_user_queries_load_error and its log);
 - every query of the file answers at once while the server's only admission is taken
   (they are monitoring queries, pg_stride.bypass_monitoring), where an ordinary
-  statement queues; and a whole scrape does too with pg_stride off for the exporter's
-  role, as README "Metrics for Prometheus" sets it up (the exporter's own
-  `SELECT version()` is not a monitoring query);
+  statement queues; and a whole scrape does too, the exporter's own queries included
+  (`SELECT version()`, the statistics views), with its role set up as README "Metrics
+  for Prometheus" says;
 - the dashboard is valid JSON, its datasource is ${DS_PROMETHEUS}, and every metric its
   expressions name is one the queries file makes and the scrape has.
 
@@ -507,7 +507,6 @@ def setup(s):
     s.sql(f"CREATE ROLE {APP} LOGIN; CREATE ROLE {MONITOR} LOGIN; CREATE ROLE {READER} LOGIN")
     # As README "Metrics for Prometheus" sets up the exporter's role.
     s.sql(f"GRANT pg_monitor TO {MONITOR}")
-    s.sql(f"ALTER ROLE {MONITOR} SET pg_stride.enabled = off")
     s.sql(f"GRANT pg_monitor TO {READER}")
     s.sql(f"SELECT pg_stride.create_group('{GROUP}', max_concurrency => 1, max_queued => 1)")
     s.sql(f"ALTER ROLE {APP} SET pg_stride.resource_group = '{GROUP}'")

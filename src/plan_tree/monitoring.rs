@@ -195,9 +195,13 @@ unsafe fn is_monitoring_call(node: *const pg_sys::Node) -> bool {
 /// statement calling them is scheduled like any other.
 const WAITING_BUILT_INS: [&[u8]; 3] = [b"pg_sleep", b"pg_advisory", b"pg_try_advisory"];
 
+/// Built-in functions not named `pg_*` that monitoring tools call (the exporter asks
+/// `version()` at every scrape).
+const MONITORING_BUILT_INS: [&[u8]; 1] = [b"version"];
+
 /// Whether function `funcid` is a built-in one named `pg_*` (the functions under the
 /// statistics views, `pg_is_in_recovery`, `pg_database_size`, …) that neither waits nor
-/// takes locks.
+/// takes locks, or one of [`MONITORING_BUILT_INS`].
 ///
 /// # Safety
 /// Inside a guarded function (a catalog lookup).
@@ -212,6 +216,7 @@ unsafe fn is_monitoring_built_in(funcid: pg_sys::Oid) -> bool {
             return false;
         }
         let name = CStr::from_ptr(name).to_bytes();
-        name.starts_with(b"pg_") && !WAITING_BUILT_INS.iter().any(|p| name.starts_with(p))
+        (name.starts_with(b"pg_") && !WAITING_BUILT_INS.iter().any(|p| name.starts_with(p)))
+            || MONITORING_BUILT_INS.contains(&name)
     }
 }
