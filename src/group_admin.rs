@@ -3,6 +3,7 @@
 //! shared group directory in step with the table (see `groups`).
 
 use pg_stride_sched::groups::{validate, GroupSettings, DEFAULT_GROUP, MAX_NAME_LEN};
+use pg_stride_sched::rules::Rules;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
@@ -22,6 +23,8 @@ CREATE TABLE pg_stride.resource_groups (
     pinned               boolean NOT NULL DEFAULT false,
     memory_budget        integer CHECK (memory_budget BETWEEN 0 AND 2147483647),
     reject_oversized     boolean NOT NULL DEFAULT false,
+    rules                text NOT NULL DEFAULT '',
+    rules_dry_run        boolean NOT NULL DEFAULT false,
     CHECK (priority_min <= priority_initial)
 );
 COMMENT ON TABLE pg_stride.resource_groups IS
@@ -122,6 +125,17 @@ mod functions {
         }
     }
 
+    /// A group's runaway-query rules from their text (`pg_stride_sched::rules`).
+    fn parse_rules(name: &str, text: &str) -> Rules {
+        Rules::parse(text).unwrap_or_else(|detail| {
+            fail(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("invalid rules for resource group \"{name}\": {detail}"),
+                Some("Write each rule as \"measure > value: action\", separated by \";\": measures cpu_time, elapsed, rows, temp_bytes; actions log, cancel."),
+            )
+        })
+    }
+
     /// The stored settings of `name`; `default` without a row has the default settings.
     fn stored(name: &str) -> Option<GroupSettings> {
         let found = crate::groups::read_table()
@@ -135,7 +149,8 @@ mod functions {
     }
 
     fn upsert(name: &str, s: &GroupSettings) {
-        let args: [DatumWithOid; 13] = [
+        let rules = s.rules.to_string();
+        let args: [DatumWithOid; 15] = [
             name.into(),
             s.weight.into(),
             s.max_concurrency.into(),
@@ -149,18 +164,20 @@ mod functions {
             s.pinned.into(),
             s.memory_budget.into(),
             s.reject_oversized.into(),
+            rules.as_str().into(),
+            s.rules_dry_run.into(),
         ];
         Spi::run_with_args(
             "INSERT INTO pg_stride.resource_groups AS g \
                  (name, weight, max_concurrency, max_queued, queue_timeout, \
                   max_parallel_workers, priority_initial, priority_min, decay_lambda, \
-                  decay_start, pinned, memory_budget, reject_oversized) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                  decay_start, pinned, memory_budget, reject_oversized, rules, rules_dry_run) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
              ON CONFLICT (name) DO UPDATE SET weight = $2, max_concurrency = $3, \
                  max_queued = $4, queue_timeout = $5, max_parallel_workers = $6, \
                  priority_initial = $7, priority_min = $8, decay_lambda = $9, \
                  decay_start = $10, pinned = $11, memory_budget = $12, \
-                 reject_oversized = $13",
+                 reject_oversized = $13, rules = $14, rules_dry_run = $15",
             &args,
         )
         .unwrap_or_else(|e| pgrx::error!("pg_stride: cannot store resource group \"{name}\": {e}"));
@@ -183,6 +200,8 @@ mod functions {
         queue_timeout: default!(Option<i32>, "NULL"),
         memory_budget: default!(Option<i32>, "NULL"),
         reject_oversized: default!(Option<bool>, false),
+        rules: default!(Option<&str>, "''"),
+        rules_dry_run: default!(Option<bool>, false),
     ) {
         let name = check_caller(name);
         let leave_out = "Leave the argument out for its default.";
@@ -193,6 +212,8 @@ mod functions {
             queue_timeout,
             memory_budget,
             reject_oversized: required(reject_oversized, "reject_oversized", leave_out),
+            rules: parse_rules(name, required(rules, "rules", leave_out)),
+            rules_dry_run: required(rules_dry_run, "rules_dry_run", leave_out),
             max_parallel_workers,
             priority_initial,
             priority_min,
@@ -228,6 +249,8 @@ mod functions {
         queue_timeout: default!(Option<i32>, "NULL"),
         memory_budget: default!(Option<i32>, "NULL"),
         reject_oversized: default!(Option<bool>, "NULL"),
+        rules: default!(Option<&str>, "NULL"),
+        rules_dry_run: default!(Option<bool>, "NULL"),
     ) {
         let name = check_caller(name);
         let Some(old) = stored(name) else {
@@ -244,6 +267,8 @@ mod functions {
             queue_timeout: queue_timeout.or(old.queue_timeout),
             memory_budget: memory_budget.or(old.memory_budget),
             reject_oversized: reject_oversized.unwrap_or(old.reject_oversized),
+            rules: rules.map_or(old.rules, |text| parse_rules(name, text)),
+            rules_dry_run: rules_dry_run.unwrap_or(old.rules_dry_run),
             max_parallel_workers: max_parallel_workers.or(old.max_parallel_workers),
             priority_initial: priority_initial.or(old.priority_initial),
             priority_min: priority_min.or(old.priority_min),

@@ -17,6 +17,7 @@ use crate::backend_local::BackendLocal;
 use crate::shmem::{self, Group, GroupDirectory};
 use crate::{gucs, pg};
 use pg_stride_sched::groups::{GroupSettings, DEFAULT_GROUP};
+use pg_stride_sched::rules::Rules;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 use std::cell::Cell;
@@ -107,6 +108,16 @@ fn resolve_session_group(directory: &GroupDirectory) -> usize {
 
 /// Reads `pg_stride.resource_groups` of the current database through SPI; no rows when
 /// the extension is not created here. Runs inside a transaction.
+/// The rules of group `name` from the table's text. The group functions accept only
+/// text that parses; a row changed by hand to something else loses its rules, with a
+/// WARNING, rather than keep the whole table from loading.
+fn rules_of(name: &str, text: &str) -> Rules {
+    Rules::parse(text).unwrap_or_else(|e| {
+        pgrx::warning!("pg_stride: resource group \"{name}\" has no rules in effect: {e}");
+        Rules::EMPTY
+    })
+}
+
 pub fn read_table() -> Vec<Group> {
     use pgrx::spi::Spi;
     Spi::connect(|client| {
@@ -124,7 +135,7 @@ pub fn read_table() -> Vec<Group> {
         let rows = client.select(
             "SELECT name, weight, max_concurrency, max_parallel_workers, priority_initial, \
                     priority_min, decay_lambda, decay_start, pinned, max_queued, queue_timeout, \
-                    memory_budget, reject_oversized \
+                    memory_budget, reject_oversized, rules, rules_dry_run \
                FROM pg_stride.resource_groups ORDER BY name",
             None,
             &[],
@@ -132,8 +143,9 @@ pub fn read_table() -> Vec<Group> {
         let mut groups = Vec::new();
         for row in rows {
             let d = GroupSettings::DEFAULT;
+            let name = row.get::<String>(1)?.unwrap_or_default();
             groups.push(Group {
-                name: row.get::<String>(1)?.unwrap_or_default(),
+                name: name.clone(),
                 settings: GroupSettings {
                     weight: row.get::<i32>(2)?.unwrap_or(d.weight),
                     max_concurrency: row.get::<i32>(3)?.unwrap_or(d.max_concurrency),
@@ -147,6 +159,8 @@ pub fn read_table() -> Vec<Group> {
                     queue_timeout: row.get::<i32>(11)?,
                     memory_budget: row.get::<i32>(12)?,
                     reject_oversized: row.get::<bool>(13)?.unwrap_or(d.reject_oversized),
+                    rules: rules_of(&name, &row.get::<String>(14)?.unwrap_or_default()),
+                    rules_dry_run: row.get::<bool>(15)?.unwrap_or(d.rules_dry_run),
                 },
             });
         }

@@ -226,6 +226,16 @@ pub fn set_latch(procno: usize) {
     }
 }
 
+/// Cancels the statement of backend `pid` as `pg_cancel_backend` does (SIGINT: the
+/// backend raises "canceling statement due to user request" at its next
+/// CHECK_FOR_INTERRUPTS).
+pub fn cancel_backend(pid: i32) {
+    if pid > 0 {
+        // SAFETY: kill has no memory effects; a pid that is gone gives ESRCH.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+    }
+}
+
 /// Longest single sleep of a latch wait: the condition is looked at again after it, in
 /// case a wake-up was missed.
 const MAX_SLEEP: Duration = Duration::from_secs(1);

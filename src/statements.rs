@@ -124,6 +124,16 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
         admission::admit(shared, entry, group, need_kb)
     };
     arrival.admit_ns = pg::monotonic_ns();
+    if !admitted {
+        // Runaway-query rules time a statement from its admission, and tell statements
+        // apart by it: one that skipped admission counts from its start.
+        entry
+            .admitted_at
+            .store(pg::statement_start_timestamp(), Ordering::Relaxed);
+    }
+    // SAFETY: `desc` is the statement the executor is about to start.
+    let query_id = unsafe { (*(*desc).plannedstmt).queryId };
+    entry.query_id.store(query_id, Ordering::Relaxed);
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| {

@@ -5,6 +5,7 @@
 //! validate with [`validate`], and a test of the extension checks that the CHECK
 //! constraints of `pg_stride.resource_groups` accept and reject exactly at them.
 
+use crate::rules::Rules;
 use crate::shared::MAX_GROUPS;
 
 /// Name of the group every session belongs to unless it is assigned another; it always
@@ -122,6 +123,10 @@ pub struct GroupSettings {
     pub decay_start: Option<i32>,
     /// Statements keep `priority_initial` instead of decaying.
     pub pinned: bool,
+    /// Runaway-query rules checked against the group's running statements.
+    pub rules: Rules,
+    /// The rules' actions are only logged and recorded, as what would have happened.
+    pub rules_dry_run: bool,
 }
 
 impl GroupSettings {
@@ -139,6 +144,8 @@ impl GroupSettings {
         decay_lambda: None,
         decay_start: None,
         pinned: false,
+        rules: Rules::EMPTY,
+        rules_dry_run: false,
     };
 }
 

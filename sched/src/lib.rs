@@ -95,6 +95,7 @@ pub mod ids;
 pub mod numa;
 pub mod pin_word;
 pub mod pool;
+pub mod rules;
 pub mod shared;
 pub mod sim;
 pub mod slice;

@@ -38,6 +38,7 @@ mod member;
 mod pinning;
 mod placement;
 mod priority;
+mod runaway;
 mod slice_share;
 mod slots;
 mod trace;

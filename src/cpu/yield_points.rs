@@ -183,8 +183,12 @@ unsafe extern "C-unwind" fn yield_point(
 ) -> *mut pg_sys::TupleTableSlot {
     let left = COUNTDOWN.get();
     if left <= 1 || asked_to_yield() {
-        // SAFETY: a guarded function; it raises errors as PostgreSQL errors.
-        unsafe { check_in() };
+        // SAFETY: the node the executor is running; check_in is a guarded function, it
+        // raises errors as PostgreSQL errors.
+        unsafe {
+            super::runaway::publish_rows(node);
+            check_in()
+        };
     } else {
         COUNTDOWN.set(left - 1);
     }

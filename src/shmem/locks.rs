@@ -15,8 +15,10 @@ pub enum LockId {
     Admission = 1,
     /// The decay parameters' owner and the tuner's history.
     Tuner = 2,
+    /// The ring of recent runaway-query rule hits.
+    RuleHits = 3,
 }
-pub(super) const LOCK_COUNT: i32 = 3;
+pub(super) const LOCK_COUNT: i32 = 4;
 
 /// One of pg_stride's LWLocks, held for as long as the guard lives. They are taken on
 /// the registration and admission paths and by group changes, never per slice

@@ -14,6 +14,7 @@ mod cpu_owners;
 mod directory;
 mod locks;
 mod node_counters;
+mod rule_hits;
 mod tuner_state;
 
 pub use locks::{LockId, ShmemLock};
@@ -22,6 +23,7 @@ use locks::{LOCKS, LOCK_COUNT};
 pub use cpu_owners::CpuOwners;
 pub use directory::{Group, GroupDirectory, MAX_GROUPS};
 pub use node_counters::{NodeCounters, MAX_NODES};
+pub use rule_hits::{RuleHit, RuleHits};
 pub use tuner_state::{RefreshRow, TunerState};
 
 use crate::{gucs, pg};
@@ -100,6 +102,17 @@ pub struct ProcEntry {
     /// was admitted, CLOCK_MONOTONIC ns: the tuner traces statements still running.
     pub query_arrival_ns: AtomicU64,
     pub query_admit_ns: AtomicU64,
+    /// Rows the leader's current statement produced (returned, or changed by a write),
+    /// as of its last check-in at a yield point: what runaway-query rules read.
+    pub rows: AtomicU64,
+    /// Written by the scheduler worker: a runaway-query rule (its index + 1; 0 = none)
+    /// cancels this process's statement admitted at `rule_cancel_key` (its
+    /// `admitted_at`); the process clears it as it raises the error.
+    pub rule_cancel: AtomicU32,
+    pub rule_cancel_key: AtomicI64,
+    /// The query id of this process's current statement (0 = not computed), for the
+    /// hits of runaway-query rules.
+    pub query_id: AtomicU64,
     /// The admission this process keeps between its statements while nobody waits.
     pub lease: Lease,
     /// Statements of group slot `group` admitted at once and not yet added to the
@@ -192,6 +205,7 @@ impl ProcEntry {
 
     /// Forgets what the entry says of the previous statement; a new one starts.
     pub fn clear_statement(&self) {
+        self.rows.store(0, Ordering::Relaxed);
         self.workers_planned.store(0, Ordering::Relaxed);
         self.workers_granted.store(0, Ordering::Relaxed);
         self.paused_us.store(0, Ordering::Relaxed);
@@ -216,6 +230,8 @@ pub struct Shared {
     pub tuner: TunerState,
     /// CPU charged per NUMA node (`pg_stride.numa = stats`).
     pub nodes: NodeCounters,
+    /// Recent hits of runaway-query rules (`pg_stride.rule_hits`).
+    pub rule_hits: RuleHits,
     /// Which slot holder owns which CPU (`pg_stride.pin_slots`).
     pub cpu_owners: CpuOwners,
     /// Extra slots the watchdog lent since the server started (`pg_stride.scheduler`).
@@ -511,6 +527,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
             TunerState::init(&raw mut (*region).tuner, gucs::decay_params());
             NodeCounters::init(&raw mut (*region).nodes);
+            RuleHits::init(&raw mut (*region).rule_hits);
             (&raw mut (*region).lends).write(LendCounts::default());
             (&raw mut (*region).yield_requests).write(AtomicU64::new(0));
             (&raw mut (*region).cpu_swaps).write(AtomicU64::new(0));

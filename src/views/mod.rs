@@ -25,6 +25,7 @@ mod groups;
 mod numa;
 mod pool;
 mod queue_times;
+mod rules;
 mod scheduler;
 mod shared_access;
 mod tuner;

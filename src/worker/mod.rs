@@ -6,14 +6,15 @@
 //!   reloads (`cpu_slots`, limits, decay), runs the CPU watchdog
 //!   (`pg_stride.watchdog_interval`) and the admission watchdog, samples the
 //!   concurrency hint (`pg_stride.hint_interval`), reclaims the shared entries of
-//!   processes that are gone (rule 8) and admits queued backends that block admitted
-//!   ones (rule 5).
+//!   processes that are gone (rule 8), admits queued backends that block admitted
+//!   ones (rule 5), and checks the groups' runaway-query rules (module [`rules`]).
 //! * `pg_stride tuner` (module [`tuner`]) chooses the decay parameters from the traced
 //!   workload while `pg_stride.tuner` is on; shared memory only, like the scheduler.
 //! * `pg_stride groups` connects to `pg_stride.database` and loads the resource groups
 //!   from its table at start and whenever they change. If it cannot connect, it fails
 //!   and is restarted later; meanwhile every session runs in `default`.
 
+mod rules;
 mod signals;
 mod tuner;
 
@@ -116,6 +117,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     let mut cpu_seen = Vec::new();
     let mut admission_waits = Vec::new();
     let mut stalled_before = Vec::new();
+    let mut rules_seen = HashMap::new();
     let sweep_context = PgMemoryContexts::new("pg_stride scheduler sweep");
     let mut timers = Timers::due_now();
     while BackgroundWorker::wait_latch(Some(timers.sleep())) {
@@ -139,6 +141,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         if Timers::take(&mut timers.sweep, SWEEP_INTERVAL) {
             reclaim_entries(shared);
             cpu::reclaim(shared);
+            rules::check(shared, &mut rules_seen);
             // SAFETY: the context was created above and is only used here; nothing
             // allocated in it outlives the call.
             unsafe {

@@ -1,0 +1,59 @@
+//! The backend's side of runaway-query rules (the scheduler worker checks them,
+//! `worker::rules`): a leader publishes the rows its statement produced at each check-in,
+//! and raises the error of a rule that cancels its statement at the first check-in
+//! where an error is allowed.
+
+use crate::pg::{self, interrupts_can_be_processed};
+use crate::shmem;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use std::sync::atomic::Ordering;
+
+/// Publishes the rows the statement of `node`'s executor produced so far, from a
+/// leader (a parallel worker's count is of the rows it passed to its leader). Called
+/// outside pgrx's error boundary: cannot panic.
+///
+/// # Safety
+/// `node` is a valid PlanState of a running executor.
+pub(super) unsafe fn publish_rows(node: *const pgrx::pg_sys::PlanState) {
+    if pg::is_parallel_worker() {
+        return;
+    }
+    let Some(entry) = shmem::shared().and_then(|s| s.my_entry()) else {
+        return;
+    };
+    // SAFETY: the caller's promise; a running node's EState is valid.
+    let rows = unsafe { (*(*node).state).es_processed };
+    entry.rows.store(rows, Ordering::Relaxed);
+}
+
+/// Raises the error of a runaway-query rule that cancels this process's statement, if
+/// the scheduler worker asked and an error may be raised here (docs/design.md §4 rule 1).
+pub(super) fn cancel_if_a_rule_says_so(shared: &shmem::Shared) {
+    let Some(entry) = shared.my_entry() else {
+        return;
+    };
+    let asked = entry.rule_cancel.load(Ordering::Acquire);
+    if asked == 0 || !interrupts_can_be_processed() {
+        return;
+    }
+    entry.rule_cancel.store(0, Ordering::Relaxed);
+    // Asked for a statement that has ended since.
+    if entry.rule_cancel_key.load(Ordering::Relaxed) != entry.admitted_at.load(Ordering::Relaxed) {
+        return;
+    }
+    let slot = entry.group.load(Ordering::Relaxed) as usize;
+    let group = shared.groups.name_of(slot);
+    let rule = shared
+        .groups
+        .settings_of(slot)
+        .and_then(|s| s.rules.get(asked as usize - 1).map(ToString::to_string))
+        .unwrap_or_default();
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
+        format!("canceling statement due to rule \"{rule}\" of resource group \"{group}\""),
+        "pg_stride runaway-query rules",
+    )
+    .set_hint("pg_stride.rule_hits lists the rules statements met; pg_stride.alter_group() changes them.")
+    .report(PgLogLevel::ERROR);
+}

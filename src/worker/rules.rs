@@ -1,0 +1,165 @@
+//! Runaway-query rules (`pg_stride_sched::rules`), checked by the scheduler worker at
+//! each sweep against the running statements of the groups that have rules. A rule
+//! fires once per statement: its hit is logged and recorded (`pg_stride.rule_hits`),
+//! and a `cancel` asks the statement's process to raise an error naming the rule at its
+//! next yield point. A statement that reaches none within [`CANCEL_GRACE`] (it waits on
+//! a lock, sleeps, or runs no scan) is cancelled as `pg_cancel_backend` would.
+
+use crate::{pg, shmem};
+use pg_stride_sched::rules::{Action, Metric, Rules, Usage};
+use pg_stride_sched::QueryId;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// How long a statement asked to cancel itself at a yield point has before it is sent
+/// a query cancel.
+const CANCEL_GRACE: Duration = Duration::from_secs(1);
+
+/// What the worker remembers of a process's statement between sweeps.
+pub struct Seen {
+    /// The statement: its `admitted_at`.
+    key: i64,
+    /// Its rules that fired (bit i = rule i).
+    fired: u8,
+    /// When a rule asked it to cancel, and whether it was sent a query cancel since.
+    cancel_asked: Option<Instant>,
+    signalled: bool,
+}
+
+/// Checks the rules of every group that has some against its running statements.
+/// `seen`: per process number, kept between sweeps.
+pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
+    let groups: HashMap<usize, (String, Rules, bool)> = shared
+        .groups
+        .groups()
+        .into_iter()
+        .filter(|(_, g)| !g.settings.rules.is_empty())
+        .map(|(slot, g)| (slot, (g.name, g.settings.rules, g.settings.rules_dry_run)))
+        .collect();
+    if groups.is_empty() {
+        seen.clear();
+        return;
+    }
+    let temp = if groups.values().any(|(_, r, _)| r.uses(Metric::TempBytes)) {
+        temp_bytes_by_pid()
+    } else {
+        HashMap::new()
+    };
+    let now_us = pg::now_timestamp();
+    for (procno, entry) in shared.procs().iter().enumerate() {
+        let key = entry.admitted_at.load(Ordering::Relaxed);
+        let group = entry.group.load(Ordering::Acquire) as usize;
+        let running = shared.is_live(procno)
+            && entry.running.load(Ordering::Acquire) > 0
+            && entry.queued.load(Ordering::Acquire) == 0
+            && key != 0;
+        let Some((name, rules, dry_run)) = groups.get(&group).filter(|_| running) else {
+            seen.remove(&procno);
+            continue;
+        };
+        let s = seen.entry(procno).or_insert(Seen {
+            key,
+            fired: 0,
+            cancel_asked: None,
+            signalled: false,
+        });
+        if s.key != key {
+            *s = Seen {
+                key,
+                fired: 0,
+                cancel_asked: None,
+                signalled: false,
+            };
+        }
+        let pid = entry.pid.load(Ordering::Relaxed);
+        let usage = Usage {
+            cpu_us: statement_cpu_ns(shared, entry) / 1000,
+            elapsed_us: now_us.saturating_sub(key).max(0) as u64,
+            rows: entry.rows.load(Ordering::Relaxed),
+            temp_bytes: temp.get(&pid).copied().unwrap_or(0),
+        };
+        let hits = rules.newly_hit(&usage, s.fired);
+        s.fired |= hits;
+        for (i, rule) in rules.iter().enumerate().filter(|(i, _)| hits & (1 << i) != 0) {
+            let value = usage.of(rule.metric);
+            let query_id = entry.query_id.load(Ordering::Relaxed);
+            let process = (pid, u32::from(pg::proc_role(procno)));
+            shared.rule_hits.record(shmem::RuleHit::new(
+                now_us, process, query_id, name, *rule, value, *dry_run,
+            ));
+            let action = match (rule.action, dry_run) {
+                (Action::Log, _) => "logged",
+                (Action::Cancel, true) => "would cancel it (rules_dry_run)",
+                (Action::Cancel, false) => "cancels it",
+            };
+            pgrx::log!(
+                "pg_stride: the statement of process {pid} in resource group \"{name}\" met rule \"{rule}\" ({} {value}); {action}",
+                rule.metric.name()
+            );
+            if rule.action == Action::Cancel && !dry_run && s.cancel_asked.is_none() {
+                entry.rule_cancel_key.store(key, Ordering::Relaxed);
+                entry.rule_cancel.store(i as u32 + 1, Ordering::Release);
+                pg::set_latch(procno);
+                s.cancel_asked = Some(Instant::now());
+            }
+        }
+        if let Some(asked) = s.cancel_asked {
+            if !s.signalled && asked.elapsed() >= CANCEL_GRACE {
+                pg::cancel_backend(pid);
+                s.signalled = true;
+            }
+        }
+    }
+}
+
+/// CPU time of `entry`'s statement, its parallel workers' included, ns (0 while it has
+/// not joined CPU scheduling).
+fn statement_cpu_ns(shared: &shmem::Shared, entry: &shmem::ProcEntry) -> u64 {
+    match entry.cpu_query.load(Ordering::Acquire) {
+        0 => 0,
+        q => shared
+            .sched()
+            .and_then(|s| s.query_snapshot(QueryId(q - 1)))
+            .map_or(0, |s| s.cpu_ns),
+    }
+}
+
+/// Bytes of temporary files per pid, from the default tablespace's `pgsql_tmp`: files
+/// named `pgsql_tmp<pid>.<n>`, and the shared file sets of parallel queries,
+/// directories `pgsql_tmp<pid>.<n>.fileset` named by the leader. Files in other
+/// `temp_tablespaces` are not counted.
+fn temp_bytes_by_pid() -> HashMap<i32, u64> {
+    let mut by_pid = HashMap::new();
+    // The worker runs in the data directory.
+    let Ok(dir) = std::fs::read_dir("base/pgsql_tmp") else {
+        return by_pid;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("pgsql_tmp"))
+            .and_then(|n| n.split('.').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(meta) = entry.metadata() else { continue };
+        let bytes = if meta.is_dir() {
+            std::fs::read_dir(entry.path())
+                .map(|files| {
+                    files
+                        .flatten()
+                        .filter_map(|f| f.metadata().ok())
+                        .map(|m| m.len())
+                        .sum()
+                })
+                .unwrap_or(0)
+        } else {
+            meta.len()
+        };
+        *by_pid.entry(pid).or_insert(0) += bytes;
+    }
+    by_pid
+}
