@@ -39,7 +39,7 @@ pub(super) fn cancel_if_a_rule_says_so(shared: &shmem::Shared) {
     }
     entry.rule_cancel.store(0, Ordering::Relaxed);
     // Asked for a statement that has ended since.
-    if entry.rule_cancel_key.load(Ordering::Relaxed) != entry.admitted_at.load(Ordering::Relaxed) {
+    if entry.rule_cancel_key.load(Ordering::Relaxed) != entry.registered.load(Ordering::Relaxed) {
         return;
     }
     let slot = entry.group.load(Ordering::Relaxed) as usize;

@@ -106,10 +106,10 @@ pub struct ProcEntry {
     /// as of its last check-in at a yield point: what runaway-query rules read.
     pub rows: AtomicU64,
     /// Written by the scheduler worker: a runaway-query rule (its index + 1; 0 = none)
-    /// cancels this process's statement admitted at `rule_cancel_key` (its
-    /// `admitted_at`); the process clears it as it raises the error.
+    /// cancels this process's statement `rule_cancel_key` (its count in `registered`);
+    /// the process clears it as it raises the error.
     pub rule_cancel: AtomicU32,
-    pub rule_cancel_key: AtomicI64,
+    pub rule_cancel_key: AtomicU32,
     /// The query id of this process's current statement (0 = not computed), for the
     /// hits of runaway-query rules.
     pub query_id: AtomicU64,

@@ -18,8 +18,8 @@ const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
 /// What the worker remembers of a process's statement between sweeps.
 pub struct Seen {
-    /// The statement: its `admitted_at`.
-    key: i64,
+    /// The statement: the process's count of registered statements when it was seen.
+    key: u32,
     /// Its rules that fired (bit i = rule i).
     fired: u8,
     /// When a rule asked it to cancel, and whether it was sent a query cancel since.
@@ -48,12 +48,13 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
     };
     let now_us = pg::now_timestamp();
     for (procno, entry) in shared.procs().iter().enumerate() {
-        let key = entry.admitted_at.load(Ordering::Relaxed);
+        let key = entry.registered.load(Ordering::Acquire);
+        let admitted_at = entry.admitted_at.load(Ordering::Relaxed);
         let group = entry.group.load(Ordering::Acquire) as usize;
         let running = shared.is_live(procno)
             && entry.running.load(Ordering::Acquire) > 0
             && entry.queued.load(Ordering::Acquire) == 0
-            && key != 0;
+            && admitted_at != 0;
         let Some((name, rules, dry_run)) = groups.get(&group).filter(|_| running) else {
             seen.remove(&procno);
             continue;
@@ -75,7 +76,7 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
         let pid = entry.pid.load(Ordering::Relaxed);
         let usage = Usage {
             cpu_us: statement_cpu_ns(shared, entry) / 1000,
-            elapsed_us: now_us.saturating_sub(key).max(0) as u64,
+            elapsed_us: now_us.saturating_sub(admitted_at).max(0) as u64,
             rows: entry.rows.load(Ordering::Relaxed),
             temp_bytes: temp.get(&pid).copied().unwrap_or(0),
         };

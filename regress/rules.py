@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Runaway-query rules, with real sessions of an ordinary login role assigned to a group
+through ALTER ROLE … SET, while other sessions run beside them.
+
+- a `cpu_time` rule that cancels: the statement fails at its next yield point with
+  SQLSTATE 57014 and the rule in the message; a statement of another group beside it
+  runs on; the hit is in pg_stride.rule_hits and the server log;
+- the same rule with rules_dry_run: the statement finishes, the hit says dry_run;
+- an `elapsed` rule that cancels a statement that reaches no yield point (pg_sleep):
+  after its grace period it is cancelled as pg_cancel_backend would;
+- a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills;
+- a rule fires once per statement, and again for the next statement.
+
+Prints one line per check, then "rules: N passed, N failed".
+"""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import concurrency  # noqa: E402
+from concurrency import finish  # noqa: E402
+from memory import Server  # noqa: E402
+
+PORT = int(os.environ.get("RULES_PORT", "5517"))
+APP = "regress_rules_app"
+OTHER = "regress_rules_other"
+GROUP = "watched"
+LONG = "SELECT count(*) FROM rules_big a JOIN rules_big b USING (id) WHERE a.v >= 0"
+
+CHECKS = []
+check = concurrency.collector(CHECKS)
+
+
+def set_rules(s, rules, dry_run=False):
+    s.sql(f"SELECT pg_stride.alter_group('{GROUP}', rules => '{rules}', "
+          f"rules_dry_run => {str(dry_run).lower()})")
+    # The scheduler worker reads the directory at its next sweep.
+    s.wait_until(f"SELECT rules FROM pg_stride.groups WHERE name = '{GROUP}'", rules)
+
+
+def hits(s, since):
+    out = s.sql("SELECT rule || '|' || action || '|' || dry_run || '|' || pid FROM pg_stride.rule_hits "
+                f"WHERE \"group\" = '{GROUP}' AND at >= '{since}' ORDER BY at")
+    return [line.split("|") for line in out.splitlines()] if out else []
+
+
+def now(s):
+    return s.sql("SELECT now()")
+
+
+def log_text(s):
+    with open(os.path.join(s.dir, "log")) as f:
+        return f.read()
+
+
+@check
+def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
+    set_rules(s, "cpu_time > 300ms: cancel")
+    since = now(s)
+    other = s.client_as(OTHER, LONG)
+    started = time.monotonic()
+    rc, out, err = finish(s.client_as(APP, LONG), timeout=60)
+    took = time.monotonic() - started
+    assert rc != 0 and 'canceling statement due to rule "cpu_time > 300ms: cancel" of resource group "watched"' in err, (rc, out, err)
+    assert took < 5, f"cancelled after {took:.1f} s"
+    rc, out, err = finish(other, timeout=120)
+    assert rc == 0 and out == "1000000", (rc, out, err)
+    h = hits(s, since)
+    assert len(h) == 1 and h[0][:3] == ["cpu_time > 300ms: cancel", "cancel", "false"], h
+    assert f"process {h[0][3]} in resource group \"watched\" met rule \"cpu_time > 300ms: cancel\"" in log_text(s)
+
+
+@check
+def a_dry_run_only_records_what_would_happen(s):
+    set_rules(s, "cpu_time > 300ms: cancel", dry_run=True)
+    since = now(s)
+    rc, out, err = finish(s.client_as(APP, LONG), timeout=120)
+    assert rc == 0 and out == "1000000", (rc, out, err)
+    h = hits(s, since)
+    assert len(h) == 1 and h[0][1:3] == ["cancel", "true"], h
+    assert "would cancel it (rules_dry_run)" in log_text(s)
+
+
+@check
+def an_elapsed_rule_cancels_a_statement_that_reaches_no_yield_point(s):
+    set_rules(s, "elapsed > 500ms: cancel")
+    since = now(s)
+    started = time.monotonic()
+    rc, out, err = finish(s.client_as(APP, "SELECT pg_sleep(20)"), timeout=60)
+    took = time.monotonic() - started
+    assert rc != 0 and "57014" not in out and "canceling statement" in err, (rc, out, err)
+    assert took < 5, f"cancelled after {took:.1f} s"
+    assert [x[:2] for x in hits(s, since)] == [["elapsed > 500ms: cancel", "cancel"]]
+
+
+@check
+def rows_and_temp_bytes_rules_log_once_per_statement(s):
+    set_rules(s, "rows > 100000: log; temp_bytes > 1MB: log")
+    since = now(s)
+    # 1M rows to the client, then a sort that spills (work_mem 64 kB), twice.
+    sql = ("SELECT id FROM rules_big WHERE v >= 0; SET work_mem = '64kB'; "
+           "SELECT count(*) FROM (SELECT * FROM rules_big ORDER BY v DESC, id OFFSET 0) x; "
+           "SELECT count(*) FROM (SELECT * FROM rules_big ORDER BY v DESC, id OFFSET 0) x")
+    rc, out, err = finish(s.client_as(APP, sql), timeout=120)
+    assert rc == 0 and out.splitlines()[-1] == "1000000", (rc, out[-200:], err)
+    rules = [x[0] for x in hits(s, since)]
+    assert rules.count("rows > 100000: log") == 1, rules
+    assert rules.count("temp_bytes > 1MB: log") >= 2, rules
+
+
+def setup(s):
+    s.sql(f"CREATE ROLE {APP} LOGIN; CREATE ROLE {OTHER} LOGIN; CREATE EXTENSION pg_stride")
+    s.sql(f"SELECT pg_stride.create_group('{GROUP}')")
+    s.sql(f"ALTER ROLE {APP} SET pg_stride.resource_group = '{GROUP}'")
+    s.sql(f"ALTER ROLE {APP} SET max_parallel_workers_per_gather = 0")
+    s.sql(f"ALTER ROLE {OTHER} SET max_parallel_workers_per_gather = 0")
+    s.sql("CREATE TABLE rules_big (id int PRIMARY KEY, v int); "
+          "INSERT INTO rules_big SELECT g, g % 1000 FROM generate_series(1, 1000000) g; ANALYZE rules_big")
+    s.sql(f"GRANT SELECT ON rules_big TO {APP}, {OTHER}")
+
+
+def main():
+    return concurrency.run_suite("rules", Server(port=PORT), CHECKS, setup)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
