@@ -70,6 +70,7 @@ def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
     h = hits(s, since)
     assert len(h) == 1 and h[0][:3] == ["cpu_time > 300ms: cancel", "cancel", "false"], h
     assert f"process {h[0][3]} in resource group \"watched\" met rule \"cpu_time > 300ms: cancel\"" in log_text(s)
+    assert s.sql(f"SELECT rule_hits_total FROM pg_stride.groups WHERE name = '{GROUP}'") == "1"
 
 
 @check

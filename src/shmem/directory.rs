@@ -66,6 +66,8 @@ pub struct GroupCounters {
     pub over_limit: AtomicU64,
     /// Sum of the admitted statements' waits, µs.
     pub queue_time_us: AtomicU64,
+    /// Runaway-query rules its statements met (written by the scheduler worker).
+    pub rule_hits: AtomicU64,
     /// Admitted statements by wait (`pg_stride_sched::histogram`).
     pub queue_histogram: [AtomicU64; histogram::BUCKETS],
     /// Raised when a new group takes the slot: admissions that processes counted for
@@ -82,6 +84,7 @@ impl GroupCounters {
             rejected: AtomicU64::new(0),
             over_limit: AtomicU64::new(0),
             queue_time_us: AtomicU64::new(0),
+            rule_hits: AtomicU64::new(0),
             queue_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
             incarnation: AtomicU32::new(0),
         }
@@ -94,6 +97,7 @@ impl GroupCounters {
         self.rejected.store(0, Ordering::Relaxed);
         self.over_limit.store(0, Ordering::Relaxed);
         self.queue_time_us.store(0, Ordering::Relaxed);
+        self.rule_hits.store(0, Ordering::Relaxed);
         for bucket in &self.queue_histogram {
             bucket.store(0, Ordering::Relaxed);
         }

@@ -39,6 +39,7 @@ fn groups_state() -> TableIterator<
         name!(cpu_time_ms, f64),
         name!(memory_reserved_kb, i64),
         name!(memory_waiting_kb, i64),
+        name!(rule_hits_total, i64),
     ),
 > {
     let shared = require_shared();
@@ -106,6 +107,7 @@ fn groups_state() -> TableIterator<
                 (c.cpu_ns.load(Ordering::Relaxed) + live_cpu_ns[slot]) as f64 / 1e6,
                 memory[slot].reserved_kb as i64,
                 memory[slot].waiting_kb as i64,
+                c.rule_hits.load(Ordering::Relaxed) as i64,
             )
         })
         .collect();

@@ -82,6 +82,11 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
         };
         let hits = rules.newly_hit(&usage, s.fired);
         s.fired |= hits;
+        shared
+            .groups
+            .counters(group)
+            .rule_hits
+            .fetch_add(u64::from(hits.count_ones()), Ordering::Relaxed);
         for (i, rule) in rules.iter().enumerate().filter(|(i, _)| hits & (1 << i) != 0) {
             let value = usage.of(rule.metric);
             let query_id = entry.query_id.load(Ordering::Relaxed);
