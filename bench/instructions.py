@@ -222,14 +222,21 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="+", choices=sorted(KEYS), default=sorted(KEYS))
     parser.add_argument("--out", default=os.path.join(HERE, "results", "INSTRUCTIONS.md"))
+    parser.add_argument("--also", metavar="SETTINGS",
+                        help="measure a third variant: loaded, with these postgresql.conf lines "
+                             "(e.g. \"pg_stride.memory_budget = '8GB'\")")
     options = parser.parse_args()
+    variants = VARIANTS
+    if options.also:
+        variants += (("loaded + " + options.also.replace("\n", ", "),
+                      VARIANTS[1][1] + options.also.replace("\\n", "\n") + "\n"),)
     workloads = [w for w in WORKLOADS if any(KEYS[k] is w for k in options.only)]
     s = Server()
     results = {}
     try:
         prepare(s)
         for label, args, n1, n2 in workloads:
-            for variant, settings in VARIANTS:
+            for variant, settings in variants:
                 results[(label, variant)] = instructions_per_transaction(s, settings, args, n1, n2)
                 print(f"{label}, {variant}: {results[(label, variant)]:.0f} instructions per transaction", flush=True)
             counts = []
@@ -258,6 +265,11 @@ def main():
         a, b = results[(label, "not loaded")], results[(label, "loaded")]
         c = results[(label, "admission")]
         lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} | {c:.0f} | {100 * c / a:.2f} % |")
+    for variant, _ in variants[2:]:
+        lines += ["", f"With {variant}:", "", "| workload | loaded | this variant | added |", "|---|---|---|---|"]
+        for label, _, _, _ in workloads:
+            b, d = results[(label, "loaded")], results[(label, variant)]
+            lines.append(f"| {label} | {b:.0f} | {d:.0f} | {d - b:+.0f} |")
     lines += timing_table(workloads, results, "not loaded", "loaded", "loaded / not loaded")
     write_report(options.out, lines)
 

@@ -107,34 +107,24 @@ fn reject_if_oversized(shared: &shmem::Shared, group: usize, need_kb: u64) {
     let Some((setting, limit_kb)) = exceeded else {
         return;
     };
-    shared
-        .groups
-        .counters(group)
-        .rejected
-        .fetch_add(1, Ordering::Relaxed);
     let group_name = shared.groups.name_of(group);
-    ErrorReport::new(
+    reject(
+        shared,
+        group,
         PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY,
         format!("statement needs more working memory than resource group \"{group_name}\" may use"),
-        "pg_stride admission",
-    )
-    .set_detail(format!(
-        "Its plan may keep {need_kb} kB (work_mem for each sort and tuple store, times hash_mem_multiplier for each hash table, in each process that runs it); {setting} is {limit_kb} kB."
-    ))
-    .set_hint(format!(
-        "Lower work_mem for the statement, raise {setting}, or let such statements run alone with pg_stride.alter_group('{group_name}', reject_oversized => false)."
-    ))
-    .report(PgLogLevel::ERROR);
+        format!(
+            "Its plan may keep {need_kb} kB (work_mem for each sort and tuple store, times hash_mem_multiplier for each hash table, in each process that runs it); {setting} is {limit_kb} kB."
+        ),
+        format!(
+            "Lower work_mem for the statement, raise {setting}, or let such statements run alone with pg_stride.alter_group('{group_name}', reject_oversized => false)."
+        ),
+    );
 }
 
-/// Counts and raises the ERROR of a statement that a full queue turned away, naming the
-/// bound it met.
+/// Raises the ERROR of a statement that a full queue turned away, naming the bound it
+/// met.
 fn turned_away(shared: &shmem::Shared, group: usize, group_bound: bool, bounds: Bounds) -> ! {
-    shared
-        .groups
-        .counters(group)
-        .rejected
-        .fetch_add(1, Ordering::Relaxed);
     let group_name = shared.groups.name_of(group);
     let (detail, hint) = if group_bound {
         (
@@ -150,14 +140,35 @@ fn turned_away(shared: &shmem::Shared, group: usize, group_bound: bool, bounds: 
             "Retry later, or raise pg_stride.max_queued.".to_string(),
         )
     };
-    ErrorReport::new(
+    reject(
+        shared,
+        group,
         PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
         format!("too many statements waiting for admission in resource group \"{group_name}\""),
-        "pg_stride admission",
+        detail,
+        hint,
     )
-    .set_detail(detail)
-    .set_hint(hint)
-    .report(PgLogLevel::ERROR);
+}
+
+/// Counts a statement of group slot `group` turned away before it queued in the
+/// group's `rejected_total`, and raises its ERROR.
+fn reject(
+    shared: &shmem::Shared,
+    group: usize,
+    code: PgSqlErrorCode,
+    message: String,
+    detail: String,
+    hint: String,
+) -> ! {
+    shared
+        .groups
+        .counters(group)
+        .rejected
+        .fetch_add(1, Ordering::Relaxed);
+    ErrorReport::new(code, message, "pg_stride admission")
+        .set_detail(detail)
+        .set_hint(hint)
+        .report(PgLogLevel::ERROR);
     unreachable!("an ERROR report does not return")
 }
 
