@@ -9,6 +9,9 @@ through ALTER ROLE … SET, while other sessions run beside them.
 - an `elapsed` rule that cancels a statement that reaches no yield point (pg_sleep):
   after its grace period it is cancelled as pg_cancel_backend would;
 - a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills;
+- a `move` rule: with one CPU slot, a statement moved to a group of weight 1 gets
+  almost none of the CPU while another group's statement runs, so that one finishes
+  first although both started together, as much work, with equal weights;
 - a rule fires once per statement, and again for the next statement.
 
 Prints one line per check, then "rules: N passed, N failed".
@@ -20,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import concurrency  # noqa: E402
-from concurrency import finish  # noqa: E402
+from concurrency import finish, set_server  # noqa: E402
 from memory import Server  # noqa: E402
 
 PORT = int(os.environ.get("RULES_PORT", "5517"))
@@ -109,6 +112,46 @@ def rows_and_temp_bytes_rules_log_once_per_statement(s):
     rules = [x[0] for x in hits(s, since)]
     assert rules.count("rows > 100000: log") == 1, rules
     assert rules.count("temp_bytes > 1MB: log") >= 2, rules
+
+
+@check
+def a_move_rule_gives_the_statement_its_new_groups_weight(s):
+    set_server(s, "pg_stride.cpu_slots", 1)
+    s.sql("SELECT pg_stride.create_group('slow', weight => 1)")
+    try:
+        # Equal weights first, as the reference: they share the slot.
+        set_rules(s, "")
+        same = race(s)
+        set_rules(s, "cpu_time > 200ms: move slow")
+        since = now(s)
+        moved = race(s)
+        h = hits(s, since)
+        assert [x[:2] for x in h] == [["cpu_time > 200ms: move slow", "move"]], h
+        assert 'moves it to resource group "slow"' in log_text(s)
+        print(f"       finished at (watched, other): equal weights {same[0]:.1f} s, {same[1]:.1f} s; "
+              f"watched moved to weight 1: {moved[0]:.1f} s, {moved[1]:.1f} s")
+        assert moved[1] < 0.75 * moved[0], moved
+        assert same[1] > 0.75 * same[0], same
+    finally:
+        set_rules(s, "")
+        set_server(s, "pg_stride.cpu_slots", None)
+        s.sql("SELECT pg_stride.drop_group('slow')")
+
+
+def race(s):
+    """Starts LONG in the app's group and in another together; returns when each
+    finished, in seconds from the start."""
+    started = time.monotonic()
+    clients = [s.client_as(APP, LONG), s.client_as(OTHER, LONG)]
+    ends = [None, None]
+    while None in ends:
+        for i, c in enumerate(clients):
+            if ends[i] is None and c.poll() is not None:
+                ends[i] = time.monotonic() - started
+                rc, out, err = finish(c)
+                assert rc == 0 and out == "1000000", (rc, out, err)
+        time.sleep(0.01)
+    return ends
 
 
 def setup(s):

@@ -1,10 +1,11 @@
 -- Runaway-query rules: a group's rules are given as text, checked, and shown back in a
 -- canonical spelling; pg_stride.rule_hits lists the hits (regress/rules.py makes them).
+-- A move may name a group that does not exist (yet): its hits are then only logged.
 \c postgres
 CREATE EXTENSION pg_stride;
 SELECT pg_stride.create_group('watched', rules => 'cpu_time > 30s: cancel; elapsed>5min:log');
 SELECT rules, rules_dry_run FROM pg_stride.groups WHERE name = 'watched';
-SELECT pg_stride.alter_group('watched', rules => 'rows > 1000000: log; temp_bytes > 1024MB: cancel', rules_dry_run => true);
+SELECT pg_stride.alter_group('watched', rules => 'rows > 1000000: log; temp_bytes > 1024MB: cancel; cpu_time > 120s: move  batch ', rules_dry_run => true);
 SELECT rules, rules_dry_run FROM pg_stride.groups WHERE name = 'watched';
 -- Other settings leave the rules alone; empty text removes them.
 SELECT pg_stride.alter_group('watched', weight => 200);
@@ -17,6 +18,7 @@ SELECT pg_stride.alter_group('watched', rules => 'wall_time > 1s: log');
 SELECT pg_stride.alter_group('watched', rules => 'rows > 10k: log');
 SELECT pg_stride.alter_group('watched', rules => 'elapsed > 1 fortnight: log');
 SELECT pg_stride.alter_group('watched', rules => 'elapsed > 1s: kill');
+SELECT pg_stride.alter_group('watched', rules => 'elapsed > 1s: move');
 SELECT pg_stride.alter_group('watched', rules => 'rows > 1: log; rows > 2: log; rows > 3: log; rows > 4: log; rows > 5: log');
 SELECT pg_stride.create_group('other', rules => NULL);
 -- Nothing was changed by the errors.

@@ -131,7 +131,7 @@ mod functions {
             fail(
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
                 format!("invalid rules for resource group \"{name}\": {detail}"),
-                Some("Write each rule as \"measure > value: action\", separated by \";\": measures cpu_time, elapsed, rows, temp_bytes; actions log, cancel."),
+                Some("Write each rule as \"measure > value: action\", separated by \";\": measures cpu_time, elapsed, rows, temp_bytes; actions log, cancel, move GROUP."),
             )
         })
     }

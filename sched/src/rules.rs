@@ -5,7 +5,7 @@
 //! A group's rules are written as text, one rule per `;`:
 //!
 //! ```text
-//! cpu_time > 30s: cancel; elapsed > 5min: log; temp_bytes > 1GB: cancel; rows > 1000000: log
+//! cpu_time > 30s: move batch; elapsed > 5min: log; temp_bytes > 1GB: cancel; rows > 1000000: log
 //! ```
 //!
 //! Times take PostgreSQL's units (`us`, `ms`, `s`, `min`, `h`, `d`; none = ms), bytes
@@ -13,6 +13,7 @@
 //! parsed form kept in shared memory with the group's settings; its `Display` gives the
 //! text back in a canonical spelling.
 
+use crate::groups::MAX_NAME_LEN;
 use std::fmt;
 
 /// Most rules a group may have.
@@ -55,6 +56,9 @@ pub enum Action {
     Log,
     /// Cancels the statement, with an error naming the rule.
     Cancel,
+    /// Moves the statement's CPU scheduling to the rule's `target` group: its weight
+    /// and priorities from then on.
+    Move,
 }
 
 impl Action {
@@ -62,7 +66,34 @@ impl Action {
         match self {
             Action::Log => "log",
             Action::Cancel => "cancel",
+            Action::Move => "move",
         }
+    }
+}
+
+/// A group name in a rule (at most `MAX_NAME_LEN` bytes), kept inline so that rules
+/// live in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct Target {
+    bytes: [u8; MAX_NAME_LEN],
+    len: u8,
+}
+
+impl Target {
+    const NONE: Target = Target {
+        bytes: [0; MAX_NAME_LEN],
+        len: 0,
+    };
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or("")
+    }
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Target::NONE
     }
 }
 
@@ -74,6 +105,17 @@ pub struct Rule {
     pub threshold: u64,
     pub metric: Metric,
     pub action: Action,
+    /// The group of a `move`.
+    pub target: Target,
+}
+
+impl Rule {
+    pub const NONE: Rule = Rule {
+        threshold: 0,
+        metric: Metric::CpuTime,
+        action: Action::Log,
+        target: Target::NONE,
+    };
 }
 
 impl fmt::Display for Rule {
@@ -85,7 +127,11 @@ impl fmt::Display for Rule {
             Metric::TempBytes => write_scaled(f, t, BYTE_UNITS)?,
             Metric::Rows => write!(f, "{t}")?,
         }
-        write!(f, ": {}", self.action.name())
+        write!(f, ": {}", self.action.name())?;
+        if self.action == Action::Move {
+            write!(f, " {}", self.target.as_str())?;
+        }
+        Ok(())
     }
 }
 
@@ -119,11 +165,7 @@ impl Usage {
 
 impl Rules {
     pub const EMPTY: Rules = Rules {
-        list: [Rule {
-            threshold: 0,
-            metric: Metric::CpuTime,
-            action: Action::Log,
-        }; MAX_RULES],
+        list: [Rule::NONE; MAX_RULES],
         len: 0,
     };
 
@@ -231,15 +273,29 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
         Metric::Rows => parse_scaled(value, &[], 1),
     }
     .map_err(bad)?;
+    let mut target = Target::NONE;
     let action = match action.trim() {
         "log" => Action::Log,
         "cancel" => Action::Cancel,
-        other => return Err(bad(format!("unknown action \"{other}\" (log or cancel)"))),
+        other => match other.strip_prefix("move").map(str::trim) {
+            Some(group) if !group.is_empty() && group.len() <= MAX_NAME_LEN => {
+                target.bytes[..group.len()].copy_from_slice(group.as_bytes());
+                target.len = group.len() as u8;
+                Action::Move
+            }
+            Some(_) => return Err(bad("\"move\" takes a group name".into())),
+            None => {
+                return Err(bad(format!(
+                    "unknown action \"{other}\" (log, cancel or move GROUP)"
+                )))
+            }
+        },
     };
     Ok(Rule {
         threshold,
         metric,
         action,
+        target,
     })
 }
 
@@ -290,6 +346,9 @@ mod tests {
         assert_eq!(Rules::parse("elapsed > 250: log").unwrap().get(0).unwrap().threshold, 250_000);
         assert_eq!(Rules::parse("elapsed > 1500ms: log").unwrap().to_string(), "elapsed > 1500ms: log");
         assert_eq!(Rules::parse("temp_bytes > 0: log").unwrap().to_string(), "temp_bytes > 0B: log");
+        let moved = Rules::parse("cpu_time > 2s: move  batch jobs ").unwrap();
+        assert_eq!(moved.to_string(), "cpu_time > 2s: move batch jobs");
+        assert_eq!(moved.get(0).unwrap().target.as_str(), "batch jobs");
         assert!(Rules::parse("").unwrap().is_empty());
         assert!(Rules::parse(" ; ").unwrap().is_empty());
     }
@@ -304,6 +363,8 @@ mod tests {
         assert!(err("elapsed > 1 fortnight: log").contains("unknown unit \"fortnight\""));
         assert!(err("elapsed > -1s: log").contains("not a whole number"));
         assert!(err("rows > 1: kill").contains("unknown action \"kill\""));
+        assert!(err("rows > 1: move").contains("takes a group name"));
+        assert!(err(&format!("rows > 1: move {}", "g".repeat(64))).contains("takes a group name"));
         assert!(err("temp_bytes > 99999999999TB: log").contains("too large"));
         assert!(err("rows > 1: log; rows > 2: log; rows > 3: log; rows > 4: log; rows > 5: log")
             .contains("at most 4 rules"));

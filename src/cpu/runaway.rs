@@ -1,10 +1,13 @@
 //! The backend's side of runaway-query rules (the scheduler worker checks them,
 //! `worker::rules`): a leader publishes the rows its statement produced at each check-in,
-//! and raises the error of a rule that cancels its statement at the first check-in
-//! where an error is allowed.
+//! raises the error of a rule that cancels its statement at the first check-in where an
+//! error is allowed, and moves its query to the group of a rule that moves it.
 
+use super::member::MEMBER;
+use super::priority::priority_range;
 use crate::pg::{self, interrupts_can_be_processed};
 use crate::shmem;
+use pg_stride_sched::{GroupId, SchedShared};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
@@ -56,4 +59,40 @@ pub(super) fn cancel_if_a_rule_says_so(shared: &shmem::Shared) {
     )
     .set_hint("pg_stride.rule_hits lists the rules statements met; pg_stride.alter_group() changes them.")
     .report(PgLogLevel::ERROR);
+}
+
+/// Moves this leader's query to the group a runaway-query rule names, if the scheduler
+/// worker asked: from now on the query has that group's weight and priorities
+/// (`SchedShared::move_query`). Done at a check-in while the leader runs its query alone;
+/// a query with parallel workers moves at a check-in after they have left it. Its
+/// admission stays counted in the group it was admitted in.
+pub(super) fn move_if_a_rule_says_so(shared: &shmem::Shared, sched: &SchedShared) {
+    let Some(entry) = shared.my_entry() else {
+        return;
+    };
+    let target = entry.rule_move.load(Ordering::Acquire);
+    if target == 0 {
+        return;
+    }
+    if entry.rule_move_key.load(Ordering::Relaxed) != entry.registered.load(Ordering::Relaxed) {
+        // Asked for a statement that has ended since.
+        entry.rule_move.store(0, Ordering::Relaxed);
+        return;
+    }
+    let slot = target as usize - 1;
+    let moved = MEMBER.with_borrow_mut(|m| {
+        let m = m.as_mut().filter(|m| m.owner)?;
+        let query = m.query.filter(|_| sched.is_running(m.proc))?;
+        let pinned = shared.groups.settings_of(slot).filter(|s| s.pinned);
+        let pinned_priority = pinned.map(|s| priority_range(&s).p0);
+        shared
+            .with_admission(|_, _| sched.move_query(query, GroupId(slot as u32), pinned_priority))
+            .ok()?;
+        m.group = slot;
+        m.pinned_priority = pinned_priority;
+        Some(())
+    });
+    if moved.is_some() {
+        entry.rule_move.store(0, Ordering::Relaxed);
+    }
 }

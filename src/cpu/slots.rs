@@ -238,6 +238,7 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
     let asked = take_yield_request();
     count_check_in(shared);
     super::runaway::cancel_if_a_rule_says_so(shared);
+    super::runaway::move_if_a_rule_says_so(shared, sched);
     if admission::is_lent(shared) && interrupts_can_be_processed() {
         // Its admission was lent while it waited for its client: the statement takes it
         // back before it goes on, without a slot while it may wait (docs/design.md §4

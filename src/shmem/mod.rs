@@ -110,6 +110,11 @@ pub struct ProcEntry {
     /// the process clears it as it raises the error.
     pub rule_cancel: AtomicU32,
     pub rule_cancel_key: AtomicU32,
+    /// Written by the scheduler worker: a runaway-query rule moves this process's
+    /// statement `rule_move_key` to group slot `rule_move` - 1 (0 = none); the process
+    /// clears it once its query moved.
+    pub rule_move: AtomicU32,
+    pub rule_move_key: AtomicU32,
     /// The query id of this process's current statement (0 = not computed), for the
     /// hits of runaway-query rules.
     pub query_id: AtomicU64,

@@ -38,11 +38,7 @@ impl RuleHit {
         query_id: 0,
         group: [0; 64],
         group_len: 0,
-        rule: Rule {
-            threshold: 0,
-            metric: pg_stride_sched::rules::Metric::CpuTime,
-            action: pg_stride_sched::rules::Action::Log,
-        },
+        rule: Rule::NONE,
         value: 0,
         dry_run: false,
     };

@@ -3,7 +3,9 @@
 //! fires once per statement: its hit is logged and recorded (`pg_stride.rule_hits`),
 //! and a `cancel` asks the statement's process to raise an error naming the rule at its
 //! next yield point. A statement that reaches none within [`CANCEL_GRACE`] (it waits on
-//! a lock, sleeps, or runs no scan) is cancelled as `pg_cancel_backend` would.
+//! a lock, sleeps, or runs no scan) is cancelled as `pg_cancel_backend` would. A `move`
+//! asks the statement's process to move its query to the rule's group at its next
+//! check-in (`cpu::runaway`).
 
 use crate::{pg, shmem};
 use pg_stride_sched::rules::{Action, Metric, Rules, Usage};
@@ -30,11 +32,15 @@ pub struct Seen {
 /// Checks the rules of every group that has some against its running statements.
 /// `seen`: per process number, kept between sweeps.
 pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
-    let groups: HashMap<usize, (String, Rules, bool)> = shared
-        .groups
-        .groups()
-        .into_iter()
-        .filter(|(_, g)| !g.settings.rules.is_empty())
+    let directory = shared.groups.groups();
+    let slots: HashMap<&str, usize> = directory
+        .iter()
+        .map(|(slot, g)| (g.name.as_str(), *slot))
+        .collect();
+    let groups: HashMap<usize, (String, Rules, bool)> = directory
+        .iter()
+        .filter(|&(_, g)| !g.settings.rules.is_empty())
+        .cloned()
         .map(|(slot, g)| (slot, (g.name, g.settings.rules, g.settings.rules_dry_run)))
         .collect();
     if groups.is_empty() {
@@ -94,10 +100,19 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             shared.rule_hits.record(shmem::RuleHit::new(
                 now_us, process, query_id, name, *rule, value, *dry_run,
             ));
-            let action = match (rule.action, dry_run) {
-                (Action::Log, _) => "logged",
-                (Action::Cancel, true) => "would cancel it (rules_dry_run)",
-                (Action::Cancel, false) => "cancels it",
+            let target = rule.target.as_str();
+            let target_slot = slots.get(target).copied();
+            let action = match (rule.action, dry_run, target_slot) {
+                (Action::Log, ..) => "logged".to_string(),
+                (Action::Cancel, true, _) => "would cancel it (rules_dry_run)".to_string(),
+                (Action::Cancel, false, _) => "cancels it".to_string(),
+                (Action::Move, _, None) => {
+                    format!("resource group \"{target}\" does not exist: logged only")
+                }
+                (Action::Move, true, _) => {
+                    format!("would move it to resource group \"{target}\" (rules_dry_run)")
+                }
+                (Action::Move, false, _) => format!("moves it to resource group \"{target}\""),
             };
             pgrx::log!(
                 "pg_stride: the statement of process {pid} in resource group \"{name}\" met rule \"{rule}\" ({} {value}); {action}",
@@ -108,6 +123,10 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
                 entry.rule_cancel.store(i as u32 + 1, Ordering::Release);
                 pg::set_latch(procno);
                 s.cancel_asked = Some(Instant::now());
+            }
+            if let (Action::Move, false, Some(slot)) = (rule.action, dry_run, target_slot) {
+                entry.rule_move_key.store(key, Ordering::Relaxed);
+                entry.rule_move.store(slot as u32 + 1, Ordering::Release);
             }
         }
         if let Some(asked) = s.cancel_asked {

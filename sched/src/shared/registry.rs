@@ -212,6 +212,59 @@ impl SchedShared {
         Ok(())
     }
 
+    /// Moves query `q` to group `g` (a runaway-query rule's `move`): from now on it is
+    /// charged to `g`, shares `g`'s weight and takes `g`'s priority range, its current
+    /// priority clamped into it (or `pinned_priority`); its pass restarts at `g`'s global
+    /// pass, as an arrival's. Caller holds the registration lock, and `q` has one
+    /// member, the caller's process, which is not waiting: no other process charges the
+    /// query or publishes it as waiting meanwhile. `Err(QueryInUse)` otherwise.
+    pub fn move_query(
+        &self,
+        q: QueryId,
+        g: GroupId,
+        pinned_priority: Option<u32>,
+    ) -> Result<(), SchedError> {
+        let qe = self.query(q);
+        let old = GroupId(qe.group.load(Relaxed));
+        if old == g {
+            return Ok(());
+        }
+        if qe.members.load(Acquire) != 1 || qe.waiting.load(SeqCst) != 0 {
+            return Err(SchedError::QueryInUse);
+        }
+        let (from, to) = (self.group(old), self.group(g));
+        from.prio_sum
+            .fetch_sub(qe.priority.load(Relaxed) as u64, Relaxed);
+        if from.active_queries.fetch_sub(1, AcqRel) == 1 {
+            self.weight_sum
+                .fetch_sub(from.weight.load(Relaxed) as u64, Relaxed);
+        }
+        self.clear_query_hint(old.index(), q.index());
+        let range = PriorityRange::new(to.p0.load(Relaxed), to.p_min.load(Relaxed));
+        let priority = match pinned_priority {
+            Some(p) => p.max(1),
+            None => qe.priority.load(Relaxed).clamp(range.p_min, range.p0),
+        };
+        qe.p0.store(range.p0, Relaxed);
+        qe.p_min.store(range.p_min, Relaxed);
+        qe.pinned.store(pinned_priority.is_some() as u32, Relaxed);
+        qe.priority.store(priority, Relaxed);
+        qe.stride.store(stride(priority as u64), Relaxed);
+        if to.active_queries.fetch_add(1, AcqRel) == 0 {
+            to.pass.store(self.group_vtime.0.load(Relaxed), Relaxed);
+            self.weight_sum
+                .fetch_add(to.weight.load(Relaxed) as u64, Relaxed);
+        }
+        to.prio_sum.fetch_add(priority as u64, Relaxed);
+        let pass = match self.policy() {
+            super::Policy::Fifo => qe.pass.load(Relaxed),
+            _ => to.vtime.load(Relaxed),
+        };
+        qe.pass.store(pass, Relaxed);
+        qe.group.store(g.0, SeqCst);
+        Ok(())
+    }
+
     /// Process `p` starts working for query `q` (the leader after `register_query`, a
     /// parallel worker on start). The process holds no slot afterwards: it calls
     /// [`SchedShared::acquire`] before running.

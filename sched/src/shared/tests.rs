@@ -158,6 +158,55 @@ fn groups_are_chosen_before_queries() {
 }
 
 #[test]
+fn a_moved_query_takes_its_new_groups_weight_and_priorities() {
+    let s = region(1, Policy::DecayingStride);
+    s.configure_group(
+        GroupId(2),
+        GroupConfig {
+            weight: 300,
+            priority: PriorityRange::new(P0 / 10, P_MIN / 10),
+            ..GroupConfig::default()
+        },
+    );
+    let a = query_with(&s, 0, 0);
+    let b = query_with(&s, 1, 1);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    // Only a query whose one member is not waiting may move.
+    assert_eq!(s.move_query(b, GroupId(2), None), Err(SchedError::QueryInUse));
+    s.move_query(a, GroupId(2), None).unwrap();
+    let snap = s.query_snapshot(a).unwrap();
+    assert_eq!((snap.group, snap.priority), (GroupId(2), P0 / 10));
+    assert_eq!(s.groups()[0].prio_sum.load(Relaxed), 0);
+    assert_eq!(s.groups()[2].prio_sum.load(Relaxed), (P0 / 10) as u64);
+    assert_eq!(s.weight_sum.load(Relaxed), 400, "groups 1 and 2 are active");
+    // Weight 300 against 100 from now on: three quarters of the CPU.
+    let mut cpu = [0u64; 2];
+    let mut runner = 0u32;
+    for _ in 0..4_000 {
+        cpu[runner as usize] += SLICE;
+        if let Some(w) = s.end_slice(ProcId(runner), SLICE).wake {
+            runner = w.0;
+        }
+    }
+    let share = cpu[0] as f64 / (cpu[0] + cpu[1]) as f64;
+    assert!((share - 0.75).abs() < 0.01, "share {share}");
+    // It decays within its new range, and the sums stay right.
+    assert_eq!(s.query_snapshot(a).unwrap().priority, P_MIN / 10);
+    let holder = if s.is_running(ProcId(0)) { 0 } else { 1 };
+    assert_eq!(s.release(ProcId(holder), 0).map(|p| p.0), Some(1 - holder));
+    assert_eq!(s.release(ProcId(1 - holder), 0), None);
+    for (p, q) in [(0, a), (1, b)] {
+        assert_eq!(s.leave(ProcId(p)), None);
+        s.unregister_query(q).unwrap();
+    }
+    for g in 0..3 {
+        assert_eq!(s.groups()[g].prio_sum.load(Relaxed), 0, "group {g}");
+    }
+    assert_eq!(s.weight_sum.load(Relaxed), 0);
+}
+
+#[test]
 fn decay_lowers_priority_per_quantum_and_keeps_the_sum() {
     let s = region(1, Policy::DecayingStride);
     s.set_decay(DecayParams {
