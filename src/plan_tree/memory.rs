@@ -1,7 +1,7 @@
 //! The working memory a finished plan may keep at once, for memory-aware admission
 //! (`pg_stride_sched::memory` says what counts and why).
 
-use super::walk::{for_each_child, stride_gather_inner};
+use super::walk::{each_in_list, for_each_child, stride_gather_inner};
 use pg_stride_sched::memory::{node_need_kb, MemorySettings, NodeMemory};
 use pgrx::pg_sys;
 
@@ -11,38 +11,49 @@ use pgrx::pg_sys;
 /// # Safety
 /// `stmt` is a valid PlannedStmt whose subplans are a List of Plan nodes or NULLs.
 pub unsafe fn need_kb(stmt: *const pg_sys::PlannedStmt, settings: MemorySettings) -> u64 {
+    let mut units = Units::default();
     // SAFETY: the caller's promise.
     unsafe {
-        let mut total = need_of((*stmt).planTree, 1, settings);
-        let subplans = pgrx::PgList::<pg_sys::Plan>::from_pg((*stmt).subplans);
-        for plan in subplans.iter_ptr() {
-            total = total.saturating_add(need_of(plan, 1, settings));
-        }
-        total
+        units.add(1, (*stmt).planTree);
+        each_in_list((*stmt).subplans, &mut |slot| units.add(1, *slot));
     }
+    node_need_kb(NodeMemory::WorkMem, settings, units.work)
+        .saturating_add(node_need_kb(NodeMemory::HashMem, settings, units.hash))
 }
 
-/// The memory of `plan` and the nodes under it, each run by `copies` processes.
-///
-/// # Safety
-/// `plan` is null or a valid Plan node.
-unsafe fn need_of(plan: *mut pg_sys::Plan, copies: u64, settings: MemorySettings) -> u64 {
-    // SAFETY: the caller's promise; a Gather's or a Stride Gather's children are Plans.
-    unsafe {
+/// The bounds of a plan's nodes, counted in `work_mem`s and in hash tables' bounds
+/// (computed with the settings once at the end: this runs for every statement while a
+/// budget is set).
+#[derive(Default)]
+struct Units {
+    work: u64,
+    hash: u64,
+}
+
+impl Units {
+    /// Counts `plan` and the nodes under it, each run by `copies` processes.
+    ///
+    /// # Safety
+    /// `plan` is null or a valid Plan node.
+    unsafe fn add(&mut self, copies: u64, plan: *mut pg_sys::Plan) {
         if plan.is_null() {
-            return 0;
+            return;
         }
-        let mut total = node_need_kb(kind_of(plan), settings, copies);
-        // Below a Gather, the leader and each planned worker run the nodes (with
-        // parallel_leader_participation off the leader does not: counted anyway).
-        let below = match workers_of(plan) {
-            Some(workers) => copies.saturating_mul(1 + workers),
-            None => copies,
-        };
-        for_each_child(plan, &mut |child| {
-            total = total.saturating_add(need_of(*child, below, settings));
-        });
-        total
+        // SAFETY: the caller's promise; a Gather's or a Stride Gather's children are Plans.
+        unsafe {
+            match kind_of(plan) {
+                NodeMemory::None => {}
+                NodeMemory::WorkMem => self.work = self.work.saturating_add(copies),
+                NodeMemory::HashMem => self.hash = self.hash.saturating_add(copies),
+            }
+            // Below a Gather, the leader and each planned worker run the nodes (with
+            // parallel_leader_participation off the leader does not: counted anyway).
+            let below = match workers_of(plan) {
+                Some(workers) => copies.saturating_mul(1 + workers),
+                None => copies,
+            };
+            for_each_child(plan, &mut |child| self.add(below, *child));
+        }
     }
 }
 

@@ -48,7 +48,7 @@ unsafe fn walk(slot: *mut *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut pg_sys:
 ///
 /// # Safety
 /// `plan` is a valid Plan node.
-pub unsafe fn for_each_child(plan: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut pg_sys::Plan)) {
+pub unsafe fn for_each_child<F: FnMut(*mut *mut pg_sys::Plan)>(plan: *mut pg_sys::Plan, f: &mut F) {
     use pg_sys::NodeTag::*;
     // SAFETY: the caller's promise; a Plan's tag tells its type, and the lists named
     // here hold Plan nodes.
@@ -76,7 +76,10 @@ unsafe fn walk_list(list: *mut pg_sys::List, f: &mut dyn FnMut(*mut *mut pg_sys:
 ///
 /// # Safety
 /// `list` is NIL or a valid pointer List.
-unsafe fn each_in_list(list: *mut pg_sys::List, f: &mut dyn FnMut(*mut *mut pg_sys::Plan)) {
+pub(super) unsafe fn each_in_list<F: FnMut(*mut *mut pg_sys::Plan)>(
+    list: *mut pg_sys::List,
+    f: &mut F,
+) {
     if list.is_null() {
         return;
     }

@@ -31,6 +31,7 @@ fn activity_state() -> TableIterator<
         name!(workers_granted, i32),
         name!(admission_lent, bool),
         name!(memory_kb, i64),
+        name!(cpu_group, Option<String>),
     ),
 > {
     let shared = require_shared();
@@ -95,6 +96,7 @@ fn activity_state() -> TableIterator<
             entry.workers_granted.load(Ordering::Relaxed) as i32,
             entry.lease.is_lent(),
             memory.get(procno).map_or(0, |&kb| kb as i64),
+            query.and_then(|q| names.get(&(q.group.0 as usize)).cloned()),
         ));
     }
     TableIterator::new(rows)
@@ -202,6 +204,7 @@ CREATE VIEW pg_stride.activity AS
            s.workers_granted,
            s.admission_lent,
            s.memory_kb,
+           s.cpu_group,
            a.usename,
            a.datname,
            a.query
