@@ -131,8 +131,10 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
             .admitted_at
             .store(pg::statement_start_timestamp(), Ordering::Relaxed);
     }
-    // SAFETY: `desc` is the statement the executor is about to start.
-    let query_id = unsafe { (*(*desc).plannedstmt).queryId };
+    // SAFETY: `desc` is the statement the executor is about to start. queryId is a
+    // uint64 before PostgreSQL 18 and an int64 from 18 on.
+    #[allow(clippy::unnecessary_cast)]
+    let query_id = unsafe { (*(*desc).plannedstmt).queryId as u64 };
     entry.query_id.store(query_id, Ordering::Relaxed);
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
