@@ -114,14 +114,14 @@ class Server:
         return best
 
 
-def admission_instructions(path):
-    """Inclusive instructions of admission's entry points in a callgrind output file."""
+def inclusive_instructions(path, functions):
+    """Inclusive instructions of `functions` in a callgrind output file."""
     out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
                          capture_output=True, text=True, check=True).stdout
     total = 0
     for line in out.splitlines():
         fields = line.split()
-        if fields and any(line.rstrip().endswith(f) or f"{f} [" in line for f in ADMISSION_FUNCTIONS):
+        if fields and any(line.rstrip().endswith(f) or f"{f} [" in line for f in functions):
             total += int(fields[0].replace(",", ""))
     return total
 
@@ -129,6 +129,21 @@ def admission_instructions(path):
 # Admission's entry points, called once per statement; none calls another.
 ADMISSION_FUNCTIONS = ("pg_stride::admission::admit", "pg_stride::admission::release",
                        "pg_stride::admission::switch_group")
+# The walk of a plan for the memory it reserves, once per statement while a memory
+# budget is set.
+MEMORY_FUNCTIONS = ("pg_stride::plan_tree::memory::need_kb",)
+
+
+def per_transaction(s, settings, args, n1, n2, functions):
+    """Inclusive instructions of `functions` per transaction, from callgrind runs of n1
+    and n2 transactions with `settings`."""
+    counts = []
+    for n in (n1, n2):
+        s.start(settings, valgrind=True, tool="callgrind")
+        s.pgbench(*args, "-t", str(n))
+        s.stop()
+        counts.append(inclusive_instructions(s.busiest_backend()[1], functions))
+    return (counts[1] - counts[0]) / (n2 - n1)
 
 
 def tps(s, settings, args, seconds=5):
@@ -239,14 +254,14 @@ def main():
             for variant, settings in variants:
                 results[(label, variant)] = instructions_per_transaction(s, settings, args, n1, n2)
                 print(f"{label}, {variant}: {results[(label, variant)]:.0f} instructions per transaction", flush=True)
-            counts = []
-            for n in (n1, n2):
-                s.start(VARIANTS[1][1], valgrind=True, tool="callgrind")
-                s.pgbench(*args, "-t", str(n))
-                s.stop()
-                counts.append(admission_instructions(s.busiest_backend()[1]))
-            results[(label, "admission")] = (counts[1] - counts[0]) / (n2 - n1)
+            results[(label, "admission")] = per_transaction(
+                s, VARIANTS[1][1], args, n1, n2, ADMISSION_FUNCTIONS)
             print(f"{label}, admission: {results[(label, 'admission')]:.0f} instructions per transaction", flush=True)
+            for variant, settings in variants[2:]:
+                results[(label, variant, "memory")] = per_transaction(
+                    s, settings, args, n1, n2, MEMORY_FUNCTIONS)
+                print(f"{label}, {variant}, memory walk: "
+                      f"{results[(label, variant, 'memory')]:.0f} instructions per transaction", flush=True)
             if args[:1] == ["-f"]:
                 results[(label, "timing")] = timing(s, args)
                 print(f"{label}, tps not loaded / loaded / ratio: {results[(label, 'timing')]}", flush=True)
@@ -266,10 +281,13 @@ def main():
         c = results[(label, "admission")]
         lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} | {c:.0f} | {100 * c / a:.2f} % |")
     for variant, _ in variants[2:]:
-        lines += ["", f"With {variant}:", "", "| workload | loaded | this variant | added |", "|---|---|---|---|"]
+        lines += ["", f"With {variant}:", "",
+                  "| workload | loaded | this variant | added | memory walk (callgrind) |",
+                  "|---|---|---|---|---|"]
         for label, _, _, _ in workloads:
             b, d = results[(label, "loaded")], results[(label, variant)]
-            lines.append(f"| {label} | {b:.0f} | {d:.0f} | {d - b:+.0f} |")
+            m = results[(label, variant, "memory")]
+            lines.append(f"| {label} | {b:.0f} | {d:.0f} | {d - b:+.0f} | {m:.0f} |")
     lines += timing_table(workloads, results, "not loaded", "loaded", "loaded / not loaded")
     write_report(options.out, lines)
 

@@ -520,7 +520,6 @@ def gather_workers_follow_the_concurrency_hint(s):
     slot); while two long serial scans hold both slots the hint falls to 0 and it gets
     none; when they end, the hint and the grant come back."""
     set_server(s, "pg_stride.cpu_slots", 2)
-    set_server(s, "pg_stride.hint_interval", "'10ms'")
     query = "SELECT count(*) FROM big WHERE v >= 0"
     try:
         s.wait_until("SELECT hint FROM pg_stride.scheduler", "2")
@@ -539,7 +538,6 @@ def gather_workers_follow_the_concurrency_hint(s):
               f"{busy}, quiet again {again}")
         assert (quiet, beside, busy, again) == (2, 1, 0, 1), (quiet, beside, busy, again)
     finally:
-        set_server(s, "pg_stride.hint_interval", "'50ms'")
         set_server(s, "pg_stride.cpu_slots", 0)
 
 
@@ -869,6 +867,31 @@ def a_dump_restores_groups_and_role_assignments(s):
 
 NO_DATABASE_CHECKS = []
 without_database = collector(NO_DATABASE_CHECKS)
+
+
+@check
+def the_readme_lists_every_setting_with_its_context(s):
+    """README "Configuration" has one row per registered setting, with the context it is
+    registered with (reload = sighup, restart = postmaster)."""
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+    with open(readme) as f:
+        text = f.read().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    documented = {}
+    for line in text.splitlines():
+        if line.startswith("| `pg_stride."):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            documented[cells[0].strip("`")] = cells[2]
+    words = {"sighup": "reload", "postmaster": "restart", "superuser": "superuser",
+             "user": "user"}
+    registered = dict(
+        line.split("|") for line in s.sql(
+            "SELECT name || '|' || context FROM pg_settings WHERE name LIKE 'pg_stride.%'"
+        ).splitlines())
+    registered = {name: words.get(context, context) for name, context in registered.items()}
+    assert documented == registered, (
+        f"only in README: {sorted(set(documented) - set(registered))}; "
+        f"not in README: {sorted(set(registered) - set(documented))}; contexts differ: "
+        f"{[(n, documented[n], registered[n]) for n in documented if registered.get(n, documented[n]) != documented[n]]}")
 
 
 # docs/design.md §4 rule 9: the safety net runs from shared memory alone. These checks run

@@ -71,8 +71,6 @@ pub static DECAY_START: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static PRIORITY_INITIAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static PRIORITY_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
 pub static WATCHDOG_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
-pub static HINT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
-pub static HINT_ALPHA: GucSetting<f64> = GucSetting::<f64>::new(0.5);
 pub static TUNER: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static TRACE: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static TUNER_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(20);
@@ -87,10 +85,6 @@ pub const MAX_POOL_SIZE: i32 = 32;
 pub static POOL_SIZE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static POOL_IDLE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
-pub static LEND_ON_OVERRUN: GucSetting<bool> = GucSetting::<bool>::new(false);
-pub static FINISH_BEFORE_HANDOFF: GucSetting<bool> = GucSetting::<bool>::new(true);
-pub static WAKE_ON_GIVER_CPU: GucSetting<bool> = GucSetting::<bool>::new(true);
-pub static PREEMPT_LOWER_PRIORITY: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static SWAP_STALLED_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Largest accepted `pg_stride.swap_below_share`, %: well below the 90 % an observer
 /// must have run itself, so that two holders on CPUs equally busy never swap back and
@@ -98,9 +92,8 @@ pub static SWAP_STALLED_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(true
 pub const MAX_SWAP_BELOW_SHARE: i32 = 80;
 pub static SWAP_BELOW_SHARE: GucSetting<i32> = GucSetting::<i32>::new(67);
 pub static IDLE_LOWER_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(false);
-/// Largest accepted `pg_stride.holder_time_slice`, ms: the kernel's own limit.
-pub const MAX_HOLDER_TIME_SLICE_MS: i32 = 100;
-pub static HOLDER_TIME_SLICE_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
+/// Largest accepted `pg_stride.unslotted_time_slice`, ms: the kernel's own limit.
+const MAX_TIME_SLICE_MS: f64 = 100.0;
 pub static UNSLOTTED_TIME_SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(0.0);
 pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
@@ -321,26 +314,6 @@ pub fn register(group_exists: GroupExists) {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
-    GucRegistry::define_int_guc(
-        c"pg_stride.hint_interval",
-        c"How often the scheduler worker samples the free CPU slots for the concurrency hint.",
-        c"",
-        &HINT_INTERVAL_MS,
-        1,
-        60_000,
-        GucContext::Sighup,
-        GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_float_guc(
-        c"pg_stride.hint_alpha",
-        c"Weight of the newest sample in the concurrency hint's moving average.",
-        c"",
-        &HINT_ALPHA,
-        0.01,
-        1.0,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
     GucRegistry::define_enum_guc(
         c"pg_stride.parallel_mode",
         c"Who decides how many parallel workers each Gather launches.",
@@ -411,42 +384,10 @@ pub fn register(group_exists: GroupExists) {
         GucFlags::default(),
     );
     GucRegistry::define_bool_guc(
-        c"pg_stride.lend_on_overrun",
-        c"Lends an extra CPU slot, while others wait, for each slot holder that reached no yield point during a whole watchdog interval.",
-        c"Work with no yield point (a sort, the groups of a hash aggregate that its HAVING filters out) then does not hold waiting queries back.",
-        &LEND_ON_OVERRUN,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_bool_guc(
         c"pg_stride.pin_slots",
         c"Runs each CPU-slot holder on a CPU of its own, which travels with the slot when it is handed over.",
         c"Not with pg_stride.numa = bind, where processes follow their node's CPUs. A holder that finds no CPU free runs unpinned.",
         &PIN_SLOTS,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_bool_guc(
-        c"pg_stride.wake_on_giver_cpu",
-        c"With unpinned slots, a process handed a CPU slot wakes on the CPU of the process that hands it over.",
-        c"It is pinned there until it runs, then gets its CPUs back. Off: the kernel chooses where it wakes.",
-        &WAKE_ON_GIVER_CPU,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_bool_guc(
-        c"pg_stride.finish_before_handoff",
-        c"With pinned slots or pg_stride.wake_on_giver_cpu, a statement ending its ExecutorRun finishes before the process it hands its slot to runs on its CPU.",
-        c"The receiver wakes as SCHED_BATCH, which does not preempt, until it runs. Off: it may preempt the statement's ExecutorEnd, commit and reply.",
-        &FINISH_BEFORE_HANDOFF,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_bool_guc(
-        c"pg_stride.preempt_lower_priority",
-        c"A process that has to wait for a CPU slot asks a holder of a lower priority to end its slice at its next tuple.",
-        c"Off: it waits for the end of a holder's slice (pg_stride.slice).",
-        &PREEMPT_LOWER_PRIORITY,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -476,23 +417,13 @@ pub fn register(group_exists: GroupExists) {
         GucContext::Sighup,
         GucFlags::default(),
     );
-    GucRegistry::define_int_guc(
-        c"pg_stride.holder_time_slice",
-        c"Kernel time slice of a pinned CPU-slot holder; 0: the kernel's default.",
-        c"With pg_stride.pin_slots, on Linux 6.12 and later. Longer than the default, so that a process without a slot waking on the holder's CPU runs at once.",
-        &HOLDER_TIME_SLICE_MS,
-        0,
-        MAX_HOLDER_TIME_SLICE_MS,
-        GucContext::Sighup,
-        GucFlags::UNIT_MS,
-    );
     GucRegistry::define_float_guc(
         c"pg_stride.unslotted_time_slice",
         c"Kernel time slice a process asks for when it leaves its CPU slot, for what it does without one (finishing its statement, the next one's parse and plan); 0: the kernel's default.",
         c"On Linux 6.12 and later; the kernel keeps it within 0.1 to 100 ms. Shorter than the default, so that such processes waking up preempt each other sooner.",
         &UNSLOTTED_TIME_SLICE_MS,
         0.0,
-        f64::from(MAX_HOLDER_TIME_SLICE_MS),
+        MAX_TIME_SLICE_MS,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );

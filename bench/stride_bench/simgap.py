@@ -33,8 +33,8 @@ def dump_trace(server, path):
         "FROM pg_stride.trace) TO STDOUT WITH (FORMAT csv, HEADER)") + "\n")
 
 
-SCHEDULER_COUNTS = ("decisions", "switches", "lent_blocked", "lent_overrun",
-                    "yield_requests", "cpu_swaps", "cpu_share_swaps")
+SCHEDULER_COUNTS = ("decisions", "switches", "lent_blocked", "yield_requests",
+                    "cpu_swaps", "cpu_share_swaps")
 
 
 def scheduler_counts(server) -> dict:
@@ -102,8 +102,8 @@ def sim_settings(cfg: dict) -> dict:
             "p-min": int(s.get("pg_stride.priority_min", "100")),
             "slice-ms": float(s.get("pg_stride.slice", "2").rstrip("ms")),
             "max-active": int(s.get("pg_stride.max_active_queries", "128")),
-            "preempt": str(s.get("pg_stride.preempt_lower_priority", "on") in ("on", "true"))
-            .lower(),
+            # The extension always asks a lower-priority holder to end its slice.
+            "preempt": "true",
             "group-weight": [f"{g}={w}" for g, w, _ in sim_groups(cfg).values()]}
 
 

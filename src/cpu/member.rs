@@ -160,7 +160,7 @@ pub(super) static MEMBER: BackendLocal<RefCell<Option<Member>>> =
 /// tuples.
 pub(super) static COUNTDOWN: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(u32::MAX));
 /// This process's request to end its slice early, in the scheduler's shared memory
-/// (`pg_stride.preempt_lower_priority`): a yield point reads it at every tuple. Set when
+/// (a waiter of a higher priority asks for it): a yield point reads it at every tuple. Set when
 /// the process first takes a slot; its process entry stays the same for its lifetime.
 pub(super) static YIELD_FLAG: BackendLocal<Cell<Option<&'static AtomicU32>>> =
     BackendLocal::new(Cell::new(None));

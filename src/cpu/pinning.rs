@@ -14,7 +14,7 @@
 //! (slots lent for blocked holders, more slots than CPUs) runs unpinned. A process that
 //! gives its slot up at ExecutorRun's end, or leaves its statement, runs with the
 //! postmaster's CPUs again. A pinned holder asks the kernel for long time slices
-//! (`pg_stride.holder_time_slice`), so that a process without a slot waking on its CPU
+//! ([`HOLDER_TIME_SLICE_MS`]), so that a process without a slot waking on its CPU
 //! preempts it at once; each process asks for its own (`fit_own_slice`). With
 //! `pg_stride.numa = bind` the slots belong to nodes and processes follow their node's
 //! CPUs instead (`numa::follow_slot`).
@@ -102,8 +102,7 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
 }
 
 /// Whether a process handed a slot wakes on its giver's CPU without being pinned for
-/// the slot (`pg_stride.wake_on_giver_cpu`): pinning is off, and the slots are not split
-/// by node.
+/// the slot: pinning is off, and the slots are not split by node.
 ///
 /// Left to the kernel, a receiver wakes where it last ran or where the kernel finds
 /// room, often a CPU on which the other holder runs, while the giver's CPU goes to work
@@ -114,7 +113,7 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
 /// CPU its giver leaves, only until it runs, keeps one holder per CPU across hand-offs as
 /// `pass` does, without binding any process to a CPU for longer than its wake-up.
 pub fn places_receivers(sched: &SchedShared) -> bool {
-    !gucs::PIN_SLOTS.get() && gucs::WAKE_ON_GIVER_CPU.get() && sched.node_count() == 1
+    !gucs::PIN_SLOTS.get() && sched.node_count() == 1
 }
 
 /// This process handed its slot to `to` and leaves its CPU (`places_receivers`): pins
@@ -201,7 +200,13 @@ fn outranking<'a>(
     })
 }
 
-/// A pinned holder asks the kernel for long slices (`holder_time_slice`): a process
+/// The kernel time slice a pinned holder asks for, ms (Linux 6.12 and later): of 5, 20
+/// and 100 ms, 20 gave short statements the lowest slowdown (mean / p99 1.29 / 3.22,
+/// against 1.48 / 4.43 and 1.45 / 3.70; bench/results/handoff-and-slices/
+/// alpha095_own_slices).
+const HOLDER_TIME_SLICE_MS: f64 = 20.0;
+
+/// A pinned holder asks the kernel for long slices ([`HOLDER_TIME_SLICE_MS`]): a process
 /// without a slot that wakes on its CPU, with the default slice, then preempts it at once
 /// (EEVDF serves shorter requests first) to parse and plan or to answer its client,
 /// rather than waiting out the holder's slice (bench/results/sim-gap/SIM_GAP.md). An
@@ -228,7 +233,7 @@ fn outranking<'a>(
 fn fit_own_scheduling(entry: &shmem::ProcEntry, outranked: bool) {
     let pinned = pin_word::cpu(entry.pinned_cpu.load(Ordering::Acquire)).is_some();
     let ms = if pinned {
-        f64::from(gucs::HOLDER_TIME_SLICE_MS.get())
+        HOLDER_TIME_SLICE_MS
     } else {
         gucs::UNSLOTTED_TIME_SLICE_MS.get()
     };
@@ -284,7 +289,7 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ra
         // A holder waiting on an event is not kept off its CPU. One handed its slot
         // still shows its pause's event until it runs: it was woken when handed the
         // slot, and waits for its CPU (for the giver's end of ExecutorRun at first,
-        // `finish_before_handoff`, well under the stall's 5 ms).
+        // as `placement::hand_over` has it, well under the stall's 5 ms).
         if !pg::proc_runs_or_waits_for_slot(p) {
             continue;
         }

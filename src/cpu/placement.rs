@@ -4,13 +4,13 @@
 
 use super::pinning;
 use crate::pg;
-use crate::{gucs, numa, shmem};
+use crate::{numa, shmem};
 use pg_stride_sched::{ProcId, SchedShared};
 use std::sync::atomic::Ordering;
 
 /// `from` gave its slot up (`None`: nobody did) and `to` was handed one: notes when,
 /// for the hand-off's latency in `to`'s trace record, passes the CPU with the slot
-/// (`pg_stride.pin_slots`) or wakes `to` on this CPU (`pg_stride.wake_on_giver_cpu`),
+/// (`pg_stride.pin_slots`) or wakes `to` on this CPU (`pinning::places_receivers`),
 /// and wakes `to`. The note comes first: moving `to` onto this CPU may let it run at
 /// once, preempting this process before it gets any further.
 ///
@@ -37,8 +37,10 @@ pub(super) fn hand_over(from: Option<ProcId>, to: Option<ProcId>, goes_on: bool)
         // Without pinning, only a slot this process gives up comes with its CPU.
         let placed = !pinned && from.is_some() && pinning::places_receivers(sched);
         if pinned || placed {
-            let finish_first = goes_on && gucs::FINISH_BEFORE_HANDOFF.get();
-            if let (true, Some(entry), Some(p)) = (finish_first, entry, to) {
+            // A statement ending its ExecutorRun finishes (ExecutorEnd, commit, reply)
+            // before the receiver runs on its CPU: the receiver wakes as SCHED_BATCH,
+            // which does not preempt, until it runs.
+            if let (true, Some(entry), Some(p)) = (goes_on, entry, to) {
                 wake_as_batch(entry, p);
             }
         }
@@ -115,7 +117,7 @@ pub(super) fn follow_slot(shared: &shmem::Shared, sched: &SchedShared, proc: Pro
         if pinning::enabled(sched) {
             pinning::hold(shared, sched, proc);
         } else {
-            // Woken on its giver's CPU (`pg_stride.wake_on_giver_cpu`): running now.
+            // Woken on its giver's CPU (`pinning::places_receivers`): running now.
             pinning::unpin(shared, proc);
         }
     }

@@ -12,8 +12,6 @@ use std::sync::atomic::Ordering;
 pub struct Seen {
     /// Holding a slot and waiting on an event.
     blocked: bool,
-    /// Its check-in count, while it held a slot and was not waiting.
-    checkins: Option<u32>,
     /// Whether the slot count was raised for it.
     lent: bool,
 }
@@ -25,17 +23,10 @@ pub struct Seen {
 /// handed out at once. When they run again, the count drops back, and each of them is
 /// asked to end its slice at its next tuple, where it competes for its slot with the
 /// waiters in stride order.
-///
-/// With `pg_stride.lend_on_overrun`, a holder that ran a whole round without reaching a
-/// yield point (a sort, a hash aggregate's output, no scan below) gets the same extra
-/// slot while others wait: they then share the CPU with it through the kernel instead
-/// of waiting for its slice to end (wagner2021 §3.1 charges the overrun to its pass
-/// afterwards; this bounds the wait).
 pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
     let Some(sched) = shared.sched() else { return };
     let procs = sched.capacity().max_procs as usize;
     before.resize(procs, Seen::default());
-    let lend_on_overrun = gucs::LEND_ON_OVERRUN.get() && !sched.nobody_waits();
     // Split by node with `numa = bind`; a blocked holder's extra slot goes to the node
     // whose slot it holds.
     let mut slots = numa::slot_split(gucs::effective_cpu_slots());
@@ -45,34 +36,23 @@ pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
         let running = sched.is_running(proc);
         // A stale read of the wait event only delays the decision by a round.
         let waiting = running && pg::proc_wait_event(procno) != 0;
-        let checkins = (running && !waiting)
-            .then(|| shared.procs().get(procno))
-            .flatten()
-            .map(|e| e.checkins.load(Ordering::Relaxed));
-        let overran = lend_on_overrun && checkins.is_some() && checkins == seen.checkins;
         let blocked = waiting && seen.blocked;
-        if seen.lent && !blocked && !overran && running && !sched.nobody_waits() {
+        if seen.lent && !blocked && running && !sched.nobody_waits() {
             // Its extra slot goes away with this round: it competes for its slot at its
             // next tuple, in stride order with the waiters, rather than keep it to the
             // end of its slice (docs/design.md §4 rule 12).
             sched.yield_flag(proc).store(1, Ordering::Relaxed);
         }
-        if blocked || overran {
+        if blocked {
             let node = sched.slot_node(proc).unwrap_or(0) as usize;
             slots[node.min(last)] += 1;
             if !seen.lent {
-                let count = if blocked {
-                    &shared.lends.blocked
-                } else {
-                    &shared.lends.overrun
-                };
-                count.fetch_add(1, Ordering::Relaxed);
+                shared.lends_blocked.fetch_add(1, Ordering::Relaxed);
             }
         }
         *seen = Seen {
             blocked: waiting,
-            checkins,
-            lent: blocked || overran,
+            lent: blocked,
         };
     }
     if sched.node_slots() != slots {

@@ -10,6 +10,8 @@ use pgrx::pg_sys;
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt whose subplans are a List of Plan nodes or NULLs.
+// Out of line, so that bench/instructions.py can count its instructions.
+#[inline(never)]
 pub unsafe fn need_kb(stmt: *const pg_sys::PlannedStmt, settings: MemorySettings) -> u64 {
     let mut units = Units::default();
     // SAFETY: the caller's promise.

@@ -239,10 +239,12 @@ pub struct Shared {
     pub rule_hits: RuleHits,
     /// Which slot holder owns which CPU (`pg_stride.pin_slots`).
     pub cpu_owners: CpuOwners,
-    /// Extra slots the watchdog lent since the server started (`pg_stride.scheduler`).
-    pub lends: LendCounts,
-    /// Holders asked to end their slice early by a waiter of a higher priority
-    /// (`pg_stride.preempt_lower_priority`), since the server started.
+    /// Extra slots the watchdog lent since the server started to holders waiting on an
+    /// event (`lent_blocked` of `pg_stride.scheduler`); a lend counts once however many
+    /// rounds it lasts. Written by the scheduler worker only.
+    pub lends_blocked: AtomicU64,
+    /// Holders asked to end their slice early by a waiter of a higher priority, since
+    /// the server started.
     pub yield_requests: AtomicU64,
     /// CPU swaps of a holder with a holder of a higher priority kept off its CPU
     /// (`pg_stride.swap_stalled_holders`), since the server started; of those, swaps with
@@ -250,16 +252,6 @@ pub struct Shared {
     /// (`pg_stride.swap_below_share`).
     pub cpu_swaps: AtomicU64,
     pub cpu_share_swaps: AtomicU64,
-}
-
-/// How often the watchdog lent a holder an extra slot, by the reason: the holder was
-/// waiting on an event, or ran a whole round without reaching a yield point
-/// (`pg_stride.lend_on_overrun`). A lend counts once however many rounds it lasts.
-/// Written by the scheduler worker only.
-#[derive(Default)]
-pub struct LendCounts {
-    pub blocked: AtomicU64,
-    pub overrun: AtomicU64,
 }
 
 // The region's interior mutability is either atomics or data changed only under an
@@ -533,7 +525,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             TunerState::init(&raw mut (*region).tuner, gucs::decay_params());
             NodeCounters::init(&raw mut (*region).nodes);
             RuleHits::init(&raw mut (*region).rule_hits);
-            (&raw mut (*region).lends).write(LendCounts::default());
+            (&raw mut (*region).lends_blocked).write(AtomicU64::new(0));
             (&raw mut (*region).yield_requests).write(AtomicU64::new(0));
             (&raw mut (*region).cpu_swaps).write(AtomicU64::new(0));
             (&raw mut (*region).cpu_share_swaps).write(AtomicU64::new(0));

@@ -5,7 +5,7 @@
 //!   when `pg_stride.database` is missing, locked or slow. It applies configuration
 //!   reloads (`cpu_slots`, limits, decay), runs the CPU watchdog
 //!   (`pg_stride.watchdog_interval`) and the admission watchdog, samples the
-//!   concurrency hint (`pg_stride.hint_interval`), reclaims the shared entries of
+//!   concurrency hint (every 50 ms), reclaims the shared entries of
 //!   processes that are gone (rule 8), admits queued backends that block admitted
 //!   ones (rule 5), and checks the groups' runaway-query rules (module [`rules`]).
 //! * `pg_stride tuner` (module [`tuner`]) chooses the decay parameters from the traced
@@ -25,6 +25,7 @@ use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::pg_sys;
+use pg_stride_sched::hint;
 use pgrx::PgMemoryContexts;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -132,9 +133,10 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
             cpu::watchdog(shared, &mut cpu_seen);
             lend_waiting_admissions(shared, &mut admission_waits);
         }
-        if Timers::take(&mut timers.hint, interval_ms(&gucs::HINT_INTERVAL_MS)) {
+        // The paper's sampling of the free workers (psaroudakis2013 §6).
+        if Timers::take(&mut timers.hint, Duration::from_millis(hint::HINT_INTERVAL_MS)) {
             if let Some(sched) = shared.sched() {
-                sched.sample_hint(gucs::HINT_ALPHA.get());
+                sched.sample_hint(hint::HINT_ALPHA);
                 sched.sample_node_util();
             }
         }

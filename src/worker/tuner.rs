@@ -158,7 +158,7 @@ fn sim_config(sched: &SchedShared) -> SimConfig {
         horizon_ns: None,
         // The tuner replays the decision rule; its replay has no NUMA nodes.
         numa: None,
-        preempt: gucs::PREEMPT_LOWER_PRIORITY.get(),
+        preempt: true,
     }
 }
 

@@ -45,7 +45,7 @@ const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [optio
                      given a weight (default 10000 and 100)
   --max-active N     query table size; more queries wait for admission (default 4096)
   --preempt B        true: a process that starts waiting ends a lower-priority holder's
-                     slice at once (pg_stride.preempt_lower_priority; default false)
+                     slice at once, as the extension does (default false)
   --group-weight G=W CPU weight of group G (repeatable)
   --queries N        generated queries (default 4000)
   --load F           load factor (sweep: comma list, default 0.8,0.9,1.0; numa: list,

@@ -72,7 +72,7 @@ impl UtilEma {
 ///
 /// The homed count comes first because it is current: a query is counted the moment it
 /// registers, while the utilisation average moves only when the scheduler worker samples
-/// it (every `pg_stride.hint_interval`, by a tenth). Ranked by the average first, every
+/// it (every [`crate::hint::HINT_INTERVAL_MS`], by a tenth). Ranked by the average first, every
 /// query registering between two samples went to the node that looked idlest at the
 /// last one, however many had just been homed there — the herd effect of stale load
 /// information — and the other node's slots stayed idle while those queries queued

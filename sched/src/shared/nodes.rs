@@ -169,7 +169,7 @@ impl SchedShared {
     /// Folds each node's demand — slots held plus processes waiting for a slot there —
     /// into its utilisation average: a node whose queries queue counts as busier than
     /// one whose slots are merely all in use. Only the scheduler worker calls this
-    /// (every `pg_stride.hint_interval`), so a plain store suffices; it reads every
+    /// (every [`crate::hint::HINT_INTERVAL_MS`]), so a plain store suffices; it reads every
     /// process entry.
     pub fn sample_node_util(&self) {
         let count = self.node_count();

@@ -22,7 +22,7 @@ pub struct Demand {
 impl SchedShared {
     /// Folds the current number of free slots into the hint with weight `alpha` (the
     /// paper's `a`, [`crate::hint::HINT_ALPHA`]). The scheduler worker calls this every
-    /// `pg_stride.hint_interval` (50 ms); only it writes the hint.
+    /// [`crate::hint::HINT_INTERVAL_MS`]; only it writes the hint.
     pub fn sample_hint(&self, alpha: f64) -> f64 {
         let slots = self.cpu_slots();
         let free = slots.saturating_sub(self.running());

@@ -37,7 +37,7 @@ pub struct SimConfig {
     /// NUMA nodes, remote penalty and placement; `None`: one node, every slot local.
     pub numa: Option<NumaSim>,
     /// A process that starts waiting asks a lower-priority holder to end its slice now
-    /// (`pg_stride.preempt_lower_priority`; shared/preempt.rs). Without NUMA only.
+    /// (as the extension always does; shared/preempt.rs). Without NUMA only.
     pub preempt: bool,
 }
 

@@ -33,10 +33,9 @@
 
 use crate::numa::split_slots;
 
-/// How often the affine placement samples node utilisation: the extension's
-/// `pg_stride.hint_interval` default, at which its scheduler worker calls
-/// `sample_node_util`.
-pub const NODE_SAMPLE_NS: u64 = 50_000_000;
+/// How often the affine placement samples node utilisation: as the extension's
+/// scheduler worker calls `sample_node_util`, every [`crate::hint::HINT_INTERVAL_MS`].
+pub const NODE_SAMPLE_NS: u64 = crate::hint::HINT_INTERVAL_MS * 1_000_000;
 
 /// Shortest wait before a process may steal, as in the extension (the latch wait's
 /// resolution; also keeps `steal_after = 0` from spinning).
