@@ -19,6 +19,10 @@ pub unsafe fn need_kb(stmt: *const pg_sys::PlannedStmt, settings: MemorySettings
         units.add(1, (*stmt).planTree);
         each_in_list((*stmt).subplans, &mut |slot| units.add(1, *slot));
     }
+    // Most statements of an OLTP workload keep nothing: no arithmetic for them.
+    if units.work == 0 && units.hash == 0 {
+        return 0;
+    }
     node_need_kb(NodeMemory::WorkMem, settings, units.work)
         .saturating_add(node_need_kb(NodeMemory::HashMem, settings, units.hash))
 }
@@ -54,7 +58,11 @@ impl Units {
                 Some(workers) => copies.saturating_mul(1 + workers),
                 None => copies,
             };
-            for_each_child(plan, &mut |child| self.add(below, *child));
+            for_each_child(plan, &mut |child| {
+                if !child.is_null() {
+                    self.add(below, *child)
+                }
+            });
         }
     }
 }
