@@ -4,8 +4,9 @@ to break a cycle of waits, and each crossing is counted in pg_stride.groups.
 
 Every check runs real sessions of an ordinary login role assigned to a group with
 max_concurrency = 1 (ALTER ROLE … SET pg_stride.resource_group), while a sampler
-session counts, every 100 ms, the role's statements that run: active in
-pg_stat_activity, neither waiting on a heavyweight lock nor queued by pg_stride.
+session counts, every 100 ms, the role's statements that run: admitted by pg_stride
+(running or paused in pg_stride.activity), active in pg_stat_activity and not waiting on
+a heavyweight lock.
 
 - advisory locks: one session holds a lock while four others' statements need it; the
   holder's last statement needs the group's only admission, held by the first waiter
@@ -38,9 +39,12 @@ from concurrency import ENV, Session, finish  # noqa: E402
 PORT = int(os.environ.get("CAPS_PORT", "5514"))
 APP = "regress_caps_app"
 GROUP = "capped"
-RUNNING = f"""SELECT count(*) FROM pg_stat_activity a LEFT JOIN pg_stride.activity s USING (pid)
+# Admitted statements only: pg_stride.activity lists a statement once it is registered,
+# and queued ones as such; one between its start and its place in the queue (parsing,
+# planning, arriving) is in neither, and is not running its plan yet.
+RUNNING = f"""SELECT count(*) FROM pg_stat_activity a JOIN pg_stride.activity s USING (pid)
  WHERE a.usename = '{APP}' AND a.state = 'active' AND a.wait_event_type IS DISTINCT FROM 'Lock'
-   AND s.state IS DISTINCT FROM 'queued'"""
+   AND s.state IN ('running', 'paused')"""
 SAMPLE_EVERY = 0.1
 
 
