@@ -173,12 +173,7 @@ impl SchedShared {
         qe.home.store(home as u32, Relaxed);
         self.node(home).homed.fetch_add(1, Relaxed);
 
-        if ge.active_queries.fetch_add(1, AcqRel) == 0 {
-            ge.pass.store(self.group_vtime.0.load(Relaxed), Relaxed);
-            self.weight_sum
-                .fetch_add(ge.weight.load(Relaxed) as u64, Relaxed);
-        }
-        ge.prio_sum.fetch_add(priority as u64, Relaxed);
+        self.group_gains(ge, priority);
         let pass = match self.policy() {
             super::Policy::Fifo => self.fifo_ticket.fetch_add(1, Relaxed),
             _ => ge.vtime.load(Relaxed),
@@ -199,12 +194,7 @@ impl SchedShared {
         self.node(qe.home.load(Relaxed) as usize)
             .homed
             .fetch_sub(1, Relaxed);
-        ge.prio_sum
-            .fetch_sub(qe.priority.load(Relaxed) as u64, Relaxed);
-        if ge.active_queries.fetch_sub(1, AcqRel) == 1 {
-            self.weight_sum
-                .fetch_sub(ge.weight.load(Relaxed) as u64, Relaxed);
-        }
+        self.group_loses(ge, qe.priority.load(Relaxed));
         // Drop a stale "has waiters" hint so that a reuse of the entry in another group
         // is not found under this one.
         self.clear_query_hint(g.index(), q.index());
@@ -233,12 +223,7 @@ impl SchedShared {
             return Err(SchedError::QueryInUse);
         }
         let (from, to) = (self.group(old), self.group(g));
-        from.prio_sum
-            .fetch_sub(qe.priority.load(Relaxed) as u64, Relaxed);
-        if from.active_queries.fetch_sub(1, AcqRel) == 1 {
-            self.weight_sum
-                .fetch_sub(from.weight.load(Relaxed) as u64, Relaxed);
-        }
+        self.group_loses(from, qe.priority.load(Relaxed));
         self.clear_query_hint(old.index(), q.index());
         let range = PriorityRange::new(to.p0.load(Relaxed), to.p_min.load(Relaxed));
         let priority = match pinned_priority {
@@ -250,12 +235,7 @@ impl SchedShared {
         qe.pinned.store(pinned_priority.is_some() as u32, Relaxed);
         qe.priority.store(priority, Relaxed);
         qe.stride.store(stride(priority as u64), Relaxed);
-        if to.active_queries.fetch_add(1, AcqRel) == 0 {
-            to.pass.store(self.group_vtime.0.load(Relaxed), Relaxed);
-            self.weight_sum
-                .fetch_add(to.weight.load(Relaxed) as u64, Relaxed);
-        }
-        to.prio_sum.fetch_add(priority as u64, Relaxed);
+        self.group_gains(to, priority);
         let pass = match self.policy() {
             super::Policy::Fifo => qe.pass.load(Relaxed),
             _ => to.vtime.load(Relaxed),
@@ -263,6 +243,27 @@ impl SchedShared {
         qe.pass.store(pass, Relaxed);
         qe.group.store(g.0, SeqCst);
         Ok(())
+    }
+
+    /// Group `ge` gains a query of `priority`: a group that had none joins at the global
+    /// pass over groups (wagner2021 §2.1), and its weight counts in the sum.
+    fn group_gains(&self, ge: &GroupEntry, priority: u32) {
+        if ge.active_queries.fetch_add(1, AcqRel) == 0 {
+            ge.pass.store(self.group_vtime.0.load(Relaxed), Relaxed);
+            self.weight_sum
+                .fetch_add(ge.weight.load(Relaxed) as u64, Relaxed);
+        }
+        ge.prio_sum.fetch_add(priority as u64, Relaxed);
+    }
+
+    /// Group `ge` loses a query of `priority`; a group left with none stops counting in
+    /// the weight sum.
+    fn group_loses(&self, ge: &GroupEntry, priority: u32) {
+        ge.prio_sum.fetch_sub(priority as u64, Relaxed);
+        if ge.active_queries.fetch_sub(1, AcqRel) == 1 {
+            self.weight_sum
+                .fetch_sub(ge.weight.load(Relaxed) as u64, Relaxed);
+        }
     }
 
     /// Process `p` starts working for query `q` (the leader after `register_query`, a

@@ -130,6 +130,20 @@ fn new_query_starts_at_the_global_pass() {
     assert_eq!(s.end_slice(ProcId(1), SLICE).wake, Some(ProcId(0)));
 }
 
+/// CPU each of processes 0 and 1, sharing one slot (process 0 holding it), gets over
+/// `slices` slices, each handed on as `end_slice` says.
+fn alternate(s: &SchedShared, slices: u32) -> [u64; 2] {
+    let mut cpu = [0u64; 2];
+    let mut runner = 0u32;
+    for _ in 0..slices {
+        cpu[runner as usize] += SLICE;
+        if let Some(w) = s.end_slice(ProcId(runner), SLICE).wake {
+            runner = w.0;
+        }
+    }
+    cpu
+}
+
 #[test]
 fn groups_are_chosen_before_queries() {
     let s = region(1, Policy::FairStride);
@@ -144,14 +158,7 @@ fn groups_are_chosen_before_queries() {
     let _b = query_with(&s, 1, 1);
     assert_eq!(s.acquire(ProcId(0)), RUN);
     assert_eq!(s.acquire(ProcId(1)), WAIT);
-    let mut cpu = [0u64; 2];
-    let mut runner = 0u32;
-    for _ in 0..4_000 {
-        cpu[runner as usize] += SLICE;
-        if let Some(w) = s.end_slice(ProcId(runner), SLICE).wake {
-            runner = w.0;
-        }
-    }
+    let cpu = alternate(&s, 4_000);
     // Weight 300 against 100: three quarters of the CPU.
     let share = cpu[1] as f64 / (cpu[0] + cpu[1]) as f64;
     assert!((share - 0.75).abs() < 0.005, "share {share}");
@@ -181,14 +188,7 @@ fn a_moved_query_takes_its_new_groups_weight_and_priorities() {
     assert_eq!(s.groups()[2].prio_sum.load(Relaxed), (P0 / 10) as u64);
     assert_eq!(s.weight_sum.load(Relaxed), 400, "groups 1 and 2 are active");
     // Weight 300 against 100 from now on: three quarters of the CPU.
-    let mut cpu = [0u64; 2];
-    let mut runner = 0u32;
-    for _ in 0..4_000 {
-        cpu[runner as usize] += SLICE;
-        if let Some(w) = s.end_slice(ProcId(runner), SLICE).wake {
-            runner = w.0;
-        }
-    }
+    let cpu = alternate(&s, 4_000);
     let share = cpu[0] as f64 / (cpu[0] + cpu[1]) as f64;
     assert!((share - 0.75).abs() < 0.01, "share {share}");
     // It decays within its new range, and the sums stay right.
