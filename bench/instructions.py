@@ -129,21 +129,26 @@ def inclusive_instructions(path, functions):
 # Admission's entry points, called once per statement; none calls another.
 ADMISSION_FUNCTIONS = ("pg_stride::admission::admit", "pg_stride::admission::release",
                        "pg_stride::admission::switch_group")
+# What a backend does for runaway-query rules (the scheduler worker checks them): it
+# publishes its rows at yield points and looks for a cancel or a move at check-ins.
+RULE_FUNCTIONS = ("pg_stride::cpu::runaway::publish_rows", "pg_stride::cpu::runaway::cancel_if_a_rule_says_so",
+                  "pg_stride::cpu::runaway::move_if_a_rule_says_so")
 # The walk of a plan for the memory it reserves, once per statement while a memory
 # budget is set.
 MEMORY_FUNCTIONS = ("pg_stride::plan_tree::memory::need_kb",)
 
 
-def per_transaction(s, settings, args, n1, n2, functions):
-    """Inclusive instructions of `functions` per transaction, from callgrind runs of n1
-    and n2 transactions with `settings`."""
+def per_transaction(s, settings, args, n1, n2, *function_sets):
+    """Inclusive instructions of each of `function_sets` per transaction, from callgrind
+    runs of n1 and n2 transactions with `settings`."""
     counts = []
     for n in (n1, n2):
         s.start(settings, valgrind=True, tool="callgrind")
         s.pgbench(*args, "-t", str(n))
         s.stop()
-        counts.append(inclusive_instructions(s.busiest_backend()[1], functions))
-    return (counts[1] - counts[0]) / (n2 - n1)
+        path = s.busiest_backend()[1]
+        counts.append([inclusive_instructions(path, functions) for functions in function_sets])
+    return [(b - a) / (n2 - n1) for a, b in zip(*counts)]
 
 
 def tps(s, settings, args, seconds=5):
@@ -254,11 +259,12 @@ def main():
             for variant, settings in variants:
                 results[(label, variant)] = instructions_per_transaction(s, settings, args, n1, n2)
                 print(f"{label}, {variant}: {results[(label, variant)]:.0f} instructions per transaction", flush=True)
-            results[(label, "admission")] = per_transaction(
-                s, VARIANTS[1][1], args, n1, n2, ADMISSION_FUNCTIONS)
-            print(f"{label}, admission: {results[(label, 'admission')]:.0f} instructions per transaction", flush=True)
+            results[(label, "admission")], results[(label, "rules")] = per_transaction(
+                s, VARIANTS[1][1], args, n1, n2, ADMISSION_FUNCTIONS, RULE_FUNCTIONS)
+            print(f"{label}, admission: {results[(label, 'admission')]:.0f}, rule checks: "
+                  f"{results[(label, 'rules')]:.0f} instructions per transaction", flush=True)
             for variant, settings in variants[2:]:
-                results[(label, variant, "memory")] = per_transaction(
+                (results[(label, variant, "memory")],) = per_transaction(
                     s, settings, args, n1, n2, MEMORY_FUNCTIONS)
                 print(f"{label}, {variant}, memory walk: "
                       f"{results[(label, variant, 'memory')]:.0f} instructions per transaction", flush=True)
@@ -273,13 +279,18 @@ def main():
              f"against {version}: "
              "valgrind cachegrind, one pgbench client, as an ordinary role (every statement "
              "goes through admission), release build. Admission: inclusive instructions of "
-             "admission's entry points (`admit`, `release`, `switch_group`), from callgrind.", "",
-             "| workload | not loaded | loaded | added | loaded / not loaded | admission | admission / not loaded |",
-             "|---|---|---|---|---|---|---|"]
+             "admission's entry points (`admit`, `release`, `switch_group`), from callgrind. "
+             "Rule checks: inclusive instructions of what a backend does for runaway-query rules "
+             "(`pg_stride::cpu::runaway`: publishing its rows, looking for a cancel or a move), "
+             "from the same callgrind runs.", "",
+             "| workload | not loaded | loaded | added | loaded / not loaded | admission | admission / not loaded "
+             "| rule checks |",
+             "|---|---|---|---|---|---|---|---|"]
     for label, _, _, _ in workloads:
         a, b = results[(label, "not loaded")], results[(label, "loaded")]
-        c = results[(label, "admission")]
-        lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} | {c:.0f} | {100 * c / a:.2f} % |")
+        c, r = results[(label, "admission")], results[(label, "rules")]
+        lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} | {c:.0f} | {100 * c / a:.2f} % "
+                     f"| {r:.0f} |")
     for variant, _ in variants[2:]:
         lines += ["", f"With {variant}:", "",
                   "| workload | loaded | this variant | added | memory walk (callgrind) |",

@@ -80,6 +80,13 @@ def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
     assert len(h) == 1 and h[0][:3] == ["cpu_time > 300ms: cancel", "cancel", "false"], h
     assert f"process {h[0][3]} in resource group \"watched\" met rule \"cpu_time > 300ms: cancel\"" in log_text(s)
     assert s.sql(f"SELECT rule_hits_total FROM pg_stride.groups WHERE name = '{GROUP}'") == "1"
+    # The query id, as pg_stat_statements shows it: to the statement's role and to a
+    # reader of all statistics, not to another ordinary role.
+    query_id = f"SELECT coalesce(query_id::text, 'hidden') FROM pg_stride.rule_hits WHERE pid = {h[0][3]}"
+    seen = {user: s.sql(query_id, user=user) for user in (APP, "postgres", OTHER)}
+    assert seen[APP] == seen["postgres"] != "hidden" and seen[OTHER] == "hidden", seen
+    explained = s.sql(f"EXPLAIN (VERBOSE, COSTS OFF) {LONG}", user=APP)
+    assert f"Query Identifier: {seen[APP]}" in explained, (seen, explained)
 
 
 @check
@@ -169,6 +176,7 @@ def setup(s):
     s.sql(f"SELECT pg_stride.create_group('{GROUP}')")
     s.sql(f"ALTER ROLE {APP} SET pg_stride.resource_group = '{GROUP}'")
     s.sql(f"ALTER ROLE {APP} SET max_parallel_workers_per_gather = 0")
+    s.sql(f"ALTER ROLE {APP} SET compute_query_id = on")
     s.sql(f"ALTER ROLE {OTHER} SET max_parallel_workers_per_gather = 0")
     s.sql("CREATE TABLE rules_big (id int PRIMARY KEY, v int); "
           "INSERT INTO rules_big SELECT g, g % 1000 FROM generate_series(1, 1000000) g; ANALYZE rules_big")

@@ -18,6 +18,8 @@ use std::sync::atomic::Ordering;
 ///
 /// # Safety
 /// `node` is a valid PlanState of a running executor.
+// Out of line, so that bench/instructions.py can count its instructions.
+#[inline(never)]
 pub(super) unsafe fn publish_rows(node: *const pgrx::pg_sys::PlanState) {
     if pg::is_parallel_worker() {
         return;
@@ -32,6 +34,8 @@ pub(super) unsafe fn publish_rows(node: *const pgrx::pg_sys::PlanState) {
 
 /// Raises the error of a runaway-query rule that cancels this process's statement, if
 /// the scheduler worker asked and an error may be raised here (docs/design.md §4 rule 1).
+// Out of line, as publish_rows.
+#[inline(never)]
 pub(super) fn cancel_if_a_rule_says_so(shared: &shmem::Shared) {
     let Some(entry) = shared.my_entry() else {
         return;
@@ -66,6 +70,8 @@ pub(super) fn cancel_if_a_rule_says_so(shared: &shmem::Shared) {
 /// (`SchedShared::move_query`). Done at a check-in while the leader runs its query alone;
 /// a query with parallel workers moves at a check-in after they have left it. Its
 /// admission stays counted in the group it was admitted in.
+// Out of line, as publish_rows.
+#[inline(never)]
 pub(super) fn move_if_a_rule_says_so(shared: &shmem::Shared, sched: &SchedShared) {
     let Some(entry) = shared.my_entry() else {
         return;
