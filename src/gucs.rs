@@ -53,7 +53,6 @@ pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static CPU_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static MAX_ACTIVE_QUERIES: GucSetting<i32> = GucSetting::<i32>::new(128);
 pub static SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(2.0);
-pub static YIELD_ABOVE_SCANS: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static RESOURCE_GROUP: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"default"));
 pub static QUEUE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -351,14 +350,6 @@ pub fn register(group_exists: GroupExists) {
         1000.0,
         GucContext::Suset,
         GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_bool_guc(
-        c"pg_stride.yield_above_scans",
-        c"Scheduled statements also reach yield points where sorts, aggregates, window functions and materialized results return their tuples.",
-        c"Off: only at scans. The output of such a node is work with no scan below it, which otherwise runs as one slice.",
-        &YIELD_ABOVE_SCANS,
-        GucContext::Suset,
-        GucFlags::default(),
     );
     // SAFETY: the check hook is guarded and only reads shared memory; the assign hook
     // cannot fail.

@@ -1,12 +1,12 @@
-//! Yield points: the leaf scans of a scheduled statement's plan (and, with
-//! `pg_stride.yield_above_scans`, nodes that emit work already done) get an
+//! Yield points: the leaf scans of a scheduled statement's plan and the nodes that
+//! emit work already done get an
 //! ExecProcNode of pg_stride's that counts tuples down and checks in when a chunk is
 //! done (`slots::check_in`).
 
 use super::member::{asked_to_yield, COUNTDOWN};
 use super::slots::check_in;
 use crate::backend_local::BackendLocal;
-use crate::{gucs, pg};
+use crate::pg;
 use pgrx::pg_sys;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -52,23 +52,24 @@ impl Hasher for AddressHasher {
 
 /// Wraps the scans of `desc`'s plan with yield points, those of its subplans and
 /// initPlans (`es_subplanstates`: an InitPlan can be as big as the rest of the query,
-/// as in TPC-H Q11) included, and with `pg_stride.yield_above_scans` the nodes that
-/// return tuples from work already done. The scans produce the tuples everything above
-/// them consumes, so they check in regularly while their consumers take input
-/// (docs/design.md §8); a sort, an aggregate or a materialized result then emits its output
-/// with no scan below it, as one long slice (bench/results/sim-gap/SIM_GAP.md).
+/// as in TPC-H Q11) included, and the nodes that return tuples from work already done.
+/// The scans produce the tuples everything above them consumes, so they check in
+/// regularly while their consumers take input (docs/design.md §8); a sort, an aggregate
+/// or a materialized result then emits its output with no scan below it, which without
+/// a yield point of its own ran as one long slice (4 % of the CPU in slots ran in slices
+/// beyond twice the target at α = 0.95 without them, 1.9 % with them,
+/// bench/results/sim-gap/SIM_GAP.md; they cost 2.5–3 % of such an output's CPU).
 /// ExecSetExecProcNode keeps PostgreSQL's first-call shim working.
 pub(super) fn wrap_scans(desc: *const pg_sys::QueryDesc) {
-    let outputs = gucs::YIELD_ABOVE_SCANS.get();
     // SAFETY: after ExecutorStart the QueryDesc has its PlanState tree and EState, whose
     // es_subplanstates lists the PlanStates of every subplan.
     unsafe {
-        wrap_scans_below(desc, (*desc).planstate, outputs);
+        wrap_scans_below(desc, (*desc).planstate);
         let estate = (*desc).estate;
         if !estate.is_null() {
             let subplans = pgrx::PgList::<pg_sys::PlanState>::from_pg((*estate).es_subplanstates);
             for plan in subplans.iter_ptr() {
-                wrap_scans_below(desc, plan, outputs);
+                wrap_scans_below(desc, plan);
             }
         }
     }
@@ -104,8 +105,8 @@ unsafe fn wrap(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::PlanState) {
     }
 }
 
-/// Wraps the scans of the plan-state subtree at `node`, and with `outputs` the nodes
-/// that return tuples from work already done (recursive: plan trees are shallow, and
+/// Wraps the scans of the plan-state subtree at `node` and the nodes that return
+/// tuples from work already done (recursive: plan trees are shallow, and
 /// this allocates nothing). Gather and Gather Merge stay as they are: the pool installs
 /// its own function on them.
 ///
@@ -114,7 +115,6 @@ unsafe fn wrap(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::PlanState) {
 unsafe fn wrap_scans_below(
     desc: *const pg_sys::QueryDesc,
     node: *mut pg_sys::PlanState,
-    outputs: bool,
 ) {
     if node.is_null() {
         return;
@@ -143,34 +143,28 @@ unsafe fn wrap_scans_below(
             | T_AggState
             | T_WindowAggState
             | T_SetOpState
-            | T_MaterialState
-                if outputs =>
-            {
-                wrap(desc, node)
-            }
+            | T_MaterialState => wrap(desc, node),
             #[cfg(not(feature = "pg13"))]
-            T_MemoizeState if outputs => wrap(desc, node),
+            T_MemoizeState => wrap(desc, node),
             T_AppendState => {
                 let a = node.cast::<pg_sys::AppendState>();
                 for i in 0..(*a).as_nplans as usize {
-                    wrap_scans_below(desc, *(*a).appendplans.add(i), outputs);
+                    wrap_scans_below(desc, *(*a).appendplans.add(i));
                 }
             }
             T_MergeAppendState => {
                 let a = node.cast::<pg_sys::MergeAppendState>();
                 for i in 0..(*a).ms_nplans as usize {
-                    wrap_scans_below(desc, *(*a).mergeplans.add(i), outputs);
+                    wrap_scans_below(desc, *(*a).mergeplans.add(i));
                 }
             }
-            T_SubqueryScanState => wrap_scans_below(
-                desc,
-                (*node.cast::<pg_sys::SubqueryScanState>()).subplan,
-                outputs,
-            ),
+            T_SubqueryScanState => {
+                wrap_scans_below(desc, (*node.cast::<pg_sys::SubqueryScanState>()).subplan)
+            }
             _ => {}
         }
-        wrap_scans_below(desc, (*node).lefttree, outputs);
-        wrap_scans_below(desc, (*node).righttree, outputs);
+        wrap_scans_below(desc, (*node).lefttree);
+        wrap_scans_below(desc, (*node).righttree);
     }
 }
 
