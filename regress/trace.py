@@ -28,7 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import concurrency  # noqa: E402
 from concurrency import ENV, finish, set_server  # noqa: E402
 
+# shared_buffers holds `big` whole: a scan that waited for reads would have the
+# watchdog lend it a slot (a_slot_is_held_by_one_process_at_a_time).
 CONF = """
+shared_buffers = '512MB'
 pg_stride.exempt_superuser = off
 max_parallel_workers_per_gather = 0
 """
@@ -141,10 +144,10 @@ def a_slot_is_held_by_one_process_at_a_time(s):
     # of the two statements. The process handing the slot over must stop counting it
     # before it wakes the receiver: the receiver's wake-up preempts it on their shared
     # CPU, and the time until it can go to sleep (up to a scheduler tick) would count as
-    # held by both. The watchdog lends no slot meanwhile (its interval is longer than
-    # the check), which it would to a holder waiting for a read.
+    # held by both. The watchdog lends no slot meanwhile: `big` is in shared buffers,
+    # so no holder waits for a read.
     set_server(s, "pg_stride.cpu_slots", 1)
-    set_server(s, "pg_stride.watchdog_interval", "'10s'")
+    s.sql("SELECT count(*) FROM big")
     since = s.sql("SELECT now()")
     try:
         procs = [subprocess.Popen(
@@ -155,7 +158,6 @@ def a_slot_is_held_by_one_process_at_a_time(s):
         pids = sleeping_backends_on_one_cpu(s, "pg_sleep(1)", 2)
         results = [finish(p, timeout=120) for p in procs]
     finally:
-        set_server(s, "pg_stride.watchdog_interval", None)
         set_server(s, "pg_stride.cpu_slots", 0)
     assert len(pids) == 2, f"the two sessions' backends: {pids}"
     assert all(r[0] == 0 for r in results), results

@@ -69,7 +69,6 @@ pub static DECAY_LAMBDA: GucSetting<f64> = GucSetting::<f64>::new(0.9);
 pub static DECAY_START: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static PRIORITY_INITIAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static PRIORITY_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
-pub static WATCHDOG_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
 pub static TUNER: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static TRACE: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static TUNER_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(20);
@@ -302,16 +301,6 @@ pub fn register(group_exists: GroupExists) {
         86_400,
         GucContext::Sighup,
         GucFlags::UNIT_S,
-    );
-    GucRegistry::define_int_guc(
-        c"pg_stride.watchdog_interval",
-        c"How often the scheduler worker looks for CPU-slot holders that wait instead of running.",
-        c"",
-        &WATCHDOG_INTERVAL_MS,
-        1,
-        10_000,
-        GucContext::Sighup,
-        GucFlags::UNIT_MS,
     );
     GucRegistry::define_enum_guc(
         c"pg_stride.parallel_mode",

@@ -3,8 +3,8 @@
 //! * `pg_stride scheduler` keeps the safety net (docs/design.md §4 rule 9) from shared
 //!   memory alone: it connects to no database and never uses SPI, so it keeps working
 //!   when `pg_stride.database` is missing, locked or slow. It applies configuration
-//!   reloads (`cpu_slots`, limits, decay), runs the CPU watchdog
-//!   (`pg_stride.watchdog_interval`) and the admission watchdog, samples the
+//!   reloads (`cpu_slots`, limits, decay), runs the CPU watchdog and the admission
+//!   watchdog (every 20 ms), samples the
 //!   concurrency hint (every 50 ms), reclaims the shared entries of
 //!   processes that are gone (rule 8), admits queued backends that block admitted
 //!   ones (rule 5), and checks the groups' runaway-query rules (module [`rules`]).
@@ -36,6 +36,12 @@ use std::time::{Duration, Instant};
 pub const SCHEDULER_NAME: &str = "pg_stride scheduler";
 /// Name and `backend_type` of the groups loader.
 pub const LOADER_NAME: &str = "pg_stride groups";
+
+/// How often the scheduler runs the CPU and admission watchdogs: a slot holder that
+/// waits on an event, or an admitted statement that waits for its client, is seen at
+/// two rounds in a row before its slot or admission is lent, so others wait behind it
+/// 20–40 ms at most; each round is one pass over the process entries.
+const WATCHDOG_INTERVAL: Duration = Duration::from_millis(20);
 
 /// How often the scheduler sweeps the shared entries and looks for queued backends
 /// that block admitted ones.
@@ -101,9 +107,6 @@ impl Timers {
     }
 }
 
-fn interval_ms(setting: &pgrx::guc::GucSetting<i32>) -> Duration {
-    Duration::from_millis(setting.get().max(1) as u64)
-}
 
 #[pgrx::pg_guard]
 #[unsafe(no_mangle)]
@@ -126,10 +129,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
             config::apply(shared);
             timers = Timers::due_now();
         }
-        if Timers::take(
-            &mut timers.watchdog,
-            interval_ms(&gucs::WATCHDOG_INTERVAL_MS),
-        ) {
+        if Timers::take(&mut timers.watchdog, WATCHDOG_INTERVAL) {
             cpu::watchdog(shared, &mut cpu_seen);
             lend_waiting_admissions(shared, &mut admission_waits);
         }
