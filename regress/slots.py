@@ -10,8 +10,7 @@ one CPU; with pin_slots off two holders are not pinned; a terminated holder's CP
 free for the next holders. With pin_slots off and one slot, a receiver wakes on its
 giver's CPU, pinned only until it runs, and a receiver cancelled before it runs
 (stopped with SIGSTOP until then) keeps no pin. Pinned holders run with a kernel time
-slice of 20 ms (/proc/<pid>/sched), and with pg_stride.unslotted_time_slice (the
-kernel's default unless set) once unpinned.
+slice of 20 ms (/proc/<pid>/sched), and with 0.2 ms once unpinned.
 
 A holder waiting on an event (a sleep) gets an extra slot lent, counted in the
 scheduler view, and a scan from another session ends before the sleep does.
@@ -20,14 +19,13 @@ Preemption: with one slot and a decayed holder with long slices, short statement
 arriving one after the other do not wait for the rest of its slice: each asks it to end
 its slice at its next tuple, and the scheduler view counts the requests.
 
-Swapping CPUs (`pg_stride.swap_stalled_holders`): two pinned holders of different
-priorities run while a busy process outside the server shares the higher one's CPU,
-busy all the time (the higher one stalls for whole kernel slices) or half of every 2 ms
-(it runs half the time, never still for 5 ms); with it on, the lower one gives the
-higher one its CPU (counted in the scheduler view) and the higher one gets nearly a
-whole CPU, with it off it keeps sharing.
+Swapping CPUs: two pinned holders of different priorities run while a busy process
+outside the server shares the higher one's CPU, busy all the time (the higher one
+stalls for whole kernel slices) or half of every 2 ms (it runs half the time, never
+still for 5 ms); the lower one gives the higher one its CPU (counted in the scheduler
+view) and the higher one gets nearly a whole CPU.
 
-The idle class (`pg_stride.idle_lower_holders`): of two pinned holders of different
+The idle class: of two pinned holders of different
 priorities, the lower one runs in SCHED_IDLE while the higher one holds the other slot,
 and in SCHED_OTHER again once alone and after its statement; a server that may not leave
 the class (RLIMIT_NICE 0, no CAP_SYS_NICE) never enters it. As root the check restarts
@@ -64,14 +62,16 @@ CHECKS = []
 check = concurrency.collector(CHECKS)
 
 
-def start_scans(s, n, outlive_errors=False):
-    """n sessions each running SCAN; returns (sessions, backend pids, CPUs before).
-    `outlive_errors`: a session (and its backend) goes on after a failed statement."""
+def start_scans(s, n, outlive_errors=False, group=None):
+    """n sessions each running SCAN, in resource group `group` if given; returns
+    (sessions, backend pids, CPUs before). `outlive_errors`: a session (and its backend)
+    goes on after a failed statement."""
     sessions = [concurrency.Session(s) for _ in range(n)]
     if outlive_errors:
         for x in sessions:
             x.proc.stdin.write(b"\\set ON_ERROR_STOP 0\n")
-    pids = [int(x.run("SELECT pg_backend_pid()")[0]) for x in sessions]
+    in_group = f"SET pg_stride.resource_group = {group}; " if group else ""
+    pids = [int(x.run(f"{in_group}SELECT pg_backend_pid()")[0]) for x in sessions]
     before = [allowed_cpus(pid) for pid in pids]
     for x in sessions:
         x.send(SCAN)
@@ -117,14 +117,14 @@ def single(cpus):
     return cpus is not None and cpus.isdigit()
 
 
-def sampled_scans(s, read=allowed_cpus, **settings):
-    """Two sessions run SCAN with the reload-level `settings` in force (reset after);
-    returns (samples of `read` (their CPUs) while both run, their CPUs before, and after
+def sampled_scans(s, read=allowed_cpus, group=None, **settings):
+    """Two sessions run SCAN, in resource group `group` if given, with the reload-level
+    `settings` in force (reset after); returns (samples of `read` (their CPUs) while both run, their CPUs before, and after
     their statements, and the CPU slots at each sample)."""
     for setting, value in settings.items():
         concurrency.set_server(s, f"pg_stride.{setting}", value)
     try:
-        sessions, pids, before = start_scans(s, 2)
+        sessions, pids, before = start_scans(s, 2, group=group)
         samples, slots = sample(s, pids, read)
         after = finish_scans(sessions, pids)
     finally:
@@ -133,15 +133,16 @@ def sampled_scans(s, read=allowed_cpus, **settings):
     return samples, before, after, slots
 
 
-# The pinning checks below leave CPU swaps out: a swap between two decayed scans of
-# slightly different priorities, made between the reads of their two masks, shows both
-# on one CPU in a sample.
-NO_SWAPS = {"swap_stalled_holders": "off"}
+# The pinning checks below run their scans at one static priority (group `high`), so
+# that neither holder outranks the other: a CPU swap between two decayed scans of
+# slightly different priorities, made between the reads of their two masks, would show
+# both on one CPU in a sample.
+EVEN = "high"
 
 
 @check
 def two_holders_run_on_two_cpus_of_their_own(s):
-    samples, before, after, _ = sampled_scans(s, **NO_SWAPS)
+    samples, before, after, _ = sampled_scans(s, group=EVEN)
     both = [x for x in samples if all(single(c) for c in x)]
     print(f"    before {before}; {len(both)} of {len(samples)} samples with both pinned, "
           f"e.g. {both[-1] if both else None}; after {after}")
@@ -263,7 +264,7 @@ def a_terminated_holders_cpu_goes_to_the_next_holders(s):
     s.sql(f"SELECT pg_terminate_backend({pids[0]})")
     sessions[0].close()
     finish_scans(sessions[1:])
-    samples, _, _, _ = sampled_scans(s, **NO_SWAPS)
+    samples, _, _, _ = sampled_scans(s, group=EVEN)
     both = [x for x in samples if all(single(c) for c in x)]
     print(f"    after a holder was terminated: {len(both)} of {len(samples)} samples with "
           f"two new holders pinned, e.g. {both[-1] if both else None}")
@@ -287,47 +288,37 @@ def kernel_slice(pid):
 @check
 def pinned_holders_ask_the_kernel_for_long_slices(s):
     # A pinned holder runs with a kernel slice of 20 ms, so that a process without a
-    # slot waking on its CPU, with the default slice, preempts it at once; unpinned, it
-    # has the default back, or pg_stride.unslotted_time_slice.
+    # slot waking on its CPU, with the default slice, preempts it at once; once it
+    # leaves its slot it asks for 0.2 ms, so that such processes preempt each other.
     idle = concurrency.Session(s)
     default = kernel_slice(int(idle.run("SELECT pg_backend_pid()")[0]))
     idle.close()
     if default is None:
         print("    the kernel shows no time slices (before Linux 6.6): nothing to check")
         return
-    seen = {}
-    # (unslotted_time_slice, slice pinned, slice after the statement)
-    rounds = ((None, 20_000_000, default), ("0.5", 20_000_000, 500_000))
-    for unslotted, expected, expected_after in rounds:
-        concurrency.set_server(s, "pg_stride.unslotted_time_slice", unslotted)
-        try:
-            sessions, pids, _ = start_scans(s, 2)
-            pinned = set()
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and len(pinned) < 20:
-                for pid in pids:
-                    # The slice follows the pinning by a system call: a process seen
-                    # pinned is read again 10 ms later, if it is still on that CPU.
-                    cpus = allowed_cpus(pid)
-                    if single(cpus):
-                        time.sleep(0.01)
-                        slice_ns = kernel_slice(pid)
-                        if allowed_cpus(pid) == cpus:
-                            pinned.add(slice_ns)
-                time.sleep(0.02)
-            for x in sessions:
-                assert x.run("SELECT 'done'", lines=2, timeout=180)[1] == "done"
-            after = {kernel_slice(p) for p in pids}
-            for x in sessions:
-                x.close()
-        finally:
-            concurrency.set_server(s, "pg_stride.unslotted_time_slice", None)
-        key = f"unslotted {'default' if unslotted is None else unslotted}"
-        seen[key] = (sorted(pinned - {None}), sorted(after - {None}))
-        assert pinned - {None} == {expected}, (key, seen)
-        assert after == {expected_after}, (key, seen)
-    print(f"    default slice {default} ns; pinned / after: "
-          + "; ".join(f"{k}: {v[0]} / {v[1]}" for k, v in seen.items()))
+    sessions, pids, _ = start_scans(s, 2)
+    pinned = set()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(pinned) < 20:
+        for pid in pids:
+            # The slice follows the pinning by a system call: a process seen pinned is
+            # read again 10 ms later, if it is still on that CPU.
+            cpus = allowed_cpus(pid)
+            if single(cpus):
+                time.sleep(0.01)
+                slice_ns = kernel_slice(pid)
+                if allowed_cpus(pid) == cpus:
+                    pinned.add(slice_ns)
+        time.sleep(0.02)
+    for x in sessions:
+        assert x.run("SELECT 'done'", lines=2, timeout=180)[1] == "done"
+    after = {kernel_slice(p) for p in pids}
+    for x in sessions:
+        x.close()
+    print(f"    default slice {default} ns; pinned: {sorted(pinned - {None})}; "
+          f"after: {sorted(after - {None})}")
+    assert pinned - {None} == {20_000_000}, (pinned, after)
+    assert after == {200_000}, (pinned, after)
 
 
 # A scan that takes a slot, for a session to run while a holder sleeps.
@@ -456,95 +447,80 @@ while True:
 """
 
 
-def holders_beside_a_hog(s, hog_code, below_share):
+def holders_beside_a_hog(s, hog_code):
     """Two slots, two pinned holders: `low` (priority 10) and `high` (priority 10000),
-    and `hog_code` run outside the server on high's CPU, with
-    pg_stride.swap_stalled_holders off, then on with pg_stride.swap_below_share =
-    `below_share`. Both holders run past their slices without waiting for a slot, so
-    only the CPUs can change hands. For each: the share of the time high ran, the
-    share of the samples that found it away from the hog's CPU, the CPU swaps, and
-    those of them for high's share."""
-    seen = {}
+    and `hog_code` run outside the server on high's CPU. Both holders run past their
+    slices without waiting for a slot, so only the CPUs can change hands. Returns the
+    share of the time high ran, the share of the samples that found it away from the
+    hog's CPU, the CPU swaps, and those of them for high's share."""
+    sessions = {g: concurrency.Session(s) for g in ("low", "high")}
+    pids = {g: int(x.run(f"SET pg_stride.resource_group = {g}; SELECT pg_backend_pid()")[0])
+            for g, x in sessions.items()}
+    before = cpu_swaps(s)
+    hog = subprocess.Popen([sys.executable, "-c", hog_code], stdin=subprocess.PIPE, text=True)
+    time.sleep(0.2)
     try:
-        concurrency.set_server(s, "pg_stride.swap_below_share", below_share)
-        for swap in ("off", "on"):
-            concurrency.set_server(s, "pg_stride.swap_stalled_holders", swap)
-            sessions = {g: concurrency.Session(s) for g in ("low", "high")}
-            pids = {g: int(x.run(f"SET pg_stride.resource_group = {g}; "
-                                 "SELECT pg_backend_pid()")[0])
-                    for g, x in sessions.items()}
-            before = cpu_swaps(s)
-            hog = subprocess.Popen([sys.executable, "-c", hog_code], stdin=subprocess.PIPE,
-                                   text=True)
-            time.sleep(0.2)
-            try:
-                sessions["low"].send(LONG)
-                wait_pinned(pids["low"])
-                sessions["high"].send(LONG)
-                busy = wait_pinned(pids["high"])
-                os.sched_setaffinity(hog.pid, {int(busy)})
-                hog.stdin.write("go\n")
-                hog.stdin.flush()
-                time.sleep(0.5)
-                cpu0, t0 = cpu_seconds(pids["high"]), time.monotonic()
-                placed = []
-                while time.monotonic() - t0 < 3:
-                    placed.append(allowed_cpus(pids["high"]))
-                    time.sleep(0.05)
-                share = (cpu_seconds(pids["high"]) - cpu0) / (time.monotonic() - t0)
-                ran_through = not any(x.has_result() for x in sessions.values())
-            finally:
-                hog.kill()
-                hog.wait()
-                for g, x in sessions.items():
-                    s.sql(f"SELECT pg_cancel_backend({pids[g]})")
-                    x.close()
-            assert ran_through, "a holder ended before the sampling did"
-            away = sum(1 for c in placed if single(c) and c != busy) / len(placed)
-            after = cpu_swaps(s)
-            seen[swap] = (share, away, after[0] - before[0], after[1] - before[1])
+        sessions["low"].send(LONG)
+        wait_pinned(pids["low"])
+        sessions["high"].send(LONG)
+        busy = wait_pinned(pids["high"])
+        os.sched_setaffinity(hog.pid, {int(busy)})
+        hog.stdin.write("go\n")
+        hog.stdin.flush()
+        time.sleep(0.5)
+        cpu0, t0 = cpu_seconds(pids["high"]), time.monotonic()
+        placed = []
+        while time.monotonic() - t0 < 3:
+            placed.append(allowed_cpus(pids["high"]))
+            time.sleep(0.05)
+        share = (cpu_seconds(pids["high"]) - cpu0) / (time.monotonic() - t0)
+        ran_through = not any(x.has_result() for x in sessions.values())
     finally:
-        concurrency.set_server(s, "pg_stride.swap_stalled_holders", None)
-        concurrency.set_server(s, "pg_stride.swap_below_share", None)
-    print("    " + "; ".join(f"swap {k}: high ran {v[0]:.0%} of the time, away from the busy "
-                            f"CPU in {v[1]:.0%} of the samples, {v[2]} swaps ({v[3]} for "
-                            f"its share)" for k, v in seen.items()))
+        hog.kill()
+        hog.wait()
+        for g, x in sessions.items():
+            s.sql(f"SELECT pg_cancel_backend({pids[g]})")
+            x.close()
+    assert ran_through, "a holder ended before the sampling did"
+    away = sum(1 for c in placed if single(c) and c != busy) / len(placed)
+    after = cpu_swaps(s)
+    seen = (share, away, after[0] - before[0], after[1] - before[1])
+    print(f"    high ran {seen[0]:.0%} of the time, away from the busy CPU in {seen[1]:.0%} of "
+          f"the samples, {seen[2]} swaps ({seen[3]} for its share)")
     return seen
 
 
 def assert_high_moved_away(seen):
-    """Off, high shares the busy CPU for as long as it runs; on, low swaps CPUs with it
-    and, being the lower, never swaps back."""
-    off, on = seen["off"], seen["on"]
-    assert off[2] == 0 and off[1] == 0 and off[0] < 0.75, seen
-    # On, high leaves the busy CPU and runs most of the time. Not all of it: this shared
+    """Low swaps CPUs with high and, being the lower, never swaps back. Without the swap
+    high shares the busy CPU for as long as it runs: it ran 50-58 % of the time, away
+    from the busy CPU in none of the samples."""
+    share, away, swaps, _ = seen
+    # High leaves the busy CPU and runs most of the time. Not all of it: this shared
     # machine's own processes run in bursts of up to 111 ms on either CPU, and one that
     # keeps high off its new CPU has low swap once more (a CI run saw high away in 73 %
     # of the samples, running 86 % of the time, after 3 swaps).
-    assert on[1] >= 0.6 and on[0] > 0.75, seen
+    assert away >= 0.6 and share > 0.75, seen
     # One swap does it, a few more follow such bursts (a CI run on PostgreSQL 18 saw 10
     # while the machine's other tenants were busy); holders handing the CPUs back and
     # forth would swap at every few 2-ms slices, hundreds of times in the 3.5 s.
-    assert 1 <= on[2] <= 30, seen
+    assert 1 <= swaps <= 30, seen
 
 
 @check
 def a_stalled_holder_of_a_higher_priority_takes_a_lower_ones_cpu(s):
-    # High's clock stands still for 5 ms: low sees it stalled. Shares are left out
-    # (pg_stride.swap_below_share = 0), so the clock does it alone.
-    seen = holders_beside_a_hog(s, HOG, 0)
-    assert_high_moved_away(seen)
-    assert seen["on"][3] == 0, seen
+    # High's clock stands still for whole kernel slices: low sees it stalled (or, at a
+    # slice end of high's, that it ran too little of the slice).
+    assert_high_moved_away(holders_beside_a_hog(s, HOG))
 
 
 @check
 def a_holder_of_a_higher_priority_sharing_its_cpu_takes_a_lower_ones_cpu(s):
     # High's clock moves, but high publishes at its slice ends that it ran about half
-    # of each: low sees it kept off its CPU. (With the rule left out, high stayed on
-    # the busy CPU, running 58 % of the time, with no swap.)
-    seen = holders_beside_a_hog(s, HALF_HOG, 67)
+    # of each: low sees it kept off its CPU. (Counting stalled clocks only, high stayed
+    # on the busy CPU, running 58 % of the time, with no swap.)
+    seen = holders_beside_a_hog(s, HALF_HOG)
     assert_high_moved_away(seen)
-    assert seen["on"][3] >= 1, seen
+    assert seen[3] >= 1, seen
 
 
 def kernel_policy(pid):
@@ -638,29 +614,24 @@ def outranked_policies(s):
 
 @check
 def an_outranked_holder_runs_in_the_idle_class_only_if_it_may_leave_it(s):
-    # With pg_stride.idle_lower_holders, the holder that a higher one outranks runs in
-    # SCHED_IDLE, and goes back to SCHED_OTHER when it is outranked no more and when its
+    # The pinned holder that a higher one outranks runs in SCHED_IDLE, and goes back to SCHED_OTHER when it is outranked no more and when its
     # statement ends (here by a cancel): its next statement must not run in the idle
     # class. The kernel lets a process leave the class only with CAP_SYS_NICE or an
     # RLIMIT_NICE of 20, so without them no process enters it.
     assert not may_renice(postmaster_pid(s)), "the test server already may renice"
-    concurrency.set_server(s, "pg_stride.idle_lower_holders", "on")
+    both, alone, before_cancel, after = outranked_policies(s)
+    print(f"    without CAP_SYS_NICE: {len(both)} samples, low idle in "
+          f"{sum(1 for lo, _ in both if lo == SCHED_IDLE)}")
+    assert all(p == (SCHED_OTHER, SCHED_OTHER) for p in both), both
+    if os.geteuid() != 0:
+        print("    not root: the server cannot be given CAP_SYS_NICE")
+        return
+    restart(s, sys_nice=True)
     try:
+        assert may_renice(postmaster_pid(s))
         both, alone, before_cancel, after = outranked_policies(s)
-        print(f"    without CAP_SYS_NICE: {len(both)} samples, low idle in "
-              f"{sum(1 for lo, _ in both if lo == SCHED_IDLE)}")
-        assert all(p == (SCHED_OTHER, SCHED_OTHER) for p in both), both
-        if os.geteuid() != 0:
-            print("    not root: the server cannot be given CAP_SYS_NICE")
-            return
-        restart(s, sys_nice=True)
-        try:
-            assert may_renice(postmaster_pid(s))
-            both, alone, before_cancel, after = outranked_policies(s)
-        finally:
-            restart(s, sys_nice=False)
     finally:
-        concurrency.set_server(s, "pg_stride.idle_lower_holders", None)
+        restart(s, sys_nice=False)
     low_idle = sum(1 for lo, _ in both if lo == SCHED_IDLE) / len(both)
     print(f"    with CAP_SYS_NICE: low idle in {low_idle:.0%} of {len(both)} samples, high in "
           f"{sum(1 for _, hi in both if hi == SCHED_IDLE)}; low alone: {alone}; low "

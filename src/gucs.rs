@@ -83,16 +83,6 @@ pub const MAX_POOL_SIZE: i32 = 32;
 pub static POOL_SIZE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static POOL_IDLE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
-pub static SWAP_STALLED_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(true);
-/// Largest accepted `pg_stride.swap_below_share`, %: well below the 90 % an observer
-/// must have run itself, so that two holders on CPUs equally busy never swap back and
-/// forth.
-pub const MAX_SWAP_BELOW_SHARE: i32 = 80;
-pub static SWAP_BELOW_SHARE: GucSetting<i32> = GucSetting::<i32>::new(67);
-pub static IDLE_LOWER_HOLDERS: GucSetting<bool> = GucSetting::<bool>::new(false);
-/// Largest accepted `pg_stride.unslotted_time_slice`, ms: the kernel's own limit.
-const MAX_TIME_SLICE_MS: f64 = 100.0;
-pub static UNSLOTTED_TIME_SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(0.0);
 pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c""));
 pub static DATABASE: GucSetting<Option<CString>> =
@@ -370,42 +360,6 @@ pub fn register(group_exists: GroupExists) {
         &PIN_SLOTS,
         GucContext::Sighup,
         GucFlags::default(),
-    );
-    GucRegistry::define_bool_guc(
-        c"pg_stride.swap_stalled_holders",
-        c"With pinned slots, a holder swaps CPUs with a holder of a higher priority that another process keeps off its own CPU.",
-        c"Checked at the lower-priority holder's slice ends: a holder whose CPU clock stood still for 5 ms, with no yield point reached, is stalled; so is one that ran less than pg_stride.swap_below_share of its last slice. Off: each holder stays on its CPU until it gives its slot up.",
-        &SWAP_STALLED_HOLDERS,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"pg_stride.swap_below_share",
-        c"With pg_stride.swap_stalled_holders, a holder of a higher priority that ran less than this percentage of its last slice is kept off its CPU as well.",
-        c"Measured by the holder itself: the CPU its slice used over the wall-clock time it took, unless it blocked during the slice. The lower-priority holder swaps only if it ran 90 % of its own last slice. 0: only a stalled holder counts.",
-        &SWAP_BELOW_SHARE,
-        0,
-        MAX_SWAP_BELOW_SHARE,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_bool_guc(
-        c"pg_stride.idle_lower_holders",
-        c"With pinned slots, a holder that a holder of a higher priority outranks runs in the kernel's SCHED_IDLE class.",
-        c"Work without a slot then wakes on its CPU and preempts it at once, leaving the higher holders' CPUs alone. Needs CAP_SYS_NICE or an RLIMIT_NICE of 20 (systemd: LimitNICE=+0) to leave the class again; without them it does nothing.",
-        &IDLE_LOWER_HOLDERS,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_float_guc(
-        c"pg_stride.unslotted_time_slice",
-        c"Kernel time slice a process asks for when it leaves its CPU slot, for what it does without one (finishing its statement, the next one's parse and plan); 0: the kernel's default.",
-        c"On Linux 6.12 and later; the kernel keeps it within 0.1 to 100 ms. Shorter than the default, so that such processes waking up preempt each other sooner.",
-        &UNSLOTTED_TIME_SLICE_MS,
-        0.0,
-        MAX_TIME_SLICE_MS,
-        GucContext::Sighup,
-        GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(
         c"pg_stride.numa_steal_after",

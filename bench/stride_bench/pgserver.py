@@ -174,8 +174,8 @@ class Server:
     def start(self, settings: list, name: str, renice: bool = False):
         """(Re)start the server with `settings` as bench_config.conf.  `renice` (root
         only): its processes get the CAP_SYS_NICE capability (ambient), so that a backend
-        may lower its nice value back to 0 after raising it, or leave SCHED_IDLE
-        (`pg_stride.idle_lower_holders`); the kernel refuses both to an ordinary process
+        may lower its nice value back to 0 after raising it, or leave SCHED_IDLE (a
+        pinned holder that another outranks enters it); the kernel refuses both to an ordinary process
         (raising RLIMIT_NICE instead would need CAP_SYS_RESOURCE, which containers often
         lack)."""
         if self.running():

@@ -47,7 +47,7 @@ pub fn hold(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
     let Some(entry) = shared.procs().get(me.0 as usize) else {
         return;
     };
-    let outranked = gucs::IDLE_LOWER_HOLDERS.get() && outranked(shared, sched, me);
+    let outranked = outranked(shared, sched, me);
     let me = me.0 as usize;
     let owned = cpu_of(entry.slot_cpu.load(Ordering::Acquire))
         .filter(|&c| shared.cpu_owners.owner(c) == Some(me));
@@ -206,22 +206,31 @@ fn outranking<'a>(
 /// alpha095_own_slices).
 const HOLDER_TIME_SLICE_MS: f64 = 20.0;
 
+/// The kernel time slice a process asks for once it left its pinned slot, ms (Linux
+/// 6.12 and later): against the kernel's default (1.4 ms on the benchmark's machine),
+/// 0.2 ms lowered the short mean slowdown in 3 runs of 3 (by 0.10-0.16), the short p99
+/// in 2 (3.14 → 2.92, 3.44 → 2.53; 0.07 higher in the third) and the long mean in 3
+/// (bench/results/cpu-interference/alpha095_lead, runs D-F).
+const UNSLOTTED_TIME_SLICE_MS: f64 = 0.2;
+
 /// A pinned holder asks the kernel for long slices ([`HOLDER_TIME_SLICE_MS`]): a process
 /// without a slot that wakes on its CPU, with the default slice, then preempts it at once
 /// (EEVDF serves shorter requests first) to parse and plan or to answer its client,
 /// rather than waiting out the holder's slice (bench/results/sim-gap/SIM_GAP.md). An
-/// older kernel ignores the request. Without a slot, a process asks for
-/// `pg_stride.unslotted_time_slice` (the kernel's default unless set): shorter slices
-/// let such processes, each with a little work between two waits (the rest of a
-/// statement, its reply, the next one's parse and plan), preempt each other at wake-up
-/// instead of waiting out a protected default slice.
+/// older kernel ignores the request. Without a slot, a process asks for short slices
+/// ([`UNSLOTTED_TIME_SLICE_MS`]): such processes, each with a little work between two
+/// waits (the rest of a statement, its reply, the next one's parse and plan), preempt
+/// each other at wake-up instead of waiting out a protected default slice.
 ///
-/// A pinned holder that another holder outranks (`outranked`) goes further with
-/// `pg_stride.idle_lower_holders`: in `SCHED_IDLE`, its CPU counts as idle for the
-/// kernel's choice of a CPU for a waking process, so the work without a slot (a backend
-/// parsing and planning, a kernel thread) lands on the lower holder's CPU rather than on
-/// the higher one's, and runs there at once. Only a process that may leave the class
-/// again enters it.
+/// A pinned holder that another holder outranks (`outranked`) goes further: in
+/// `SCHED_IDLE`, its CPU counts as idle for the kernel's choice of a CPU for a waking
+/// process, so the work without a slot (a backend parsing and planning, a kernel thread)
+/// lands on the lower holder's CPU rather than on the higher one's, and runs there at
+/// once. That lowered the time short statements were runnable while holding a slot in 5
+/// runs of 5, by 7-29 %, with slowdowns within a run's spread
+/// (bench/results/cpu-interference/alpha095_lead). The kernel lets a process leave the
+/// class only with `CAP_SYS_NICE` or an `RLIMIT_NICE` of 20: a process without them
+/// never enters it.
 ///
 /// Each process asks for its own slice and class, when it runs with a slot (or without
 /// one again), never for a receiver it pins: with the giver setting the sleeping
@@ -235,7 +244,7 @@ fn fit_own_scheduling(entry: &shmem::ProcEntry, outranked: bool) {
     let ms = if pinned {
         HOLDER_TIME_SLICE_MS
     } else {
-        gucs::UNSLOTTED_TIME_SLICE_MS.get()
+        UNSLOTTED_TIME_SLICE_MS
     };
     let slice = (ms.max(0.0) * 1e6) as u64;
     let idle = pinned && outranked && may_leave_idle();
@@ -264,17 +273,18 @@ fn may_leave_idle() -> bool {
 static SAMPLED: BackendLocal<RefCell<Vec<HolderSample>>> =
     BackendLocal::new(RefCell::new(Vec::new()));
 
-/// A slice end at which holder `me` keeps its slot (`pg_stride.swap_stalled_holders`),
-/// having run `ran` ‰ of the slice (`slice_share`): samples the holders of a higher
-/// priority and, if one of them has been kept off its CPU — stalled, or sharing it — while
-/// this process had its own CPU to itself (`pg_stride_sched::stall`), swaps CPUs with
-/// it, the highest priority first. A clock read for each holder of a higher priority;
-/// nothing when there is none. Call after `hold`.
+/// A slice end at which pinned holder `me` keeps its slot, having run `ran` ‰ of the
+/// slice (`slice_share`): samples the holders of a higher priority and, if one of them
+/// has been kept off its CPU — stalled, or sharing it — while this process had its own
+/// CPU to itself (`pg_stride_sched::stall`), swaps CPUs with it, the highest priority
+/// first. The processes that keep a holder off its CPU are mostly the server's own work
+/// without a slot and, on a virtual machine, kernel threads no holder can preempt;
+/// swapping lowered the time short statements were runnable while holding a slot in 6
+/// pairs of runs of 7, by 7-27 % (bench/results/cpu-interference/alpha095_swap). A
+/// clock read for each holder of a higher priority; nothing when there is none. Call
+/// after `hold`.
 pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ran: Option<u32>) {
     let before = SAMPLED.with_borrow_mut(std::mem::take);
-    if !gucs::SWAP_STALLED_HOLDERS.get() {
-        return;
-    }
     let Some(mine) = sched.holder_priority(me) else {
         return;
     };

@@ -247,9 +247,9 @@ pub struct Shared {
     /// the server started.
     pub yield_requests: AtomicU64,
     /// CPU swaps of a holder with a holder of a higher priority kept off its CPU
-    /// (`pg_stride.swap_stalled_holders`), since the server started; of those, swaps with
+    /// (`cpu::pinning::serve_stalled`), since the server started; of those, swaps with
     /// one that was not stalled but ran too little of its last slice
-    /// (`pg_stride.swap_below_share`).
+    /// (`cpu::slice_share`).
     pub cpu_swaps: AtomicU64,
     pub cpu_share_swaps: AtomicU64,
 }
