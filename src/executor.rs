@@ -39,7 +39,7 @@
 //! with saturating arithmetic, so that no hook can panic over it.
 
 use crate::backend_local::BackendLocal;
-use crate::{admission, cpu, groups, gucs, pg, plan_tree, pool, shmem, statements};
+use crate::{groups, gucs, pg, plan_tree, pool, shmem, statements};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -107,7 +107,8 @@ static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
 
 /// Depth of ExecutorRun/ExecutorFinish calls, and of utilities whose queries are not
-/// scheduled, in progress in this backend.
+/// scheduled, in progress in this backend: the hooks' own state, which tells a
+/// top-level statement from a nested one before any statement is registered.
 static NESTING: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
 /// The depth each open subtransaction started at, innermost last, by SubTransactionId.
 static SUBXACT_DEPTHS: BackendLocal<RefCell<Vec<(pg_sys::SubTransactionId, u32)>>> =
@@ -157,12 +158,6 @@ fn is_scheduled(eflags: i32) -> bool {
 /// leader's query, if there is one (docs/design.md §2).
 fn is_parallel_worker_of_scheduled_leader(eflags: i32) -> bool {
     pg::is_parallel_worker() && runs_top_level(eflags)
-}
-
-/// Whether `desc` takes part in CPU scheduling: a pausable top-level statement of this
-/// backend, or the part of one that this parallel worker runs.
-fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
-    cpu::is_member() && (pg::is_parallel_worker() || statements::on_cpu(desc))
 }
 
 /// Whether the queries utility `stmt` runs are the client's, scheduled like top-level
@@ -233,7 +228,7 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     // With the plan tree built, yield points can be placed in it: in a statement that
     // may be paused (docs/design.md §4 rule 2: writes are never paused).
     if scheduled {
-        if cpu::is_pausable(desc) {
+        if statements::may_join(desc) {
             // SAFETY: a guarded function, given the executor's own QueryDesc.
             unsafe { join_cpu_scheduling(desc) };
         }
@@ -278,7 +273,7 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
         // SAFETY: a guarded function.
         unsafe { take_back_admission() };
     }
-    let on_cpu = NESTING.get() == 0 && runs_on_cpu_slots(desc);
+    let on_cpu = NESTING.get() == 0 && statements::runs_on_cpu_slots(desc);
     if on_cpu {
         // SAFETY: a guarded function.
         unsafe { begin_run() };
@@ -300,7 +295,7 @@ unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
 }
 
 unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
-    if statements::may_be_registered(desc) || (pg::is_parallel_worker() && cpu::is_member()) {
+    if statements::may_end(desc) {
         // SAFETY: a guarded function, given the executor's own QueryDesc.
         unsafe { end_statement(desc) };
     }
@@ -360,7 +355,7 @@ unsafe extern "C-unwind" fn process_utility(
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn register_statement(desc: *mut pg_sys::QueryDesc) {
-    statements::start(desc);
+    statements::arrive(desc);
 }
 
 #[pgrx::pg_guard]
@@ -454,46 +449,37 @@ unsafe extern "C-unwind" fn is_monitoring(desc: *mut pg_sys::QueryDesc) -> bool 
     unsafe { plan_tree::is_monitoring_query((*desc).plannedstmt, own_schema) }
 }
 
+// The guarded entry points into `statements` (see the module comment), one per step of
+// a statement's life.
+
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn join_cpu_scheduling(desc: *mut pg_sys::QueryDesc) {
-    statements::started(desc);
+    statements::executor_started(desc);
 }
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn join_leader(desc: *mut pg_sys::QueryDesc) {
-    statements::start_worker(desc);
+    statements::worker_started(desc);
 }
 
-/// A statement whose admission was lent while its client was away (a cursor between
-/// fetches) takes it back before it runs again (docs/design.md §4 rule 12).
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn take_back_admission() {
-    if let Some(shared) = shmem::shared() {
-        if admission::is_lent(shared) && pg::interrupts_can_be_processed() {
-            admission::take_back(shared);
-        }
-    }
+    statements::resume();
 }
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn begin_run() {
-    if let Some(shared) = shmem::shared() {
-        cpu::begin_run(shared);
-    }
+    statements::run_begins();
 }
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn end_run() {
-    if let Some(shared) = shmem::shared() {
-        cpu::end_run(shared);
-    }
+    statements::run_ends();
 }
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn end_statement(desc: *mut pg_sys::QueryDesc) {
-    if !statements::unregister(desc) && pg::is_parallel_worker() && cpu::is_member() {
-        statements::end_worker(desc);
-    }
+    statements::end(desc);
 }
 
 /// The one transaction callback of pg_stride. When a transaction aborts no statement

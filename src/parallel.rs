@@ -30,26 +30,32 @@ pub struct Grant {
     pub granted: u32,
 }
 
-/// Grants the Gathers of `desc`'s plan their workers, for a statement of group slot
-/// `group`, and lowers the worker counts of a copy of the plan where a grant is lower
-/// than planned. Call before ExecutorStart builds the plan state. `reserved` is called
-/// with the grant once the workers are reserved and before anything that may raise an
-/// error, so that the caller can give them back however the statement ends.
-pub fn grant_workers(
+/// The workers reserved for a statement's Gathers, each Gather's count in the order
+/// [`for_each_gather`] meets them.
+pub struct Reservation {
+    pub grant: Grant,
+    /// Each Gather's grant, where one is lower than planned; empty when all got theirs.
+    lowered: Vec<i32>,
+}
+
+/// Reserves, against the cap of group slot `group`, the workers the Gathers of `desc`'s
+/// plan may launch; `None` for a plan without Gathers, or with `parallel_mode = off`.
+/// Raises no error: the caller records the grant, to give it back however the
+/// statement ends, before [`apply`] may raise one.
+pub fn reserve_workers(
     shared: &shmem::Shared,
-    desc: *mut pg_sys::QueryDesc,
+    desc: *const pg_sys::QueryDesc,
     group: usize,
-    reserved: impl FnOnce(Grant),
-) {
+) -> Option<Reservation> {
     if gucs::PARALLEL_MODE.get() == ParallelMode::Off {
-        return;
+        return None;
     }
-    let Some(sched) = shared.sched() else { return };
+    let sched = shared.sched()?;
     // SAFETY: ExecutorStart's QueryDesc has a valid PlannedStmt.
     let stmt = unsafe { (*desc).plannedstmt };
     // SAFETY: as above. A plan with a Gather needs parallel mode; most plans have none.
     if !unsafe { (*stmt).parallelModeNeeded } {
-        return;
+        return None;
     }
     let mut planned = Vec::new();
     // SAFETY: `stmt` is a valid PlannedStmt; the walk only reads it.
@@ -59,7 +65,7 @@ pub fn grant_workers(
         })
     };
     if planned.is_empty() {
-        return;
+        return None;
     }
     let elsewhere = shared.statements_elsewhere();
     let granted: Vec<i32> = planned
@@ -72,23 +78,36 @@ pub fn grant_workers(
             sched.reserve_workers(GroupId(group as u32), n.max(0) as u32, demand) as i32
         })
         .collect();
-    reserved(Grant {
+    let grant = Grant {
         planned: planned.iter().map(|&(n, _)| n.max(0) as u32).sum(),
         granted: granted.iter().map(|&n| n as u32).sum(),
-    });
-    if granted.iter().eq(planned.iter().map(|(n, _)| n)) {
+    };
+    let all = granted.iter().eq(planned.iter().map(|(n, _)| n));
+    Some(Reservation {
+        grant,
+        lowered: if all { Vec::new() } else { granted },
+    })
+}
+
+/// Makes `desc` run with the workers `reservation` granted: where a grant is lower than
+/// planned, a copy of the plan with the lower counts. Call before ExecutorStart builds
+/// the plan state. May raise an error (out of memory).
+pub fn apply(desc: *mut pg_sys::QueryDesc, reservation: Reservation) {
+    if reservation.lowered.is_empty() {
         return;
     }
-    // SAFETY: the copy is made in the context that holds the QueryDesc, so it lives as
-    // long as the statement; copyObjectImpl copies the whole tree, so the walk below
-    // meets its Gathers in the same order as the walk above met the original's.
+    // SAFETY: ExecutorStart's QueryDesc has a valid PlannedStmt. The copy is made in the
+    // context that holds the QueryDesc, so it lives as long as the statement;
+    // copyObjectImpl copies the whole tree, so the walk below meets its Gathers in the
+    // same order as `reserve_workers` met the original's.
     unsafe {
         let context = pg_sys::GetMemoryChunkContext(desc.cast());
         let previous = pg_sys::CurrentMemoryContext;
         pg_sys::CurrentMemoryContext = context;
-        let copy = pg_sys::copyObjectImpl(stmt.cast()).cast::<pg_sys::PlannedStmt>();
+        let copy =
+            pg_sys::copyObjectImpl((*desc).plannedstmt.cast()).cast::<pg_sys::PlannedStmt>();
         pg_sys::CurrentMemoryContext = previous;
-        let mut grants = granted.into_iter();
+        let mut grants = reservation.lowered.into_iter();
         for_each_gather(copy, |workers, _| {
             if let Some(n) = grants.next() {
                 *workers = n;

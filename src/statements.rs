@@ -1,4 +1,17 @@
-//! Which top-level statements of this backend are registered with pg_stride.
+//! One statement's life in this backend, from its arrival at ExecutorStart to its end:
+//! the executor hooks (`executor.rs`) come here, and this module drives admission, the
+//! parallel workers' grant and CPU scheduling, in that order.
+//!
+//! A top-level statement arrives ([`arrive`]): it waits in the admission queue until it
+//! is admitted (or skips the queue: exempt, or its backend already holds an admission),
+//! and is registered as a [`Statement`] in stage [`Stage::Admitted`], its parallel
+//! workers reserved. Once ExecutorStart built its plan state, a statement that may be
+//! paused joins CPU scheduling ([`executor_started`], [`Stage::Joined`]): its scans
+//! become yield points, and from its first check-in it holds a CPU slot or waits for
+//! one (`cpu`). Each ExecutorRun takes the slot and gives it back ([`run_begins`],
+//! [`run_ends`]), taking back first an admission lent while the client was away
+//! ([`resume`]). The statement ends at ExecutorEnd ([`end`]), giving back, in reverse
+//! order, its CPU scheduling, its workers, its memory and its admission.
 //!
 //! A statement is registered when the executor starts it and unregistered when the
 //! executor ends it. When a statement fails, is cancelled or times out, ExecutorEnd never
@@ -20,11 +33,25 @@ use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
 
-/// A statement this backend registered, and the resource owner that was current when
-/// the executor started it (the portal's owner).
-struct Registration {
+/// Where a registered statement is in its life. Before it is registered it waits in
+/// the admission queue (inside [`arrive`]); once it joined, whether its process holds a
+/// CPU slot or is paused is CPU scheduling's state (`cpu`); at its end it is removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Admitted, or exempt from admission: the executor is starting it, or runs it
+    /// without pausing it (it writes, or its transaction wrote).
+    Admitted,
+    /// Takes part in CPU scheduling.
+    Joined,
+}
+
+/// A top-level statement of this backend, registered from its admission to its end,
+/// and the resource owner that was current when the executor started it (the portal's
+/// owner).
+struct Statement {
     desc: *const pg_sys::QueryDesc,
     owner: pg_sys::ResourceOwner,
+    stage: Stage,
     /// Group slot the statement runs in.
     group: usize,
     /// Whether it holds the process's admission (its lease), to give back or keep
@@ -32,8 +59,6 @@ struct Registration {
     admitted: bool,
     /// Whether its admission reserved working memory, to give back when it ends.
     reserved_memory: bool,
-    /// Whether it takes part in CPU scheduling.
-    cpu: bool,
     /// Parallel workers its Gathers were granted, to give back when it ends.
     workers: Grant,
     /// When it arrived and was admitted, for the tuner's trace.
@@ -44,7 +69,9 @@ struct Registration {
 /// (EXECUTE, DECLARE, EXPLAIN ANALYZE, CREATE TABLE AS, DO, CALL): its queries run in
 /// portals of their own, or in no new portal, but take the group its tag names. With it,
 /// the subtransaction that was current when it started: if that one aborts (an ERROR
-/// inside the client's savepoint), the utility ended with it.
+/// inside the client's savepoint), the utility ended with it. Beside the statements, not
+/// one of them: it is the client's command, which the executor does not run, and it
+/// outlives the statements it runs.
 static CLIENT_UTILITY: BackendLocal<Cell<Option<(pg::StatementText, u32)>>> =
     BackendLocal::new(Cell::new(None));
 
@@ -78,7 +105,8 @@ fn client_group_tag() -> Option<String> {
         .group_tag()
 }
 
-static REGISTERED: BackendLocal<RefCell<Vec<Registration>>> =
+/// The backend's registered statements: one, or a few open cursors.
+static REGISTERED: BackendLocal<RefCell<Vec<Statement>>> =
     BackendLocal::new(RefCell::new(Vec::new()));
 static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
@@ -91,13 +119,13 @@ pub fn install() {
     };
 }
 
-/// Starts scheduling `desc`, a top-level statement of this backend, in the session's
-/// resource group: admits it (waiting for its turn if the limits are reached), records
-/// it, and grants its Gathers their parallel workers. Superusers skip admission when
+/// `desc`, a top-level statement of this backend, arrives in the session's resource
+/// group: admits it (waiting for its turn if the limits are reached), registers it,
+/// and grants its Gathers their parallel workers. Superusers skip admission when
 /// `pg_stride.exempt_superuser` is on, and so does a statement of a backend that holds
 /// an admission for another of its statements. Call before ExecutorStart: it may
 /// replace the statement's plan by a copy with fewer workers.
-pub fn start(desc: *mut pg_sys::QueryDesc) {
+pub fn arrive(desc: *mut pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
     };
@@ -139,33 +167,36 @@ pub fn start(desc: *mut pg_sys::QueryDesc) {
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| {
-        list.push(Registration {
+        list.push(Statement {
             desc,
             owner,
+            stage: Stage::Admitted,
             group,
             admitted,
             reserved_memory: admitted && need_kb > 0,
-            cpu: false,
             workers: Grant::default(),
             arrival,
         })
     });
     entry.registered.fetch_add(1, Ordering::AcqRel);
+    // Counted as running before its workers are reserved, so that statements reserving
+    // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);
     entry.clear_statement();
-    parallel::grant_workers(shared, desc, group, |grant| {
-        REGISTERED.with_borrow_mut(|list| {
-            if let Some(r) = list.iter_mut().find(|r| r.desc == desc.cast_const()) {
-                r.workers = grant;
-            }
-        });
-        entry
-            .workers_planned
-            .store(grant.planned, Ordering::Relaxed);
-        entry
-            .workers_granted
-            .store(grant.granted, Ordering::Relaxed);
+    let Some(reservation) = parallel::reserve_workers(shared, desc, group) else {
+        return;
+    };
+    // Recorded before the plan copy may raise an error: from here on the statement's
+    // end, or its resource owner's release, gives the workers back.
+    let grant = reservation.grant;
+    REGISTERED.with_borrow_mut(|list| {
+        if let Some(r) = list.iter_mut().find(|r| r.desc == desc.cast_const()) {
+            r.workers = grant;
+        }
     });
+    entry.workers_planned.store(grant.planned, Ordering::Relaxed);
+    entry.workers_granted.store(grant.granted, Ordering::Relaxed);
+    parallel::apply(desc, reservation);
 }
 
 /// The working memory `desc`'s plan reserves when it is admitted, kB: 0 unless a memory
@@ -179,15 +210,23 @@ fn memory_need(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) -> u64 {
     unsafe { plan_tree::memory_need_kb((*desc).plannedstmt, pg::memory_settings()) }
 }
 
+/// Whether `desc`, a statement that arrived, may join CPU scheduling once the executor
+/// started it (docs/design.md §4 rule 2: writes are never paused). Cannot panic: the
+/// executor hooks ask it outside pgrx's error boundary, so that a write enters no
+/// guarded function.
+pub fn may_join(desc: *const pg_sys::QueryDesc) -> bool {
+    cpu::is_pausable(desc)
+}
+
 /// The executor has started `desc`, a registered statement that may be paused: it
-/// joins CPU scheduling.
-pub fn started(desc: *const pg_sys::QueryDesc) {
+/// joins CPU scheduling, its scans becoming yield points.
+pub fn executor_started(desc: *const pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
     };
     let registered = REGISTERED.with_borrow_mut(|list| {
         let r = list.iter_mut().find(|r| r.desc == desc)?;
-        r.cpu = true;
+        r.stage = Stage::Joined;
         Some((r.group, r.arrival))
     });
     if let Some((group, arrival)) = registered {
@@ -195,22 +234,70 @@ pub fn started(desc: *const pg_sys::QueryDesc) {
     }
 }
 
-/// Whether `desc` is a registered statement that takes part in CPU scheduling. Cannot
+/// Whether ExecutorRun of `desc` runs on a CPU slot: a statement of this backend that
+/// joined CPU scheduling, or the part of one that this parallel worker runs. Cannot
 /// panic: the executor hooks ask it outside pgrx's error boundary.
-pub fn on_cpu(desc: *const pg_sys::QueryDesc) -> bool {
-    REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc && r.cpu)) == Some(true)
+pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
+    cpu::is_member()
+        && (pg::is_parallel_worker()
+            || REGISTERED
+                .try_with_borrow(|list| {
+                    list.iter().any(|r| r.desc == desc && r.stage == Stage::Joined)
+                })
+                == Some(true))
 }
 
-/// Whether `desc` may be a registered statement (asked outside pgrx's error boundary,
-/// so it answers yes rather than panic). A nested statement is not: the list holds the
-/// backend's top-level statements, one or a few open cursors.
-pub fn may_be_registered(desc: *const pg_sys::QueryDesc) -> bool {
+/// A top-level ExecutorRun begins: a statement whose admission was lent while its
+/// client was away (a cursor between fetches) takes it back before it runs again
+/// (docs/design.md §4 rule 12).
+pub fn resume() {
+    if let Some(shared) = shmem::shared() {
+        if admission::is_lent(shared) && pg::interrupts_can_be_processed() {
+            admission::take_back(shared);
+        }
+    }
+}
+
+/// ExecutorRun of a statement on CPU slots begins: its process takes a slot, waiting
+/// for one if none is free.
+pub fn run_begins() {
+    if let Some(shared) = shmem::shared() {
+        cpu::begin_run(shared);
+    }
+}
+
+/// ExecutorRun of a statement on CPU slots ended: its process gives its slot back.
+pub fn run_ends() {
+    if let Some(shared) = shmem::shared() {
+        cpu::end_run(shared);
+    }
+}
+
+/// Whether ExecutorEnd of `desc` may end a statement of this backend, or this parallel
+/// worker's part of one (asked outside pgrx's error boundary, so it answers yes rather
+/// than panic). A nested statement does not: the list holds the backend's top-level
+/// statements, one or a few open cursors.
+pub fn may_end(desc: *const pg_sys::QueryDesc) -> bool {
     REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc)) != Some(false)
+        || (pg::is_parallel_worker() && cpu::is_member())
+}
+
+/// ExecutorEnd of `desc`: a registered statement ends, or this parallel worker's part of
+/// one.
+pub fn end(desc: *const pg_sys::QueryDesc) {
+    if unregister_where(|r| r.desc == desc, false) == 0
+        && pg::is_parallel_worker()
+        && cpu::is_member()
+    {
+        if let Some(shared) = shmem::shared() {
+            cpu::end_statement(shared, Some(desc), false);
+        }
+    }
 }
 
 /// A parallel worker starts its part of a statement: it joins its leader's CPU
 /// scheduling, if the leader's statement takes part. Call after ExecutorStart.
-pub fn start_worker(desc: *const pg_sys::QueryDesc) {
+pub fn worker_started(desc: *const pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
     };
@@ -221,22 +308,10 @@ pub fn start_worker(desc: *const pg_sys::QueryDesc) {
     }
 }
 
-/// A parallel worker's part of a statement ends.
-pub fn end_worker(desc: *const pg_sys::QueryDesc) {
-    if let Some(shared) = shmem::shared() {
-        cpu::end_statement(shared, Some(desc), false);
-    }
-}
-
-/// Forgets `desc` if it was registered; returns whether it was.
-pub fn unregister(desc: *const pg_sys::QueryDesc) -> bool {
-    unregister_where(|r| r.desc == desc, false) > 0
-}
-
 /// Forgets every registration that matches, keeps the shared count in step, and
 /// returns how many there were. `failed`: the statements ended with an error, or
 /// their process exits.
-fn unregister_where(matches: impl Fn(&Registration) -> bool, failed: bool) -> usize {
+fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize {
     let mut count = 0;
     // One at a time, allocating nothing: this runs at the end of every statement.
     while let Some(r) = REGISTERED.with_borrow_mut(|list| {
@@ -253,7 +328,7 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool, failed: bool) -> us
         if let Some(entry) = entry {
             entry.running.fetch_sub(1, Ordering::AcqRel);
         }
-        if r.cpu {
+        if r.stage == Stage::Joined {
             cpu::end_statement(shared, Some(r.desc), failed);
         }
         parallel::return_workers(shared, r.group, r.workers);
@@ -272,7 +347,7 @@ fn unregister_where(matches: impl Fn(&Registration) -> bool, failed: bool) -> us
 /// Makes this process the owner of its shared entry. An entry still naming another pid
 /// belonged to an earlier process with the same PGPROC; whatever it says is stale, but
 /// an idle lease it kept is still counted as an admission and is given back.
-pub fn claim(shared: &shmem::Shared, entry: &ProcEntry) {
+fn claim(shared: &shmem::Shared, entry: &ProcEntry) {
     let me = pg::my_pid();
     if entry.pid.load(Ordering::Acquire) != me {
         admission::give_back_lease(shared, entry);

@@ -153,19 +153,23 @@ impl Member {
     }
 }
 
-/// The process's membership, while it has scheduled statements.
+/// The process's membership, while it has scheduled statements. The process's, not one
+/// statement's (`statements::Statement`): the statements of a backend (open cursors)
+/// share one query and one slot, and a parallel worker is a member without a statement.
 pub(super) static MEMBER: BackendLocal<RefCell<Option<Member>>> =
     BackendLocal::new(RefCell::new(None));
 /// Tuples left before the next check-in; counting down is all a yield point does on most
-/// tuples.
+/// tuples, so it is a plain cell of its own rather than a field behind a borrow.
 pub(super) static COUNTDOWN: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(u32::MAX));
 /// This process's request to end its slice early, in the scheduler's shared memory
 /// (a waiter of a higher priority asks for it): a yield point reads it at every tuple. Set when
-/// the process first takes a slot; its process entry stays the same for its lifetime.
+/// the process first takes a slot; its process entry stays the same for its lifetime,
+/// so the flag outlives statements.
 pub(super) static YIELD_FLAG: BackendLocal<Cell<Option<&'static AtomicU32>>> =
     BackendLocal::new(Cell::new(None));
 /// Thread CPU time when this process last ended a statement as a worker of a leader:
-/// a pool worker serves fragment after fragment, each counted from the one before.
+/// a pool worker serves fragment after fragment, each counted from the one before, so
+/// this outlives the membership of each.
 pub(super) static WORKER_CPU_BASE: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
 
 /// Whether a waiter of a higher priority asked this process to end its slice: one load

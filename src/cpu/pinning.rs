@@ -29,7 +29,8 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{fence, Ordering};
 
 /// The kernel time slice this process last asked for, ns (0: the kernel's default), and
-/// whether it put itself in `SCHED_IDLE`.
+/// whether it put itself in `SCHED_IDLE`: the process's kernel attributes, which outlive
+/// its statements (it asks again only when what it wants changes).
 static OWN_SCHEDULING: BackendLocal<Cell<(u64, bool)>> = BackendLocal::new(Cell::new((0, false)));
 /// Whether this process may leave `SCHED_IDLE` again (`pg::may_leave_idle_class`), once
 /// asked.

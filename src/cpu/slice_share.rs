@@ -26,6 +26,8 @@ struct Start {
     cpu: u32,
 }
 
+/// Per slice of the process, not per statement: the slices of a process's statements
+/// (open cursors) follow each other on its slot.
 static START: BackendLocal<Cell<Option<Start>>> = BackendLocal::new(Cell::new(None));
 
 /// The share of a slice's wall-clock time a holder ran, measured on the CPU it owned
