@@ -99,7 +99,10 @@ fn reject_if_oversized(shared: &shmem::Shared, group: usize, need_kb: u64) {
         if queue.memory.exceeds(need_kb) {
             Some(("pg_stride.memory_budget", queue.memory.limit_kb))
         } else if queue.groups[group].memory.exceeds(need_kb) {
-            Some(("the group's memory_budget", queue.groups[group].memory.limit_kb))
+            Some((
+                "the group's memory_budget",
+                queue.groups[group].memory.limit_kb,
+            ))
         } else {
             None
         }

@@ -104,8 +104,7 @@ pub fn apply(desc: *mut pg_sys::QueryDesc, reservation: Reservation) {
         let context = pg_sys::GetMemoryChunkContext(desc.cast());
         let previous = pg_sys::CurrentMemoryContext;
         pg_sys::CurrentMemoryContext = context;
-        let copy =
-            pg_sys::copyObjectImpl((*desc).plannedstmt.cast()).cast::<pg_sys::PlannedStmt>();
+        let copy = pg_sys::copyObjectImpl((*desc).plannedstmt.cast()).cast::<pg_sys::PlannedStmt>();
         pg_sys::CurrentMemoryContext = previous;
         let mut grants = reservation.lowered.into_iter();
         for_each_gather(copy, |workers, _| {

@@ -194,8 +194,12 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) {
             r.workers = grant;
         }
     });
-    entry.workers_planned.store(grant.planned, Ordering::Relaxed);
-    entry.workers_granted.store(grant.granted, Ordering::Relaxed);
+    entry
+        .workers_planned
+        .store(grant.planned, Ordering::Relaxed);
+    entry
+        .workers_granted
+        .store(grant.granted, Ordering::Relaxed);
     parallel::apply(desc, reservation);
 }
 
@@ -240,11 +244,10 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
 pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
     cpu::is_member()
         && (pg::is_parallel_worker()
-            || REGISTERED
-                .try_with_borrow(|list| {
-                    list.iter().any(|r| r.desc == desc && r.stage == Stage::Joined)
-                })
-                == Some(true))
+            || REGISTERED.try_with_borrow(|list| {
+                list.iter()
+                    .any(|r| r.desc == desc && r.stage == Stage::Joined)
+            }) == Some(true))
 }
 
 /// A top-level ExecutorRun begins: a statement whose admission was lent while its

@@ -646,7 +646,10 @@ impl Queue {
         c.waiting.fetch_sub(1, SeqCst);
         self.charge(g);
         let w = &mut waiters[p];
-        debug_assert!(w.reserved_kb == 0 || need == 0, "one reservation per process");
+        debug_assert!(
+            w.reserved_kb == 0 || need == 0,
+            "one reservation per process"
+        );
         w.reserved_kb += need;
         w.reserved_group = g as u32;
         w.state = WaitState::Admitted;
@@ -704,9 +707,11 @@ impl Queue {
             let (next, waits_for_memory) = self.next_of(waiters, g, memory_held);
             memory_held |= waits_for_memory;
             let Some(p) = next else {
-                if self.groups[g].waiting > 0 && !waiters.iter().any(|w| {
-                    w.state == WaitState::Queued && w.group as usize == g
-                }) {
+                if self.groups[g].waiting > 0
+                    && !waiters
+                        .iter()
+                        .any(|w| w.state == WaitState::Queued && w.group as usize == g)
+                {
                     // The counts say someone waits in g but no entry does: repair the
                     // count rather than spin (cannot happen while callers keep to the
                     // lock).
@@ -751,14 +756,16 @@ mod tests {
         }
 
         fn configure(&mut self, g: usize, weight: u32, max_concurrency: u32) {
-            self.q.configure_group(&self.c, g, weight, max_concurrency, 0);
+            self.q
+                .configure_group(&self.c, g, weight, max_concurrency, 0);
         }
 
         fn arrive(&mut self, p: usize, g: usize) -> Arrival {
             if self.c.try_enter(g) {
                 return Arrival::Admitted;
             }
-            self.q.arrive(&self.c, &mut self.w, &self.l, p, g, 0, |_| {})
+            self.q
+                .arrive(&self.c, &mut self.w, &self.l, p, g, 0, |_| {})
         }
 
         /// As the extension admits a statement: the idle lease first, then the fast
@@ -798,7 +805,8 @@ mod tests {
 
         /// A statement needing `kb` of memory arrives: it skips the fast path.
         fn arrive_needing(&mut self, p: usize, g: usize, kb: u64) -> Arrival {
-            self.q.arrive(&self.c, &mut self.w, &self.l, p, g, kb, |_| {})
+            self.q
+                .arrive(&self.c, &mut self.w, &self.l, p, g, kb, |_| {})
         }
 
         /// Ends p's admitted statement of group `g` that reserved memory: the memory goes
@@ -1175,7 +1183,11 @@ mod tests {
         assert_eq!(s.q.memory.waiting_kb, 60);
         // Same group, later, needs no memory: it takes nothing the first one waits for.
         assert_eq!(s.arrive_needing(2, 0, 0), Arrival::Admitted);
-        assert_eq!(s.arrive_needing(3, 0, 40), Arrival::Queued, "arrival order in a group");
+        assert_eq!(
+            s.arrive_needing(3, 0, 40),
+            Arrival::Queued,
+            "arrival order in a group"
+        );
         assert_eq!(s.q.memory.reserved_kb, 60);
         assert_eq!(s.finish_needing(0, 0), vec![1, 3], "60 + 40 fit in 100");
         assert!(s.take_admitted(1) && s.take_admitted(3));
@@ -1195,7 +1207,11 @@ mod tests {
         // order: the memory is held for the large one. One needing none goes.
         assert_eq!(s.arrive_needing(2, 2, 30), Arrival::Queued);
         assert_eq!(s.arrive_needing(3, 2, 0), Arrival::Admitted);
-        assert_eq!(s.finish_needing(0, 0), vec![1], "alone once the budget is empty");
+        assert_eq!(
+            s.finish_needing(0, 0),
+            vec![1],
+            "alone once the budget is empty"
+        );
         assert!(s.take_admitted(1));
         assert_eq!(s.q.memory.reserved_kb, 500);
         assert_eq!(s.finish_needing(1, 1), vec![2]);
@@ -1207,7 +1223,11 @@ mod tests {
         s.q.set_memory_budget(100);
         assert_eq!(s.arrive_needing(0, 0, 50), Arrival::Admitted);
         assert_eq!(s.arrive_needing(1, 0, 500), Arrival::Queued);
-        assert_eq!(s.arrive_needing(2, 0, 30), Arrival::Queued, "behind it in its group");
+        assert_eq!(
+            s.arrive_needing(2, 0, 30),
+            Arrival::Queued,
+            "behind it in its group"
+        );
         let mut woken = vec![];
         assert!(s.q.withdraw(&s.c, &mut s.w, 1, |p| woken.push(p)));
         assert_eq!(woken, vec![2]);
@@ -1220,7 +1240,11 @@ mod tests {
         s.q.configure_group(&s.c, 1, 100, 0, 50);
         assert_eq!(s.arrive_needing(0, 1, 40), Arrival::Admitted);
         assert_eq!(s.arrive_needing(1, 1, 40), Arrival::Queued);
-        assert_eq!(s.arrive_needing(2, 0, 40), Arrival::Admitted, "no server budget");
+        assert_eq!(
+            s.arrive_needing(2, 0, 40),
+            Arrival::Admitted,
+            "no server budget"
+        );
         assert_eq!(s.q.groups[1].memory.waiting_kb, 40);
         assert_eq!(s.finish_needing(0, 1), vec![1]);
     }
@@ -1286,8 +1310,14 @@ mod tests {
                 }
             }
             let holders = s.w.iter().filter(|w| w.reserved_kb > 0).count();
-            assert!(s.q.memory.reserved_kb <= 100 || holders == 1, "{:?}", s.q.memory);
-            let in_group_1 = s.w.iter().filter(|w| w.reserved_kb > 0 && w.reserved_group == 1);
+            assert!(
+                s.q.memory.reserved_kb <= 100 || holders == 1,
+                "{:?}",
+                s.q.memory
+            );
+            let in_group_1 =
+                s.w.iter()
+                    .filter(|w| w.reserved_kb > 0 && w.reserved_group == 1);
             assert!(s.q.groups[1].memory.reserved_kb <= 70 || in_group_1.count() == 1);
             let reserved: u64 = s.w.iter().map(|w| w.reserved_kb).sum();
             assert_eq!(reserved, s.q.memory.reserved_kb);
@@ -1305,6 +1335,12 @@ mod tests {
             }
         }
         assert!(state.iter().all(Option::is_none), "{state:?}");
-        assert_eq!(s.q.memory, Budget { limit_kb: 100, ..Budget::default() });
+        assert_eq!(
+            s.q.memory,
+            Budget {
+                limit_kb: 100,
+                ..Budget::default()
+            }
+        );
     }
 }

@@ -35,7 +35,12 @@ pub enum Metric {
 }
 
 impl Metric {
-    const ALL: [Metric; 4] = [Metric::CpuTime, Metric::Elapsed, Metric::Rows, Metric::TempBytes];
+    const ALL: [Metric; 4] = [
+        Metric::CpuTime,
+        Metric::Elapsed,
+        Metric::Rows,
+        Metric::TempBytes,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -302,7 +307,9 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
 /// A non-negative integer with an optional unit of `units` (`bare`: the size of no unit).
 fn parse_scaled(text: &str, units: &[(&str, u64)], bare: u64) -> Result<u64, String> {
     let text = text.trim();
-    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(digits);
     let number: u64 = number
         .parse()
@@ -342,10 +349,26 @@ mod tests {
         );
         assert_eq!(Rules::parse(&r.to_string()).unwrap(), r);
         let first = r.get(0).unwrap();
-        assert_eq!((first.threshold, first.action), (30_000_000, Action::Cancel));
-        assert_eq!(Rules::parse("elapsed > 250: log").unwrap().get(0).unwrap().threshold, 250_000);
-        assert_eq!(Rules::parse("elapsed > 1500ms: log").unwrap().to_string(), "elapsed > 1500ms: log");
-        assert_eq!(Rules::parse("temp_bytes > 0: log").unwrap().to_string(), "temp_bytes > 0B: log");
+        assert_eq!(
+            (first.threshold, first.action),
+            (30_000_000, Action::Cancel)
+        );
+        assert_eq!(
+            Rules::parse("elapsed > 250: log")
+                .unwrap()
+                .get(0)
+                .unwrap()
+                .threshold,
+            250_000
+        );
+        assert_eq!(
+            Rules::parse("elapsed > 1500ms: log").unwrap().to_string(),
+            "elapsed > 1500ms: log"
+        );
+        assert_eq!(
+            Rules::parse("temp_bytes > 0: log").unwrap().to_string(),
+            "temp_bytes > 0B: log"
+        );
         let moved = Rules::parse("cpu_time > 2s: move  batch jobs ").unwrap();
         assert_eq!(moved.to_string(), "cpu_time > 2s: move batch jobs");
         assert_eq!(moved.get(0).unwrap().target.as_str(), "batch jobs");
@@ -366,8 +389,10 @@ mod tests {
         assert!(err("rows > 1: move").contains("takes a group name"));
         assert!(err(&format!("rows > 1: move {}", "g".repeat(64))).contains("takes a group name"));
         assert!(err("temp_bytes > 99999999999TB: log").contains("too large"));
-        assert!(err("rows > 1: log; rows > 2: log; rows > 3: log; rows > 4: log; rows > 5: log")
-            .contains("at most 4 rules"));
+        assert!(
+            err("rows > 1: log; rows > 2: log; rows > 3: log; rows > 4: log; rows > 5: log")
+                .contains("at most 4 rules")
+        );
     }
 
     #[test]
@@ -382,7 +407,11 @@ mod tests {
         usage.cpu_us += 1;
         assert_eq!(r.newly_hit(&usage, 0), 0b01);
         usage.rows = 11;
-        assert_eq!(r.newly_hit(&usage, 0b01), 0b10, "a fired rule does not fire again");
+        assert_eq!(
+            r.newly_hit(&usage, 0b01),
+            0b10,
+            "a fired rule does not fire again"
+        );
         assert!(r.uses(Metric::Rows) && !r.uses(Metric::TempBytes));
     }
 }

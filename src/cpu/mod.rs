@@ -210,7 +210,7 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         let now = thread_cpu_ns();
         m.acct.cpu_total_ns = now.saturating_sub(WORKER_CPU_BASE.replace(now));
         if let Some(entry) = shared.procs().get(leader) {
-            entry.workers_acct.add(&m.acct);
+            entry.inbox.workers_acct.add(&m.acct);
         }
     }
     if m.owner {
@@ -225,11 +225,11 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
                 m.acct.cpu_total_ns = thread_cpu_ns().saturating_sub(at_arrival);
             }
             let acct = shared.my_entry().map_or(m.acct, |e| {
-                e.workers_acct.add(&m.acct);
+                e.inbox.workers_acct.add(&m.acct);
                 Accounting {
                     first_slot_ns: m.acct.first_slot_ns,
                     workers_planned: e.workers_planned.load(Ordering::Relaxed),
-                    ..e.workers_acct.take()
+                    ..e.inbox.workers_acct.take()
                 }
             });
             let ended = trace::Ended {

@@ -50,12 +50,13 @@ pub fn hold(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
     };
     let outranked = outranked(shared, sched, me);
     let me = me.0 as usize;
-    let owned = cpu_of(entry.slot_cpu.load(Ordering::Acquire))
+    let owned = cpu_of(entry.inbox.slot_cpu.load(Ordering::Acquire))
         .filter(|&c| shared.cpu_owners.owner(c) == Some(me));
     let cpu = owned.or_else(|| {
-        let last = pin_word::cpu(entry.pinned_cpu.load(Ordering::Relaxed));
+        let last = pin_word::cpu(entry.inbox.pinned_cpu.load(Ordering::Relaxed));
         let cpu = shared.cpu_owners.claim_free(me, &[pg::current_cpu(), last]);
         entry
+            .inbox
             .slot_cpu
             .store(cpu.map_or(0, |c| c + 1), Ordering::Release);
         cpu
@@ -73,7 +74,7 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
     let from = from.map(|p| p.0 as usize);
     let to = to.map(|p| p.0 as usize);
     let released = from.and_then(|f| {
-        let cpu = cpu_of(procs.get(f)?.slot_cpu.swap(0, Ordering::AcqRel))?;
+        let cpu = cpu_of(procs.get(f)?.inbox.slot_cpu.swap(0, Ordering::AcqRel))?;
         Some((f, cpu))
     });
     let Some(t) = to else {
@@ -85,10 +86,11 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
     let Some(entry) = procs.get(t) else { return };
     let handed = released.and_then(|(f, cpu)| owners.pass(cpu, f, Some(t)).then_some(cpu));
     let cpu = handed.or_else(|| {
-        let last = pin_word::cpu(entry.pinned_cpu.load(Ordering::Relaxed));
+        let last = pin_word::cpu(entry.inbox.pinned_cpu.load(Ordering::Relaxed));
         owners.claim_free(t, &[last])
     });
     entry
+        .inbox
         .slot_cpu
         .store(cpu.map_or(0, |c| c + 1), Ordering::Release);
     pin(shared, t, cpu);
@@ -149,7 +151,7 @@ pub fn leave(shared: &shmem::Shared, me: ProcId) {
     let Some(entry) = shared.procs().get(me.0 as usize) else {
         return;
     };
-    if let Some(cpu) = cpu_of(entry.slot_cpu.swap(0, Ordering::AcqRel)) {
+    if let Some(cpu) = cpu_of(entry.inbox.slot_cpu.swap(0, Ordering::AcqRel)) {
         shared.cpu_owners.pass(cpu, me.0 as usize, None);
     }
     unpin(shared, me);
@@ -241,7 +243,7 @@ const UNSLOTTED_TIME_SLICE_MS: f64 = 0.2;
 /// bench/results/handoff-and-slices/alpha095_own_slices). A system call only when what
 /// it wants changes.
 fn fit_own_scheduling(entry: &shmem::ProcEntry, outranked: bool) {
-    let pinned = pin_word::cpu(entry.pinned_cpu.load(Ordering::Acquire)).is_some();
+    let pinned = pin_word::cpu(entry.inbox.pinned_cpu.load(Ordering::Acquire)).is_some();
     let ms = if pinned {
         HOLDER_TIME_SLICE_MS
     } else {
@@ -361,11 +363,11 @@ fn swap(shared: &shmem::Shared, me: usize, other: usize, theirs: u32) -> bool {
     let (Some(my_entry), Some(their_entry)) = (procs.get(me), procs.get(other)) else {
         return false;
     };
-    let Some(mine) = cpu_of(my_entry.slot_cpu.load(Ordering::Acquire)) else {
+    let Some(mine) = cpu_of(my_entry.inbox.slot_cpu.load(Ordering::Acquire)) else {
         return false;
     };
     if owners.owner(mine) != Some(me)
-        || their_entry.slot_cpu.load(Ordering::Acquire) != theirs + 1
+        || their_entry.inbox.slot_cpu.load(Ordering::Acquire) != theirs + 1
         || !owners.pass(theirs, other, Some(me))
     {
         return false;
@@ -374,8 +376,11 @@ fn swap(shared: &shmem::Shared, me: usize, other: usize, theirs: u32) -> bool {
         owners.pass(theirs, me, Some(other));
         return false;
     }
-    their_entry.slot_cpu.store(mine + 1, Ordering::Release);
-    my_entry.slot_cpu.store(theirs + 1, Ordering::Release);
+    their_entry
+        .inbox
+        .slot_cpu
+        .store(mine + 1, Ordering::Release);
+    my_entry.inbox.slot_cpu.store(theirs + 1, Ordering::Release);
     pin(shared, other, Some(mine));
     pin(shared, me, Some(theirs));
     // As in `pass`: `other` may have left its statement and unpinned itself meanwhile.
@@ -397,7 +402,7 @@ pub fn sweep(shared: &shmem::Shared, sched: &SchedShared) {
         }
         if owners.pass(cpu, p, None) {
             if let Some(entry) = shared.procs().get(p) {
-                let _ = entry.slot_cpu.compare_exchange(
+                let _ = entry.inbox.slot_cpu.compare_exchange(
                     cpu + 1,
                     0,
                     Ordering::AcqRel,
@@ -416,7 +421,7 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
     let Some(entry) = shared.procs().get(procno) else {
         return;
     };
-    let mut seen = entry.pinned_cpu.load(Ordering::Acquire);
+    let mut seen = entry.inbox.pinned_cpu.load(Ordering::Acquire);
     if pin_word::cpu(seen) == cpu {
         return;
     }
@@ -446,7 +451,7 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
             }
             return;
         }
-        match entry.pinned_cpu.compare_exchange(
+        match entry.inbox.pinned_cpu.compare_exchange(
             seen,
             pin_word::next(seen, cpu),
             Ordering::AcqRel,

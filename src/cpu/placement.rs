@@ -29,6 +29,7 @@ pub(super) fn hand_over(from: Option<ProcId>, to: Option<ProcId>, goes_on: bool)
     let entry = to.and_then(|p| shared.procs().get(p.0 as usize));
     if let Some(entry) = entry {
         entry
+            .inbox
             .slot_given_ns
             .store(pg::monotonic_ns(), Ordering::Release);
     }
@@ -67,14 +68,14 @@ fn wake_as_batch(entry: &shmem::ProcEntry, to: ProcId) {
     // Flagged once the policy changed: a receiver already running that looked before
     // then sets itself back at its next check-in, pause or statement end.
     if pg::set_batch_policy(pid, true).is_ok() {
-        entry.woken_as_batch.store(1, Ordering::Release);
+        entry.inbox.woken_as_batch.store(1, Ordering::Release);
     }
 }
 
 /// Undoes [`wake_as_batch`] for a receiver `to` that runs already.
 fn undo_batch(entry: &shmem::ProcEntry, to: ProcId) {
     let pid = pg::proc_pid(to.0 as usize);
-    if entry.woken_as_batch.swap(0, Ordering::AcqRel) == 1 && pid != 0 {
+    if entry.inbox.woken_as_batch.swap(0, Ordering::AcqRel) == 1 && pid != 0 {
         let _ = pg::set_batch_policy(pid, false);
     }
 }
@@ -82,8 +83,8 @@ fn undo_batch(entry: &shmem::ProcEntry, to: ProcId) {
 /// This process runs again: undo a `SCHED_BATCH` that a hand-over gave it.
 pub(super) fn run_as_other(shared: &shmem::Shared) {
     if let Some(entry) = shared.my_entry() {
-        if entry.woken_as_batch.load(Ordering::Acquire) == 1
-            && entry.woken_as_batch.swap(0, Ordering::AcqRel) == 1
+        if entry.inbox.woken_as_batch.load(Ordering::Acquire) == 1
+            && entry.inbox.woken_as_batch.swap(0, Ordering::AcqRel) == 1
         {
             let _ = pg::set_batch_policy(0, false);
         }

@@ -40,13 +40,15 @@ pub(super) fn cancel_if_a_rule_says_so(shared: &shmem::Shared) {
     let Some(entry) = shared.my_entry() else {
         return;
     };
-    let asked = entry.rule_cancel.load(Ordering::Acquire);
+    let asked = entry.inbox.rule_cancel.load(Ordering::Acquire);
     if asked == 0 || !interrupts_can_be_processed() {
         return;
     }
-    entry.rule_cancel.store(0, Ordering::Relaxed);
+    entry.inbox.rule_cancel.store(0, Ordering::Relaxed);
     // Asked for a statement that has ended since.
-    if entry.rule_cancel_key.load(Ordering::Relaxed) != entry.registered.load(Ordering::Relaxed) {
+    if entry.inbox.rule_cancel_key.load(Ordering::Relaxed)
+        != entry.registered.load(Ordering::Relaxed)
+    {
         return;
     }
     let slot = entry.group.load(Ordering::Relaxed) as usize;
@@ -61,7 +63,9 @@ pub(super) fn cancel_if_a_rule_says_so(shared: &shmem::Shared) {
         format!("canceling statement due to rule \"{rule}\" of resource group \"{group}\""),
         "pg_stride runaway-query rules",
     )
-    .set_hint("pg_stride.rule_hits lists the rules statements met; pg_stride.alter_group() changes them.")
+    .set_hint(
+        "pg_stride.rule_hits lists the rules statements met; pg_stride.alter_group() changes them.",
+    )
     .report(PgLogLevel::ERROR);
 }
 
@@ -76,13 +80,14 @@ pub(super) fn move_if_a_rule_says_so(shared: &shmem::Shared, sched: &SchedShared
     let Some(entry) = shared.my_entry() else {
         return;
     };
-    let target = entry.rule_move.load(Ordering::Acquire);
+    let target = entry.inbox.rule_move.load(Ordering::Acquire);
     if target == 0 {
         return;
     }
-    if entry.rule_move_key.load(Ordering::Relaxed) != entry.registered.load(Ordering::Relaxed) {
+    if entry.inbox.rule_move_key.load(Ordering::Relaxed) != entry.registered.load(Ordering::Relaxed)
+    {
         // Asked for a statement that has ended since.
-        entry.rule_move.store(0, Ordering::Relaxed);
+        entry.inbox.rule_move.store(0, Ordering::Relaxed);
         return;
     }
     let slot = target as usize - 1;
@@ -99,6 +104,6 @@ pub(super) fn move_if_a_rule_says_so(shared: &shmem::Shared, sched: &SchedShared
         Some(())
     });
     if moved.is_some() {
-        entry.rule_move.store(0, Ordering::Relaxed);
+        entry.inbox.rule_move.store(0, Ordering::Relaxed);
     }
 }

@@ -58,7 +58,7 @@ fn measured() -> bool {
 fn own_cpu(shared: &shmem::Shared) -> u32 {
     shared
         .my_entry()
-        .map_or(0, |e| e.slot_cpu.load(Ordering::Acquire))
+        .map_or(0, |e| e.inbox.slot_cpu.load(Ordering::Acquire))
 }
 
 /// A slice starts now: the process keeps its slot past a slice end. An atomic load, a
@@ -124,7 +124,7 @@ pub fn publish(shared: &shmem::Shared, ran: Option<Ran>) {
     // the share after the move (`moved`): with the fences, either it sees the share
     // stored above, or this sees the move.
     fence(Ordering::SeqCst);
-    if entry.slot_cpu.load(Ordering::Acquire) != ran.cpu {
+    if entry.inbox.slot_cpu.load(Ordering::Acquire) != ran.cpu {
         withdraw(entry);
     }
 }

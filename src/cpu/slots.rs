@@ -209,7 +209,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
     // found the slot at once.
     let given = shared
         .my_entry()
-        .map(|e| e.slot_given_ns.load(Ordering::Acquire))
+        .map(|e| e.inbox.slot_given_ns.load(Ordering::Acquire))
         .filter(|&t| t >= paused_at_ns)
         .unwrap_or(now);
     if let Some(entry) = shared.my_entry() {

@@ -114,10 +114,7 @@ unsafe fn wrap(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::PlanState) {
 ///
 /// # Safety
 /// `node` is null or a PlanState of the tree ExecInitNode built for `desc`.
-unsafe fn wrap_scans_below(
-    desc: *const pg_sys::QueryDesc,
-    node: *mut pg_sys::PlanState,
-) {
+unsafe fn wrap_scans_below(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::PlanState) {
     if node.is_null() {
         return;
     }

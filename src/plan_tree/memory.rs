@@ -42,8 +42,11 @@ unsafe fn walked_kb(stmt: *const pg_sys::PlannedStmt, settings: MemorySettings) 
     if units.work == 0 && units.hash == 0 {
         return 0;
     }
-    node_need_kb(NodeMemory::WorkMem, settings, units.work)
-        .saturating_add(node_need_kb(NodeMemory::HashMem, settings, units.hash))
+    node_need_kb(NodeMemory::WorkMem, settings, units.work).saturating_add(node_need_kb(
+        NodeMemory::HashMem,
+        settings,
+        units.hash,
+    ))
 }
 
 /// Whether `stmt` is a chain of nodes with one child each, none of which keeps memory,

@@ -3,12 +3,35 @@
 //! One fixed-size block, requested while `shared_preload_libraries` is processed and
 //! initialised in `shmem_startup_hook`. It holds a small header and one [`ProcEntry`]
 //! per PostgreSQL process that can run queries, indexed by the process's PGPROC number,
-//! so that every process writes only its own entry and nothing can leak past a process's
-//! lifetime: the next process to use the same PGPROC resets the entry, and the scheduler
-//! worker resets entries whose process is gone.
+//! so that nothing can leak past a process's lifetime: the next process to use the same
+//! PGPROC resets the entry, and the scheduler worker resets entries whose process is
+//! gone.
 //!
 //! Everything in the region is an atomic or an integer fixed at initialisation; there are
 //! no pointers, so the layout is valid in every process whatever address it is mapped at.
+//!
+//! Who writes what, and under which lock:
+//!
+//! * a process's own [`ProcEntry`] fields are written by that process only, lock-free;
+//!   readers (views, the scheduler worker, other backends choosing worker grants) read
+//!   the atomics and tolerate a value a moment old. Once the process is gone, whoever
+//!   resets the entry writes them: the next process to claim it, or the scheduler
+//!   worker, which first takes the pid away with a compare-and-swap. Exceptions, each
+//!   with its own protocol: the admission `lease` (the scheduler worker lends it),
+//!   `orphan_query` (the scheduler worker clears it once it freed the query) and
+//!   `admitted_pending` (zeroed by a statistics reset);
+//! * a process's [`Inbox`] is written by others — the process that hands it a slot or a
+//!   CPU, its parallel workers, the scheduler worker asking to cancel or move its
+//!   statement — and read, and cleared where it acted, by the process;
+//! * the admission queue and the per-process `Waiter`s: under [`LockId::Admission`],
+//!   exclusive ([`Shared::with_admission`]); the admission counts (`Counts`) beside them
+//!   are atomics, for the lock-free fast path;
+//! * the group directory: under [`LockId::Directory`], exclusive for the groups loader
+//!   and a transaction that changed the groups table, shared for readers; the decay
+//!   parameters' owner and the tuner's history: under [`LockId::Tuner`]; the recent
+//!   rule hits: under [`LockId::RuleHits`];
+//! * the other header counters are atomics, each written by the process named at its
+//!   definition.
 
 mod cpu_owners;
 mod directory;
@@ -38,14 +61,18 @@ use std::sync::atomic::{AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, O
 
 const REGION_NAME: &CStr = c"pg_stride";
 
-/// Per-process state. A process writes only its own entry; readers (views, the
-/// scheduler worker) read atomics and tolerate a value that is a moment old. Each entry
-/// has a cache line of its own: backends write theirs at every statement, and entries
-/// sharing a line would make their processes' caches fight over it.
+/// Per-process state, in two parts by writer (the rules are in the module header): the
+/// fields a process writes itself, and its [`Inbox`], which other processes write. Each
+/// part has cache lines of its own: backends write their own fields at every statement,
+/// and entries sharing a line would make their processes' caches fight over it; a giver
+/// or the scheduler worker writing a process's inbox leaves the line its owner writes
+/// alone.
 #[derive(Default)]
 #[repr(C, align(64))]
 pub struct ProcEntry {
-    /// pid of the process that last registered work here; 0 when unused.
+    /// pid of the process that last registered work here; 0 when unused. Set by the
+    /// process when it claims the entry; cleared by the scheduler worker, with a
+    /// compare-and-swap, once that process is gone.
     pub pid: AtomicI32,
     /// Top-level statements of this process that are admitted and executing.
     pub running: AtomicU32,
@@ -74,30 +101,14 @@ pub struct ProcEntry {
     pub workers_granted: AtomicU32,
     /// Time the current statement spent paused at yield points, µs.
     pub paused_us: AtomicU64,
-    /// When a slot was last handed to this process (CLOCK_MONOTONIC ns), written by the
-    /// process that hands it over just before setting the latch: the hand-off's latency.
-    pub slot_given_ns: AtomicU64,
-    /// 1 while this process runs as `SCHED_BATCH` because a statement leaving
-    /// ExecutorRun handed it a slot (`cpu::hand_over`); the process sets itself back.
-    pub woken_as_batch: AtomicU32,
     /// Check-ins and slots taken by this process, counted (wrapping) so that the
     /// watchdog sees a holder that reached no yield point during a whole round.
     pub checkins: AtomicU32,
-    /// The CPU (+1; 0 = none) this process owns while it holds a slot
-    /// (`pg_stride.pin_slots`), written by the process that gives it the CPU.
-    pub slot_cpu: AtomicU32,
-    /// The CPU this process was last pinned to (none: unpinned), by itself or by the
-    /// process that handed it a slot: its mask then holds that CPU alone. A
-    /// `pg_stride_sched::pin_word`, which also counts its writes.
-    pub pinned_cpu: AtomicU32,
     /// The share of its last slice's wall-clock time this holder ran, ‰, and when that
     /// slice ended (CLOCK_MONOTONIC ns; 0 = no share to go by), published at its slice
     /// ends with pinned slots (`slice_share::publish`).
     pub slice_ran_permille: AtomicU32,
     pub slice_share_at_ns: AtomicU64,
-    /// What the parallel workers of this process's current statement measured (they add
-    /// theirs when they end; the leader takes the sum into its trace record).
-    pub workers_acct: SharedAccounting,
     /// When the statement that registered `cpu_query` arrived (before admission) and
     /// was admitted, CLOCK_MONOTONIC ns: the tuner traces statements still running.
     pub query_arrival_ns: AtomicU64,
@@ -105,6 +116,46 @@ pub struct ProcEntry {
     /// Rows the leader's current statement produced (returned, or changed by a write),
     /// as of its last check-in at a yield point: what runaway-query rules read.
     pub rows: AtomicU64,
+    /// The query id of this process's current statement (0 = not computed), for the
+    /// hits of runaway-query rules.
+    pub query_id: AtomicU64,
+    /// The admission this process keeps between its statements while nobody waits. A
+    /// protocol of its own (`pg_stride_sched::admission::Lease`): the scheduler worker
+    /// lends it while the process waits for its client.
+    pub lease: Lease,
+    /// Statements of group slot `group` admitted at once and not yet added to the
+    /// group's `admitted` counter, which every backend would otherwise write at every
+    /// statement; counted for the slot's incarnation `pending_incarnation`.
+    /// `pg_stride.reset_stats()` zeroes it from another backend: a statistics reset.
+    pub admitted_pending: AtomicU64,
+    pub pending_incarnation: AtomicU32,
+    /// What other processes write for this one.
+    pub inbox: Inbox,
+}
+
+/// The part of a [`ProcEntry`] that other processes write: a process that hands this
+/// one a slot or a CPU, its parallel workers, and the scheduler worker. The owner reads
+/// what they wrote, and clears the requests it acted on.
+#[derive(Default)]
+#[repr(C, align(64))]
+pub struct Inbox {
+    /// When a slot was last handed to this process (CLOCK_MONOTONIC ns), written by the
+    /// process that hands it over just before setting the latch: the hand-off's latency.
+    pub slot_given_ns: AtomicU64,
+    /// 1 while this process runs as `SCHED_BATCH` because a statement leaving
+    /// ExecutorRun handed it a slot (`cpu::hand_over`); the process sets itself back.
+    pub woken_as_batch: AtomicU32,
+    /// The CPU (+1; 0 = none) this process owns while it holds a slot
+    /// (`pg_stride.pin_slots`), written by the process that gives it the CPU, or swaps
+    /// CPUs with it.
+    pub slot_cpu: AtomicU32,
+    /// The CPU this process was last pinned to (none: unpinned), by itself or by the
+    /// process that handed it a slot: its mask then holds that CPU alone. A
+    /// `pg_stride_sched::pin_word`, which also counts its writes.
+    pub pinned_cpu: AtomicU32,
+    /// What the parallel workers of this process's current statement measured (they add
+    /// theirs when they end; the leader takes the sum into its trace record).
+    pub workers_acct: SharedAccounting,
     /// Written by the scheduler worker: a runaway-query rule (its index + 1; 0 = none)
     /// cancels this process's statement `rule_cancel_key` (its count in `registered`);
     /// the process clears it as it raises the error.
@@ -115,16 +166,6 @@ pub struct ProcEntry {
     /// clears it once its query moved.
     pub rule_move: AtomicU32,
     pub rule_move_key: AtomicU32,
-    /// The query id of this process's current statement (0 = not computed), for the
-    /// hits of runaway-query rules.
-    pub query_id: AtomicU64,
-    /// The admission this process keeps between its statements while nobody waits.
-    pub lease: Lease,
-    /// Statements of group slot `group` admitted at once and not yet added to the
-    /// group's `admitted` counter, which every backend would otherwise write at every
-    /// statement; counted for the slot's incarnation `pending_incarnation`.
-    pub admitted_pending: AtomicU64,
-    pub pending_incarnation: AtomicU32,
 }
 
 /// [`Accounting`] as sums that several processes add to.
@@ -185,7 +226,8 @@ impl SharedAccounting {
 }
 
 impl ProcEntry {
-    /// Forgets everything the entry says; used when its process is gone.
+    /// Forgets everything the entry says; used when its process is gone, by the next
+    /// process to claim it or by the scheduler worker.
     pub fn reset(&self) {
         self.running.store(0, Ordering::Relaxed);
         self.queued.store(0, Ordering::Relaxed);
@@ -195,11 +237,11 @@ impl ProcEntry {
         self.cpu_query.store(0, Ordering::Relaxed);
         self.paused.store(0, Ordering::Relaxed);
         self.admitted_pending.store(0, Ordering::Relaxed);
-        self.slot_cpu.store(0, Ordering::Relaxed);
+        self.inbox.slot_cpu.store(0, Ordering::Relaxed);
         // Unpinned, one write on: a process still pinning the entry's last process
         // (a giver between its mask and its compare-and-swap) fails its swap.
-        let pinned = self.pinned_cpu.load(Ordering::Relaxed);
-        self.pinned_cpu.store(
+        let pinned = self.inbox.pinned_cpu.load(Ordering::Relaxed);
+        self.inbox.pinned_cpu.store(
             pg_stride_sched::pin_word::next(pinned, None),
             Ordering::Relaxed,
         );
@@ -214,7 +256,7 @@ impl ProcEntry {
         self.workers_planned.store(0, Ordering::Relaxed);
         self.workers_granted.store(0, Ordering::Relaxed);
         self.paused_us.store(0, Ordering::Relaxed);
-        self.workers_acct.take();
+        self.inbox.workers_acct.take();
     }
 }
 

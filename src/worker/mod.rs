@@ -21,11 +21,11 @@ mod tuner;
 use signals::{exit_to_be_restarted, reload_config_if_signalled};
 
 use crate::{admission, config, cpu, gucs, pg, pool, shmem};
+use pg_stride_sched::hint;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::pg_sys;
-use pg_stride_sched::hint;
 use pgrx::PgMemoryContexts;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -107,7 +107,6 @@ impl Timers {
     }
 }
 
-
 #[pgrx::pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
@@ -134,7 +133,10 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
             lend_waiting_admissions(shared, &mut admission_waits);
         }
         // The paper's sampling of the free workers (psaroudakis2013 §6).
-        if Timers::take(&mut timers.hint, Duration::from_millis(hint::HINT_INTERVAL_MS)) {
+        if Timers::take(
+            &mut timers.hint,
+            Duration::from_millis(hint::HINT_INTERVAL_MS),
+        ) {
             if let Some(sched) = shared.sched() {
                 sched.sample_hint(hint::HINT_ALPHA);
                 sched.sample_node_util();

@@ -93,7 +93,11 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             .counters(group)
             .rule_hits
             .fetch_add(u64::from(hits.count_ones()), Ordering::Relaxed);
-        for (i, rule) in rules.iter().enumerate().filter(|(i, _)| hits & (1 << i) != 0) {
+        for (i, rule) in rules
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| hits & (1 << i) != 0)
+        {
             let value = usage.of(rule.metric);
             let query_id = entry.query_id.load(Ordering::Relaxed);
             let process = (pid, u32::from(pg::proc_role(procno)));
@@ -119,14 +123,20 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
                 rule.metric.name()
             );
             if rule.action == Action::Cancel && !dry_run && s.cancel_asked.is_none() {
-                entry.rule_cancel_key.store(key, Ordering::Relaxed);
-                entry.rule_cancel.store(i as u32 + 1, Ordering::Release);
+                entry.inbox.rule_cancel_key.store(key, Ordering::Relaxed);
+                entry
+                    .inbox
+                    .rule_cancel
+                    .store(i as u32 + 1, Ordering::Release);
                 pg::set_latch(procno);
                 s.cancel_asked = Some(Instant::now());
             }
             if let (Action::Move, false, Some(slot)) = (rule.action, dry_run, target_slot) {
-                entry.rule_move_key.store(key, Ordering::Relaxed);
-                entry.rule_move.store(slot as u32 + 1, Ordering::Release);
+                entry.inbox.rule_move_key.store(key, Ordering::Relaxed);
+                entry
+                    .inbox
+                    .rule_move
+                    .store(slot as u32 + 1, Ordering::Release);
             }
         }
         if let Some(asked) = s.cancel_asked {

@@ -180,7 +180,10 @@ fn a_moved_query_takes_its_new_groups_weight_and_priorities() {
     assert_eq!(s.acquire(ProcId(0)), RUN);
     assert_eq!(s.acquire(ProcId(1)), WAIT);
     // Only a query whose one member is not waiting may move.
-    assert_eq!(s.move_query(b, GroupId(2), None), Err(SchedError::QueryInUse));
+    assert_eq!(
+        s.move_query(b, GroupId(2), None),
+        Err(SchedError::QueryInUse)
+    );
     s.move_query(a, GroupId(2), None).unwrap();
     let snap = s.query_snapshot(a).unwrap();
     assert_eq!((snap.group, snap.priority), (GroupId(2), P0 / 10));
