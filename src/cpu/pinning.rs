@@ -43,12 +43,15 @@ pub fn enabled(sched: &SchedShared) -> bool {
 
 /// This process holds a slot it took itself (or kept at a slice end): make sure it owns
 /// a CPU — the one it runs on if that is free, so that nothing moves — and is pinned to
-/// it, with its long slice. Three atomic reads when it already is.
+/// it, with its long slice. Three atomic reads when it already is, and, where the
+/// process may leave `SCHED_IDLE` again, a look at the other holders' priorities.
 pub fn hold(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
     let Some(entry) = shared.procs().get(me.0 as usize) else {
         return;
     };
-    let outranked = outranked(shared, sched, me);
+    // Only a process that may leave the idle class enters it: elsewhere (no
+    // CAP_SYS_NICE, the usual case) the other holders are not looked at.
+    let idle_wanted = may_leave_idle() && outranked(shared, sched, me);
     let me = me.0 as usize;
     let owned = cpu_of(entry.inbox.slot_cpu.load(Ordering::Acquire))
         .filter(|&c| shared.cpu_owners.owner(c) == Some(me));
@@ -62,7 +65,7 @@ pub fn hold(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
         cpu
     });
     pin(shared, me, cpu);
-    fit_own_scheduling(entry, outranked);
+    fit_own_scheduling(entry, idle_wanted);
 }
 
 /// `from` gave its slot up (`None`: nobody did) and `to` was handed one (`None`: nobody
@@ -225,7 +228,7 @@ const UNSLOTTED_TIME_SLICE_MS: f64 = 0.2;
 /// waits (the rest of a statement, its reply, the next one's parse and plan), preempt
 /// each other at wake-up instead of waiting out a protected default slice.
 ///
-/// A pinned holder that another holder outranks (`outranked`) goes further: in
+/// A pinned holder that another holder outranks (`idle_wanted`) goes further: in
 /// `SCHED_IDLE`, its CPU counts as idle for the kernel's choice of a CPU for a waking
 /// process, so the work without a slot (a backend parsing and planning, a kernel thread)
 /// lands on the lower holder's CPU rather than on the higher one's, and runs there at
@@ -242,15 +245,15 @@ const UNSLOTTED_TIME_SLICE_MS: f64 = 0.2;
 /// ms, against 0.08-0.16 ms with each process setting its own;
 /// bench/results/handoff-and-slices/alpha095_own_slices). A system call only when what
 /// it wants changes.
-fn fit_own_scheduling(entry: &shmem::ProcEntry, outranked: bool) {
+fn fit_own_scheduling(entry: &shmem::ProcEntry, idle_wanted: bool) {
     let pinned = pin_word::cpu(entry.inbox.pinned_cpu.load(Ordering::Acquire)).is_some();
     let ms = if pinned {
         HOLDER_TIME_SLICE_MS
     } else {
         UNSLOTTED_TIME_SLICE_MS
     };
-    let slice = (ms.max(0.0) * 1e6) as u64;
-    let idle = pinned && outranked && may_leave_idle();
+    let slice = (ms * 1e6) as u64;
+    let idle = pinned && idle_wanted;
     let (had_slice, was_idle) = OWN_SCHEDULING.get();
     if (had_slice, was_idle) == (slice, idle) {
         return;
