@@ -313,6 +313,10 @@ class Runner:
                              + ", ".join(missing) + " yet")
                 log(f"SKIP {name}: {state['reason']}")
                 return False
+            if cfg.get("library"):
+                # the installation's second step; groups and the views need it
+                self.server.psql("create extension if not exists pg_stride",
+                                 db=self.server.psql("show pg_stride.database"))
             if cfg.get("class_groups"):
                 groups = {queries.GROUP[cls]: args for cls, args in cfg["class_groups"].items()}
                 self.server.define_groups(groups)
@@ -335,7 +339,7 @@ class Runner:
         return self.wl
 
     def conn(self, cfg: dict, db: str) -> list:
-        return self.server.conn_args(db, through_bouncer=bool(cfg.get("pgbouncer")))
+        return self.server.app_conn_args(db, through_bouncer=bool(cfg.get("pgbouncer")))
 
     # ---- the run ------------------------------------------------------------------
     def setup(self):
@@ -349,6 +353,9 @@ class Runner:
         data.load(self.server, workload.TPCH_DB, p.large_sf)
         data.load_pgbench(self.server, workload.OLTP_DB, p.oltp_scale)
         self.schemas = [data.schema_name(p.small_sf), data.schema_name(p.large_sf)]
+        self.server.ensure_app_role({
+            workload.TPCH_DB: [("select", s) for s in self.schemas],
+            workload.OLTP_DB: [("select, insert, update", "public")]})
         scripts, niced, tagged, grouped_by_set = {}, {}, {}, {}
         sdir = self.run_dir / "scripts"
         for cls, sf in (("short", p.small_sf), ("long", p.large_sf)):

@@ -27,6 +27,11 @@ BOUNCER_PORT = int(os.environ.get("BENCH_BOUNCER_PORT", "6497"))
 IS_ROOT = os.geteuid() == 0
 # initdb, postgres and pgbouncer refuse to run as root: as root they run as this user.
 SERVER_USER = os.environ.get("BENCH_SERVER_USER", "postgres")
+# Every measured query is sent by this role: LOGIN, not a superuser, with the rights an
+# application has on the benchmark's tables. pg_stride then admits and schedules it as it
+# would an application's (a superuser's statements skip admission, exempt_superuser).
+# Set-up, prewarming and the views are read as SERVER_USER.
+APP_ROLE = "stride_app"
 
 _t0 = time.monotonic()
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from . import analysis
-from .common import (BOUNCER_PORT, DATA, IS_ROOT, OUT, PG_BIN, PG_PORT, PGBOUNCER,
+from .common import (APP_ROLE, BOUNCER_PORT, DATA, IS_ROOT, OUT, PG_BIN, PG_PORT, PGBOUNCER,
                      SERVER_USER, as_server_user, chown_server, log, ncpus, run)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -125,9 +125,25 @@ class Server:
         self.settings_name = None
 
     # ---- connection parameters -------------------------------------------------
-    def conn_args(self, db: str, through_bouncer: bool = False) -> list:
+    def conn_args(self, db: str, through_bouncer: bool = False,
+                  role: str = SERVER_USER) -> list:
         port = BOUNCER_PORT if through_bouncer else PG_PORT
-        return ["-h", str(self.sock), "-p", str(port), "-U", SERVER_USER, db]
+        return ["-h", str(self.sock), "-p", str(port), "-U", role, db]
+
+    def app_conn_args(self, db: str, through_bouncer: bool = False) -> list:
+        """How the measured queries connect: as the application role APP_ROLE."""
+        return self.conn_args(db, through_bouncer, APP_ROLE)
+
+    def ensure_app_role(self, grants: dict):
+        """Creates APP_ROLE (LOGIN, no superuser) if missing, and gives it `grants`:
+        database -> [(privileges, schema)], each on all tables of the schema."""
+        self.psql(f"do $$ begin create role {APP_ROLE} login; "
+                  "exception when duplicate_object then null; end $$")
+        for db, rows in grants.items():
+            for privileges, schema in rows:
+                self.psql(f"grant usage on schema {schema} to {APP_ROLE}; "
+                          f"grant {privileges} on all tables in schema {schema} "
+                          f"to {APP_ROLE}", db=db)
 
     def psql(self, sql: str, db: str = "postgres", capture=True, check=True, quiet=True):
         cmd = [PG_BIN / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At",
@@ -250,7 +266,7 @@ class Server:
         d.mkdir(parents=True, exist_ok=True)
         chown_server(d)
         auth = d / "userlist.txt"
-        self._write(auth, f'"{SERVER_USER}" ""\n')
+        self._write(auth, f'"{SERVER_USER}" ""\n"{APP_ROLE}" ""\n')
         dbs = "\n".join(f"{db} = host={self.sock} port={PG_PORT} dbname={db}" for db in databases)
         ini = d / "pgbouncer.ini"
         self._write(ini, f"""[databases]
@@ -349,6 +365,8 @@ log_disconnections = 0
                       f"where name = '{name}'", db=db)
             named = "".join(f", {k} => {sql(v)}" for k, v in args.items())
             self.psql(f"select pg_stride.create_group('{name}'{named})", db=db)
+        # what a DBA grants an application role that picks its statements' group itself
+        self.psql(f"grant set on parameter pg_stride.resource_group to {APP_ROLE}")
         want = " and ".join(f"exists (select from pg_stride.groups where name = '{name}'"
                             + "".join(f" and {k} = {sql(v)}" for k, v in args.items()) + ")"
                             for name, args in groups.items())

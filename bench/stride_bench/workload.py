@@ -177,7 +177,7 @@ def isolated_round(server: Server, wl: Workload, runs: int, outdir: Path, seed: 
             res = pgbench(["-n", "-M", "simple", "-c", 1, "-j", 1, "-t", runs + 1,
                            f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
                            "-f", wl.scripts[(q, cls)]],
-                          server.conn_args(TPCH_DB), outdir / f"{name}.out",
+                          server.app_conn_args(TPCH_DB), outdir / f"{name}.out",
                           timeout=600, cwd=outdir)
         txns = analysis.parse_logs(str(prefix))
         if res["rc"] != 0 or len(txns) < runs + 1 or any(t.failed for t in txns):
@@ -327,7 +327,7 @@ def overhead_pair(server: Server, duration: int, clients: int, seed: int, outdir
             r = pgbench(["-M", "prepared", *extra, "-c", clients, "-j", threads, "-T", duration,
                          f"--random-seed={seed}", "-l", f"--log-prefix={prefix}",
                          f"--sampling-rate={sampling}"],
-                        server.conn_args(OLTP_DB), outdir / f"{name}_{kind}.out",
+                        server.app_conn_args(OLTP_DB), outdir / f"{name}_{kind}.out",
                         timeout=duration * 3 + 60, cwd=outdir)
         txns = analysis.parse_logs(str(prefix))
         lat = [t.latency_s for t in txns if not t.failed]
