@@ -25,7 +25,9 @@ SELECT attrelid::regclass AS view, attname, format_type(atttypid, atttypmod)
   FROM pg_attribute
  WHERE attrelid IN ('pg_stride.scheduler'::regclass, 'pg_stride.groups'::regclass,
                     'pg_stride.activity'::regclass, 'pg_stride.tuner'::regclass,
-                    'pg_stride.numa'::regclass, 'pg_stride.trace'::regclass)
+                    'pg_stride.numa'::regclass, 'pg_stride.trace'::regclass,
+                    'pg_stride.statements'::regclass,
+                    'pg_stride.prediction_quality'::regclass)
    AND attnum > 0
  ORDER BY attrelid::regclass::text, attnum;
 
@@ -37,6 +39,19 @@ SELECT cpu_slots > 0 AS has_slots FROM pg_stride.scheduler;
 SELECT count(*) AS refreshes FROM pg_stride.tuner;
 -- With pg_stride.trace off (the default) nothing is traced.
 SELECT count(*) AS traced FROM pg_stride.trace;
+-- The catalog queries above that reached CPU scheduling have histories, and each of
+-- their executions was judged (a fingerprint's first one as unpredicted or by its cost).
+SELECT fingerprints > 0 AS learnt,
+       short_predicted_short + short_predicted_long + long_predicted_short
+         + long_predicted_long + unpredicted >= fingerprints AS each_judged
+  FROM pg_stride.prediction_quality;
+-- All but pg_stride.statements, which shows every role's query identifiers: that one is
+-- for members of pg_read_all_stats.
+SELECT count(*) FROM pg_stride.statements;
+RESET ROLE;
+GRANT pg_read_all_stats TO stride_reader;
+SET ROLE stride_reader;
+SELECT count(*) > 0 AS readable FROM pg_stride.statements;
 RESET ROLE;
 DROP ROLE stride_reader;
 

@@ -70,6 +70,9 @@ pub static DECAY_START: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static PRIORITY_INITIAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static PRIORITY_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
 pub static TUNER: GucSetting<bool> = GucSetting::<bool>::new(false);
+/// `pg_stride.predict`: statements start at a priority predicted from their
+/// fingerprint's history (`pg_stride_sched::predict`).
+pub static PREDICT: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static TRACE: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static TUNER_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(20);
 pub static TUNER_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
@@ -262,6 +265,14 @@ pub fn register(group_exists: GroupExists) {
         c"Groups with their own decay settings keep them. A reload that changes pg_stride.decay_lambda, decay_start or slice installs the new values; see the view pg_stride.tuner.",
         &TUNER,
         GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_stride.predict",
+        c"Starts each CPU-scheduled statement at a priority predicted from the CPU its query identifier used before.",
+        c"A statement predicted short keeps its group's initial priority for about twice its prediction; one predicted long starts lower and decays at once. Needs compute_query_id (on or auto); see the view pg_stride.statements.",
+        &PREDICT,
+        GucContext::Suset,
         GucFlags::default(),
     );
     GucRegistry::define_bool_guc(

@@ -39,6 +39,17 @@ pub fn statement_start_timestamp() -> pg_sys::TimestampTz {
 }
 
 /// The current time as a TimestampTz.
+/// Asks PostgreSQL to compute query identifiers while `compute_query_id` is `auto` (the
+/// default). Only valid while `shared_preload_libraries` is processed. PostgreSQL 13
+/// has no query identifiers in core: statements are predicted from their plan's cost.
+pub fn enable_query_id() {
+    // SAFETY: sets a flag in the postmaster's memory, from _PG_init.
+    #[cfg(not(feature = "pg13"))]
+    unsafe {
+        pg_sys::EnableQueryId()
+    };
+}
+
 pub fn now_timestamp() -> pg_sys::TimestampTz {
     // SAFETY: reads the clock; no ERROR.
     unsafe { pg_sys::GetCurrentTimestamp() }

@@ -110,13 +110,17 @@ static REGISTERED: BackendLocal<RefCell<Vec<Statement>>> =
     BackendLocal::new(RefCell::new(Vec::new()));
 static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
-/// Registers the resource-release callback. Called once from `_PG_init`; the callback
-/// list lives in process memory and is inherited by every backend the postmaster forks.
+/// Registers the resource-release callback, and asks PostgreSQL to compute query
+/// identifiers (`compute_query_id = auto` then means on), which key the prediction of a
+/// statement's CPU, as pg_stat_statements asks for them. Called once from `_PG_init`; the
+/// callback list lives in process memory and is inherited by every backend the
+/// postmaster forks.
 pub fn install() {
     // SAFETY: called single-threaded from _PG_init; the callback is guarded.
     unsafe {
         pg_sys::RegisterResourceReleaseCallback(Some(on_resource_release), std::ptr::null_mut())
     };
+    pg::enable_query_id();
 }
 
 /// `desc`, a top-level statement of this backend, arrives in the session's resource

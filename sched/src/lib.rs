@@ -9,6 +9,7 @@
 //! * [`stall`] — telling a slot holder kept off its CPU from one that runs.
 //! * [`pin_word`] — the word naming the CPU a process is pinned to, safe against ABA.
 //! * [`hint`] — concurrency hint and worker grant rule (psaroudakis2013 §6).
+//! * [`predict`] — a statement's CPU predicted from its fingerprint's history, and its start.
 //! * [`admission`] — admission limits, queue and leases (wagner2021 §2.3).
 //! * [`groups`] — resource-group settings, their limits and directory slots.
 //! * [`group_tag`] — the group a statement names in a comment before its first word.
@@ -95,6 +96,7 @@ pub mod memory;
 pub mod numa;
 pub mod pin_word;
 pub mod pool;
+pub mod predict;
 pub mod rules;
 pub mod shared;
 pub mod sim;

@@ -7,6 +7,7 @@ use super::trace::{self, Arrival};
 use crate::backend_local::BackendLocal;
 use crate::gucs;
 use crate::pg::{self, thread_cpu_ns};
+use pg_stride_sched::predict::Prediction;
 use pg_stride_sched::slice::SliceClock;
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
 use pg_stride_sched::{ProcId, QueryId};
@@ -33,6 +34,10 @@ pub(super) struct Member {
     pub(super) arrival: Arrival,
     /// PostgreSQL's query identifier of the first, 0 if none was computed.
     pub(super) query_id: u64,
+    /// The planner's total cost of the first's plan.
+    pub(super) plan_cost: f64,
+    /// The CPU predicted for them when they joined, if any (`prediction`).
+    pub(super) prediction: Option<Prediction>,
     /// Most processes that worked for them: the leader and its granted workers.
     pub(super) procs: u32,
     /// The static priority the query was registered with, if its group is pinned.
@@ -67,6 +72,8 @@ impl Member {
             statements: 1,
             arrival: Arrival::default(),
             query_id: 0,
+            plan_cost: 0.0,
+            prediction: None,
             procs: 1,
             pinned_priority: None,
             leader: None,

@@ -32,11 +32,14 @@
 //! runs a process that gets or gives up a slot (`pinning.rs`: slots pinned to CPUs;
 //! `slice_share.rs`: how much of its slice a pinned holder ran); `trace.rs` the trace;
 //! `watchdog.rs` the scheduler worker's round over slot holders; `priority.rs` a
-//! group's priority range. This file registers statements and workers and ends them.
+//! group's priority range; `prediction.rs` the CPU a statement is predicted to use when
+//! it joins, which sets where its priority starts, and what it used, recorded when it
+//! ends. This file registers statements and workers and ends them.
 
 mod member;
 mod pinning;
 mod placement;
+mod prediction;
 mod priority;
 mod runaway;
 mod slice_share;
@@ -108,13 +111,15 @@ pub fn start_statement(
     let Some(procno) = pg::my_procno() else {
         return;
     };
-    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
-    let (parallel, query_id) = unsafe {
+    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt and plan.
+    let (parallel, query_id, plan_cost) = unsafe {
         let stmt = (*desc).plannedstmt;
         // queryId is a uint64 before PostgreSQL 18 and an int64 from 18 on.
         #[allow(clippy::unnecessary_cast)]
         let query_id = (*stmt).queryId as u64;
-        ((*stmt).parallelModeNeeded, query_id)
+        let plan = (*stmt).planTree;
+        let cost = if plan.is_null() { 0.0 } else { (*plan).total_cost };
+        ((*stmt).parallelModeNeeded, query_id, cost)
     };
     let procs = 1 + shared
         .my_entry()
@@ -127,6 +132,7 @@ pub fn start_statement(
         None => {
             let mut m = Member::new(ProcId(procno as u32), group, None, true);
             (m.arrival, m.query_id, m.procs) = (arrival, query_id, procs);
+            m.plan_cost = plan_cost;
             // The leader's run delay counts from the arrival: ExecutorStart included.
             m.start_run_delay_ns = arrival.run_delay_ns.or(m.start_run_delay_ns);
             *member = Some(m);
@@ -241,6 +247,14 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
                 acct,
             };
             trace::record_end(shared, &ended, s);
+            prediction::record(
+                shared,
+                sched,
+                (m.query_id, m.plan_cost),
+                m.prediction,
+                s,
+                failed,
+            );
         }
         // Parallel workers leave before the leader's ExecutorEnd; after an error they
         // may not have yet, and the scheduler worker frees the entry once they have.

@@ -6,7 +6,7 @@
 use super::member::{take_yield_request, Member, COUNTDOWN, MEMBER, YIELD_FLAG};
 use super::placement::{dispatch_free_slots, follow_slot, hand_over};
 use super::priority::priority_range;
-use super::{pinning, slice_share};
+use super::{pinning, prediction, slice_share};
 use crate::pg::{self, interrupts_can_be_processed, thread_cpu_ns};
 use crate::{admission, gucs, numa, shmem};
 use pg_stride_sched::slice::Checkpoint;
@@ -40,12 +40,20 @@ pub(super) fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
         let pinned_priority = pinned.map(|s| priority_range(&s).p0);
         let group = GroupId(m.group as u32);
         m.pinned_priority = pinned_priority;
+        // A pinned group's statements keep their static priority: nothing to predict.
+        let predicted = if pinned_priority.is_none() {
+            prediction::predict(shared, sched, m.group, m.query_id, m.plan_cost)
+        } else {
+            None
+        };
+        m.prediction = predicted.map(|(p, _)| p);
         // The home is chosen under the registration lock, so that statements registering
         // at once see each other's homes (`numa = bind`).
         let registered = shared.with_admission(|_, _| {
             let options = QueryOptions {
                 pinned_priority,
                 home: sched.choose_home(),
+                start: predicted.map(|(_, start)| start),
             };
             sched.register_query(group, options)
         });

@@ -17,8 +17,10 @@ pub enum LockId {
     Tuner = 2,
     /// The ring of recent runaway-query rule hits.
     RuleHits = 3,
+    /// The statement histories that predict a statement's CPU.
+    Histories = 4,
 }
-pub(super) const LOCK_COUNT: i32 = 4;
+pub(super) const LOCK_COUNT: i32 = 5;
 
 /// One of pg_stride's LWLocks, held for as long as the guard lives. They are taken on
 /// the registration and admission paths and by group changes, never per slice

@@ -29,12 +29,14 @@
 //! * the group directory: under [`LockId::Directory`], exclusive for the groups loader
 //!   and a transaction that changed the groups table, shared for readers; the decay
 //!   parameters' owner and the tuner's history: under [`LockId::Tuner`]; the recent
-//!   rule hits: under [`LockId::RuleHits`];
+//!   rule hits: under [`LockId::RuleHits`]; the statement histories: under
+//!   [`LockId::Histories`], shared to predict, exclusive to record;
 //! * the other header counters are atomics, each written by the process named at its
 //!   definition.
 
 mod cpu_owners;
 mod directory;
+mod histories;
 mod locks;
 mod node_counters;
 mod rule_hits;
@@ -46,6 +48,7 @@ use locks::{LOCKS, LOCK_COUNT};
 pub use cpu_owners::CpuOwners;
 pub use directory::{Group, GroupDirectory, MAX_GROUPS};
 pub use node_counters::{NodeCounters, MAX_NODES};
+pub use histories::Histories;
 pub use rule_hits::{RuleHit, RuleHits};
 pub use tuner_state::{RefreshRow, TunerState};
 
@@ -119,6 +122,9 @@ pub struct ProcEntry {
     /// The query id of this process's current statement (0 = not computed), for the
     /// hits of runaway-query rules.
     pub query_id: AtomicU64,
+    /// The CPU predicted for the query this process registered, and its class
+    /// ([`ProcEntry::prediction`]); 0 = none.
+    prediction: AtomicU64,
     /// The admission this process keeps between its statements while nobody waits. A
     /// protocol of its own (`pg_stride_sched::admission::Lease`): the scheduler worker
     /// lends it while the process waits for its client.
@@ -250,9 +256,24 @@ impl ProcEntry {
         self.pid.store(0, Ordering::Release);
     }
 
+    /// Publishes the CPU predicted for the query this process registered, µs, and
+    /// whether that counts as short.
+    pub fn publish_prediction(&self, cpu_us: u64, short: bool) {
+        let word = (cpu_us.min(u64::MAX >> 2) << 2) | if short { 1 } else { 2 };
+        self.prediction.store(word, Ordering::Relaxed);
+    }
+
+    /// The CPU predicted for the query this process registered, µs, and whether that
+    /// counts as short; `None` without a prediction.
+    pub fn prediction(&self) -> Option<(u64, bool)> {
+        let word = self.prediction.load(Ordering::Relaxed);
+        (word != 0).then_some((word >> 2, word & 3 == 1))
+    }
+
     /// Forgets what the entry says of the previous statement; a new one starts.
     pub fn clear_statement(&self) {
         self.rows.store(0, Ordering::Relaxed);
+        self.prediction.store(0, Ordering::Relaxed);
         self.workers_planned.store(0, Ordering::Relaxed);
         self.workers_granted.store(0, Ordering::Relaxed);
         self.paused_us.store(0, Ordering::Relaxed);
@@ -279,6 +300,8 @@ pub struct Shared {
     pub nodes: NodeCounters,
     /// Recent hits of runaway-query rules (`pg_stride.rule_hits`).
     pub rule_hits: RuleHits,
+    /// Statement histories predicting a statement's CPU (`pg_stride.statements`).
+    pub histories: Histories,
     /// Which slot holder owns which CPU (`pg_stride.pin_slots`).
     pub cpu_owners: CpuOwners,
     /// Extra slots the watchdog lent since the server started to holders waiting on an
@@ -567,6 +590,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             TunerState::init(&raw mut (*region).tuner, gucs::decay_params());
             NodeCounters::init(&raw mut (*region).nodes);
             RuleHits::init(&raw mut (*region).rule_hits);
+            Histories::init(&raw mut (*region).histories);
             (&raw mut (*region).lends_blocked).write(AtomicU64::new(0));
             (&raw mut (*region).yield_requests).write(AtomicU64::new(0));
             (&raw mut (*region).cpu_swaps).write(AtomicU64::new(0));

@@ -32,6 +32,8 @@ fn activity_state() -> TableIterator<
         name!(admission_lent, bool),
         name!(memory_kb, i64),
         name!(cpu_group, Option<String>),
+        name!(predicted_cpu_ms, Option<f64>),
+        name!(class, Option<&'static str>),
     ),
 > {
     let shared = require_shared();
@@ -69,6 +71,7 @@ fn activity_state() -> TableIterator<
         let visible = crate::pg::may_read_stats_of(crate::pg::proc_role(procno));
         let shown = |v: Option<i64>| v.filter(|_| visible);
         let query = query.filter(|_| visible);
+        let prediction = entry.prediction().filter(|_| visible && query.is_some());
         let state = if queued > 0 {
             "queued"
         } else if entry.paused.load(Ordering::Acquire) != 0 {
@@ -97,6 +100,8 @@ fn activity_state() -> TableIterator<
             entry.lease.is_lent(),
             memory.get(procno).map_or(0, |&kb| kb as i64),
             query.and_then(|q| names.get(&(q.group.0 as usize)).cloned()),
+            prediction.map(|(cpu_us, _)| cpu_us as f64 / 1e3),
+            prediction.map(|(_, short)| if short { "short" } else { "long" }),
         ));
     }
     TableIterator::new(rows)
@@ -205,6 +210,8 @@ CREATE VIEW pg_stride.activity AS
            s.admission_lent,
            s.memory_kb,
            s.cpu_group,
+           s.predicted_cpu_ms,
+           s.class,
            a.usename,
            a.datname,
            a.query

@@ -28,6 +28,7 @@ mod queue_times;
 mod rules;
 mod scheduler;
 mod shared_access;
+mod statements;
 mod tuner;
 
 #[pg_schema]
@@ -42,7 +43,8 @@ mod pg_stride {
         env!("CARGO_PKG_VERSION")
     }
 
-    /// Zeroes the cumulative counters of every group and the per-node CPU times.
+    /// Zeroes the cumulative counters of every group, the per-node CPU times and the
+    /// counts of `pg_stride.prediction_quality`.
     #[pg_extern(volatile, parallel_unsafe)]
     fn reset_stats() {
         let shared = require_shared();
@@ -53,5 +55,6 @@ mod pg_stride {
             entry.admitted_pending.store(0, Ordering::Relaxed);
         }
         shared.nodes.reset();
+        shared.histories.reset_quality();
     }
 }

@@ -19,7 +19,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::*;
 
-use super::entries::{QueryEntry, OWN_DECAY_LAMBDA, OWN_DECAY_START};
+use super::entries::{QueryEntry, GROUP_D_START, OWN_DECAY_LAMBDA, OWN_DECAY_START};
 use super::{Policy, SchedShared};
 use crate::decay::{DecayParams, PriorityRange};
 use crate::ids::ProcId;
@@ -53,7 +53,7 @@ impl SchedShared {
 
     /// The decay parameters for queries of group `g`: the global ones, with what the
     /// group sets itself in their place.
-    fn group_decay(&self, g: usize) -> DecayParams {
+    pub fn group_decay(&self, g: usize) -> DecayParams {
         let ge = &self.groups()[g];
         let mut params = self.decay();
         let overrides = ge.decay_overrides.load(Relaxed);
@@ -64,6 +64,12 @@ impl SchedShared {
             params.d_start = ge.decay_start.load(Relaxed);
         }
         params
+    }
+
+    /// The priority range a query of group `g` registers with.
+    pub fn group_priority_range(&self, g: usize) -> PriorityRange {
+        let ge = &self.groups()[g];
+        PriorityRange::new(ge.p0.load(Relaxed), ge.p_min.load(Relaxed))
     }
 
     /// Lowers the query's priority if its CPU time crossed a quantum boundary.
@@ -79,9 +85,12 @@ impl SchedShared {
         if qe.priority.load(Relaxed) <= range.p_min {
             return; // already at the floor
         }
-        let new = self
-            .group_decay(qe.group.load(Relaxed) as usize)
-            .priority_after(range, (before + used_ns) / quantum);
+        let mut params = self.group_decay(qe.group.load(Relaxed) as usize);
+        let own_start = qe.d_start.load(Relaxed);
+        if own_start != GROUP_D_START {
+            params.d_start = own_start;
+        }
+        let new = params.priority_after(range, (before + used_ns) / quantum);
         let old = qe.priority.fetch_min(new, Relaxed);
         if old > new {
             qe.stride.fetch_max(stride(new as u64), Relaxed);

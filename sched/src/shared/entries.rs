@@ -25,6 +25,8 @@ pub(crate) const PROC_RUNNING: u32 = 2;
 pub(crate) const OWN_DECAY_LAMBDA: u32 = 1;
 /// `GroupEntry::decay_overrides`: the group sets its own `d_start`.
 pub(crate) const OWN_DECAY_START: u32 = 2;
+/// A query's `d_start` when it has none of its own: its group's applies.
+pub(crate) const GROUP_D_START: u32 = u32::MAX;
 
 /// The CPU slots of one node (one entry when slots are not split by node).
 #[repr(C, align(64))]
@@ -91,6 +93,8 @@ pub(crate) struct QueryEntry {
     pub p0: AtomicU32,
     /// Lowest priority (from its group).
     pub p_min: AtomicU32,
+    /// Quanta before its priority decays, or [`GROUP_D_START`]: its group's.
+    pub d_start: AtomicU32,
     /// Member index where the next search for a waiting member starts.
     pub cursor: AtomicU32,
     /// Processes joined.

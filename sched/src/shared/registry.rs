@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering::*;
 use super::entries::*;
 use super::{SchedError, SchedShared, MAX_SLOT_NODES};
 use crate::decay::PriorityRange;
+use crate::predict::StartPolicy;
 use crate::ids::{GroupId, ProcId, QueryId, NONE};
 use crate::stride::stride;
 
@@ -51,6 +52,10 @@ pub struct QueryOptions {
     /// Home node, whose CPU slots its processes take ([`SchedShared::choose_home`]; 0
     /// when the slots are not split by node).
     pub home: u32,
+    /// Where its decaying priority starts, from a prediction of its CPU
+    /// ([`crate::predict::start_policy`]): an initial priority within its group's range
+    /// and its own `d_start`. `None`: the group's. Ignored with `pinned_priority`.
+    pub start: Option<StartPolicy>,
 }
 
 /// A read-only view of a query entry, for the extension's views.
@@ -154,10 +159,16 @@ impl SchedShared {
             })
             .ok_or(SchedError::NoFreeQueryEntry)?;
         let qe = &self.queries()[q];
-        let range = PriorityRange::new(ge.p0.load(Relaxed), ge.p_min.load(Relaxed));
+        let mut range = PriorityRange::new(ge.p0.load(Relaxed), ge.p_min.load(Relaxed));
+        let start = options.start.filter(|_| options.pinned_priority.is_none());
+        if let Some(s) = start {
+            range.p0 = s.p0.clamp(range.p_min, range.p0);
+        }
         let priority = options.pinned_priority.map_or(range.p0, |p| p.max(1));
         qe.group.store(g.0, Relaxed);
         qe.p0.store(range.p0, Relaxed);
+        qe.d_start
+            .store(start.map_or(GROUP_D_START, |s| s.d_start.min(GROUP_D_START - 1)), Relaxed);
         qe.p_min.store(range.p_min, Relaxed);
         qe.pinned
             .store(options.pinned_priority.is_some() as u32, Relaxed);

@@ -200,6 +200,7 @@ fn statement(world: &World, p: ProcId, shared_queries: &[QueryId], rng: &mut Rng
             let options = QueryOptions {
                 pinned_priority: (rng.below(4) == 0).then(|| 1 + rng.below(20_000) as u32),
                 home: rng.below(world.node_slots.len().max(1) as u64) as u32,
+                start: None,
             };
             s.register_query(GroupId(rng.below(GROUPS as u64) as u32), options)
                 .unwrap()

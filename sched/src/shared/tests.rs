@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::decay::{PriorityRange, P0, P_MIN};
+use crate::predict::StartPolicy;
 
 fn region(slots: u32, policy: Policy) -> OwnedRegion {
     let cap = Capacity {
@@ -319,6 +320,50 @@ fn a_group_may_decay_on_its_own_terms() {
     }
     assert_eq!(s.query_snapshot(global).unwrap().priority, P0);
     assert_eq!(s.query_snapshot(own).unwrap().priority, P0 / 8);
+}
+
+#[test]
+fn a_predicted_start_sets_the_initial_priority_and_when_decay_begins() {
+    // Three slots, one query each, global d_start 8: one predicted long (starts at a
+    // tenth, decays at once), one predicted short near the threshold (holds for 12
+    // quanta), one asking for more than its group allows (clamped to the range).
+    let s = region(3, Policy::DecayingStride);
+    let start = |p0, d_start| QueryOptions {
+        start: Some(StartPolicy { p0, d_start }),
+        ..QueryOptions::default()
+    };
+    let long = s.register_query(GroupId(0), start(P0 / 10, 0)).unwrap();
+    let short = s.register_query(GroupId(0), start(P0, 12)).unwrap();
+    let above = s.register_query(GroupId(0), start(P0 * 10, 0)).unwrap();
+    for (p, q) in [long, short, above].into_iter().enumerate() {
+        s.join(ProcId(p as u32), q).unwrap();
+    }
+    assert_eq!(s.query_snapshot(long).unwrap().priority, P0 / 10);
+    assert_eq!(s.query_snapshot(above).unwrap().priority, P0);
+    for p in 0..3 {
+        assert_eq!(s.acquire(ProcId(p)), RUN);
+    }
+    for _ in 0..10 {
+        for p in 0..3 {
+            assert_eq!(s.end_slice(ProcId(p), SLICE), RUN);
+        }
+    }
+    // 10 quanta: the long one decayed from its own start, the short one did not (its
+    // group's d_start of 8 would have), the clamped one decayed from the group's p0
+    assert!(s.query_snapshot(long).unwrap().priority < P0 / 10);
+    assert_eq!(s.query_snapshot(short).unwrap().priority, P0);
+    assert!(s.query_snapshot(above).unwrap().priority < P0);
+    // a pinned query ignores a start
+    let pinned = s
+        .register_query(
+            GroupId(0),
+            QueryOptions {
+                pinned_priority: Some(777),
+                ..start(P0 / 10, 0)
+            },
+        )
+        .unwrap();
+    assert_eq!(s.query_snapshot(pinned).unwrap().priority, 777);
 }
 
 #[test]

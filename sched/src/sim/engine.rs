@@ -382,6 +382,7 @@ impl<'a, 'f> Engine<'a, 'f> {
         let options = QueryOptions {
             pinned_priority: spec.pinned_priority,
             home: home.unwrap_or(0),
+            start: None,
         };
         let q = self
             .sched

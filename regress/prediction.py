@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""The CPU a statement is predicted to use and where that starts its priority
+(`pg_stride.predict`, views `pg_stride.statements`, `pg_stride.prediction_quality` and
+the `predicted_cpu_ms` and `class` columns of `pg_stride.activity`), with real sessions
+of an ordinary login role.
+
+The server runs with decay_lambda = 1, so that a statement keeps the priority it
+started at and the view shows it:
+
+- a statement run three times has a history under its query identifier (the one EXPLAIN
+  VERBOSE shows): three calls, its mean, p95 and largest CPU, class long; run again,
+  pg_stride.activity shows that mean as its prediction, class long, and its priority
+  started at the initial priority scaled by the short threshold over the prediction;
+- with pg_stride.predict off for its role, the same statement starts at the initial
+  priority and shows no prediction, and still adds to its history;
+- a statement never seen is predicted from its plan's cost (the cost model calibrated by
+  the others), and has a history of its own once it ended;
+- a statement cancelled by statement_timeout adds nothing to its history;
+- pg_stride.prediction_quality counts each scheduled statement that ended by the class
+  it was predicted and the one it had, and how far off the prediction was;
+- pg_stride.statements is for members of pg_read_all_stats (it shows other roles'
+  fingerprints); prediction_quality is for everyone.
+
+Prints one line per check, then "prediction: N passed, N failed".
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import concurrency  # noqa: E402
+from concurrency import ENV, finish  # noqa: E402
+
+PORT = int(os.environ.get("PREDICTION_PORT", "5518"))
+APP = "regress_predict_app"
+OTHER = "regress_predict_other"
+STATS = "regress_predict_stats"
+CONF = """
+pg_stride.decay_lambda = 1.0
+max_parallel_workers_per_gather = 0
+"""
+# About a quarter of a second of CPU: long beside the 16 ms threshold (8 quanta of 2 ms).
+LONG = "SELECT count(*) FROM predict_big WHERE a % 3 <> 5"
+# Another fingerprint over the same table.
+OTHER_SHAPE = "SELECT max(a * 2) FROM predict_big WHERE a > 0"
+P0, SHORT_MS = 10_000, 16.0
+
+CHECKS = []
+check = concurrency.collector(CHECKS)
+
+
+def query_id(s, sql):
+    plan = s.sql(f"EXPLAIN (VERBOSE, COSTS OFF) {sql}", user=APP)
+    return next(line.split(":")[1].strip() for line in plan.splitlines()
+                if "Query Identifier" in line)
+
+
+def history(s, qid):
+    """(calls, mean, p95, max CPU ms, class) of fingerprint `qid`, None without one."""
+    row = s.sql("SELECT calls, mean_cpu_ms, p95_cpu_ms, max_cpu_ms, class "
+                f"FROM pg_stride.statements WHERE queryid = {qid}")
+    if not row:
+        return None
+    calls, mean, p95, mx, cls = row.split("|")
+    return int(calls), float(mean), float(p95), float(mx), cls
+
+
+def run_app(s, sql, n=1):
+    for _ in range(n):
+        s.sql(sql, user=APP)
+
+
+def while_running(s, sql):
+    """Starts `sql` as APP and returns pg_stride.activity's (priority, predicted_cpu_ms,
+    class) of it once it is scheduled, after it ended."""
+    proc = subprocess.Popen(s.psql_args(sql, user=APP), env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = None
+    deadline = time.monotonic() + 20
+    while seen is None and time.monotonic() < deadline and proc.poll() is None:
+        row = s.sql("SELECT priority, coalesce(predicted_cpu_ms::text, 'none'), "
+                    "coalesce(class, 'none') FROM pg_stride.activity "
+                    f"WHERE usename = '{APP}' AND cpu_time_ms IS NOT NULL")
+        if row:
+            priority, predicted, cls = row.split("|")
+            seen = (int(priority), None if predicted == "none" else float(predicted),
+                    None if cls == "none" else cls)
+    rc, out, err = finish(proc, timeout=120)
+    assert rc == 0, (rc, out, err)
+    assert seen is not None, "the statement never showed up as scheduled"
+    return seen
+
+
+@check
+def a_repeated_statement_starts_from_its_history(s):
+    qid = query_id(s, LONG)
+    assert history(s, qid) is None
+    run_app(s, LONG, 3)
+    calls, mean, p95, mx, cls = history(s, qid)
+    assert calls == 3 and cls == "long" and mean > SHORT_MS, (calls, mean, cls)
+    assert mean <= p95 <= mx, (mean, p95, mx)
+    priority, predicted, cls = while_running(s, LONG)
+    assert cls == "long" and abs(predicted - mean) < 0.01, (predicted, mean, cls)
+    # start_policy: p0 · threshold / prediction, within [p_min, p0]
+    expected = max(100, min(P0, int(P0 * SHORT_MS / mean)))
+    assert abs(priority - expected) <= 1, (priority, expected, mean)
+    assert history(s, qid)[0] == 4
+    print(f"    mean {mean:.1f} ms over 3 runs: started at priority {priority} (p0 {P0})")
+
+
+@check
+def with_prediction_off_a_statement_starts_at_the_initial_priority(s):
+    qid = query_id(s, LONG)
+    before = history(s, qid)[0]
+    s.sql(f"ALTER ROLE {APP} SET pg_stride.predict = off")
+    try:
+        priority, predicted, cls = while_running(s, LONG)
+    finally:
+        s.sql(f"ALTER ROLE {APP} RESET pg_stride.predict")
+    assert (priority, predicted, cls) == (P0, None, None), (priority, predicted, cls)
+    assert history(s, qid)[0] == before + 1
+
+
+@check
+def a_new_fingerprint_is_predicted_from_its_plan_cost(s):
+    qid = query_id(s, OTHER_SHAPE)
+    assert history(s, qid) is None
+    calibrations = int(s.sql("SELECT cost_calibrations FROM pg_stride.prediction_quality"))
+    assert calibrations >= 3, calibrations
+    per_cost = float(s.sql("SELECT cpu_us_per_cost FROM pg_stride.prediction_quality"))
+    cost = float(s.sql(f"EXPLAIN (FORMAT JSON) {OTHER_SHAPE}", user=APP)
+                 .split('"Total Cost":')[1].split(",")[0])
+    priority, predicted, cls = while_running(s, OTHER_SHAPE)
+    assert predicted is not None and abs(predicted - cost * per_cost / 1000) < 0.01 * predicted + 0.01, \
+        (predicted, cost, per_cost)
+    assert history(s, qid)[0] == 1
+    print(f"    cost {cost:.0f} x {per_cost:.3f} µs: predicted {predicted:.1f} ms ({cls})")
+
+
+@check
+def a_cancelled_statement_adds_nothing(s):
+    qid = query_id(s, LONG)
+    before = history(s, qid)[0]
+    out = subprocess.run(s.psql_args(f"SET statement_timeout = '60ms'; {LONG}", user=APP),
+                         env=ENV, capture_output=True, text=True)
+    assert out.returncode != 0 and "statement timeout" in out.stderr, out
+    assert history(s, qid)[0] == before
+
+
+@check
+def quality_counts_each_scheduled_statement_once(s):
+    s.sql("SELECT pg_stride.reset_stats()")
+    # (a view of pg_stride's own and nothing else: never scheduled, so never counted)
+    counts = ("SELECT short_predicted_short, short_predicted_long, long_predicted_short, "
+              "long_predicted_long, unpredicted, from_history, log2_error "
+              "FROM pg_stride.prediction_quality")
+
+    def read():
+        *classes, errors = s.sql(counts).split("|")
+        errors = [int(e) for e in errors.strip("{}").split(",")]
+        return tuple(map(int, classes)) + (sum(errors),), errors
+
+    assert read()[0] == (0, 0, 0, 0, 0, 0, 0), read()
+    run_app(s, LONG, 2)
+    got, errors = read()
+    assert got == (0, 0, 0, 2, 0, 2, 2), got
+    # a stable statement is predicted within a factor of two: element 9 is log2 error 0
+    assert sum(errors[7:10]) == 2, errors
+
+
+@check
+def the_statements_view_is_for_readers_of_all_statistics(s):
+    out = subprocess.run(s.psql_args("SELECT count(*) FROM pg_stride.statements", user=OTHER),
+                         env=ENV, capture_output=True, text=True)
+    assert out.returncode != 0 and "permission denied" in out.stderr, out
+    direct = subprocess.run(s.psql_args("SELECT count(*) FROM pg_stride.statements_state()",
+                                        user=OTHER), env=ENV, capture_output=True, text=True)
+    assert direct.returncode != 0 and "permission denied" in direct.stderr, direct
+    assert int(s.sql("SELECT count(*) FROM pg_stride.statements", user=STATS)) >= 2
+    assert s.sql("SELECT fingerprints >= 2 FROM pg_stride.prediction_quality", user=OTHER) == "t"
+
+
+def setup(s):
+    s.sql("CREATE EXTENSION pg_stride")
+    s.sql(f"CREATE ROLE {APP} LOGIN; CREATE ROLE {OTHER} LOGIN; "
+          f"CREATE ROLE {STATS} LOGIN IN ROLE pg_read_all_stats")
+    s.sql("CREATE TABLE predict_big AS SELECT g AS a FROM generate_series(1, 3000000) g")
+    s.sql("VACUUM ANALYZE predict_big")
+    s.sql(f"GRANT SELECT ON predict_big TO {APP}")
+
+
+def main():
+    server = concurrency.Server(port=PORT, extra_conf=CONF)
+    return concurrency.run_suite("prediction", server, CHECKS, setup)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

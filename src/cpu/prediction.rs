@@ -1,0 +1,64 @@
+//! A scheduled statement's CPU, predicted from its fingerprint's history when it joins
+//! CPU scheduling, the priority it starts at by that prediction, and what it used,
+//! recorded when it ends (`pg_stride_sched::predict`; docs/design.md §2).
+//!
+//! Only statements that reach a check-in are predicted and recorded: the rest never
+//! compete for a slot, and cost nothing here.
+
+use crate::{gucs, pg, shmem};
+use pg_stride_sched::predict::{self, Prediction, StartPolicy};
+use pg_stride_sched::shared::QuerySnapshot;
+use pg_stride_sched::SchedShared;
+
+/// The prediction for a statement of group slot `group` with query identifier
+/// `query_id` (0: none) and planner cost `plan_cost`, and the start it gives the
+/// statement, published in this process's entry for `pg_stride.activity`. Nothing
+/// while `pg_stride.predict` is off, or before anything was learnt.
+pub(super) fn predict(
+    shared: &shmem::Shared,
+    sched: &SchedShared,
+    group: usize,
+    query_id: u64,
+    plan_cost: f64,
+) -> Option<(Prediction, StartPolicy)> {
+    if !gucs::PREDICT.get() {
+        return None;
+    }
+    let prediction = shared
+        .histories
+        .read(|table| table.predict(query_id, plan_cost))?;
+    let params = sched.group_decay(group);
+    let short_us = predict::short_threshold_us(params);
+    let start = predict::start_policy(
+        Some(prediction.cpu_us),
+        sched.group_priority_range(group),
+        params,
+        short_us,
+    );
+    if let Some(entry) = shared.my_entry() {
+        entry.publish_prediction(prediction.cpu_us as u64, prediction.cpu_us <= short_us);
+    }
+    Some((prediction, start))
+}
+
+/// Records what a statement that ran scheduled used (its query entry's `snapshot` as it
+/// left it), after it was predicted as `prediction`. A failed statement (an error, a
+/// cancel, a timeout) is not recorded: it used less than it would have.
+pub(super) fn record(
+    shared: &shmem::Shared,
+    sched: &SchedShared,
+    (query_id, plan_cost): (u64, f64),
+    prediction: Option<Prediction>,
+    snapshot: &QuerySnapshot,
+    failed: bool,
+) {
+    if failed {
+        return;
+    }
+    let cpu_us = snapshot.cpu_ns as f64 / 1000.0;
+    let short_us = predict::short_threshold_us(sched.group_decay(snapshot.group.0 as usize));
+    let now = pg::now_timestamp().max(0) as u64;
+    shared.histories.write(|table| {
+        table.record(query_id, plan_cost, cpu_us, now, prediction, short_us)
+    });
+}

@@ -1,0 +1,69 @@
+//! The statement histories that predict a statement's CPU (`pg_stride_sched::predict`):
+//! [`HISTORIES`] fingerprints with their cost model and quality counts, read under the
+//! `Histories` lock in shared mode when a statement joins CPU scheduling and written in
+//! exclusive mode when it ends. Both happen once per scheduled statement (one that
+//! reached a check-in), never per slice.
+
+use super::locks::{LockId, ShmemLock};
+use pg_stride_sched::predict::{CostModel, History, Quality, Table, View};
+use std::cell::UnsafeCell;
+
+/// Fingerprints kept (pg_stat_statements keeps 5000 by default; pg_stride keeps only
+/// statements that reached CPU scheduling). 96 kB of shared memory.
+pub const HISTORIES: usize = 2048;
+
+#[repr(C)]
+struct Parts {
+    slots: [History; HISTORIES],
+    model: CostModel,
+    quality: Quality,
+}
+
+/// The table, in shared memory.
+#[repr(C)]
+pub struct Histories {
+    parts: UnsafeCell<Parts>,
+}
+
+impl Histories {
+    /// Initialises an empty table in place. Caller: shared-memory initialisation.
+    ///
+    /// # Safety
+    /// `at` points to writable, unused memory for a `Histories`.
+    pub unsafe fn init(at: *mut Histories) {
+        // SAFETY: the caller's promise; every field is plain data, all zero when empty
+        // (`History::default()` is key 0, an empty slot).
+        unsafe { at.write_bytes(0, 1) };
+    }
+
+    /// `f` over a reading of the table, under the shared lock. `f` must not raise an
+    /// error (it would unwind past the lock's guard into LWLockReleaseAll, harmless, but
+    /// past a reference into the table).
+    pub fn read<R>(&self, f: impl FnOnce(View<'_>) -> R) -> R {
+        let _guard = ShmemLock::shared(LockId::Histories);
+        // SAFETY: the shared lock keeps writers out while `f` reads.
+        let parts = unsafe { &*self.parts.get() };
+        f(View::new(&parts.slots, &parts.model, &parts.quality))
+    }
+
+    /// `f` over the table to record into, under the exclusive lock; `f` must not raise
+    /// an error (see [`Histories::read`]).
+    pub fn write<R>(&self, f: impl FnOnce(&mut Table<'_>) -> R) -> R {
+        let _guard = ShmemLock::exclusive(LockId::Histories);
+        // SAFETY: the exclusive lock makes this process the only one touching the table.
+        let parts = unsafe { &mut *self.parts.get() };
+        f(&mut Table::new(
+            &mut parts.slots,
+            &mut parts.model,
+            &mut parts.quality,
+        ))
+    }
+
+    /// Zeroes the quality counts (`pg_stride.reset_stats()`); the histories and the cost
+    /// model are what the predictions are made of, and stay.
+    pub fn reset_quality(&self) {
+        let _guard = ShmemLock::exclusive(LockId::Histories);
+        // SAFETY: the exclusive lock makes this process the only one touching the table.
+        unsafe { (*self.parts.get()).quality = Quality::default() };
+    }
+}
