@@ -16,6 +16,9 @@ started at and the view shows it:
 - a statement never seen is predicted from its plan's cost (the cost model calibrated by
   the others), and has a history of its own once it ended;
 - a statement cancelled by statement_timeout adds nothing to its history;
+- a parallel statement predicted short gets its planned workers on an idle server and
+  none beside another running statement (with pg_stride.predict off it gets them there
+  too);
 - pg_stride.prediction_quality counts each scheduled statement that ended by the class
   it was predicted and the one it had, and how far off the prediction was;
 - pg_stride.statements is for members of pg_read_all_stats (it shows other roles'
@@ -37,22 +40,30 @@ PORT = int(os.environ.get("PREDICTION_PORT", "5518"))
 APP = "regress_predict_app"
 OTHER = "regress_predict_other"
 STATS = "regress_predict_stats"
+# More CPU slots than the machine's, so that the concurrency hint would grant a Gather
+# its workers beside one other statement.
 CONF = """
 pg_stride.decay_lambda = 1.0
+pg_stride.cpu_slots = 8
 max_parallel_workers_per_gather = 0
 """
 # About a quarter of a second of CPU: long beside the 16 ms threshold (8 quanta of 2 ms).
 LONG = "SELECT count(*) FROM predict_big WHERE a % 3 <> 5"
 # Another fingerprint over the same table.
 OTHER_SHAPE = "SELECT max(a * 2) FROM predict_big WHERE a > 0"
+# A parallel plan of a few ms.
+PARALLEL = ("SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; "
+            "SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2; "
+            "SET parallel_leader_participation = off; ")
+SMALL = "SELECT count(*) FROM predict_small WHERE a > 0"
 P0, SHORT_MS = 10_000, 16.0
 
 CHECKS = []
 check = concurrency.collector(CHECKS)
 
 
-def query_id(s, sql):
-    plan = s.sql(f"EXPLAIN (VERBOSE, COSTS OFF) {sql}", user=APP)
+def query_id(s, sql, settings=""):
+    plan = s.sql(f"{settings}EXPLAIN (VERBOSE, COSTS OFF) {sql}", user=APP)
     return next(line.split(":")[1].strip() for line in plan.splitlines()
                 if "Query Identifier" in line)
 
@@ -149,6 +160,50 @@ def a_cancelled_statement_adds_nothing(s):
     assert history(s, qid)[0] == before
 
 
+def grants(s, qid, since):
+    """(workers_planned, processes) of each traced run of `qid` that arrived after `since`."""
+    out = s.sql("SELECT workers_planned, processes FROM pg_stride.trace "
+                f"WHERE query_id = {qid} AND arrival > '{since}' ORDER BY arrival")
+    return [tuple(map(int, line.split("|"))) for line in out.splitlines()]
+
+
+def beside_a_long_statement(s, sql):
+    """Runs `sql` as APP while LONG runs in another session of APP."""
+    long = subprocess.Popen(s.psql_args(LONG, user=APP), env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    s.wait_until(f"SELECT count(*) FROM pg_stride.activity WHERE usename = '{APP}' "
+                 "AND cpu_time_ms IS NOT NULL", "1", timeout=20)
+    s.sql(sql, user=APP)
+    assert finish(long, timeout=120)[0] == 0
+
+
+@check
+def a_statement_predicted_short_takes_no_workers_under_load(s):
+    qid = query_id(s, SMALL, PARALLEL)
+    s.sql(f"ALTER ROLE {APP} SET pg_stride.trace = on")
+    try:
+        since = s.sql("SELECT now()")
+        run_app(s, PARALLEL + SMALL, 3)
+        calls, mean, _, _, cls = history(s, qid)
+        assert cls == "short", (calls, mean, cls)
+        alone = grants(s, qid, since)
+        since = s.sql("SELECT now()")
+        beside_a_long_statement(s, PARALLEL + SMALL)
+        loaded = grants(s, qid, since)
+        s.sql(f"ALTER ROLE {APP} SET pg_stride.predict = off")
+        since = s.sql("SELECT now()")
+        beside_a_long_statement(s, PARALLEL + SMALL)
+        unpredicted = grants(s, qid, since)
+    finally:
+        s.sql(f"ALTER ROLE {APP} RESET pg_stride.trace; ALTER ROLE {APP} RESET pg_stride.predict")
+    # alone: the 2 planned workers, predicted short or not
+    assert alone == [(2, 3)] * 3, alone
+    assert loaded == [(2, 1)], loaded
+    assert unpredicted == [(2, 3)], unpredicted
+    print(f"    mean {mean:.1f} ms: workers alone {alone}, beside LONG {loaded}, "
+          f"with predict off {unpredicted}")
+
+
 @check
 def quality_counts_each_scheduled_statement_once(s):
     s.sql("SELECT pg_stride.reset_stats()")
@@ -187,8 +242,9 @@ def setup(s):
     s.sql(f"CREATE ROLE {APP} LOGIN; CREATE ROLE {OTHER} LOGIN; "
           f"CREATE ROLE {STATS} LOGIN IN ROLE pg_read_all_stats")
     s.sql("CREATE TABLE predict_big AS SELECT g AS a FROM generate_series(1, 3000000) g")
-    s.sql("VACUUM ANALYZE predict_big")
-    s.sql(f"GRANT SELECT ON predict_big TO {APP}")
+    s.sql("CREATE TABLE predict_small AS SELECT g AS a FROM generate_series(1, 20000) g")
+    s.sql("VACUUM ANALYZE predict_big, predict_small")
+    s.sql(f"GRANT SELECT ON predict_big, predict_small TO {APP}")
 
 
 def main():

@@ -5,7 +5,9 @@
 //! by the scheduler worker —, the slots free at that moment (the slots less those held,
 //! or wanted by other statements that are executing or queued, whichever is more, and
 //! less the leader's own when it takes part in the scan) and what is left of its
-//! group's `max_parallel_workers`.
+//! group's `max_parallel_workers`. A statement predicted short (`pg_stride.predict`) gets
+//! none while another holds a slot or waits: starting workers would cost about what
+//! they save.
 //! Under load the system is already busy and extra workers would only wait for slots;
 //! on a quiet server the planned degree is granted. The grant is reserved against the
 //! group's cap until the statement ends.
@@ -17,8 +19,9 @@
 
 use crate::gucs::{self, ParallelMode};
 use crate::{plan_tree, shmem};
+use pg_stride_sched::predict;
 use pg_stride_sched::shared::Demand;
-use pg_stride_sched::GroupId;
+use pg_stride_sched::{GroupId, SchedShared};
 use pgrx::pg_sys;
 
 /// What a statement's Gathers planned and were granted.
@@ -68,12 +71,14 @@ pub fn reserve_workers(
         return None;
     }
     let elsewhere = shared.statements_elsewhere();
+    let predicted_short = predicted_short(shared, sched, stmt, group);
     let granted: Vec<i32> = planned
         .iter()
         .map(|&(n, leader_runs)| {
             let demand = Demand {
                 leader_runs,
                 elsewhere,
+                predicted_short,
             };
             sched.reserve_workers(GroupId(group as u32), n.max(0) as u32, demand) as i32
         })
@@ -87,6 +92,35 @@ pub fn reserve_workers(
         grant,
         lowered: if all { Vec::new() } else { granted },
     })
+}
+
+/// Whether the statement of `stmt` in group slot `group` is predicted short
+/// (`pg_stride_sched::predict`; never with `pg_stride.predict` off): then, under load, its
+/// Gathers get no workers.
+fn predicted_short(
+    shared: &shmem::Shared,
+    sched: &SchedShared,
+    stmt: *const pg_sys::PlannedStmt,
+    group: usize,
+) -> bool {
+    if !gucs::PREDICT.get() {
+        return false;
+    }
+    // SAFETY: ExecutorStart's PlannedStmt; queryId is a uint64 before PostgreSQL 18 and
+    // an int64 from 18 on.
+    #[allow(clippy::unnecessary_cast)]
+    let (query_id, cost) = unsafe {
+        let plan = (*stmt).planTree;
+        (
+            (*stmt).queryId as u64,
+            if plan.is_null() { 0.0 } else { (*plan).total_cost },
+        )
+    };
+    let short_us = predict::short_threshold_us(sched.group_decay(group));
+    shared
+        .histories
+        .predict(query_id, cost)
+        .is_some_and(|p| p.cpu_us <= short_us)
 }
 
 /// Makes `desc` run with the workers `reservation` granted: where a grant is lower than

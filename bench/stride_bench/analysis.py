@@ -440,3 +440,30 @@ def phase_of(t: float, starts: list) -> int | None:
         if t >= s:
             idx = i
     return idx
+
+
+def prediction_counts(before: dict, after: dict) -> dict:
+    """What pg_stride.prediction_quality counted between two readings: the class
+    counts, and log2_error as a list of 17 counts (-8 .. 8)."""
+    keys = ("short_predicted_short", "short_predicted_long", "long_predicted_short",
+            "long_predicted_long", "unpredicted", "from_history")
+    out = {k: after[k] - before[k] for k in keys}
+    out["log2_error"] = [a - b for a, b in zip(after["log2_error"], before["log2_error"])]
+    return out
+
+
+def prediction_summary(counts: dict | None) -> str:
+    """One log phrase: how many statements were predicted, short ones predicted short,
+    long ones long, and predictions within a factor of 2 of the CPU used."""
+    if not counts:
+        return ""
+    short = counts["short_predicted_short"] + counts["short_predicted_long"]
+    long_ = counts["long_predicted_short"] + counts["long_predicted_long"]
+    judged = short + long_
+    close = sum(counts["log2_error"][7:10])
+
+    def pct(n, d):
+        return f"{100 * n / d:.0f}%" if d else "-"
+    return (f"  predicted {judged} ({counts['from_history']} from history, "
+            f"{counts['unpredicted']} not): short as short {pct(counts['short_predicted_short'], short)}, "
+            f"long as long {pct(counts['long_predicted_long'], long_)}, within 2x {pct(close, judged)}")

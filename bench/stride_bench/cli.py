@@ -503,7 +503,7 @@ class Runner:
                       "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
                       "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
                       "retried_after": retried, "probe_ms": probe,
-                      "pgbench_fifo": r["pgbench_fifo"]}
+                      "pgbench_fifo": r["pgbench_fifo"], "prediction": r.get("prediction")}
                 st.update(analyse_open_loop(self.meta, self.run_dir, cfg["name"], alpha, dry))
                 if cfg.get("library") and self.server.guc_exists("pg_stride.trace"):
                     # what bench/sim_gap.py replays in the simulator
@@ -520,7 +520,8 @@ class Runner:
                     (f"  speed probe {probe[0]:.1f} / {probe[1]:.1f} ms" if probe else "") +
                     "".join(f"  {k} {st['scheduler'][k]}" for k in ("yield_requests", "cpu_swaps",
                                                                     "cpu_share_swaps")
-                            if k in st.get("scheduler", {})))
+                            if k in st.get("scheduler", {})) +
+                    analysis.prediction_summary(st.get("prediction")))
                 self.save()
                 self.isolated_between(name)
 
@@ -606,12 +607,16 @@ class Runner:
         failed (its server may be down) gets no probe after it, and none in its result."""
         p = self.plan
         before = workload.speed_probe(self.server, self.schemas[0])
+        quality = self.server.prediction_quality() if cfg.get("library") else None
         r = workload.open_loop(self.server, self.workload_for(cfg),
                                self.conn(cfg, workload.TPCH_DB),
                                rate, p.ol_duration, p.clients, SEED,
                                self.run_dir / "open_loop", name)
         if r["rc"] == 0 and not r["server_crash"]:
             r["probe_ms"] = [before, workload.speed_probe(self.server, self.schemas[0])]
+            if quality is not None:
+                r["prediction"] = analysis.prediction_counts(
+                    quality, self.server.prediction_quality())
         return r
 
     def mixed(self):

@@ -1,6 +1,7 @@
 """The benchmark's PostgreSQL server and pgbouncer: one data directory, restarted with
 each configuration's settings, plus CPU accounting of the server processes."""
 
+import json
 import os
 import signal
 import struct
@@ -375,6 +376,15 @@ log_disconnections = 0
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not load the resource groups {groups}")
             time.sleep(0.2)
+
+    def prediction_quality(self) -> dict | None:
+        """pg_stride.prediction_quality's counts (since the server started), or None
+        where the installed pg_stride has no such view."""
+        if not self.guc_exists("pg_stride.predict"):
+            return None
+        db = self.psql("show pg_stride.database")
+        out = self.psql("SELECT row_to_json(q) FROM pg_stride.prediction_quality q", db=db)
+        return json.loads(out) if out else None
 
     def guc_exists(self, name: str) -> bool:
         out = self.psql(f"select count(*) from pg_settings where name = '{name}'")

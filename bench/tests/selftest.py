@@ -982,6 +982,27 @@ class TunerPhasesTest(unittest.TestCase):
         self.assertGreater(tuner.get("prime_s", 0), 0)
 
 
+class PredictionCountsTest(unittest.TestCase):
+    def test_a_point_counts_what_its_readings_differ_by(self):
+        before = {"short_predicted_short": 5, "short_predicted_long": 1,
+                  "long_predicted_short": 0, "long_predicted_long": 2, "unpredicted": 9,
+                  "from_history": 7, "log2_error": [0] * 8 + [8] + [0] * 8}
+        after = {"short_predicted_short": 35, "short_predicted_long": 1,
+                 "long_predicted_short": 10, "long_predicted_long": 42, "unpredicted": 9,
+                 "from_history": 77, "log2_error": [0] * 7 + [10, 64, 10] + [4] + [0] * 6}
+        c = analysis.prediction_counts(before, after)
+        self.assertEqual((c["short_predicted_short"], c["long_predicted_short"],
+                          c["long_predicted_long"], c["from_history"]), (30, 10, 40, 70))
+        self.assertEqual(sum(c["log2_error"]), 80)
+        line = analysis.prediction_summary(c)
+        # 30 of 30 short ones, 40 of 50 long ones; 76 of the 80 judged within 2x
+        self.assertIn("predicted 80 (70 from history, 0 not)", line)
+        self.assertIn("short as short 100%", line)
+        self.assertIn("long as long 80%", line)
+        self.assertIn("within 2x 95%", line)
+        self.assertEqual(analysis.prediction_summary(None), "")
+
+
 def main() -> int:
     suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)

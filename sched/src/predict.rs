@@ -30,6 +30,10 @@ use crate::decay::{DecayParams, PriorityRange};
 /// Slots per set of a [`Table`]: a lookup reads at most this many keys.
 pub const WAYS: usize = 8;
 
+/// Fingerprints the extension's table holds (pg_stat_statements keeps 5000 by default;
+/// this table keeps only statements that reached CPU scheduling): 96 kB of shared memory.
+pub const CAPACITY: usize = 2048;
+
 /// Executions averaged exactly before a history becomes an exponentially weighted mean
 /// with this window: recent executions count most once a fingerprint has run often, so
 /// a table that grew or an index that was added shows within tens of executions.

@@ -120,6 +120,7 @@ fn a_stolen_slot_runs_at_the_penalised_rate() {
         class: "q".into(),
         procs: 2,
         pinned_priority: None,
+        fingerprint: 0,
     };
     let steal_at_once = NumaPlacement::Affine {
         steal_after: Some(0),

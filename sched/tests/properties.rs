@@ -17,6 +17,7 @@ fn spec(arrival_ns: u64, cpu_ns: u64, group: u32, class: &str) -> QuerySpec {
         class: class.to_string(),
         procs: 1,
         pinned_priority: None,
+        fingerprint: 0,
     }
 }
 

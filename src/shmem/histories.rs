@@ -1,20 +1,19 @@
 //! The statement histories that predict a statement's CPU (`pg_stride_sched::predict`):
-//! [`HISTORIES`] fingerprints with their cost model and quality counts, read under the
+//! `predict::CAPACITY` fingerprints with their cost model and quality counts, read under the
 //! `Histories` lock in shared mode when a statement joins CPU scheduling and written in
 //! exclusive mode when it ends. Both happen once per scheduled statement (one that
 //! reached a check-in), never per slice.
 
 use super::locks::{LockId, ShmemLock};
-use pg_stride_sched::predict::{CostModel, History, Quality, Table, View};
+use pg_stride_sched::predict::{self, CostModel, History, Prediction, Quality, Table, View};
 use std::cell::UnsafeCell;
 
-/// Fingerprints kept (pg_stat_statements keeps 5000 by default; pg_stride keeps only
-/// statements that reached CPU scheduling). 96 kB of shared memory.
-pub const HISTORIES: usize = 2048;
+/// Slots of the table: `predict::CAPACITY` fingerprints in whole sets.
+const SLOTS: usize = predict::CAPACITY.div_ceil(predict::WAYS) * predict::WAYS;
 
 #[repr(C)]
 struct Parts {
-    slots: [History; HISTORIES],
+    slots: [History; SLOTS],
     model: CostModel,
     quality: Quality,
 }
@@ -44,6 +43,11 @@ impl Histories {
         // SAFETY: the shared lock keeps writers out while `f` reads.
         let parts = unsafe { &*self.parts.get() };
         f(View::new(&parts.slots, &parts.model, &parts.quality))
+    }
+
+    /// The CPU predicted for fingerprint `key` (0: none) with plan cost `cost`.
+    pub fn predict(&self, key: u64, cost: f64) -> Option<Prediction> {
+        self.read(|table| table.predict(key, cost))
     }
 
     /// `f` over the table to record into, under the exclusive lock; `f` must not raise

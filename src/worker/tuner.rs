@@ -12,7 +12,7 @@
 
 use crate::shmem::{self, RefreshRow};
 use crate::{cpu, gucs, pg};
-use pg_stride_sched::sim::SimConfig;
+use pg_stride_sched::sim::{SimConfig, StartMode};
 use pg_stride_sched::tuner::{Check, LoopSettings, Refresh, Trace, Tuner};
 use pg_stride_sched::{GroupId, SchedShared};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
@@ -159,6 +159,13 @@ fn sim_config(sched: &SchedShared) -> SimConfig {
         // The tuner replays the decision rule; its replay has no NUMA nodes.
         numa: None,
         preempt: true,
+        // Predictions learnt from the window's own statements only (the server's table
+        // knows more): the replay then leans towards plain decay.
+        start: if gucs::PREDICT.get() {
+            StartMode::Predicted
+        } else {
+            StartMode::Decay
+        },
     }
 }
 

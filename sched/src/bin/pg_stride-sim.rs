@@ -6,6 +6,8 @@
 //! pg_stride-sim gen   [options]                write a generated workload as CSV
 //! pg_stride-sim sweep [options]                generate and replay loads × slot counts
 //! pg_stride-sim numa  [options]                oblivious vs affine NUMA placement
+//! pg_stride-sim predict [options] [FILE.csv|-] priorities started by decay, prediction
+//!                                              and an oracle (no file: a heavy-tailed mix)
 //! ```
 //!
 //! Options: `--slots N` (`sweep`, `numa`: list), `--policy fifo|fair|decay|all`,
@@ -14,7 +16,9 @@
 //! (`sweep`, `numa`: list), `--seed N`, `--procs N`; `run --results FILE` (one policy: each query's times as CSV, in the
 //! workload's arrival order); `run --tuner` with `--tuner-interval S`, `--tuner-window S`;
 //! `tune --margin F`; NUMA (`run`, `numa`): `--nodes N`, `--penalty F`,
-//! `--placement affine|oblivious` (`run`), `--steal-after K|never` (`numa`: list).
+//! `--placement affine|oblivious` (`run`), `--steal-after K|never` (`numa`: list);
+//! `gen --heavy-tail` and `predict`'s generated mix: `--fingerprints N`,
+//! `--pareto-alpha F`, `--spread F`.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -23,14 +27,16 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use pg_stride_sched::decay::PriorityRange;
+use pg_stride_sched::predict;
 use pg_stride_sched::sim::{
-    self, NumaPlacement, NumaReport, NumaSim, QueryResult, QuerySpec, Shape, SimConfig,
+    self, HeavyTail, NumaPlacement, NumaReport, NumaSim, QueryResult, QuerySpec, Shape,
+    SimConfig, StartMode,
 };
 use pg_stride_sched::tuner::{self, LoopSettings, Trace, Tuner, TunerSettings};
 use pg_stride_sched::{DecayParams, GroupConfig, Policy};
 
 const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [options] FILE.csv|-
-       | gen [options] | sweep [options] | numa [options]
+       | gen [options] | sweep [options] | numa [options] | predict [options] [FILE.csv|-]
   --slots N          CPU slots (sweep: comma list, default 2,16; numa: list, default 4,16)
   --policy P         fifo | fair | decay | all (default all; numa: one, default decay)
   --results FILE     run, one policy: write each query's times as CSV, in arrival order
@@ -57,10 +63,15 @@ const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [optio
   --penalty F        run, numa: CPU time factor away from the query's memory (default 1.3)
   --placement P      run: affine (numa = bind) | oblivious (numa = off) (default affine)
   --steal-after K    run, numa: slices a process waits at home before it may steal, or
-                     never (run: default 4; numa: comma list, default never,1,4)";
+                     never (run: default 4; numa: comma list, default never,1,4)
+  --heavy-tail       gen: the heavy-tailed mix of repeating statements that predict
+                     replays without a file
+  --fingerprints N   heavy-tailed mix: distinct statements (default 200)
+  --pareto-alpha F   heavy-tailed mix: Pareto shape of their typical CPU (default 0.8)
+  --spread F         heavy-tailed mix: sd of ln(CPU) between executions (default 0.3)";
 
 /// Options that take no value.
-const FLAGS: [&str; 1] = ["tuner"];
+const FLAGS: [&str; 2] = ["tuner", "heavy-tail"];
 
 struct Args {
     command: String,
@@ -179,6 +190,59 @@ fn shape(args: &Args, load: f64, slots: u32) -> Result<Shape, String> {
         seed: args.get("seed", 1)?,
         ..Shape::default()
     })
+}
+
+fn heavy_tail(args: &Args) -> Result<HeavyTail, String> {
+    let d = HeavyTail::default();
+    Ok(HeavyTail {
+        queries: args.get("queries", d.queries)?,
+        load: args.get("load", d.load)?,
+        slots: args.get("slots", d.slots)?,
+        fingerprints: args.get("fingerprints", d.fingerprints)?,
+        pareto_alpha: args.get("pareto-alpha", d.pareto_alpha)?,
+        spread: args.get("spread", d.spread)?,
+        seed: args.get("seed", d.seed)?,
+        ..d
+    })
+}
+
+/// `predict`: the decaying policy with each query's priority started by plain decay, by
+/// the prediction from its fingerprint's history, and by its true CPU (an oracle), and
+/// how good the predictions were.
+fn compare_starts(workload: &[QuerySpec], args: &Args, slots: u32) -> Result<(), String> {
+    println!("| start | class | n | mean | p50 | p95 | p99 | max |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    let mut quality = None;
+    for (label, start) in [
+        ("decay", StartMode::Decay),
+        ("predicted", StartMode::Predicted),
+        ("oracle", StartMode::Oracle),
+    ] {
+        let cfg = SimConfig {
+            start,
+            ..sim_config(args, slots, Policy::DecayingStride)?
+        };
+        let run = sim::simulate_run(workload, &cfg);
+        print_rows(label, &run.results);
+        quality = quality.or(run.quality);
+    }
+    if let Some(q) = quality {
+        let judged = q.short_as_short + q.short_as_long + q.long_as_short + q.long_as_long;
+        let close: u64 = q.log2_error[predict::ERROR_SPAN - 1..=predict::ERROR_SPAN + 1]
+            .iter()
+            .sum();
+        let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.1} %", v * 100.0));
+        println!();
+        println!(
+            "predicted: {judged} of {} queries ({} from history); short predicted short {},              long predicted long {}; within 2x of the CPU used: {}",
+            judged + q.unpredicted,
+            q.from_history,
+            pct(q.short_recall()),
+            pct(q.long_recall()),
+            pct((judged > 0).then(|| close as f64 / judged as f64)),
+        );
+    }
+    Ok(())
 }
 
 fn print_rows(label: &str, results: &[QueryResult]) {
@@ -530,7 +594,19 @@ fn main_inner() -> Result<(), String> {
     let args = Args::parse()?;
     match args.command.as_str() {
         "run" => print_run(&read_workload(&args)?, &args, args.get("slots", 16)?),
+        "predict" => {
+            let workload = if args.file.is_some() {
+                read_workload(&args)?
+            } else {
+                sim::generate_heavy_tail(&heavy_tail(&args)?)
+            };
+            compare_starts(&workload, &args, args.get("slots", 16)?)
+        }
         "tune" => tune(read_workload(&args)?, &args),
+        "gen" if args.get("heavy-tail", false)? => {
+            print!("{}", sim::to_csv(&sim::generate_heavy_tail(&heavy_tail(&args)?)));
+            Ok(())
+        }
         "gen" => {
             let slots = args.get("slots", 16)?;
             print!(

@@ -512,15 +512,42 @@ fn worker_grants_follow_hint_and_cap() {
                                                                           // A leader that scans beside its workers keeps one of the 2 free slots for itself.
     let beside = Demand {
         leader_runs: true,
-        elsewhere: 0,
+        ..Demand::default()
     };
     assert_eq!(s.reserve_workers(GroupId(0), 100, beside), 1);
     // Seven statements elsewhere want the 8 slots, more than the 6 held: one is free.
     let busy = Demand {
-        leader_runs: false,
         elsewhere: 7,
+        ..Demand::default()
     };
     assert_eq!(s.reserve_workers(GroupId(0), 100, busy), 1);
+    // A statement predicted short gets none while slots are held.
+    let short = Demand {
+        predicted_short: true,
+        ..Demand::default()
+    };
+    assert_eq!(s.reserve_workers(GroupId(0), 100, short), 0);
+}
+
+#[test]
+fn a_statement_predicted_short_gets_workers_only_on_an_idle_server() {
+    let s = region(4, Policy::DecayingStride);
+    let short = |elsewhere| Demand {
+        predicted_short: true,
+        elsewhere,
+        ..Demand::default()
+    };
+    assert_eq!(s.reserve_workers(GroupId(0), 2, short(0)), 2);
+    assert_eq!(s.reserve_workers(GroupId(0), 2, short(1)), 0);
+    s.return_workers(GroupId(0), 2);
+    query_with(&s, 0, 0);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.reserve_workers(GroupId(0), 2, short(0)), 0);
+    assert_eq!(
+        s.reserve_workers(GroupId(0), 2, Demand::default()),
+        2,
+        "not predicted short: the free slots"
+    );
 }
 
 /// Registers a query homed on node `home` in group 0 with processes `procs` joined.

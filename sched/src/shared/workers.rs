@@ -17,6 +17,10 @@ pub struct Demand {
     /// (parse, plan, ExecutorStart, the client's round trip) a busy server's slots look
     /// free for a moment, and a worker granted then would only wait for one.
     pub elsewhere: u32,
+    /// The statement is predicted short ([`crate::predict`]): under load (a slot held, or
+    /// another statement executing or queued) it gets no workers, whose start-up would
+    /// cost about what they save and whose slots others need.
+    pub predicted_short: bool,
 }
 
 impl SchedShared {
@@ -41,6 +45,9 @@ impl SchedShared {
     /// `max_workers`, and reserved against
     /// the group's cap until [`SchedShared::return_workers`].
     pub fn reserve_workers(&self, g: GroupId, requested: u32, demand: Demand) -> u32 {
+        if demand.predicted_short && (demand.elsewhere > 0 || self.running() > 0) {
+            return 0;
+        }
         let ge = self.group(g);
         let cap = ge.max_workers.load(Relaxed);
         let hint = self.hint();

@@ -10,6 +10,9 @@ use super::numa::MIN_STEAL_WAIT_NS;
 use super::numa::{slice_work, NodeUsage, NumaPlacement, NumaReport, NumaSim, PhysSlots};
 use super::workload::QuerySpec;
 use crate::decay::DecayParams;
+use crate::predict::{
+    self, CostModel, History, Prediction, Quality, StartPolicy, Table, View,
+};
 use crate::ids::{GroupId, ProcId, QueryId};
 use crate::shared::{
     Capacity, GroupConfig, Outcome, OwnedRegion, Policy, QueryOptions, SchedConfig, SchedShared,
@@ -39,6 +42,23 @@ pub struct SimConfig {
     /// A process that starts waiting asks a lower-priority holder to end its slice now
     /// (as the extension always does; shared/preempt.rs). Without NUMA only.
     pub preempt: bool,
+    /// Where a query's decaying priority starts.
+    pub start: StartMode,
+}
+
+/// Where a query's decaying priority starts ([`crate::predict::start_policy`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StartMode {
+    /// At its group's initial priority (`pg_stride.predict = off`).
+    #[default]
+    Decay,
+    /// By the CPU predicted from the history of its fingerprint: the executions of it
+    /// that finished before it arrived, as the extension learns them
+    /// (`pg_stride.predict = on`; the simulator has no plan costs, so a fingerprint
+    /// never seen starts as under `Decay`).
+    Predicted,
+    /// By the CPU it will really need: what a perfect prediction would give.
+    Oracle,
 }
 
 impl SimConfig {
@@ -54,6 +74,7 @@ impl SimConfig {
             horizon_ns: None,
             numa: None,
             preempt: false,
+            start: StartMode::Decay,
         }
     }
 }
@@ -193,6 +214,16 @@ struct Engine<'a, 'f> {
     seq: u64,
     now: u64,
     numa: Option<NumaState>,
+    /// With [`StartMode::Predicted`]: the histories, and each admitted query's prediction.
+    histories: Option<Histories>,
+}
+
+/// The prediction table of [`StartMode::Predicted`], as the extension keeps it.
+struct Histories {
+    slots: Vec<History>,
+    model: CostModel,
+    quality: Quality,
+    predicted: Vec<Option<Prediction>>,
 }
 
 /// A run's per-query results and, with [`SimConfig::numa`], what NUMA did.
@@ -202,6 +233,8 @@ pub struct SimRun {
     pub results: Vec<QueryResult>,
     /// Per node CPU, remote share, idle slots; `None` without [`SimConfig::numa`].
     pub numa: Option<NumaReport>,
+    /// How good the predictions were; `None` unless [`StartMode::Predicted`].
+    pub quality: Option<Quality>,
 }
 
 /// Runs `workload` under `cfg` and reports every query, in workload order.
@@ -214,6 +247,7 @@ pub fn simulate_run(workload: &[QuerySpec], cfg: &SimConfig) -> SimRun {
     let mut engine = Engine::new(workload, cfg, None);
     engine.run();
     SimRun {
+        quality: engine.quality(),
         numa: engine.numa.map(|n| n.report),
         results: engine.results,
     }
@@ -298,6 +332,12 @@ impl<'a, 'f> Engine<'a, 'f> {
             seq: 0,
             now: 0,
             numa,
+            histories: (cfg.start == StartMode::Predicted).then(|| Histories {
+                slots: vec![History::default(); Table::slots_for(predict::CAPACITY)],
+                model: CostModel::default(),
+                quality: Quality::default(),
+                predicted: vec![None; workload.len()],
+            }),
         };
         for (i, q) in workload.iter().enumerate() {
             engine.push(q.arrival_ns, Event::Arrival(i));
@@ -382,7 +422,7 @@ impl<'a, 'f> Engine<'a, 'f> {
         let options = QueryOptions {
             pinned_priority: spec.pinned_priority,
             home: home.unwrap_or(0),
-            start: None,
+            start: self.start_of(i),
         };
         let q = self
             .sched
@@ -565,11 +605,55 @@ impl<'a, 'f> Engine<'a, 'f> {
             }
             let q = self.ids[i].take().expect("finishing an admitted query");
             self.sched.unregister_query(q).expect("all processes left");
+            self.learn(i);
             self.active -= 1;
             if let Some(next) = self.pending.pop_front() {
                 self.admit(next);
             }
         }
+    }
+
+    /// Where query `i`'s priority starts under [`SimConfig::start`].
+    fn start_of(&mut self, i: usize) -> Option<StartPolicy> {
+        let spec = &self.specs[i];
+        let g = spec.group as usize;
+        let params = self.sched.group_decay(g);
+        let range = self.sched.group_priority_range(g);
+        let short_us = predict::short_threshold_us(params);
+        let cpu_us = match self.cfg.start {
+            StartMode::Decay => return None,
+            StartMode::Oracle => spec.cpu_ns as f64 / 1000.0,
+            StartMode::Predicted => {
+                let h = self.histories.as_mut()?;
+                let p = View::new(&h.slots, &h.model, &h.quality).predict(spec.fingerprint, 0.0);
+                h.predicted[i] = p;
+                p?.cpu_us
+            }
+        };
+        Some(predict::start_policy(Some(cpu_us), range, params, short_us))
+    }
+
+    /// Records finished query `i` in the histories ([`StartMode::Predicted`]).
+    fn learn(&mut self, i: usize) {
+        let spec = &self.specs[i];
+        let short_us = predict::short_threshold_us(self.sched.group_decay(spec.group as usize));
+        let Some(h) = self.histories.as_mut() else {
+            return;
+        };
+        let prediction = h.predicted[i];
+        Table::new(&mut h.slots, &mut h.model, &mut h.quality).record(
+            spec.fingerprint,
+            0.0,
+            spec.cpu_ns as f64 / 1000.0,
+            self.now,
+            prediction,
+            short_us,
+        );
+    }
+
+    /// How good the predictions were ([`StartMode::Predicted`]).
+    fn quality(&self) -> Option<Quality> {
+        self.histories.as_ref().map(|h| h.quality)
     }
 
     fn running_mut(&mut self, p: ProcId) -> &mut Running {
@@ -759,6 +843,7 @@ mod tests {
             class: class.into(),
             procs: 1,
             pinned_priority: None,
+            fingerprint: 0,
         }
     }
 
@@ -797,6 +882,42 @@ mod tests {
         let r = simulate(&[spec], &SimConfig::new(2, Policy::DecayingStride));
         assert_eq!(r[0].finish_ns, Some(20_000_000));
         assert_eq!(r[0].isolated_ns, 20_000_000);
+    }
+
+    #[test]
+    fn a_prediction_lets_a_short_query_pass_a_long_one_it_knows() {
+        // One slot. A long statement (fingerprint 1) runs once; later it arrives again,
+        // and a short one (fingerprint 2, never seen) 1 ms after it.
+        let with = |arrival_ms, cpu_ms, class, fingerprint| QuerySpec {
+            fingerprint,
+            ..q(arrival_ms, cpu_ms, class)
+        };
+        let w = [
+            with(0, 200, "long", 1),
+            with(300, 200, "long", 1),
+            with(301, 10, "short", 2),
+        ];
+        let short_latency = |start| {
+            let cfg = SimConfig {
+                start,
+                preempt: true,
+                ..SimConfig::new(1, Policy::DecayingStride)
+            };
+            let run = simulate_run(&w, &cfg);
+            (run.results[2].latency_ns().unwrap() / 1_000_000, run.quality)
+        };
+        let (decay, no_quality) = short_latency(StartMode::Decay);
+        let (predicted, quality) = short_latency(StartMode::Predicted);
+        let (oracle, _) = short_latency(StartMode::Oracle);
+        // under decay the long one keeps p0 for 8 quanta and shares the slot evenly;
+        // predicted (as the oracle knows) it starts at p0 · 16 / 200 and gives way
+        assert!(predicted < decay, "predicted {predicted} ms, decay {decay} ms");
+        assert!(oracle <= predicted + 1, "oracle {oracle} ms, predicted {predicted} ms");
+        assert!(predicted <= 12, "predicted {predicted} ms");
+        assert_eq!(no_quality, None);
+        let q = quality.unwrap();
+        // the second long one from history; the first and the short one had none
+        assert_eq!((q.long_as_long, q.from_history, q.unpredicted), (1, 1, 2));
     }
 
     #[test]

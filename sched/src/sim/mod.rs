@@ -8,7 +8,8 @@
 //! length (adaptive slices make them regular, §3.1); several processes of one query share
 //! its remaining work like parallel workers share a scan.
 //!
-//! * [`workload`] — query specs, CSV reading and writing, the paper's workload generator.
+//! * [`workload`] — query specs, CSV reading and writing, the paper's workload generator
+//!   and a heavy-tailed mix of repeating statements.
 //! * [`engine`] — the event loop.
 //! * [`report`] — slowdown statistics per query class.
 //! * [`numa`] — NUMA nodes: slots labelled with nodes, a remote penalty, affine
@@ -19,7 +20,11 @@ pub mod numa;
 pub mod report;
 pub mod workload;
 
-pub use engine::{simulate, simulate_run, simulate_with, OnTick, QueryResult, SimConfig, SimRun};
+pub use engine::{
+    simulate, simulate_run, simulate_with, OnTick, QueryResult, SimConfig, SimRun, StartMode,
+};
 pub use numa::{NodeUsage, NumaPlacement, NumaReport, NumaSim};
 pub use report::{summarize, ClassSummary};
-pub use workload::{generate, parse_csv, to_csv, QuerySpec, Shape};
+pub use workload::{
+    generate, generate_heavy_tail, parse_csv, to_csv, HeavyTail, QuerySpec, Shape,
+};

@@ -3,13 +3,14 @@
 //! CSV format, one query per line after a header:
 //!
 //! ```text
-//! arrival_ms,cpu_ms,group,class,procs,priority
-//! 0.000,12.500,0,short,1,0
-//! 3.210,180.000,0,long,1,0
+//! arrival_ms,cpu_ms,group,class,procs,priority,fingerprint
+//! 0.000,12.500,0,short,1,0,17
+//! 3.210,180.000,0,long,1,0,42
 //! ```
 //!
-//! `procs` (processes working for the query, default 1) and `priority` (a pinned static
-//! priority; 0 or absent: decaying) may be left out. Lines starting with `#` are skipped.
+//! `procs` (processes working for the query, default 1), `priority` (a pinned static
+//! priority; 0 or absent: decaying) and `fingerprint` (the query identifier predictions
+//! are keyed by; 0 or absent: none) may be left out. Lines starting with `#` are skipped.
 
 use std::fmt::Write as _;
 
@@ -28,6 +29,9 @@ pub struct QuerySpec {
     pub procs: u32,
     /// A pinned static priority instead of the decaying one.
     pub pinned_priority: Option<u32>,
+    /// The statement's fingerprint (query identifier), which predictions are keyed by;
+    /// 0: none.
+    pub fingerprint: u64,
 }
 
 /// Reads a workload CSV.
@@ -58,6 +62,10 @@ pub fn parse_csv(text: &str) -> Result<Vec<QuerySpec>, String> {
                 Some(s) => s.parse().map_err(|_| err(what)),
             }
         };
+        let fingerprint = match cols.get(6) {
+            None | Some(&"") => 0,
+            Some(s) => s.parse().map_err(|_| err("bad fingerprint"))?,
+        };
         out.push(QuerySpec {
             arrival_ns: ms(cols[0], "bad arrival_ms")?,
             cpu_ns: ms(cols[1], "bad cpu_ms")?.max(1),
@@ -65,6 +73,7 @@ pub fn parse_csv(text: &str) -> Result<Vec<QuerySpec>, String> {
             class: cols[3].to_string(),
             procs: opt_u32(4, "bad procs")?.max(1),
             pinned_priority: Some(opt_u32(5, "bad priority")?).filter(|&p| p > 0),
+            fingerprint,
         });
     }
     out.sort_by_key(|q| q.arrival_ns);
@@ -73,17 +82,18 @@ pub fn parse_csv(text: &str) -> Result<Vec<QuerySpec>, String> {
 
 /// Writes a workload CSV that [`parse_csv`] reads back.
 pub fn to_csv(queries: &[QuerySpec]) -> String {
-    let mut s = String::from("arrival_ms,cpu_ms,group,class,procs,priority\n");
+    let mut s = String::from("arrival_ms,cpu_ms,group,class,procs,priority,fingerprint\n");
     for q in queries {
         let _ = writeln!(
             s,
-            "{:.6},{:.6},{},{},{},{}",
+            "{:.6},{:.6},{},{},{},{},{}",
             q.arrival_ns as f64 / 1e6,
             q.cpu_ns as f64 / 1e6,
             q.group,
             q.class,
             q.procs,
-            q.pinned_priority.unwrap_or(0)
+            q.pinned_priority.unwrap_or(0),
+            q.fingerprint
         );
     }
     s
@@ -154,6 +164,86 @@ pub fn generate(shape: &Shape) -> Vec<QuerySpec> {
                 class: if short { "short" } else { "long" }.to_string(),
                 procs: shape.procs.max(1),
                 pinned_priority: None,
+                fingerprint: 0,
+            }
+        })
+        .collect()
+}
+
+/// A heavy-tailed mix of repeating statements: `fingerprints` statements whose typical
+/// CPU follows a bounded Pareto distribution (most are small, a few are huge), each
+/// execution of one within a log-normal spread of its typical CPU, statements equally
+/// likely to arrive, Poisson arrivals. A query's class is "short" when it needs at most
+/// `short_ms`, else "long".
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeavyTail {
+    /// Number of queries.
+    pub queries: usize,
+    /// Load factor α: arrival rate = α · slots / mean CPU demand.
+    pub load: f64,
+    /// CPU slots the load is computed for.
+    pub slots: u32,
+    /// Distinct statements.
+    pub fingerprints: usize,
+    /// Pareto shape of the statements' typical CPU (smaller: heavier tail).
+    pub pareto_alpha: f64,
+    /// Bounds of the statements' typical CPU, ms.
+    pub cpu_ms: (f64, f64),
+    /// Standard deviation of the natural log of one execution's CPU around its
+    /// statement's typical CPU.
+    pub spread: f64,
+    /// Classification threshold for the report, ms.
+    pub short_ms: f64,
+    /// Random seed.
+    pub seed: u64,
+}
+
+impl Default for HeavyTail {
+    fn default() -> Self {
+        HeavyTail {
+            queries: 4_000,
+            load: 0.9,
+            slots: 16,
+            fingerprints: 200,
+            pareto_alpha: 0.8,
+            cpu_ms: (1.0, 2_000.0),
+            spread: 0.3,
+            short_ms: 16.0,
+            seed: 1,
+        }
+    }
+}
+
+/// Generates a heavy-tailed workload; fingerprints are 1, 2, ….
+pub fn generate_heavy_tail(shape: &HeavyTail) -> Vec<QuerySpec> {
+    let mut rng = SplitMix64(shape.seed);
+    let (lo, hi) = shape.cpu_ms;
+    let a = shape.pareto_alpha.max(0.01);
+    // Inverse CDF of the Pareto distribution bounded to [lo, hi].
+    let typical: Vec<f64> = (0..shape.fingerprints.max(1))
+        .map(|_| {
+            let u = rng.unit();
+            let ratio = (lo / hi).powf(a);
+            lo / (1.0 - u * (1.0 - ratio)).powf(1.0 / a)
+        })
+        .collect();
+    let mean_spread = (shape.spread * shape.spread / 2.0).exp();
+    let mean_ms = typical.iter().sum::<f64>() / typical.len() as f64 * mean_spread;
+    let rate_per_ms = shape.load * shape.slots as f64 / mean_ms;
+    let mut now_ms = 0.0;
+    (0..shape.queries)
+        .map(|_| {
+            now_ms += -(1.0 - rng.unit()).ln() / rate_per_ms;
+            let f = (rng.next() % typical.len() as u64) as usize;
+            let cpu_ms = typical[f] * (shape.spread * rng.normal()).exp();
+            QuerySpec {
+                arrival_ns: (now_ms * 1e6) as u64,
+                cpu_ns: ((cpu_ms * 1e6) as u64).max(1),
+                group: 0,
+                class: if cpu_ms <= shape.short_ms { "short" } else { "long" }.to_string(),
+                procs: 1,
+                pinned_priority: None,
+                fingerprint: f as u64 + 1,
             }
         })
         .collect()
@@ -175,6 +265,13 @@ impl SplitMix64 {
     fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
+
+    /// Standard normal (Box–Muller).
+    fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.unit(); // in (0, 1]
+        let u2 = self.unit();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
 }
 
 #[cfg(test)]
@@ -192,7 +289,10 @@ mod tests {
         for (a, b) in w.iter().zip(&back) {
             assert!(a.arrival_ns.abs_diff(b.arrival_ns) <= 1);
             assert!(a.cpu_ns.abs_diff(b.cpu_ns) <= 1);
-            assert_eq!((&a.class, a.group, a.procs), (&b.class, b.group, b.procs));
+            assert_eq!(
+                (&a.class, a.group, a.procs, a.fingerprint),
+                (&b.class, b.group, b.procs, b.fingerprint)
+            );
         }
     }
 
@@ -209,6 +309,31 @@ mod tests {
         assert!(parse_csv("1,2,3\n").is_err());
         assert!(parse_csv("1,-2,0,x\n").is_err());
         assert!(parse_csv("a,2,0,x\n").is_err());
+    }
+
+    #[test]
+    fn heavy_tail_repeats_statements_with_most_of_them_small() {
+        let shape = HeavyTail {
+            queries: 20_000,
+            load: 0.8,
+            slots: 2,
+            ..HeavyTail::default()
+        };
+        let w = generate_heavy_tail(&shape);
+        let fingerprints: std::collections::HashSet<u64> =
+            w.iter().map(|q| q.fingerprint).collect();
+        assert!(fingerprints.len() > 150 && fingerprints.len() <= 200);
+        assert!(!fingerprints.contains(&0));
+        let short = w.iter().filter(|q| q.class == "short").count() as f64 / w.len() as f64;
+        assert!(short > 0.5, "short share {short}");
+        // the few long ones take most of the CPU
+        let total: u64 = w.iter().map(|q| q.cpu_ns).sum();
+        let long: u64 = w.iter().filter(|q| q.class == "long").map(|q| q.cpu_ns).sum();
+        let long_share = long as f64 / total as f64;
+        assert!(long_share > 0.5, "long CPU share {long_share}");
+        let span = w.last().unwrap().arrival_ns as f64;
+        let load = total as f64 / span / 2.0;
+        assert!((load - 0.8).abs() < 0.15, "load {load}");
     }
 
     #[test]

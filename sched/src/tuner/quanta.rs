@@ -108,6 +108,7 @@ mod tests {
                 class: String::new(),
                 procs: 1,
                 pinned_priority: None,
+                fingerprint: 0,
             })
             .collect();
         QuantaProfile::new(&w, 2_000_000)

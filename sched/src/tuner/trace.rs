@@ -244,6 +244,7 @@ impl Trace {
                 .to_string(),
                 procs: r.procs.max(1),
                 pinned_priority: Some(r.pinned_priority).filter(|&p| p > 0),
+                fingerprint: r.query_id,
             })
             .collect();
         Trace { queries, seen }
