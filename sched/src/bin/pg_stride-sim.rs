@@ -234,7 +234,8 @@ fn compare_starts(workload: &[QuerySpec], args: &Args, slots: u32) -> Result<(),
         let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.1} %", v * 100.0));
         println!();
         println!(
-            "predicted: {judged} of {} queries ({} from history); short predicted short {},              long predicted long {}; within 2x of the CPU used: {}",
+            "predicted: {judged} of {} queries ({} from history); short predicted short {}, \
+             long predicted long {}; within 2x of the CPU used: {}",
             judged + q.unpredicted,
             q.from_history,
             pct(q.short_recall()),

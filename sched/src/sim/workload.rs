@@ -62,9 +62,13 @@ pub fn parse_csv(text: &str) -> Result<Vec<QuerySpec>, String> {
                 Some(s) => s.parse().map_err(|_| err(what)),
             }
         };
+        // PostgreSQL shows query identifiers as bigint, so negative ones are its upper half.
         let fingerprint = match cols.get(6) {
             None | Some(&"") => 0,
-            Some(s) => s.parse().map_err(|_| err("bad fingerprint"))?,
+            Some(s) => s
+                .parse::<u64>()
+                .or_else(|_| s.parse::<i64>().map(|v| v as u64))
+                .map_err(|_| err("bad fingerprint"))?,
         };
         out.push(QuerySpec {
             arrival_ns: ms(cols[0], "bad arrival_ms")?,
@@ -298,8 +302,9 @@ mod tests {
 
     #[test]
     fn parse_accepts_short_rows_and_rejects_garbage() {
-        let w = parse_csv("# comment\narrival_ms,cpu_ms,group,class\n5,2.5,1,x\n1,1,0,y,4,300\n")
+        let w = parse_csv("# comment\narrival_ms,cpu_ms,group,class\n5,2.5,1,x,1,0,-2\n1,1,0,y,4,300\n")
             .unwrap();
+        assert_eq!(w[1].fingerprint, u64::MAX - 1, "a bigint query identifier");
         assert_eq!(w[0].class, "y"); // sorted by arrival
         assert_eq!((w[0].procs, w[0].pinned_priority), (4, Some(300)));
         assert_eq!(
