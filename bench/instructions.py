@@ -133,6 +133,13 @@ ADMISSION_FUNCTIONS = ("pg_stride::admission::admit", "pg_stride::admission::rel
 # publishes its rows at yield points and looks for a cancel or a move at check-ins.
 RULE_FUNCTIONS = ("pg_stride::cpu::runaway::publish_rows", "pg_stride::cpu::runaway::cancel_if_a_rule_says_so",
                   "pg_stride::cpu::runaway::move_if_a_rule_says_so")
+# The prediction of a statement's CPU: at the join of a statement that reaches a
+# check-in, at its end, and at the start of a plan with a Gather.
+PREDICTION_FUNCTIONS = ("pg_stride::cpu::prediction::predict", "pg_stride::cpu::prediction::record",
+                        "pg_stride::parallel::predicted_short")
+# PostgreSQL computing the query identifier that keys the prediction (pg_stride asks for
+# it as pg_stat_statements does): at parse analysis, so once per PREPARE with -M prepared.
+QUERY_ID_FUNCTIONS = ("JumbleQuery",)
 # The walk of a plan for the memory it reserves, once per statement while a memory
 # budget is set.
 MEMORY_FUNCTIONS = ("pg_stride::plan_tree::memory::need_kb",)
@@ -259,10 +266,14 @@ def main():
             for variant, settings in variants:
                 results[(label, variant)] = instructions_per_transaction(s, settings, args, n1, n2)
                 print(f"{label}, {variant}: {results[(label, variant)]:.0f} instructions per transaction", flush=True)
-            results[(label, "admission")], results[(label, "rules")] = per_transaction(
-                s, VARIANTS[1][1], args, n1, n2, ADMISSION_FUNCTIONS, RULE_FUNCTIONS)
+            (results[(label, "admission")], results[(label, "rules")],
+             results[(label, "prediction")], results[(label, "query id")]) = per_transaction(
+                s, VARIANTS[1][1], args, n1, n2, ADMISSION_FUNCTIONS, RULE_FUNCTIONS,
+                PREDICTION_FUNCTIONS, QUERY_ID_FUNCTIONS)
             print(f"{label}, admission: {results[(label, 'admission')]:.0f}, rule checks: "
-                  f"{results[(label, 'rules')]:.0f} instructions per transaction", flush=True)
+                  f"{results[(label, 'rules')]:.0f}, prediction: {results[(label, 'prediction')]:.0f}, "
+                  f"query id: {results[(label, 'query id')]:.0f} instructions per transaction",
+                  flush=True)
             for variant, settings in variants[2:]:
                 (results[(label, variant, "memory")],) = per_transaction(
                     s, settings, args, n1, n2, MEMORY_FUNCTIONS)
@@ -282,15 +293,20 @@ def main():
              "admission's entry points (`admit`, `release`, `switch_group`), from callgrind. "
              "Rule checks: inclusive instructions of what a backend does for runaway-query rules "
              "(`pg_stride::cpu::runaway`: publishing its rows, looking for a cancel or a move), "
-             "from the same callgrind runs.", "",
+             "prediction: what a backend does to predict a statement's CPU and record what it "
+             "used (`pg_stride::cpu::prediction`, `parallel::predicted_short`), query id: "
+             "PostgreSQL's `JumbleQuery`, which pg_stride has run as pg_stat_statements does "
+             "(at parse analysis: once per PREPARE with -M prepared), all from the same "
+             "callgrind runs.", "",
              "| workload | not loaded | loaded | added | loaded / not loaded | admission | admission / not loaded "
-             "| rule checks |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| rule checks | prediction | query id |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for label, _, _, _ in workloads:
         a, b = results[(label, "not loaded")], results[(label, "loaded")]
         c, r = results[(label, "admission")], results[(label, "rules")]
+        p, q = results[(label, "prediction")], results[(label, "query id")]
         lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} | {b / a:.3f} | {c:.0f} | {100 * c / a:.2f} % "
-                     f"| {r:.0f} |")
+                     f"| {r:.0f} | {p:.0f} | {q:.0f} |")
     for variant, _ in variants[2:]:
         lines += ["", f"With {variant}:", "",
                   "| workload | loaded | this variant | added | memory walk (callgrind) |",

@@ -97,6 +97,8 @@ pub fn reserve_workers(
 /// Whether the statement of `stmt` in group slot `group` is predicted short
 /// (`pg_stride_sched::predict`; never with `pg_stride.predict` off): then, under load, its
 /// Gathers get no workers.
+// Out of line, so that bench/instructions.py can count its instructions.
+#[inline(never)]
 fn predicted_short(
     shared: &shmem::Shared,
     sched: &SchedShared,

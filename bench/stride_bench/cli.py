@@ -44,6 +44,13 @@ class Plan:
     overhead_clients: int = 4
     oltp_scale: int = 10
     parts: list = field(default_factory=lambda: ["open", "mixed", "overhead"])
+    # the application-pool form ("app-pool"): the open loop's arrivals through this many
+    # client connections, so that arrivals wait at the client whenever all of them are
+    # busy, as behind an application server's connection pool; at this load, this many
+    # times per configuration
+    app_pool_clients: int = 16
+    app_pool_alpha: float = 0.8
+    app_pool_reps: int = 2
     # the tuner phases run (--tuner-phases)
     phase_duration: int = 120
     reps: int = 2
@@ -59,7 +66,8 @@ def make_plan(mode: str) -> Plan:
     if mode == "phases":
         return Plan(mode="phases", parts=["phases"])
     return Plan(mode="full", iso_runs=7, alphas=[0.5, 0.7, 0.8, 0.9, 0.95], ol_duration=90,
-                mixed_duration=60, overhead_rounds=5, overhead_duration=15)
+                mixed_duration=60, overhead_rounds=5, overhead_duration=15,
+                parts=["open", "app-pool", "mixed", "overhead"])
 
 
 def machine_info() -> dict:
@@ -619,6 +627,58 @@ class Runner:
                     quality, self.server.prediction_quality())
         return r
 
+    def rate_at(self, alpha: float) -> float:
+        """The arrival rate offering α of the CPUs: the calibrated one if α was a point of
+        the open loop, else the highest point's scaled by α (the same arrival sequence
+        at another speed)."""
+        rates = self.meta["rates"]
+        if str(alpha) in rates:
+            return rates[str(alpha)]
+        top = max(rates, key=float)
+        return rates[top] * alpha / float(top)
+
+    def app_pool(self):
+        """The open loop's arrivals at α `app_pool_alpha` through `app_pool_clients`
+        connections, `app_pool_reps` times per configuration (order alternating): an
+        arrival whose connections are all busy waits at the client, first come first
+        served, where no scheduler sees it; its latency counts from its arrival (pgbench
+        measures from the scheduled start)."""
+        p = self.plan
+        rate = self.rate_at(p.app_pool_alpha)
+        outdir = self.run_dir / "app_pool"
+        for rep in range(p.app_pool_reps):
+            order = list(self.configs) if rep % 2 == 0 else list(reversed(self.configs))
+            for cfg in order:
+                if not self.use(cfg):
+                    continue
+                name = f"ap_{cfg['name']}_r{rep + 1}"
+                if cfg.get("prime_s"):
+                    log(f"application pool: {cfg['name']}: {cfg['prime_s']} s to prime")
+                    workload.open_loop(self.server, self.workload_for(cfg),
+                                       self.conn(cfg, workload.TPCH_DB), rate,
+                                       int(cfg["prime_s"]), p.app_pool_clients, SEED + 1,
+                                       outdir, name + "_prime")
+                log(f"application pool: {cfg['name']}, round {rep + 1}, {p.app_pool_clients} "
+                    f"connections, alpha {p.app_pool_alpha}, {rate:.2f} arrivals/s, "
+                    f"{p.ol_duration} s")
+                r = workload.open_loop(self.server, self.workload_for(cfg),
+                                       self.conn(cfg, workload.TPCH_DB), rate, p.ol_duration,
+                                       p.app_pool_clients, SEED, outdir, name)
+                txns = analysis.parse_logs(str(outdir / name))
+                start, end = measured_window(self.meta["plan"])
+                st = analysis.open_loop_stats(
+                    txns, {int(k): tuple(v) for k, v in self.meta["script_info"].items()},
+                    analysis.isolated_medians(self.meta["isolated"]), warmup_s=start, end_s=end)
+                st.update(rc=r["rc"], cpu=r["cpu"], server_crash=r["server_crash"])
+                self.meta.setdefault("app_pool", {}).setdefault(cfg["name"], []).append(st)
+                c = st["classes"]
+                log("  " + "  ".join(
+                    f"{cls}: mean {c[cls]['slowdown']['mean']:.2f} p99 "
+                    f"{c[cls]['slowdown']['p99']:.2f} ({c[cls]['throughput_qps']:.3f} q/s)"
+                    for cls in ("short", "long") if cls in c) +
+                    f"  max in system {st.get('max_in_system')}")
+                self.save()
+
     def mixed(self):
         p = self.plan
         for cfg in self.configs:
@@ -695,6 +755,10 @@ class Runner:
             self.calibrate()
             self.open_loop()
             self.isolated_again()
+        if "app-pool" in self.plan.parts:
+            if "open" not in self.plan.parts:
+                self.calibrate()
+            self.app_pool()
         if "mixed" in self.plan.parts:
             self.mixed()
         if "overhead" in self.plan.parts:
@@ -730,7 +794,8 @@ def main(argv=None):
                    "queries; writes bench/results/POOL.md")
     g.add_argument("--report", metavar="RUN_DIR", help="rebuild the report of a finished run")
     ap.add_argument("--configs", help="comma-separated configuration names (default: all)")
-    ap.add_argument("--parts", help="comma-separated subset of open,mixed,overhead")
+    ap.add_argument("--parts", help="comma-separated subset of open,app-pool,mixed,overhead "
+                    "(app-pool: the full run's default, not the quick run's)")
     ap.add_argument("--small-sf", type=float)
     ap.add_argument("--large-sf", type=float)
     ap.add_argument("--duration", type=int, help="seconds per open-loop point")

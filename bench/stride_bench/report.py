@@ -243,12 +243,23 @@ def compact_table(meta) -> str:
         lines.append("mixed OLTP + analytics: " + "; ".join(
             f"{n}: TPC-B {m['tpcb']['tps']:.0f} tps p99 {m['tpcb']['latency']['p99'] * 1000:.1f} ms, "
             f"TPC-H {m['tpch']['tps']:.2f} q/s" for n, m in mx.items()))
+    for n, reps in (meta.get("app_pool") or {}).items():
+        lines.append(f"application pool, {n}: " + "; ".join(app_pool_phrase(st) for st in reps))
     oh = overhead_summary(meta)
     if oh:
         lines.append(f"overhead ({oh['other']} / {oh['base']}): " + ", ".join(
             f"{k} TPS x{v['tps_ratio']:.3f} p99 x{v['p99_ratio']:.3f} CPU/txn x{v['cpu_ratio']:.3f}"
             for k, v in oh["kinds"].items()))
     return "\n".join(lines)
+
+
+def app_pool_phrase(st: dict) -> str:
+    """One round of the application-pool form: short mean / p99 slowdown, long q/s."""
+    c = st.get("classes", {})
+    s, l = c.get("short", {}), c.get("long", {})
+    return (f"short {s.get('slowdown', {}).get('mean', float('nan')):.2f} / "
+            f"{s.get('slowdown', {}).get('p99', float('nan')):.2f}, "
+            f"long {l.get('throughput_qps', float('nan')):.3f} q/s")
 
 
 # ---- plots -----------------------------------------------------------------------------
@@ -636,6 +647,32 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
                     for n in hdr]
             w(f"| {q.upper()} | {cls} | " + " | ".join(f(v) for v in vals) + " |")
     w("")
+
+    ap = meta.get("app_pool") or {}
+    if ap:
+        w("## Behind an application's connection pool\n")
+        w(f"The open loop's arrivals at α {plan.get('app_pool_alpha')} through "
+          f"{plan.get('app_pool_clients')} client connections, as an application server's pool "
+          "sends them: an arrival finding every connection busy waits at the client, first "
+          "come first served, and its latency counts from its arrival. Each configuration "
+          f"{plan.get('app_pool_reps')} times, the order alternating.\n")
+        w("| configuration | round | short mean | short p99 | long mean | long q/s | "
+          "long q/s vs stock | max in system |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|")
+        stock = ap.get("stock", [])
+        for n, reps in ap.items():
+            for i, st in enumerate(reps):
+                c = st.get("classes", {})
+                s, l = c.get("short", {}), c.get("long", {})
+                base = stock[i]["classes"].get("long", {}).get("throughput_qps") \
+                    if i < len(stock) else None
+                lt = l.get("throughput_qps")
+                w(f"| {n} | {i + 1} | {f(s.get('slowdown', {}).get('mean'))} | "
+                  f"{f(s.get('slowdown', {}).get('p99'))} | "
+                  f"{f(l.get('slowdown', {}).get('mean'))} | {f(lt, 3)} | "
+                  f"{f(lt / base * 100 if lt and base else None, 1)} % | "
+                  f"{st.get('max_in_system')} |")
+        w("")
 
     mx = meta.get("mixed") or {}
     if mx:

@@ -1003,6 +1003,18 @@ class PredictionCountsTest(unittest.TestCase):
         self.assertEqual(analysis.prediction_summary(None), "")
 
 
+class AppPoolTest(unittest.TestCase):
+    def test_a_load_that_was_no_point_scales_the_highest_points_rate(self):
+        runner = types.SimpleNamespace(meta={"rates": {"0.5": 9.0, "0.95": 19.0}})
+        self.assertEqual(cli.Runner.rate_at(runner, 0.5), 9.0)
+        self.assertAlmostEqual(cli.Runner.rate_at(runner, 0.8), 16.0)
+
+    def test_a_round_is_one_phrase(self):
+        st = {"classes": {"short": {"slowdown": {"mean": 1.5, "p99": 4.0}},
+                          "long": {"throughput_qps": 0.5}}}
+        self.assertEqual(report.app_pool_phrase(st), "short 1.50 / 4.00, long 0.500 q/s")
+
+
 def main() -> int:
     suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)

@@ -14,6 +14,8 @@ use pg_stride_sched::SchedShared;
 /// `query_id` (0: none) and planner cost `plan_cost`, and the start it gives the
 /// statement, published in this process's entry for `pg_stride.activity`. Nothing
 /// while `pg_stride.predict` is off, or before anything was learnt.
+// Out of line, so that bench/instructions.py can count its instructions.
+#[inline(never)]
 pub(super) fn predict(
     shared: &shmem::Shared,
     sched: &SchedShared,
@@ -44,6 +46,8 @@ pub(super) fn predict(
 /// Records what a statement that ran scheduled used (its query entry's `snapshot` as it
 /// left it), after it was predicted as `prediction`. A failed statement (an error, a
 /// cancel, a timeout) is not recorded: it used less than it would have.
+// Out of line, as predict.
+#[inline(never)]
 pub(super) fn record(
     shared: &shmem::Shared,
     sched: &SchedShared,
