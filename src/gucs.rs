@@ -71,8 +71,10 @@ pub static PRIORITY_INITIAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static PRIORITY_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
 pub static TUNER: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// `pg_stride.predict`: statements start at a priority predicted from their
-/// fingerprint's history (`pg_stride_sched::predict`).
-pub static PREDICT: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// fingerprint's history (`pg_stride_sched::predict`). Off by default: behind a client
+/// connection pool it made short statements wait longer (README, "How statements are
+/// classified").
+pub static PREDICT: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static TRACE: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static TUNER_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(20);
 pub static TUNER_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);

@@ -11,9 +11,11 @@ use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::SchedShared;
 
 /// The prediction for a statement of group slot `group` with query identifier
-/// `query_id` (0: none) and planner cost `plan_cost`, and the start it gives the
-/// statement, published in this process's entry for `pg_stride.activity`. Nothing
-/// while `pg_stride.predict` is off, or before anything was learnt.
+/// `query_id` (0: none) and planner cost `plan_cost`, published in this process's entry
+/// for `pg_stride.activity`, and the start it gives the statement while
+/// `pg_stride.predict` is on. With it off the prediction is still made, so that the
+/// views show what it would do and `pg_stride.prediction_quality` how good it would be.
+/// Nothing before anything was learnt.
 // Out of line, so that bench/instructions.py can count its instructions.
 #[inline(never)]
 pub(super) fn predict(
@@ -22,10 +24,7 @@ pub(super) fn predict(
     group: usize,
     query_id: u64,
     plan_cost: f64,
-) -> Option<(Prediction, StartPolicy)> {
-    if !gucs::PREDICT.get() {
-        return None;
-    }
+) -> Option<(Prediction, Option<StartPolicy>)> {
     let prediction = shared
         .histories
         .read(|table| table.predict(query_id, plan_cost))?;
@@ -40,7 +39,7 @@ pub(super) fn predict(
     if let Some(entry) = shared.my_entry() {
         entry.publish_prediction(prediction.cpu_us as u64, prediction.cpu_us <= short_us);
     }
-    Some((prediction, start))
+    Some((prediction, gucs::PREDICT.get().then_some(start)))
 }
 
 /// Records what a statement that ran scheduled used (its query entry's `snapshot` as it

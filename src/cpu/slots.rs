@@ -53,7 +53,7 @@ pub(super) fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
             let options = QueryOptions {
                 pinned_priority,
                 home: sched.choose_home(),
-                start: predicted.map(|(_, start)| start),
+                start: predicted.and_then(|(_, start)| start),
             };
             sched.register_query(group, options)
         });
