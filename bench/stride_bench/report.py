@@ -262,6 +262,38 @@ def app_pool_phrase(st: dict) -> str:
             f"long {l.get('throughput_qps', float('nan')):.3f} q/s")
 
 
+def app_pool_section(meta) -> list:
+    """The Markdown lines of the application-pool form, none without it."""
+    ap = meta.get("app_pool") or {}
+    if not ap:
+        return []
+    plan = meta["plan"]
+    out = ["## Behind an application's connection pool\n",
+           f"The open loop's arrivals at α {plan.get('app_pool_alpha')} through "
+           f"{plan.get('app_pool_clients')} client connections, as an application server's pool "
+           "sends them: an arrival finding every connection busy waits at the client, first "
+           "come first served, and its latency counts from its arrival. Each configuration "
+           f"{plan.get('app_pool_reps')} times, the order alternating.\n",
+           "| configuration | round | short mean | short p99 | long mean | long q/s | "
+           "long q/s vs stock | max in system |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    stock = ap.get("stock", [])
+    for n, reps in ap.items():
+        for i, st in enumerate(reps):
+            c = st.get("classes", {})
+            s, l = c.get("short", {}), c.get("long", {})
+            base = stock[i]["classes"].get("long", {}).get("throughput_qps") \
+                if i < len(stock) else None
+            lt = l.get("throughput_qps")
+            out.append(f"| {n} | {i + 1} | {f(s.get('slowdown', {}).get('mean'))} | "
+                       f"{f(s.get('slowdown', {}).get('p99'))} | "
+                       f"{f(l.get('slowdown', {}).get('mean'))} | {f(lt, 3)} | "
+                       f"{f(lt / base * 100 if lt and base else None, 1)} % | "
+                       f"{st.get('max_in_system')} |")
+    out.append("")
+    return out
+
+
 # ---- plots -----------------------------------------------------------------------------
 
 def plots(meta, img_dir: Path) -> dict:
@@ -648,31 +680,8 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
             w(f"| {q.upper()} | {cls} | " + " | ".join(f(v) for v in vals) + " |")
     w("")
 
-    ap = meta.get("app_pool") or {}
-    if ap:
-        w("## Behind an application's connection pool\n")
-        w(f"The open loop's arrivals at α {plan.get('app_pool_alpha')} through "
-          f"{plan.get('app_pool_clients')} client connections, as an application server's pool "
-          "sends them: an arrival finding every connection busy waits at the client, first "
-          "come first served, and its latency counts from its arrival. Each configuration "
-          f"{plan.get('app_pool_reps')} times, the order alternating.\n")
-        w("| configuration | round | short mean | short p99 | long mean | long q/s | "
-          "long q/s vs stock | max in system |")
-        w("|---|---:|---:|---:|---:|---:|---:|---:|")
-        stock = ap.get("stock", [])
-        for n, reps in ap.items():
-            for i, st in enumerate(reps):
-                c = st.get("classes", {})
-                s, l = c.get("short", {}), c.get("long", {})
-                base = stock[i]["classes"].get("long", {}).get("throughput_qps") \
-                    if i < len(stock) else None
-                lt = l.get("throughput_qps")
-                w(f"| {n} | {i + 1} | {f(s.get('slowdown', {}).get('mean'))} | "
-                  f"{f(s.get('slowdown', {}).get('p99'))} | "
-                  f"{f(l.get('slowdown', {}).get('mean'))} | {f(lt, 3)} | "
-                  f"{f(lt / base * 100 if lt and base else None, 1)} % | "
-                  f"{st.get('max_in_system')} |")
-        w("")
+    for line in app_pool_section(meta):
+        w(line)
 
     mx = meta.get("mixed") or {}
     if mx:
@@ -733,6 +742,12 @@ def write(meta, run_dir: Path, publish: bool, outdir: Path | None = None):
         target = outdir or run_dir
         md_path, img_dir, prefix = target / "RESULTS.md", target, ""
     if not meta.get("open_loop"):
+        if meta.get("app_pool"):
+            md_path.write_text("# pg_stride bench: the application-pool form\n\n"
+                               + "\n".join(app_pool_section(meta)) + "\n")
+            log(f"wrote {md_path}")
+            print(md_path.read_text(), flush=True)
+            return
         log("no open-loop results: nothing to report")
         return
     imgs = plots(meta, img_dir)
