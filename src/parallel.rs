@@ -18,8 +18,7 @@
 //! QueryDesc, and the cached plan keeps its own.
 
 use crate::gucs::{self, ParallelMode};
-use crate::{plan_tree, shmem};
-use pg_stride_sched::predict;
+use crate::{pg, plan_tree, shmem};
 use pg_stride_sched::shared::Demand;
 use pg_stride_sched::{GroupId, SchedShared};
 use pgrx::pg_sys;
@@ -108,17 +107,9 @@ fn predicted_short(
     if !gucs::PREDICT.get() {
         return false;
     }
-    // SAFETY: ExecutorStart's PlannedStmt; queryId is a uint64 before PostgreSQL 18 and
-    // an int64 from 18 on.
-    #[allow(clippy::unnecessary_cast)]
-    let (query_id, cost) = unsafe {
-        let plan = (*stmt).planTree;
-        (
-            (*stmt).queryId as u64,
-            if plan.is_null() { 0.0 } else { (*plan).total_cost },
-        )
-    };
-    let short_us = predict::short_threshold_us(sched.group_decay(group));
+    // SAFETY: ExecutorStart's PlannedStmt.
+    let (query_id, cost) = unsafe { pg::query_id_and_cost(stmt) };
+    let short_us = sched.short_threshold_us(group);
     shared
         .histories
         .predict(query_id, cost)

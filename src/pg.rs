@@ -38,7 +38,6 @@ pub fn statement_start_timestamp() -> pg_sys::TimestampTz {
     unsafe { ffi::GetCurrentStatementStartTimestamp() }
 }
 
-/// The current time as a TimestampTz.
 /// Asks PostgreSQL to compute query identifiers while `compute_query_id` is `auto` (the
 /// default). Only valid while `shared_preload_libraries` is processed. PostgreSQL 13
 /// has no query identifiers in core: statements are predicted from their plan's cost.
@@ -50,6 +49,25 @@ pub fn enable_query_id() {
     };
 }
 
+/// A planned statement's query identifier (0 when none was computed) and its plan's
+/// total cost (0 without a plan): what a prediction of its CPU is keyed by.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt, as ExecutorStart's QueryDesc holds one.
+pub unsafe fn query_id_and_cost(stmt: *const pg_sys::PlannedStmt) -> (u64, f64) {
+    // SAFETY: the caller's promise; the plan, when there is one, is part of it. queryId
+    // is a uint64 before PostgreSQL 18 and an int64 from 18 on.
+    #[allow(clippy::unnecessary_cast)]
+    unsafe {
+        let plan = (*stmt).planTree;
+        (
+            (*stmt).queryId as u64,
+            if plan.is_null() { 0.0 } else { (*plan).total_cost },
+        )
+    }
+}
+
+/// The current time as a TimestampTz.
 pub fn now_timestamp() -> pg_sys::TimestampTz {
     // SAFETY: reads the clock; no ERROR.
     unsafe { pg_sys::GetCurrentTimestamp() }

@@ -163,10 +163,8 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) {
             .admitted_at
             .store(pg::statement_start_timestamp(), Ordering::Relaxed);
     }
-    // SAFETY: `desc` is the statement the executor is about to start. queryId is a
-    // uint64 before PostgreSQL 18 and an int64 from 18 on.
-    #[allow(clippy::unnecessary_cast)]
-    let query_id = unsafe { (*(*desc).plannedstmt).queryId as u64 };
+    // SAFETY: `desc` is the statement the executor is about to start.
+    let (query_id, _) = unsafe { pg::query_id_and_cost((*desc).plannedstmt) };
     entry.query_id.store(query_id, Ordering::Relaxed);
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };

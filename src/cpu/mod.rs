@@ -111,15 +111,10 @@ pub fn start_statement(
     let Some(procno) = pg::my_procno() else {
         return;
     };
-    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt and plan.
-    let (parallel, query_id, plan_cost) = unsafe {
+    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
+    let (parallel, (query_id, plan_cost)) = unsafe {
         let stmt = (*desc).plannedstmt;
-        // queryId is a uint64 before PostgreSQL 18 and an int64 from 18 on.
-        #[allow(clippy::unnecessary_cast)]
-        let query_id = (*stmt).queryId as u64;
-        let plan = (*stmt).planTree;
-        let cost = if plan.is_null() { 0.0 } else { (*plan).total_cost };
-        ((*stmt).parallelModeNeeded, query_id, cost)
+        ((*stmt).parallelModeNeeded, pg::query_id_and_cost(stmt))
     };
     let procs = 1 + shared
         .my_entry()

@@ -6,7 +6,7 @@
 //! compete for a slot, and cost nothing here.
 
 use crate::{gucs, pg, shmem};
-use pg_stride_sched::predict::{self, Prediction, StartPolicy};
+use pg_stride_sched::predict::{Prediction, StartPolicy};
 use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::SchedShared;
 
@@ -25,21 +25,15 @@ pub(super) fn predict(
     query_id: u64,
     plan_cost: f64,
 ) -> Option<(Prediction, Option<StartPolicy>)> {
-    let prediction = shared
-        .histories
-        .read(|table| table.predict(query_id, plan_cost))?;
-    let params = sched.group_decay(group);
-    let short_us = predict::short_threshold_us(params);
-    let start = predict::start_policy(
-        Some(prediction.cpu_us),
-        sched.group_priority_range(group),
-        params,
-        short_us,
-    );
+    let prediction = shared.histories.predict(query_id, plan_cost)?;
+    let short = prediction.cpu_us <= sched.short_threshold_us(group);
     if let Some(entry) = shared.my_entry() {
-        entry.publish_prediction(prediction.cpu_us as u64, prediction.cpu_us <= short_us);
+        entry.publish_prediction(prediction.cpu_us as u64, short);
     }
-    Some((prediction, gucs::PREDICT.get().then_some(start)))
+    let start = gucs::PREDICT
+        .get()
+        .then(|| sched.predicted_start(group, prediction.cpu_us));
+    Some((prediction, start))
 }
 
 /// Records what a statement that ran scheduled used (its query entry's `snapshot` as it
@@ -59,7 +53,7 @@ pub(super) fn record(
         return;
     }
     let cpu_us = snapshot.cpu_ns as f64 / 1000.0;
-    let short_us = predict::short_threshold_us(sched.group_decay(snapshot.group.0 as usize));
+    let short_us = sched.short_threshold_us(snapshot.group.0 as usize);
     let now = pg::now_timestamp().max(0) as u64;
     shared.histories.write(|table| {
         table.record(query_id, plan_cost, cpu_us, now, prediction, short_us)

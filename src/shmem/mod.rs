@@ -47,8 +47,8 @@ use locks::{LOCKS, LOCK_COUNT};
 
 pub use cpu_owners::CpuOwners;
 pub use directory::{Group, GroupDirectory, MAX_GROUPS};
-pub use node_counters::{NodeCounters, MAX_NODES};
 pub use histories::Histories;
+pub use node_counters::{NodeCounters, MAX_NODES};
 pub use rule_hits::{RuleHit, RuleHits};
 pub use tuner_state::{RefreshRow, TunerState};
 

@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering::*;
 use super::entries::{QueryEntry, GROUP_D_START, OWN_DECAY_LAMBDA, OWN_DECAY_START};
 use super::{Policy, SchedShared};
 use crate::decay::{DecayParams, PriorityRange};
+use crate::predict::{self, StartPolicy};
 use crate::ids::ProcId;
 use crate::stride::{charge, stride};
 
@@ -53,7 +54,7 @@ impl SchedShared {
 
     /// The decay parameters for queries of group `g`: the global ones, with what the
     /// group sets itself in their place.
-    pub fn group_decay(&self, g: usize) -> DecayParams {
+    fn group_decay(&self, g: usize) -> DecayParams {
         let ge = &self.groups()[g];
         let mut params = self.decay();
         let overrides = ge.decay_overrides.load(Relaxed);
@@ -66,10 +67,24 @@ impl SchedShared {
         params
     }
 
-    /// The priority range a query of group `g` registers with.
-    pub fn group_priority_range(&self, g: usize) -> PriorityRange {
+    /// The CPU up to which a query of group `g` counts as short, µs
+    /// ([`predict::short_threshold_us`] under the group's decay).
+    pub fn short_threshold_us(&self, g: usize) -> f64 {
+        predict::short_threshold_us(self.group_decay(g))
+    }
+
+    /// Where a query of group `g` predicted to use `cpu_us` of CPU starts
+    /// ([`predict::start_policy`] under the group's priority range and decay).
+    pub fn predicted_start(&self, g: usize, cpu_us: f64) -> StartPolicy {
         let ge = &self.groups()[g];
-        PriorityRange::new(ge.p0.load(Relaxed), ge.p_min.load(Relaxed))
+        let range = PriorityRange::new(ge.p0.load(Relaxed), ge.p_min.load(Relaxed));
+        let params = self.group_decay(g);
+        predict::start_policy(
+            Some(cpu_us),
+            range,
+            params,
+            predict::short_threshold_us(params),
+        )
     }
 
     /// Lowers the query's priority if its CPU time crossed a quantum boundary.

@@ -616,10 +616,6 @@ impl<'a, 'f> Engine<'a, 'f> {
     /// Where query `i`'s priority starts under [`SimConfig::start`].
     fn start_of(&mut self, i: usize) -> Option<StartPolicy> {
         let spec = &self.specs[i];
-        let g = spec.group as usize;
-        let params = self.sched.group_decay(g);
-        let range = self.sched.group_priority_range(g);
-        let short_us = predict::short_threshold_us(params);
         let cpu_us = match self.cfg.start {
             StartMode::Decay => return None,
             StartMode::Oracle => spec.cpu_ns as f64 / 1000.0,
@@ -630,13 +626,13 @@ impl<'a, 'f> Engine<'a, 'f> {
                 p?.cpu_us
             }
         };
-        Some(predict::start_policy(Some(cpu_us), range, params, short_us))
+        Some(self.sched.predicted_start(spec.group as usize, cpu_us))
     }
 
     /// Records finished query `i` in the histories ([`StartMode::Predicted`]).
     fn learn(&mut self, i: usize) {
         let spec = &self.specs[i];
-        let short_us = predict::short_threshold_us(self.sched.group_decay(spec.group as usize));
+        let short_us = self.sched.short_threshold_us(spec.group as usize);
         let Some(h) = self.histories.as_mut() else {
             return;
         };
