@@ -23,7 +23,8 @@ started at and the view shows it:
 - pg_stride.prediction_quality counts each scheduled statement that ended by the class
   it was predicted and the one it had, and how far off the prediction was;
 - pg_stride.statements is for members of pg_read_all_stats (it shows other roles'
-  fingerprints); prediction_quality is for everyone.
+  fingerprints); prediction_quality is for everyone; an ordinary role cannot change
+  pg_stride.predict for itself (off, its long statements would start higher).
 
 Prints one line per check, then "prediction: N passed, N failed".
 """
@@ -228,7 +229,7 @@ def quality_counts_each_scheduled_statement_once(s):
 
 
 @check
-def the_statements_view_is_for_readers_of_all_statistics(s):
+def an_ordinary_role_neither_reads_fingerprints_nor_sets_predict(s):
     out = subprocess.run(s.psql_args("SELECT count(*) FROM pg_stride.statements", user=OTHER),
                          env=ENV, capture_output=True, text=True)
     assert out.returncode != 0 and "permission denied" in out.stderr, out
@@ -237,6 +238,11 @@ def the_statements_view_is_for_readers_of_all_statistics(s):
     assert direct.returncode != 0 and "permission denied" in direct.stderr, direct
     assert int(s.sql("SELECT count(*) FROM pg_stride.statements", user=STATS)) >= 2
     assert s.sql("SELECT fingerprints >= 2 FROM pg_stride.prediction_quality", user=OTHER) == "t"
+    for value in ("off", "on"):
+        setting = subprocess.run(s.psql_args(f"SET pg_stride.predict = {value}", user=OTHER),
+                                 env=ENV, capture_output=True, text=True)
+        assert setting.returncode != 0 and "permission denied to set parameter" in setting.stderr, \
+            setting
 
 
 def setup(s):
