@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import analysis, data, hugepages, queries, simgap, workload
+from . import analysis, data, hugepages, queries, simgap, tuner_report, workload
 from .common import (BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, MachineBusy, claim_machine, expand,
                      load_configs, log, ncpus, run)
 from .pgserver import Server, has_debug_info, pkglibdir, stride_library_problem
@@ -57,7 +57,7 @@ class Plan:
     prime_s: int | None = None        # None: the largest prime_s of the configurations
 
 
-PHASES_CONFIGS = ["stride-decay", "stride-tuner"]
+PHASES_CONFIGS = [tuner_report.BASELINE, "stride-tuner"]
 
 
 def make_plan(mode: str) -> Plan:
@@ -787,7 +787,7 @@ def main(argv=None):
     g.add_argument("--full", action="store_true", help="the full sweep (about 80 minutes)")
     g.add_argument("--tuner-phases", action="store_true",
                    help="three-phase arrival sequence (mix, longer mix, mix) per configuration "
-                   "(default stride-decay,stride-tuner); writes bench/results/TUNER.md")
+                   "(default stride-defaults,stride-tuner); writes bench/results/TUNER.md")
     g.add_argument("--pool", action="store_true",
                    help="the pool (parallel_mode = pool) against PostgreSQL's workers and no "
                    "workers: TPC-H results at both scales, latency of small parallel "
@@ -796,6 +796,8 @@ def main(argv=None):
     ap.add_argument("--configs", help="comma-separated configuration names (default: all)")
     ap.add_argument("--parts", help="comma-separated subset of open,app-pool,mixed,overhead "
                     "(app-pool: the full run's default, not the quick run's)")
+    ap.add_argument("--app-pool-clients", type=int, metavar="N",
+                    help="the application-pool form's client connections (default 16)")
     ap.add_argument("--small-sf", type=float)
     ap.add_argument("--large-sf", type=float)
     ap.add_argument("--duration", type=int, help="seconds per open-loop point")
@@ -821,7 +823,7 @@ def main(argv=None):
         rd = Path(args.report)
         meta = json.loads((rd / "results.json").read_text())
         if meta["plan"]["mode"] == "phases":
-            from . import phases, tuner_report
+            from . import phases
             phases.reanalyse(meta, rd)
             (rd / "results.json").write_text(json.dumps(meta, indent=1))
             tuner_report.write(meta, rd, publish=not args.out and tuner_report.publishable(meta),
@@ -865,6 +867,8 @@ def main(argv=None):
         plan.load_from = args.load_from
     if args.parts:
         plan.parts = args.parts.split(",")
+    if args.app_pool_clients:
+        plan.app_pool_clients = args.app_pool_clients
     if args.phase_duration:
         plan.phase_duration = args.phase_duration
     if args.reps:
@@ -905,7 +909,6 @@ def main(argv=None):
         runner.huge_pages.release()
         runner.save()
     if ok and plan.mode == "phases":
-        from . import tuner_report
         tuner_report.write(runner.meta, run_dir,
                            publish=not args.out and tuner_report.publishable(runner.meta),
                            outdir=Path(args.out) if args.out else None)

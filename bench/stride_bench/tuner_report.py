@@ -16,6 +16,9 @@ def phase_window(duration: float) -> tuple:
     return pw(duration)
 
 CLASSES = ("short", "long")
+# What the tuner is compared with: the shipped defaults it starts from (stride-tuner is
+# the same configuration with pg_stride.tuner = on).
+BASELINE = "stride-defaults"
 STATS = ("mean", "p95", "p99")
 
 
@@ -26,12 +29,12 @@ def f(x, nd=2):
 
 
 def publishable(meta) -> bool:
-    """Only a run with phases of at least 120 s and both of stride-decay and
+    """Only a run with phases of at least 120 s and both of the baseline and
     stride-tuner rewrites bench/results/TUNER.md; shorter ones (smoke runs) report into
     their run directory."""
     ph = meta.get("phases", {})
     configs = {r["config"] for r in ph.get("runs", [])}
-    return ph.get("duration", 0) >= 120 and {"stride-decay", "stride-tuner"} <= configs
+    return ph.get("duration", 0) >= 120 and {BASELINE, "stride-tuner"} <= configs
 
 
 def configs_of(meta) -> list:
@@ -39,8 +42,8 @@ def configs_of(meta) -> list:
     for r in meta.get("phases", {}).get("runs", []):
         if r["config"] not in out:
             out.append(r["config"])
-    # the baseline (stride-decay) first when it ran
-    out.sort(key=lambda n: 0 if n == "stride-decay" else 1)
+    # the baseline first when it ran
+    out.sort(key=lambda n: 0 if n == BASELINE else 1)
     return out
 
 

@@ -941,24 +941,24 @@ class TunerPhasesTest(unittest.TestCase):
                            "phases": [{"name": "A", "short_from": "short", "seed": 1},
                                       {"name": "B", "short_from": "long", "seed": 3},
                                       {"name": "C", "short_from": "short", "seed": 1}],
-                           "runs": [run("stride-tuner", 0, 2, ref), run("stride-decay", 0, 1, []),
-                                    run("stride-decay", 1, 1, []), run("stride-tuner", 1, 2, ref)]}}
+                           "runs": [run("stride-tuner", 0, 2, ref), run("stride-defaults", 0, 1, []),
+                                    run("stride-defaults", 1, 1, []), run("stride-tuner", 1, 2, ref)]}}
 
     def test_report_tables(self):
         from stride_bench import tuner_report
         meta = self.synthetic_meta()
-        self.assertEqual(tuner_report.configs_of(meta), ["stride-decay", "stride-tuner"])
+        self.assertEqual(tuner_report.configs_of(meta), ["stride-defaults", "stride-tuner"])
         rows = tuner_report.phase_table(meta)
         self.assertEqual([(r["phase"], r["class"]) for r in rows][:2],
                          [("A", "short"), ("A", "long")])
         short_a = rows[0]
         # pooled over two repetitions: 4 slowdowns each
-        self.assertEqual(short_a["configs"]["stride-decay"]["n"], 4)
-        self.assertAlmostEqual(short_a["configs"]["stride-decay"]["mean"], 2.0)
+        self.assertEqual(short_a["configs"]["stride-defaults"]["n"], 4)
+        self.assertAlmostEqual(short_a["configs"]["stride-defaults"]["mean"], 2.0)
         self.assertAlmostEqual(short_a["ratios"]["stride-tuner"]["mean"], 2.0)
         roll = tuner_report.pooled_rolling(meta, "B")
         self.assertEqual(roll["stride-tuner"][0], (0.0, 4, 4.0))
-        self.assertEqual(roll["stride-decay"][1][1], 0)
+        self.assertEqual(roll["stride-defaults"][1][1], 0)
         self.assertTrue(tuner_report.publishable(meta))
         meta["phases"]["duration"] = 20
         self.assertFalse(tuner_report.publishable(meta))
@@ -975,7 +975,7 @@ class TunerPhasesTest(unittest.TestCase):
 
     def test_tuner_config_starts_from_stride_decay(self):
         cfg = {c["name"]: c for c in common.load_configs()["config"]}
-        decay, tuner = cfg["stride-decay"], cfg["stride-tuner"]
+        decay, tuner = cfg["stride-defaults"], cfg["stride-tuner"]
         self.assertEqual([s for s in tuner["settings"] if "pg_stride.tuner" not in s],
                          decay["settings"])
         self.assertIn("pg_stride.tuner = on", tuner["settings"])
