@@ -82,8 +82,9 @@ def behind_a_client_pool() -> list:
              "slowdown, and in brackets the long mean.\n",
              "| load | connections | decay | predicted | oracle |", "|---:|---:|---|---|---|"]
     for load, conns in POOL_POINTS:
+        pool = ["--max-active", conns] if conns else []
         runs = [slowdowns(sim(["predict", *DEFAULTS, "--slots", 2, "--load", load,
-                               "--seed", seed, "--max-active", conns or 4096]))
+                               "--seed", seed, *pool]))
                 for seed in POOL_SEEDS]
 
         def cell(start):

@@ -973,11 +973,12 @@ class TunerPhasesTest(unittest.TestCase):
         self.assertAlmostEqual(pairs[0][1][("B", "long")]["mean"], 2.0)
         self.assertIn("| 1 | 2.000 / 2.000 |", md)
 
-    def test_tuner_config_starts_from_stride_decay(self):
+    def test_tuner_config_is_the_baseline_with_the_tuner_on(self):
+        from stride_bench import tuner_report
         cfg = {c["name"]: c for c in common.load_configs()["config"]}
-        decay, tuner = cfg["stride-defaults"], cfg["stride-tuner"]
+        baseline, tuner = cfg[tuner_report.BASELINE], cfg["stride-tuner"]
         self.assertEqual([s for s in tuner["settings"] if "pg_stride.tuner" not in s],
-                         decay["settings"])
+                         baseline["settings"])
         self.assertIn("pg_stride.tuner = on", tuner["settings"])
         self.assertGreater(tuner.get("prime_s", 0), 0)
 
