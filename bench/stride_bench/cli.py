@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import analysis, data, hugepages, queries, simgap, tuner_report, workload
-from .common import (BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, MachineBusy, claim_machine, expand,
-                     load_configs, log, ncpus, run)
+from .common import (BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, RESULTS_DIR, MachineBusy,
+                     claim_machine, expand, load_configs, log, ncpus, run)
 from .pgserver import Server, has_debug_info, pkglibdir, stride_library_problem
 
 SEED = 20210
@@ -54,6 +54,8 @@ class Plan:
     # the tuner phases run (--tuner-phases)
     phase_duration: int = 120
     reps: int = 2
+    # the transactions-beside-analytics run (--oltp): seconds per form
+    oltp_duration: int = 30
     prime_s: int | None = None        # None: the largest prime_s of the configurations
 
 
@@ -65,6 +67,8 @@ def make_plan(mode: str) -> Plan:
         return Plan(mode="quick")
     if mode == "phases":
         return Plan(mode="phases", parts=["phases"])
+    if mode == "oltp":
+        return Plan(mode="oltp", parts=["oltp"], reps=3)
     return Plan(mode="full", iso_runs=7, alphas=[0.5, 0.7, 0.8, 0.9, 0.95], ol_duration=90,
                 mixed_duration=60, overhead_rounds=5, overhead_duration=15,
                 parts=["open", "app-pool", "mixed", "overhead"])
@@ -761,6 +765,9 @@ class Runner:
             self.app_pool()
         if "mixed" in self.plan.parts:
             self.mixed()
+        if "oltp" in self.plan.parts:
+            from . import oltp
+            oltp.run(self)
         if "overhead" in self.plan.parts:
             self.overhead()
         self.meta["elapsed_s"] = time.monotonic() - t0
@@ -788,6 +795,12 @@ def main(argv=None):
     g.add_argument("--tuner-phases", action="store_true",
                    help="three-phase arrival sequence (mix, longer mix, mix) per configuration "
                    "(default stride-defaults,stride-tuner); writes bench/results/TUNER.md")
+    g.add_argument("--oltp", action="store_true",
+                   help="transactions beside analytics: TPC-B at a fixed rate (p99 latency) "
+                   "and back to back (throughput), each beside two TPC-H clients, --reps "
+                   "rounds (default 3) of --duration s per form (default 30), configurations "
+                   "rotating (default stock,stock-serial,pgbouncer,stride-defaults); writes "
+                   "bench/results/OLTP.md")
     g.add_argument("--pool", action="store_true",
                    help="the pool (parallel_mode = pool) against PostgreSQL's workers and no "
                    "workers: TPC-H results at both scales, latency of small parallel "
@@ -829,6 +842,11 @@ def main(argv=None):
             tuner_report.write(meta, rd, publish=not args.out and tuner_report.publishable(meta),
                                outdir=Path(args.out) if args.out else None)
             return 0
+        if meta["plan"]["mode"] == "oltp":
+            from . import oltp
+            out = Path(args.out) if args.out else rd
+            oltp.write_report(meta, out / "OLTP.md")
+            return 0
         reanalyse(meta, rd)
         (rd / "results.json").write_text(json.dumps(meta, indent=1))
         report.write(meta, rd, publish=(meta["plan"]["mode"] == "full" and not args.out),
@@ -854,13 +872,15 @@ def main(argv=None):
                          args.small_sf or Plan.small_sf, args.large_sf or Plan.large_sf,
                          publish=not args.out)
 
-    plan = make_plan("quick" if args.quick else "phases" if args.tuner_phases else "full")
+    plan = make_plan("quick" if args.quick else "phases" if args.tuner_phases
+                     else "oltp" if args.oltp else "full")
     if args.small_sf:
         plan.small_sf = args.small_sf
     if args.large_sf:
         plan.large_sf = args.large_sf
     if args.duration:
         plan.ol_duration = args.duration
+        plan.oltp_duration = args.duration
     if args.alphas:
         plan.alphas = [float(a) for a in args.alphas.split(",")]
     if args.load_from:
@@ -884,6 +904,9 @@ def main(argv=None):
         if len(plan.alphas) != 1:
             ap.error("--tuner-phases runs at one load: give one --alphas value")
         only = only or PHASES_CONFIGS
+    if plan.mode == "oltp":
+        from . import oltp
+        only = only or oltp.DEFAULT_CONFIGS
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = OUT / "runs" / f"{stamp}-{plan.mode}"
@@ -908,7 +931,13 @@ def main(argv=None):
         runner.server.shutdown()
         runner.huge_pages.release()
         runner.save()
-    if ok and plan.mode == "phases":
+    if ok and plan.mode == "oltp":
+        from . import oltp
+        out = Path(args.out) if args.out else RESULTS_DIR
+        out.mkdir(parents=True, exist_ok=True)
+        oltp.write_report(runner.meta, out / "OLTP.md")
+        log(f"wrote {out / 'OLTP.md'}")
+    elif ok and plan.mode == "phases":
         tuner_report.write(runner.meta, run_dir,
                            publish=not args.out and tuner_report.publishable(runner.meta),
                            outdir=Path(args.out) if args.out else None)

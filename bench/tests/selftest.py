@@ -15,8 +15,8 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from stride_bench import (analysis, cli, common, hugepages, pgserver, queries, report, simgap,
-                          workload)
+from stride_bench import (analysis, cli, common, hugepages, oltp, pgserver, queries, report,
+                          simgap, workload)
 
 
 def line(client, no, lat_us, script, end_s, lag_us=None):
@@ -1014,6 +1014,71 @@ class AppPoolTest(unittest.TestCase):
         st = {"classes": {"short": {"slowdown": {"mean": 1.5, "p99": 4.0}},
                           "long": {"throughput_qps": 0.5}}}
         self.assertEqual(report.app_pool_phrase(st), "short 1.50 / 4.00, long 0.500 q/s")
+
+
+class OltpTest(unittest.TestCase):
+    def test_the_oltp_run_has_its_own_plan(self):
+        plan = cli.make_plan("oltp")
+        self.assertEqual((plan.parts, plan.reps, plan.oltp_duration), (["oltp"], 3, 30))
+
+    def test_processes_are_told_apart_by_their_title(self):
+        self.assertEqual(oltp.process_role("postgres: stride_app oltp [local] UPDATE\0"),
+                         "transactions")
+        self.assertEqual(oltp.process_role("postgres: stride_app tpch [local] SELECT"),
+                         "analytics")
+        self.assertEqual(oltp.process_role("postgres: parallel worker for PID 12"), "analytics")
+        self.assertEqual(oltp.process_role("postgres: checkpointer "), "other")
+        # a database named like the role's command is not mistaken for it
+        self.assertEqual(oltp.process_role("postgres: oltp_admin tpch [local] idle"),
+                         "analytics")
+
+    def test_only_processes_alive_at_both_snapshots_count(self):
+        before = {1: ("transactions", 1_000_000, 500_000), 2: ("analytics", 0, 0),
+                  3: ("analytics", 5_000_000_000, 0)}
+        after = {1: ("transactions", 3_000_000, 1_500_000), 3: ("analytics", 7_000_000_000, 10**9),
+                 4: ("analytics", 9 * 10**9, 0)}
+        got = oltp.time_by_role(before, after)
+        self.assertAlmostEqual(got["transactions"]["cpu_s"], 0.002)
+        self.assertAlmostEqual(got["transactions"]["runqueue_s"], 0.001)
+        self.assertAlmostEqual(got["analytics"]["cpu_s"], 2.0)
+        self.assertEqual(got["analytics"]["processes"], 1)
+
+    def test_the_breakdown_divides_by_the_transactions_between_the_snapshots(self):
+        T = analysis.Txn
+        txns = [T(0, 0, 0.004, 100.5, 0.001), T(0, 0, 0.002, 101.0, 0.0),
+                T(0, 0, 0.1, 99.0, 0.0),     # before the first snapshot
+                T(0, 0, float("nan"), 100.7, 0.0, failed=True)]
+        taken = [(100.0, {7: ("transactions", 0, 0), 8: ("analytics", 0, 0)}, 10.0),
+                 (102.0, {7: ("transactions", 2_000_000, 1_000_000),
+                          8: ("analytics", 2 * 10**9, 10**9)}, 13.002)]
+        b = oltp.breakdown(taken, txns)
+        self.assertEqual(b["transactions"], 2)
+        self.assertAlmostEqual(b["latency_mean_ms"], 3.0)
+        self.assertAlmostEqual(b["cpu_ms"], 1.0)
+        self.assertAlmostEqual(b["runqueue_ms"], 0.5)
+        self.assertAlmostEqual(b["lag_ms"], 0.5)
+        self.assertAlmostEqual(b["asleep_ms"], 1.0)
+        # 3 s of server CPU, 2 ms TPC-B's: the rest is analytics', a worker's included
+        self.assertAlmostEqual(b["analytics_cpus"], 1.5)
+        self.assertIsNone(oltp.breakdown(taken[:1], txns))
+
+    def test_analytic_work_is_relative_to_stocks_in_the_same_round_and_form(self):
+        def res(tps, p99, work):
+            return {"tps": tps, "p99_ms": p99, "tpch": {"work_per_s": work}}
+        meta = {"oltp": {"rounds": [
+            {"alone_open": {"p99_ms": 2.0},
+             "configs": {"stock": {"closed": res(100, 9, 2.0)},
+                         "x": {"closed": res(120, 5, 1.0)}}},
+            {"alone_open": {"p99_ms": 4.0},
+             "configs": {"stock": {"closed": res(100, 9, 1.0)},
+                         "x": {"closed": res(90, 5, 1.5)}}}]}}
+        s = oltp.summary(meta)
+        self.assertEqual(s["x"]["closed_analytics_vs_stock"], [0.5, 1.5])
+        self.assertEqual(s["x"]["closed_tps"], [120, 90])
+        self.assertEqual(s["(TPC-B alone, stock)"]["open_p99_ms"], [2.0, 4.0])
+        self.assertEqual(oltp.spread([120, 90, 100]), "100 [90–120]")
+        self.assertEqual(oltp.spread([0.5, 1.5]), "1.00 [0.50–1.50]")
+        self.assertEqual(oltp.spread([]), "—")
 
 
 def main() -> int:
