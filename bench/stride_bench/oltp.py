@@ -199,12 +199,12 @@ def counters_delta(before: dict | None, after: dict | None) -> dict | None:
 
 # ---- the forms ----------------------------------------------------------------------
 
-def client_class(tag: str):
-    """What runs in pgbench's child before it starts: as root, TPC-B's client in the
-    real-time class, as the open loop's generator (workload.GENERATOR_FIFO): an
-    application's clients run on machines of their own, and one that waits for a CPU
-    here behind the server would add that wait to every transaction's latency."""
-    if tag != "tpcb" or not IS_ROOT:
+def tpcb_client_class():
+    """What runs in TPC-B's pgbench before it starts: as root, it enters the real-time
+    class, as the open loop's generator does (workload.GENERATOR_FIFO): an application's
+    clients run on machines of their own, and one that waits for a CPU here behind the
+    server would add that wait to every transaction's latency."""
+    if not IS_ROOT:
         return None
     return lambda: os.sched_setscheduler(0, os.SCHED_FIFO,
                                          os.sched_param(workload.GENERATOR_FIFO))
@@ -224,44 +224,20 @@ def beside_analytics(server, wl, tpch_conn: list, oltp_conn: list, duration: int
     """TPC-B (at `rate`, or closed loop when None) beside ANALYTIC_CLIENTS closed-loop
     TPC-H clients (none when `wl` is None), both for `duration` s; the TPC-B backends'
     time breakdown for the open form."""
-    import subprocess
     outdir.mkdir(parents=True, exist_ok=True)
     prefix_b, prefix_h = outdir / f"{name}_tpcb", outdir / f"{name}_tpch"
     for p in (prefix_b, prefix_h):
         workload.clear_logs(p)
-    procs = []
+    cmds = [("tpcb", [str(PG_BIN / "pgbench"), "-n", *map(str, tpcb_args(
+        clients, duration, seed, prefix_b, rate)), *oltp_conn], tpcb_client_class())]
+    if wl is not None:
+        cmds.append(("tpch", [str(PG_BIN / "pgbench"), "-n", "-M", "simple", "-c",
+                              str(ANALYTIC_CLIENTS), "-j", "1", "-T", str(duration),
+                              f"--random-seed={seed}", "-l", f"--log-prefix={prefix_h}",
+                              *wl.pgbench_files(), *tpch_conn], None))
     counters0 = stride_counters(server)
     with Snapshots(server.postmaster_pid(), duration) as snaps:
-        try:
-            cmds = [("tpcb", [str(PG_BIN / "pgbench"), "-n", *map(str, tpcb_args(
-                clients, duration, seed, prefix_b, rate)), *oltp_conn])]
-            if wl is not None:
-                cmds.append(("tpch", [str(PG_BIN / "pgbench"), "-n", "-M", "simple", "-c",
-                                      str(ANALYTIC_CLIENTS), "-j", "1", "-T", str(duration),
-                                      f"--random-seed={seed}", "-l",
-                                      f"--log-prefix={prefix_h}", *wl.pgbench_files(),
-                                      *tpch_conn]))
-            for tag, cmd in cmds:
-                fh = open(outdir / f"{name}_{tag}.out", "w")
-                fh.write("$ " + " ".join(cmd) + "\n")
-                fh.flush()
-                procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
-                                               cwd=outdir, preexec_fn=client_class(tag)),
-                              fh, tag))
-            rcs = {}
-            for p, fh, tag in procs:
-                try:
-                    rcs[tag] = p.wait(timeout=duration * 4 + 120)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    rcs[tag] = p.wait()
-                fh.close()
-        except BaseException:
-            for p, _, _ in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            raise
+        rcs = workload.run_together(cmds, outdir, name, duration * 4 + 120)
     txns = analysis.parse_logs(str(prefix_b))
     ok = [t for t in txns if not t.failed]
     lat = [t.latency_s * 1000 for t in ok]

@@ -274,6 +274,35 @@ def open_loop(server: Server, wl: Workload, conn: list, rate: float, duration: i
     return res
 
 
+def run_together(cmds: list, outdir: Path, name: str, timeout: float) -> dict:
+    """Starts every (tag, command, preexec_fn) of `cmds` at once, each writing to
+    outdir/NAME_TAG.out, and waits for all; one still running after `timeout` s is
+    killed, and all are when this is interrupted. Returns tag -> exit status."""
+    procs = []
+    try:
+        for tag, cmd, preexec in cmds:
+            fh = open(outdir / f"{name}_{tag}.out", "w")
+            fh.write("$ " + " ".join(cmd) + "\n")
+            fh.flush()
+            procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                           cwd=outdir, preexec_fn=preexec), fh, tag))
+        rcs = {}
+        for p, fh, tag in procs:
+            try:
+                rcs[tag] = p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rcs[tag] = p.wait()
+            fh.close()
+        return rcs
+    except BaseException:
+        for p, _, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        raise
+
+
 def mixed(server: Server, wl: Workload, tpch_conn: list, oltp_conn: list, duration: int,
           tpch_clients: int, oltp_clients: int, seed: int, outdir: Path, name: str) -> dict:
     """TPC-B clients beside TPC-H clients, both closed-loop, for `duration` s
@@ -285,29 +314,9 @@ def mixed(server: Server, wl: Workload, tpch_conn: list, oltp_conn: list, durati
     cmd_b = [str(PG_BIN / "pgbench"), "-M", "simple", "-b", "tpcb-like", "-c", str(oltp_clients),
              "-j", "1", "-T", str(duration), f"--random-seed={seed}", "-l",
              f"--log-prefix={outdir / (name + '_tpcb')}", *oltp_conn]
-    procs = []
     with CpuMeter(server) as cpu:
-        try:
-            for cmd, tag in ((cmd_b, "tpcb"), (cmd_h, "tpch")):
-                fh = open(outdir / f"{name}_{tag}.out", "w")
-                fh.write("$ " + " ".join(cmd) + "\n")
-                fh.flush()
-                procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
-                                               cwd=outdir), fh, tag))
-            rcs = {}
-            for p, fh, tag in procs:
-                try:
-                    rcs[tag] = p.wait(timeout=duration * 4 + 120)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    rcs[tag] = p.wait()
-                fh.close()
-        except BaseException:
-            for p, fh, _ in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            raise
+        rcs = run_together([("tpcb", cmd_b, None), ("tpch", cmd_h, None)], outdir, name,
+                           duration * 4 + 120)
     return {"rc": rcs, "cpu": cpu.result(), "duration": duration,
             "tpch_prefix": str(outdir / (name + "_tpch")),
             "tpcb_prefix": str(outdir / (name + "_tpcb"))}
