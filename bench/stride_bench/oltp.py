@@ -31,7 +31,7 @@ from pathlib import Path
 
 from . import analysis, workload
 from .common import IS_ROOT, PG_BIN, log
-from .pgserver import process_tree_cpu
+from .pgserver import _proc_stat, process_tree_cpu
 from .workload import OLTP_DB, TPCH_DB
 
 ANALYTIC_CLIENTS = 2
@@ -76,14 +76,12 @@ def server_processes(postmaster: int) -> dict:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        pid = int(entry)
+        st = _proc_stat(int(entry))
+        if not st or st[0] != postmaster:
+            continue
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-            if ppid != postmaster:
-                continue
-            out[pid] = process_role(Path(f"/proc/{pid}/cmdline").read_text())
-        except (OSError, ValueError, IndexError):
+            out[int(entry)] = process_role(Path(f"/proc/{entry}/cmdline").read_text())
+        except OSError:
             continue
     return out
 
@@ -158,6 +156,7 @@ def breakdown(taken: list, txns: list) -> dict | None:
     mean_ms = sum(t.latency_s for t in done) / n * 1000
     cpu_ms = tx["cpu_s"] / n * 1000
     rq_ms = tx["runqueue_s"] / n * 1000
+    lag_ms = sum(t.lag_s for t in done) / n * 1000
     an = roles.get("analytics", {"cpu_s": 0.0, "runqueue_s": 0.0, "processes": 0})
     other = roles.get("other", {"cpu_s": 0.0})["cpu_s"]
     span = t1 - t0
@@ -166,8 +165,7 @@ def breakdown(taken: list, txns: list) -> dict | None:
     an_cpu = tree1 - tree0 - tx["cpu_s"] - other
     return {"transactions": n, "span_s": span, "latency_mean_ms": mean_ms,
             "cpu_ms": cpu_ms, "runqueue_ms": rq_ms,
-            "lag_ms": sum(t.lag_s for t in done) / n * 1000,
-            "asleep_ms": mean_ms - cpu_ms - rq_ms - sum(t.lag_s for t in done) / n * 1000,
+            "lag_ms": lag_ms, "asleep_ms": mean_ms - cpu_ms - rq_ms - lag_ms,
             "analytics_cpus": an_cpu / span,
             "analytics_backends_runqueue_cpus": an["runqueue_s"] / span,
             "transactions_cpus": tx["cpu_s"] / span, "roles": roles}
