@@ -402,7 +402,45 @@ unsafe extern "C-unwind" fn release_pool_database(database: pg_sys::Oid) {
 /// The OID of schema `pg_stride` in this database (InvalidOid without the extension),
 /// kept until a change of any schema invalidates it.
 static OWN_SCHEMA: BackendLocal<Cell<Option<pg_sys::Oid>>> = BackendLocal::new(Cell::new(None));
-static OWN_SCHEMA_CALLBACK: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+
+/// The schemas of the relations the monitoring check looked up last, as (relation,
+/// schema); InvalidOid pairs are empty. A statement that reads a user table needs its
+/// schema to be told from a monitoring query, and the syscache lookup was a sixth of
+/// what pg_stride added to a primary-key SELECT (callgrind, bench/results/INSTRUCTIONS.md).
+/// Cleared whenever a pg_class row changes (ALTER TABLE … SET SCHEMA among them).
+static RELATION_SCHEMAS: BackendLocal<RefCell<RelationSchemas>> =
+    BackendLocal::new(RefCell::new(RelationSchemas {
+        entries: [(pg_sys::InvalidOid, pg_sys::InvalidOid); 8],
+        next: 0,
+    }));
+static CATALOG_CALLBACKS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+
+struct RelationSchemas {
+    entries: [(pg_sys::Oid, pg_sys::Oid); 8],
+    /// The entry the next lookup replaces (round robin).
+    next: usize,
+}
+
+/// Registers the callbacks that clear the two caches above, once per process
+/// (PostgreSQL keeps a fixed number of them).
+fn register_catalog_callbacks() {
+    if CATALOG_CALLBACKS.replace(true) {
+        return;
+    }
+    // SAFETY: registers callbacks that only clear process-local caches.
+    unsafe {
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
+            Some(forget_own_schema),
+            pg_sys::Datum::from(0),
+        );
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            Some(forget_relation_schemas),
+            pg_sys::Datum::from(0),
+        );
+    }
+}
 
 /// The OID of schema `pg_stride`, looked up once and then again only after a schema
 /// changed (the extension dropped and created again gives it a new one). Call inside a
@@ -411,21 +449,36 @@ fn own_schema() -> pg_sys::Oid {
     if let Some(oid) = OWN_SCHEMA.get() {
         return oid;
     }
-    if !OWN_SCHEMA_CALLBACK.replace(true) {
-        // SAFETY: registers a callback that only clears a process-local cache; once per
-        // process (PostgreSQL keeps a fixed number of them).
-        unsafe {
-            pg_sys::CacheRegisterSyscacheCallback(
-                pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
-                Some(forget_own_schema),
-                pg_sys::Datum::from(0),
-            );
-        }
-    }
+    register_catalog_callbacks();
     // SAFETY: a catalog lookup by name, in a guarded function (the caller's promise).
     let oid = unsafe { pg_sys::get_namespace_oid(c"pg_stride".as_ptr(), true) };
     OWN_SCHEMA.set(Some(oid));
     oid
+}
+
+/// The schema of relation `relid` (InvalidOid if it is gone), from the cache above or
+/// the syscache. Call inside a guarded function.
+fn relation_schema(relid: pg_sys::Oid) -> pg_sys::Oid {
+    let cached = RELATION_SCHEMAS.with_borrow(|c| {
+        c.entries
+            .iter()
+            .find(|&&(rel, _)| rel == relid && rel != pg_sys::InvalidOid)
+            .map(|&(_, schema)| schema)
+    });
+    if let Some(schema) = cached {
+        return schema;
+    }
+    register_catalog_callbacks();
+    // SAFETY: a syscache lookup, in a guarded function (the caller's promise).
+    let schema = unsafe { pg_sys::get_rel_namespace(relid) };
+    if schema != pg_sys::InvalidOid {
+        RELATION_SCHEMAS.with_borrow_mut(|c| {
+            let next = c.next;
+            c.entries[next] = (relid, schema);
+            c.next = (next + 1) % c.entries.len();
+        });
+    }
+    schema
 }
 
 /// A schema changed: look `pg_stride`'s OID up again when next needed.
@@ -437,6 +490,20 @@ unsafe extern "C-unwind" fn forget_own_schema(
     OWN_SCHEMA.set(None);
 }
 
+/// A relation changed (or the whole cache was reset): look schemas up again. Runs while
+/// PostgreSQL processes invalidations, which may happen inside `relation_schema`'s own
+/// lookup, so it only tries to borrow; a lookup in progress stores nothing stale, as it
+/// stores what the syscache returned after the invalidation.
+unsafe extern "C-unwind" fn forget_relation_schemas(
+    _arg: pg_sys::Datum,
+    _cache: std::ffi::c_int,
+    _hash: u32,
+) {
+    RELATION_SCHEMAS.try_with_borrow_mut(|c| {
+        c.entries = [(pg_sys::InvalidOid, pg_sys::InvalidOid); 8];
+    });
+}
+
 /// Whether `desc` is a monitoring query that `pg_stride.bypass_monitoring` keeps out of
 /// scheduling (`plan_tree::is_monitoring_query`).
 #[pgrx::pg_guard]
@@ -446,7 +513,7 @@ unsafe extern "C-unwind" fn is_monitoring(desc: *mut pg_sys::QueryDesc) -> bool 
     }
     // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt; a guarded function may look
     // up the catalogs.
-    unsafe { plan_tree::is_monitoring_query((*desc).plannedstmt, own_schema) }
+    unsafe { plan_tree::is_monitoring_query((*desc).plannedstmt, own_schema, relation_schema) }
 }
 
 // The guarded entry points into `statements` (see the module comment), one per step of

@@ -6,7 +6,7 @@
 //! role's values come from `ALTER ROLE … SET` / `ALTER DATABASE … SET`.
 
 use crate::backend_local::BackendLocal;
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, GucValue};
 use pgrx::pg_sys;
 use pgrx::PostgresGucEnum;
 use std::cell::Cell;
@@ -44,69 +44,89 @@ pub enum NumaMode {
     Bind,
 }
 
+/// A setting's variable, read without pgrx's thread check: pgrx's `GucSetting::get`
+/// checks on every read that it runs on the thread that loaded the library, which cost
+/// about a tenth of what pg_stride added to a primary-key SELECT (callgrind,
+/// bench/results/INSTRUCTIONS.md), read a dozen times per statement. A backend runs its
+/// hooks on its one thread (see `backend_local`), as C extensions read their GUC
+/// variables; registration takes the inner `GucSetting`.
+pub struct Setting<T: GucValue>(GucSetting<T>);
+
+impl<T: GucValue> Setting<T> {
+    /// The setting's value.
+    pub fn get(&self) -> T {
+        // SAFETY: the raw value PostgreSQL's GUC machinery stores (a valid one of `T`,
+        // as pgrx's own `get` converts it), read on the process's one thread.
+        unsafe { T::from_raw(self.raw()) }
+    }
+
+    /// The variable as PostgreSQL stores it (an enum's ordinal, a string's pointer).
+    fn raw(&self) -> T::Raw {
+        // SAFETY: the variable lives as long as the library; read on the process's one
+        // thread, as every GUC variable in C.
+        unsafe { *self.0.as_ptr() }
+    }
+}
+
 /// Largest accepted `pg_stride.cpu_slots`; far above any core count PostgreSQL runs on.
 pub const MAX_CPU_SLOTS: i32 = 4096;
 /// Largest accepted priority (`priority_initial`, `priority_min`): the groups' limit.
 const MAX_PRIORITY: i32 = pg_stride_sched::groups::PRIORITY_INITIAL.max as i32;
 
-pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
-pub static CPU_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(0);
-pub static MAX_ACTIVE_QUERIES: GucSetting<i32> = GucSetting::<i32>::new(128);
-pub static SLICE_MS: GucSetting<f64> = GucSetting::<f64>::new(2.0);
-pub static RESOURCE_GROUP: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"default"));
-pub static QUEUE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+pub static ENABLED: Setting<bool> = Setting(GucSetting::<bool>::new(true));
+pub static CPU_SLOTS: Setting<i32> = Setting(GucSetting::<i32>::new(0));
+pub static MAX_ACTIVE_QUERIES: Setting<i32> = Setting(GucSetting::<i32>::new(128));
+pub static SLICE_MS: Setting<f64> = Setting(GucSetting::<f64>::new(2.0));
+pub static RESOURCE_GROUP: Setting<Option<CString>> =
+    Setting(GucSetting::<Option<CString>>::new(Some(c"default")));
+pub static QUEUE_TIMEOUT_MS: Setting<i32> = Setting(GucSetting::<i32>::new(0));
 /// `pg_stride.max_queued`: statements waiting for admission at once, server-wide (0 =
 /// no bound).
-pub static MAX_QUEUED: GucSetting<i32> = GucSetting::<i32>::new(0);
+pub static MAX_QUEUED: Setting<i32> = Setting(GucSetting::<i32>::new(0));
 /// `pg_stride.memory_budget`: working memory admitted statements may reserve at once,
 /// kB (0 = no budget; `pg_stride_sched::memory`).
-pub static MEMORY_BUDGET_KB: GucSetting<i32> = GucSetting::<i32>::new(0);
-pub static EXEMPT_SUPERUSER: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static MEMORY_BUDGET_KB: Setting<i32> = Setting(GucSetting::<i32>::new(0));
+pub static EXEMPT_SUPERUSER: Setting<bool> = Setting(GucSetting::<bool>::new(true));
 /// `pg_stride.bypass_monitoring`: monitoring queries are never queued nor paused.
-pub static BYPASS_MONITORING: GucSetting<bool> = GucSetting::<bool>::new(true);
-pub static DECAY_LAMBDA: GucSetting<f64> = GucSetting::<f64>::new(0.9);
-pub static DECAY_START: GucSetting<i32> = GucSetting::<i32>::new(8);
-pub static PRIORITY_INITIAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
-pub static PRIORITY_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
-pub static TUNER: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static BYPASS_MONITORING: Setting<bool> = Setting(GucSetting::<bool>::new(true));
+pub static DECAY_LAMBDA: Setting<f64> = Setting(GucSetting::<f64>::new(0.9));
+pub static DECAY_START: Setting<i32> = Setting(GucSetting::<i32>::new(8));
+pub static PRIORITY_INITIAL: Setting<i32> = Setting(GucSetting::<i32>::new(10_000));
+pub static PRIORITY_MIN: Setting<i32> = Setting(GucSetting::<i32>::new(100));
+pub static TUNER: Setting<bool> = Setting(GucSetting::<bool>::new(false));
 /// `pg_stride.predict`: statements start at a priority predicted from their
 /// fingerprint's history (`pg_stride_sched::predict`). Off by default: behind a client
 /// connection pool it made short statements wait longer (README, "How statements are
 /// classified").
-pub static PREDICT: GucSetting<bool> = GucSetting::<bool>::new(false);
-pub static TRACE: GucSetting<bool> = GucSetting::<bool>::new(false);
-pub static TUNER_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(20);
-pub static TUNER_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
-pub static PARALLEL_MODE: GucSetting<ParallelMode> =
-    GucSetting::<ParallelMode>::new(ParallelMode::Native);
-pub static NUMA: GucSetting<NumaMode> = GucSetting::<NumaMode>::new(NumaMode::Stats);
-pub static NUMA_STEAL_AFTER: GucSetting<i32> = GucSetting::<i32>::new(4);
+pub static PREDICT: Setting<bool> = Setting(GucSetting::<bool>::new(false));
+pub static TRACE: Setting<bool> = Setting(GucSetting::<bool>::new(false));
+pub static TUNER_WINDOW_S: Setting<i32> = Setting(GucSetting::<i32>::new(20));
+pub static TUNER_INTERVAL_S: Setting<i32> = Setting(GucSetting::<i32>::new(60));
+pub static PARALLEL_MODE: Setting<ParallelMode> =
+    Setting(GucSetting::<ParallelMode>::new(ParallelMode::Native));
+pub static NUMA: Setting<NumaMode> = Setting(GucSetting::<NumaMode>::new(NumaMode::Stats));
+pub static NUMA_STEAL_AFTER: Setting<i32> = Setting(GucSetting::<i32>::new(4));
 /// Largest accepted `pg_stride.pool_size`: the pool's slots in shared memory, shared by
 /// every database.
 pub const MAX_POOL_SIZE: i32 = 32;
-pub static POOL_SIZE: GucSetting<i32> = GucSetting::<i32>::new(-1);
-pub static POOL_IDLE_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
-pub static PIN_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(false);
-pub static NUMA_TOPOLOGY: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c""));
-pub static DATABASE: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static POOL_SIZE: Setting<i32> = Setting(GucSetting::<i32>::new(-1));
+pub static POOL_IDLE_TIMEOUT_MS: Setting<i32> = Setting(GucSetting::<i32>::new(300_000));
+pub static PIN_SLOTS: Setting<bool> = Setting(GucSetting::<bool>::new(false));
+pub static NUMA_TOPOLOGY: Setting<Option<CString>> =
+    Setting(GucSetting::<Option<CString>>::new(Some(c"")));
+pub static DATABASE: Setting<Option<CString>> =
+    Setting(GucSetting::<Option<CString>>::new(Some(c"postgres")));
 
-/// `pg_stride.enabled`, read without pgrx's thread check: the executor hooks ask it for
-/// every statement, outside pgrx's error boundary, where nothing may panic.
+/// `pg_stride.enabled`: the executor hooks ask it for every statement, outside pgrx's
+/// error boundary, where nothing may panic (reading a bool cannot).
 pub fn enabled() -> bool {
-    // SAFETY: the variable PostgreSQL's GUC machinery stores the setting in; read on the
-    // process's one thread, like every GUC variable in C.
-    unsafe { *ENABLED.as_ptr() }
+    ENABLED.get()
 }
 
-/// The ordinal of `pg_stride.numa`, read without pgrx's thread check and without
-/// converting it (which panics on an unknown one): asked at every slice end.
+/// The ordinal of `pg_stride.numa`, read without converting it (which panics on an
+/// unknown one): asked at every slice end.
 fn numa_ordinal() -> i32 {
-    // SAFETY: the variable PostgreSQL's GUC machinery stores the enum's ordinal in; read
-    // on the process's one thread, like every GUC variable in C.
-    unsafe { *NUMA.as_ptr() }
+    NUMA.raw()
 }
 
 /// Whether CPU time is counted per node: `pg_stride.numa` is `stats` or `bind`.
@@ -151,7 +171,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.enabled",
         c"Enables pg_stride's admission control and CPU scheduling.",
         c"When off, every pg_stride hook passes straight through to the previous one.",
-        &ENABLED,
+        &ENABLED.0,
         GucContext::Suset,
         GucFlags::default(),
     );
@@ -159,7 +179,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.cpu_slots",
         c"Number of processes that may execute scheduled query work at once.",
         c"0 means the number of CPUs this server may use.",
-        &CPU_SLOTS,
+        &CPU_SLOTS.0,
         0,
         MAX_CPU_SLOTS,
         GucContext::Sighup,
@@ -169,7 +189,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.max_active_queries",
         c"Maximum number of admitted top-level statements; further ones wait.",
         c"",
-        &MAX_ACTIVE_QUERIES,
+        &MAX_ACTIVE_QUERIES.0,
         1,
         pgrx::pg_sys::MAX_BACKENDS as i32,
         GucContext::Sighup,
@@ -179,7 +199,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.queue_timeout",
         c"Longest time a statement waits for admission; 0 waits as long as it takes.",
         c"A statement still queued then fails with SQLSTATE 53000.",
-        &QUEUE_TIMEOUT_MS,
+        &QUEUE_TIMEOUT_MS.0,
         0,
         i32::MAX,
         GucContext::Userset,
@@ -189,7 +209,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.max_queued",
         c"Most statements waiting for admission at once, server-wide; 0 sets no bound.",
         c"A statement that would wait beyond it fails at once with SQLSTATE 53000.",
-        &MAX_QUEUED,
+        &MAX_QUEUED.0,
         0,
         262_143,
         GucContext::Sighup,
@@ -199,7 +219,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.memory_budget",
         c"Working memory that admitted statements may reserve at once, server-wide; 0 sets no budget.",
         c"A statement reserves work_mem for each sort, hash (times hash_mem_multiplier) and tuple store of its plan, in each process that runs it; one that does not fit waits for admission.",
-        &MEMORY_BUDGET_KB,
+        &MEMORY_BUDGET_KB.0,
         0,
         i32::MAX,
         GucContext::Sighup,
@@ -209,7 +229,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.exempt_superuser",
         c"Superusers' statements are admitted at once, without counting against the limits.",
         c"",
-        &EXEMPT_SUPERUSER,
+        &EXEMPT_SUPERUSER.0,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -217,7 +237,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.bypass_monitoring",
         c"Monitoring queries (reading only the system catalogs, statistics views and pg_stride's views) are never queued nor paused.",
         c"So that a DBA can look at a saturated server. Such a query may still be expensive: turn this off if roles abuse it.",
-        &BYPASS_MONITORING,
+        &BYPASS_MONITORING.0,
         GucContext::Suset,
         GucFlags::default(),
     );
@@ -225,7 +245,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.decay_lambda",
         c"Factor by which a query's priority decays per slice of CPU once decay started.",
         c"1 keeps priorities fixed (fair sharing); lower values favour short queries more.",
-        &DECAY_LAMBDA,
+        &DECAY_LAMBDA.0,
         0.0,
         1.0,
         GucContext::Sighup,
@@ -235,7 +255,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.decay_start",
         c"Slices of CPU a query receives before its priority starts to decay.",
         c"",
-        &DECAY_START,
+        &DECAY_START.0,
         0,
         1_000_000,
         GucContext::Sighup,
@@ -245,7 +265,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.priority_initial",
         c"Priority a query starts with, unless its resource group sets its own.",
         c"Higher priorities get more CPU; see pg_stride.decay_lambda.",
-        &PRIORITY_INITIAL,
+        &PRIORITY_INITIAL.0,
         1,
         MAX_PRIORITY,
         GucContext::Sighup,
@@ -255,7 +275,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.priority_min",
         c"Lowest priority a query decays to, unless its resource group sets its own.",
         c"Keeps long queries from starving; at most pg_stride.priority_initial.",
-        &PRIORITY_MIN,
+        &PRIORITY_MIN.0,
         1,
         MAX_PRIORITY,
         GucContext::Sighup,
@@ -265,7 +285,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.tuner",
         c"Lets the tuner worker choose decay_lambda and decay_start from the traced workload.",
         c"Groups with their own decay settings keep them. A reload that changes pg_stride.decay_lambda, decay_start or slice installs the new values; see the view pg_stride.tuner.",
-        &TUNER,
+        &TUNER.0,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -273,7 +293,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.predict",
         c"Starts each CPU-scheduled statement at a priority predicted from the CPU its query identifier used before.",
         c"A statement predicted short keeps its group's initial priority for about twice its prediction; one predicted long starts lower and decays at once. Needs compute_query_id (on or auto); see the view pg_stride.statements.",
-        &PREDICT,
+        &PREDICT.0,
         GucContext::Suset,
         GucFlags::default(),
     );
@@ -281,7 +301,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.trace",
         c"Records every CPU-scheduled statement in the trace that pg_stride.trace() reads.",
         c"The tuner records them too while it is on. A record holds the statement's arrival, admission and finish times, its CPU in and outside CPU slots, and its waits for slots.",
-        &TRACE,
+        &TRACE.0,
         GucContext::Suset,
         GucFlags::default(),
     );
@@ -289,7 +309,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.tuner_window",
         c"Span of the most recent statements the tuner replays at each refresh.",
         c"",
-        &TUNER_WINDOW_S,
+        &TUNER_WINDOW_S.0,
         1,
         3_600,
         GucContext::Sighup,
@@ -299,7 +319,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.tuner_interval",
         c"How often the tuner searches decay parameters for the traced workload.",
         c"It also checks every second whether the sizes of the newest statements have shifted.",
-        &TUNER_INTERVAL_S,
+        &TUNER_INTERVAL_S.0,
         1,
         86_400,
         GucContext::Sighup,
@@ -309,7 +329,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.parallel_mode",
         c"Who decides how many parallel workers each Gather launches.",
         c"off: PostgreSQL, as planned; native: no more than the concurrency hint and the group's max_parallel_workers grant; pool: as native, run by pg_stride's pool workers where possible.",
-        &PARALLEL_MODE,
+        &PARALLEL_MODE.0,
         GucContext::Suset,
         GucFlags::default(),
     );
@@ -317,7 +337,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.pool_size",
         c"Pool workers per database for parallel_mode = pool; -1 for the CPU slots plus 2.",
         c"The extra workers let fragments wait at yield points while others run. The pool stays within caps derived from max_worker_processes and max_parallel_workers.",
-        &POOL_SIZE,
+        &POOL_SIZE.0,
         -1,
         MAX_POOL_SIZE,
         GucContext::Sighup,
@@ -327,7 +347,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.pool_idle_timeout",
         c"A pool worker that served no fragment for this long exits; 0 keeps it.",
         c"",
-        &POOL_IDLE_TIMEOUT_MS,
+        &POOL_IDLE_TIMEOUT_MS.0,
         0,
         i32::MAX,
         GucContext::Sighup,
@@ -337,7 +357,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.slice",
         c"Target CPU time a process runs between two scheduling checks.",
         c"Yield points are placed so that the work between two checks takes about this long.",
-        &SLICE_MS,
+        &SLICE_MS.0,
         0.1,
         1000.0,
         GucContext::Suset,
@@ -350,7 +370,7 @@ pub fn register(group_exists: GroupExists) {
             c"pg_stride.resource_group",
             c"Resource group whose share and limits this session's statements get.",
             c"Settable by superusers and through ALTER ROLE/DATABASE ... SET.",
-            &RESOURCE_GROUP,
+            &RESOURCE_GROUP.0,
             GucContext::Suset,
             GucFlags::IS_NAME,
             Some(check_resource_group),
@@ -362,7 +382,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.numa",
         c"What pg_stride does about NUMA nodes.",
         c"off: nothing; stats: CPU time charged to queries is counted per node (view pg_stride.numa); bind: stats, and each query gets a home node whose CPU slots and CPUs its processes use.",
-        &NUMA,
+        &NUMA.0,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -370,7 +390,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.pin_slots",
         c"Runs each CPU-slot holder on a CPU of its own, which travels with the slot when it is handed over.",
         c"Not with pg_stride.numa = bind, where processes follow their node's CPUs. A holder that finds no CPU free runs unpinned.",
-        &PIN_SLOTS,
+        &PIN_SLOTS.0,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -378,7 +398,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.numa_steal_after",
         c"Slices a process of a query waits at a stretch for a slot on its home node before it may take one on another node.",
         c"Only with pg_stride.numa = bind; -1: never.",
-        &NUMA_STEAL_AFTER,
+        &NUMA_STEAL_AFTER.0,
         -1,
         1_000_000,
         GucContext::Sighup,
@@ -390,7 +410,7 @@ pub fn register(group_exists: GroupExists) {
             c"pg_stride.numa_topology",
             c"For tests: CPU lists of fake NUMA nodes, such as 0|1; empty means the kernel's nodes.",
             c"Each |-separated CPU list in the kernel's format (0-3,8) is one node, numbered from 0.",
-            &NUMA_TOPOLOGY,
+            &NUMA_TOPOLOGY.0,
             GucContext::Postmaster,
             GucFlags::default(),
             Some(check_numa_topology),
@@ -402,7 +422,7 @@ pub fn register(group_exists: GroupExists) {
         c"pg_stride.database",
         c"Database whose pg_stride.resource_groups table defines the resource groups.",
         c"The pg_stride scheduler worker connects to it.",
-        &DATABASE,
+        &DATABASE.0,
         GucContext::Postmaster,
         GucFlags::default(),
     );
@@ -568,12 +588,10 @@ pub fn pool_size() -> usize {
     size.min(MAX_POOL_SIZE as u32) as usize
 }
 
-/// Whether `pg_stride.parallel_mode` is `pool`, read without pgrx's thread check and
-/// without converting the ordinal: asked by the executor hook for every statement.
+/// Whether `pg_stride.parallel_mode` is `pool`, read without converting the ordinal:
+/// asked by the executor hook for every statement, outside pgrx's error boundary.
 pub fn pool_mode() -> bool {
-    // SAFETY: the variable PostgreSQL's GUC machinery stores the enum's ordinal in; read
-    // on the process's one thread, like every GUC variable in C.
-    unsafe { *PARALLEL_MODE.as_ptr() == ParallelMode::Pool as i32 }
+    PARALLEL_MODE.raw() == ParallelMode::Pool as i32
 }
 
 /// `pg_stride.slice` in ns.

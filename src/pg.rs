@@ -62,7 +62,11 @@ pub unsafe fn query_id_and_cost(stmt: *const pg_sys::PlannedStmt) -> (u64, f64) 
         let plan = (*stmt).planTree;
         (
             (*stmt).queryId as u64,
-            if plan.is_null() { 0.0 } else { (*plan).total_cost },
+            if plan.is_null() {
+                0.0
+            } else {
+                (*plan).total_cost
+            },
         )
     }
 }
@@ -386,7 +390,11 @@ impl StatementText {
         // its query string too.
         unsafe {
             let portal = pg_sys::ActivePortal.as_ref()?;
-            let first = pgrx::PgList::<pg_sys::PlannedStmt>::from_pg(portal.stmts).head();
+            // The first element read from the List's array: PgList::head() would call
+            // list_nth through pgrx's guarded FFI boundary, a sigsetjmp per statement.
+            let stmts = portal.stmts;
+            let first = (!stmts.is_null() && (*stmts).length > 0)
+                .then(|| (*(*stmts).elements).ptr_value.cast::<pg_sys::PlannedStmt>());
             let location = first
                 .and_then(|p| p.as_ref())
                 .map_or(0, |p| p.stmt_location);

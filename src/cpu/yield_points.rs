@@ -6,9 +6,9 @@
 use super::member::{asked_to_yield, COUNTDOWN};
 use super::slots::check_in;
 use crate::backend_local::BackendLocal;
-use crate::pg;
+use crate::{pg, plan_tree};
 use pgrx::pg_sys;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -22,6 +22,13 @@ static WRAPPED: BackendLocal<RefCell<HashMap<usize, Wrapped, BuildHasherDefault<
     BackendLocal::new(RefCell::new(
         HashMap::with_hasher(BuildHasherDefault::new()),
     ));
+
+/// The node the last yield point looked up and its function: a scan returns its tuples
+/// one after another, so most yield points are that node's again, and a compare replaces
+/// the hash lookup (count(*) over 500 partitions added 6.9 % instructions with a lookup
+/// per tuple, bench/results/INSTRUCTIONS.md). Cleared whenever `WRAPPED` changes.
+static LAST_LOOKUP: BackendLocal<Cell<(usize, pg_sys::ExecProcNodeMtd)>> =
+    BackendLocal::new(Cell::new((0, None)));
 
 #[derive(Clone, Copy)]
 struct Wrapped {
@@ -69,8 +76,7 @@ pub(super) fn wrap_scans(desc: *const pg_sys::QueryDesc) {
         wrap_scans_below(desc, (*desc).planstate);
         let estate = (*desc).estate;
         if !estate.is_null() {
-            let subplans = pgrx::PgList::<pg_sys::PlanState>::from_pg((*estate).es_subplanstates);
-            for plan in subplans.iter_ptr() {
+            for plan in plan_tree::list_ptrs::<pg_sys::PlanState>((*estate).es_subplanstates) {
                 wrap_scans_below(desc, plan);
             }
         }
@@ -80,6 +86,7 @@ pub(super) fn wrap_scans(desc: *const pg_sys::QueryDesc) {
 /// Forgets the wrapped scans of `desc`'s statement (`None`: of every statement).
 pub(super) fn forget(desc: Option<*const pg_sys::QueryDesc>) {
     WRAPPED.with_borrow_mut(|w| w.retain(|_, x| desc.is_some_and(|d| x.desc != d)));
+    LAST_LOOKUP.set((0, None));
 }
 
 /// Installs the yield point on `node`, once.
@@ -103,6 +110,7 @@ unsafe fn wrap(desc: *const pg_sys::QueryDesc, node: *mut pg_sys::PlanState) {
                 })
                 .or_insert(Wrapped { desc, original });
         });
+        LAST_LOOKUP.set((0, None));
         pg::set_exec_proc_node(node, Some(yield_point));
     }
 }
@@ -185,9 +193,18 @@ unsafe extern "C-unwind" fn yield_point(
     } else {
         COUNTDOWN.set(left - 1);
     }
-    let original = WRAPPED
-        .try_with_borrow(|w| w.get(&(node as usize)).and_then(|x| x.original))
-        .flatten();
+    let original = match LAST_LOOKUP.get() {
+        (last, original) if last == node as usize => original,
+        _ => {
+            let original = WRAPPED
+                .try_with_borrow(|w| w.get(&(node as usize)).and_then(|x| x.original))
+                .flatten();
+            if original.is_some() {
+                LAST_LOOKUP.set((node as usize, original));
+            }
+            original
+        }
+    };
     match original {
         // SAFETY: the function ExecInitNode installed for this node.
         Some(f) => unsafe { f(node) },

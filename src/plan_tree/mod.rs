@@ -9,4 +9,4 @@ mod walk;
 
 pub use memory::need_kb as memory_need_kb;
 pub use monitoring::is_monitoring_query;
-pub use walk::{for_each_plan, stride_gather_inner, STRIDE_GATHER, STRIDE_GATHER_MERGE};
+pub use walk::{for_each_plan, list_ptrs, stride_gather_inner, STRIDE_GATHER, STRIDE_GATHER_MERGE};

@@ -1,7 +1,7 @@
 //! Which statements are monitoring queries, never queued nor paused (docs/design.md §4
 //! rule 4).
 
-use super::walk::for_each_plan;
+use super::walk::{for_each_plan, list_ptrs};
 use pgrx::pg_sys;
 use std::ffi::CStr;
 
@@ -12,7 +12,8 @@ use std::ffi::CStr;
 /// as `pg_stat_activity` included) or of schema `own_schema` (pg_stride's views and
 /// groups table), monitoring built-ins, functions of `own_schema` — and that calls no
 /// other user-defined function anywhere in the plan (the planner records a dependency on each one it
-/// calls, `PlannedStmt.invalItems`).
+/// calls, `PlannedStmt.invalItems`). `relation_schema` gives a relation's schema
+/// (InvalidOid for one that is gone).
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt. Catalog lookups may raise an ERROR: call it inside a
@@ -20,6 +21,7 @@ use std::ffi::CStr;
 pub unsafe fn is_monitoring_query(
     stmt: *const pg_sys::PlannedStmt,
     own_schema: impl Fn() -> pg_sys::Oid,
+    relation_schema: impl Fn(pg_sys::Oid) -> pg_sys::Oid,
 ) -> bool {
     use pg_sys::RTEKind::*;
     // Objects created by initdb (the catalogs, their views and built-in functions) have
@@ -43,12 +45,11 @@ pub unsafe fn is_monitoring_query(
             |namespace: pg_sys::Oid| namespace != pg_sys::InvalidOid && namespace == own_schema();
         let mut reads = false;
         let mut own_functions: Vec<pg_sys::Oid> = Vec::new();
-        let rtable = pgrx::PgList::<pg_sys::RangeTblEntry>::from_pg((*stmt).rtable);
-        for rte in rtable.iter_ptr() {
+        for rte in list_ptrs::<pg_sys::RangeTblEntry>((*stmt).rtable) {
             match (*rte).rtekind {
                 RTE_RELATION => {
                     let relid = (*rte).relid;
-                    if !built_in(relid) && !in_own_schema(pg_sys::get_rel_namespace(relid)) {
+                    if !built_in(relid) && !in_own_schema(relation_schema(relid)) {
                         return false;
                     }
                     reads = true;
@@ -73,9 +74,7 @@ pub unsafe fn is_monitoring_query(
             match (*plan).type_ {
                 pg_sys::NodeTag::T_FunctionScan => {
                     let scan = plan.cast::<pg_sys::FunctionScan>();
-                    let functions =
-                        pgrx::PgList::<pg_sys::RangeTblFunction>::from_pg((*scan).functions);
-                    for f in functions.iter_ptr() {
+                    for f in list_ptrs::<pg_sys::RangeTblFunction>((*scan).functions) {
                         match monitoring_function((*f).funcexpr, &in_own_schema) {
                             Some(Some(own)) => own_functions.push(own),
                             Some(None) => {}
@@ -102,12 +101,10 @@ pub unsafe fn is_monitoring_query(
                 )
             })
             .collect();
-        let items = pgrx::PgList::<pg_sys::PlanInvalItem>::from_pg((*stmt).invalItems);
-        let calls_no_other = items.iter_ptr().all(|item| {
+        list_ptrs::<pg_sys::PlanInvalItem>((*stmt).invalItems).all(|item| {
             (*item).cacheId != pg_sys::SysCacheIdentifier::PROCOID as i32
                 || allowed.contains(&(*item).hashValue)
-        });
-        calls_no_other
+        })
     }
 }
 
@@ -152,13 +149,10 @@ unsafe fn calls_only_monitoring_functions(plan: *const pg_sys::Plan) -> bool {
             return false;
         }
         // At least one call: `SELECT 1` and its like stay scheduled like any statement.
-        let targets = pgrx::PgList::<pg_sys::TargetEntry>::from_pg((*plan).targetlist);
-        let calls = targets
-            .iter_ptr()
+        let targets = || list_ptrs::<pg_sys::TargetEntry>((*plan).targetlist);
+        let calls = targets()
             .any(|t| (*(*t).expr.cast::<pg_sys::Node>()).type_ == pg_sys::NodeTag::T_FuncExpr);
-        let only = targets
-            .iter_ptr()
-            .all(|t| is_monitoring_call((*t).expr.cast()));
+        let only = targets().all(|t| is_monitoring_call((*t).expr.cast()));
         calls && only
     }
 }
@@ -182,9 +176,7 @@ unsafe fn is_monitoring_call(node: *const pg_sys::Node) -> bool {
                 if !is_monitoring_built_in((*f).funcid) {
                     return false;
                 }
-                let args = pgrx::PgList::<pg_sys::Node>::from_pg((*f).args);
-                let only = args.iter_ptr().all(|a| is_monitoring_call(a));
-                only
+                list_ptrs::<pg_sys::Node>((*f).args).all(|a| is_monitoring_call(a))
             }
             _ => false,
         }

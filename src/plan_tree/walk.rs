@@ -72,6 +72,26 @@ unsafe fn walk_list(list: *mut pg_sys::List, f: &mut dyn FnMut(*mut *mut pg_sys:
     unsafe { each_in_list(list, &mut |slot| walk(slot, f)) }
 }
 
+/// The elements of `list`, a List of pointers to `T` (NIL: none), read from its array:
+/// pgrx's `PgList` reads each one through a guarded call of PostgreSQL's `list_nth`
+/// (a sigsetjmp per element), which the per-statement path cannot afford.
+///
+/// # Safety
+/// `list` is NIL or a valid pointer List, unchanged while the iterator is used.
+pub unsafe fn list_ptrs<T>(list: *const pg_sys::List) -> impl Iterator<Item = *mut T> {
+    let length = if list.is_null() {
+        0
+    } else {
+        // SAFETY: the caller's promise.
+        unsafe { (*list).length }
+    };
+    (0..usize::try_from(length).unwrap_or(0)).map(move |i| {
+        // SAFETY: the caller's promise; a List of N pointers keeps them in
+        // `elements[0..N]`.
+        unsafe { (*(*list).elements.add(i)).ptr_value.cast::<T>() }
+    })
+}
+
 /// Calls `f` with the address of each element of `list`, a List of pointers.
 ///
 /// # Safety
