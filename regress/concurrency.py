@@ -723,6 +723,36 @@ def monitoring_queries_are_never_queued(s):
 
 
 @check
+def a_table_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_new_schema(s):
+    # A backend remembers the schemas of the relations it read, for the monitoring check
+    # of every statement; a table moved between schemas must be judged by its new one in
+    # a session that read it before: into pg_stride it is a monitoring query (answered
+    # while the group's only admission is held), back out it queues again.
+    s.sql(f"CREATE TABLE moved_probe (x int); GRANT SELECT ON moved_probe TO {ROLE}")
+    session = Session(s)
+    holder = None
+    try:
+        session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
+                    f"SET pg_stride.queue_timeout = '1s'; SET ROLE {ROLE}; \\set ON_ERROR_STOP 0\n"
+                    "\\echo ready", end="")
+        assert session.run("SELECT count(*) FROM moved_probe") == ["0"]
+        s.sql("ALTER TABLE moved_probe SET SCHEMA pg_stride")
+        holder = holder_running(s, 8)
+        # psql prints the count, or only the echo when the statement failed (queued
+        # until queue_timeout).
+        assert session.run("SELECT count(*) FROM pg_stride.moved_probe;\n\\echo after",
+                           lines=2, end="") == ["0", "after"]
+        s.sql("ALTER TABLE pg_stride.moved_probe SET SCHEMA public")
+        assert session.run("SELECT count(*) FROM moved_probe;\n\\echo after", end="") == ["after"]
+        assert holder.poll() is None, "the holder ended before the checks did: they proved nothing"
+    finally:
+        session.close()
+        if holder is not None:
+            finish(holder)
+        s.sql("DROP TABLE IF EXISTS moved_probe, pg_stride.moved_probe")
+
+
+@check
 def a_full_queue_turns_statements_away_at_once(s):
     # Group "bounded": one admitted, one waiting at most, waits of 300 ms at most. A third
     # statement fails at once (SQLSTATE 53000, a HINT naming the group's max_queued),
