@@ -214,11 +214,8 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     // (and launches no parallel workers) while it waits. If starting the executor then
     // fails, the statement's resource owner gives the admission back.
     // SAFETY: a guarded function, given the executor's own QueryDesc.
-    let scheduled = is_scheduled(eflags) && !unsafe { is_monitoring(desc) };
-    if scheduled {
-        // SAFETY: a guarded function, given the executor's own QueryDesc.
-        unsafe { register_statement(desc) };
-    }
+    // SAFETY: a guarded function, given the executor's own QueryDesc.
+    let scheduled = is_scheduled(eflags) && unsafe { arrive_unless_monitoring(desc) };
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     unsafe { PREV_EXECUTOR_START.unwrap_or(raw::standard_ExecutorStart)(desc, eflags) }
     if pool::wanted(eflags) {
@@ -269,14 +266,11 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
     // A top-level scheduled statement holds a CPU slot while it runs, and only then:
     // between the FETCHes of a cursor it holds none. After an error the statement's
     // cleanup gives the slot back.
-    if NESTING.get() == 0 {
+    let top_level = NESTING.get() == 0;
+    let on_cpu = top_level && statements::runs_on_cpu_slots(desc);
+    if top_level {
         // SAFETY: a guarded function.
-        unsafe { take_back_admission() };
-    }
-    let on_cpu = NESTING.get() == 0 && statements::runs_on_cpu_slots(desc);
-    if on_cpu {
-        // SAFETY: a guarded function.
-        unsafe { begin_run() };
+        unsafe { begin_run(on_cpu) };
     }
     NESTING.set(NESTING.get().saturating_add(1));
     run();
@@ -353,9 +347,17 @@ unsafe extern "C-unwind" fn process_utility(
     }
 }
 
+/// A top-level statement arrives: registers it (`statements::arrive`) unless it is a
+/// monitoring query; returns whether it did. One guarded call for both steps: each
+/// entry into pgrx's error boundary costs about as much as the check itself.
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn register_statement(desc: *mut pg_sys::QueryDesc) {
+unsafe extern "C-unwind" fn arrive_unless_monitoring(desc: *mut pg_sys::QueryDesc) -> bool {
+    // SAFETY: the executor's QueryDesc, inside a guarded function.
+    if unsafe { is_monitoring(desc) } {
+        return false;
+    }
     statements::arrive(desc);
+    true
 }
 
 #[pgrx::pg_guard]
@@ -506,8 +508,10 @@ unsafe extern "C-unwind" fn forget_relation_schemas(
 
 /// Whether `desc` is a monitoring query that `pg_stride.bypass_monitoring` keeps out of
 /// scheduling (`plan_tree::is_monitoring_query`).
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn is_monitoring(desc: *mut pg_sys::QueryDesc) -> bool {
+///
+/// # Safety
+/// `desc` is ExecutorStart's QueryDesc; call inside a guarded function (catalog lookups).
+unsafe fn is_monitoring(desc: *mut pg_sys::QueryDesc) -> bool {
     if !gucs::BYPASS_MONITORING.get() {
         return false;
     }
@@ -529,14 +533,14 @@ unsafe extern "C-unwind" fn join_leader(desc: *mut pg_sys::QueryDesc) {
     statements::worker_started(desc);
 }
 
+/// A top-level ExecutorRun begins: takes back an admission lent while the client was
+/// away, then, for a statement on CPU slots, takes a slot. One guarded call for both.
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn take_back_admission() {
+unsafe extern "C-unwind" fn begin_run(on_cpu_slot: bool) {
     statements::resume();
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn begin_run() {
-    statements::run_begins();
+    if on_cpu_slot {
+        statements::run_begins();
+    }
 }
 
 #[pgrx::pg_guard]

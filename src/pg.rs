@@ -408,8 +408,14 @@ impl StatementText {
         if self.source.is_null() {
             return None;
         }
+        // A statement whose text starts with its first word carries no tag (the common
+        // case): told from its first byte, without measuring the whole query string.
         // SAFETY: a non-null source is NUL-terminated and valid (the constructors'
-        // contract).
+        // contract), so its first byte can be read.
+        if self.location <= 0 && unsafe { *self.source as u8 }.is_ascii_alphabetic() {
+            return None;
+        }
+        // SAFETY: as above.
         let source = unsafe { std::ffi::CStr::from_ptr(self.source) }.to_bytes();
         let location = usize::try_from(self.location).unwrap_or(0);
         pg_stride_sched::group_tag::statement_group(source, location)
