@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pg_stride's TPC-B overhead, measured side by side: two servers, one with the library
+"""pg_stride's overhead on OLTP statements, measured side by side: two servers, one with the library
 loaded and one without, take turns on the whole machine in one-second slots.
 
 Why this way. On a shared virtual machine the throughput of one configuration moves by
@@ -13,8 +13,8 @@ out over many short rounds; with `huge_pages` the per-start spread is about half
 large (it is `try` here; reserve pages with `sysctl vm.nr_hugepages`, 1100 for the two
 1 GB buffer pools, for the tighter figure — the report says which it had).
 
-Each round: both servers restarted with their settings; pgbench TPC-B with 8 clients
-on each, as an ordinary role so that every statement goes through admission; 3 s in
+Each round: both servers restarted with their settings; pgbench with 8 clients on
+each (TPC-B, or select-only: one primary-key SELECT per transaction), as an ordinary role so that every statement goes through admission; 3 s in
 which both run (connections, caches), then the two pgbench processes take turns, one
 resumed (SIGCONT) for a slot while the other is stopped (SIGSTOP), in the order
 A B B A A B B A … so that neither is favoured by its position, until each had SECONDS
@@ -24,7 +24,8 @@ not loaded. Rounds alternate which server is loaded and which side has the first
 slot; an A/A series (neither loaded) in the same run shows the method's own spread.
 
 Writes bench/results/OVERHEAD_AB.md. Usage:
-bench/overhead_ab.py [--rounds N] [--seconds S]   (defaults 10 and 60; A/A: half as many rounds)
+bench/overhead_ab.py [--rounds N] [--seconds S] [--workloads tpcb,select]
+(defaults 10, 60 and both; A/A: half as many rounds)
 """
 
 import bisect
@@ -44,6 +45,10 @@ from scheduling import ENV, PGBIN, Server, write_report
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 10
 SECONDS = int(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 60
+# pgbench's arguments for each workload.
+WORKLOADS = {"tpcb": ("TPC-B", []), "select": ("select-only", ["-S"])}
+CHOSEN = (sys.argv[sys.argv.index("--workloads") + 1].split(",") if "--workloads" in sys.argv
+          else list(WORKLOADS))
 SLOT_S = 1.0
 WARMUP_S = 3.0
 STOCK = ["huge_pages = try"]
@@ -61,10 +66,11 @@ def prepare(server):
     server.sql("VACUUM ANALYZE")
 
 
-def start_pgbench(server, seconds, log_prefix):
-    """pgbench TPC-B, 8 clients, logging every transaction. Started directly (not
-    through runuser), so that the signals below reach pgbench itself."""
-    cmd = [f"{PGBIN}/pgbench", "-n", "-h", server.dir, "-p", str(server.port), "-U", "r_plain",
+def start_pgbench(server, seconds, log_prefix, workload):
+    """pgbench running `workload` (pgbench arguments), 8 clients, logging every
+    transaction. Started directly (not through runuser), so that the signals below reach
+    pgbench itself."""
+    cmd = [f"{PGBIN}/pgbench", "-n", *workload, "-h", server.dir, "-p", str(server.port), "-U", "r_plain",
            "-c", "8", "-j", "1", "-M", "prepared", "-T", str(seconds), "-l", f"--log-prefix={log_prefix}",
            "postgres"]
     return subprocess.Popen(cmd, env=ENV, cwd=os.path.dirname(log_prefix), text=True,
@@ -87,7 +93,7 @@ def rate(times, slots):
     return done / sum(end - start for start, end in slots)
 
 
-def round_rates(servers, settings, first):
+def round_rates(servers, settings, first, workload):
     """One round with servers[i] running settings[i]; side `first` has the first slot.
     Returns the two sides' transactions per second of slot time."""
     for server, conf in zip(servers, settings):
@@ -97,7 +103,8 @@ def round_rates(servers, settings, first):
         prefixes = [os.path.join(work, f"side{i}") for i in range(2)]
         # Long enough to outlast the slots; checked below.
         total = WARMUP_S + 2 * SECONDS + 3
-        runs = [start_pgbench(server, math.ceil(total), prefix) for server, prefix in zip(servers, prefixes)]
+        runs = [start_pgbench(server, math.ceil(total), prefix, workload)
+                for server, prefix in zip(servers, prefixes)]
         time.sleep(WARMUP_S)
         for run in runs:
             os.kill(run.pid, signal.SIGSTOP)
@@ -129,7 +136,7 @@ def round_rates(servers, settings, first):
             server.sql("VACUUM pgbench_branches, pgbench_tellers")
 
 
-def series(servers, rounds, name, variant):
+def series(servers, rounds, name, variant, workload):
     """`rounds` rounds, the variant on servers[0] in even rounds and on servers[1] in odd
     ones; the variant's side has the first slot in the first two rounds of every four. Returns the
     per-round ratios variant / stock, printing each round."""
@@ -138,7 +145,7 @@ def series(servers, rounds, name, variant):
         mine = i % 2
         settings = (variant, STOCK) if mine == 0 else (STOCK, variant)
         first = mine if (i // 2) % 2 == 0 else 1 - mine
-        rates = round_rates(servers, settings, first)
+        rates = round_rates(servers, settings, first, workload)
         ratios.append(rates[mine] / rates[1 - mine])
         print(f"{name} round {i + 1}: {rates[mine]:.0f} / {rates[1 - mine]:.0f} tps = {ratios[-1]:.3f}"
               f" ({name} side {'first' if first == mine else 'second'})", flush=True)
@@ -166,23 +173,28 @@ def huge_pages_reserved():
 def main():
     servers = [Server(port=5496), Server(port=5497)]
     huge = huge_pages_reserved()
+    rows = []
     try:
         for server in servers:
             prepare(server)
-        aa = series(servers, max(ROUNDS // 2, 2), "stock", STOCK)
-        ab = series(servers, ROUNDS, "loaded", LOADED)
+        for key in CHOSEN:
+            label, workload = WORKLOADS[key]
+            aa = series(servers, max(ROUNDS // 2, 2), f"{key} stock", STOCK, workload)
+            ab = series(servers, ROUNDS, f"{key} loaded", LOADED, workload)
+            rows += [f"| {label} | A/A: neither loaded (calibration) | {len(aa)} | "
+                     f"{', '.join(f'{r:.3f}' for r in aa)} | {summary(aa)} |",
+                     f"| {label} | loaded / not loaded | {len(ab)} | "
+                     f"{', '.join(f'{r:.3f}' for r in ab)} | {summary(ab)} |"]
     finally:
         for server in servers:
             server.stop()
-    lines = ["# TPC-B overhead, side by side", "",
+    lines = ["# OLTP overhead, side by side", "",
              f"Written by bench/overhead_ab.py on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
              f"{os.cpu_count()} CPUs, {huge} huge pages reserved: two servers, one with pg_stride loaded, "
-             f"each with pgbench TPC-B (8 clients, an ordinary role); in every round both are restarted and "
-             f"take turns on the whole machine in {SLOT_S:.0f}-s slots (A B B A …) until each had {SECONDS} s. "
-             "Ratio: transactions per second of slot time, one side / the other.", "",
-             "| series | rounds | per-round ratios | summary |", "|---|---|---|---|",
-             f"| A/A: neither loaded (calibration) | {len(aa)} | {', '.join(f'{r:.3f}' for r in aa)} | {summary(aa)} |",
-             f"| loaded / not loaded | {len(ab)} | {', '.join(f'{r:.3f}' for r in ab)} | {summary(ab)} |"]
+             f"each with pgbench (8 clients, an ordinary role, prepared statements); in every round both are "
+             f"restarted and take turns on the whole machine in {SLOT_S:.0f}-s slots (A B B A …) until each "
+             f"had {SECONDS} s. Ratio: transactions per second of slot time, one side / the other.", "",
+             "| workload | series | rounds | per-round ratios | summary |", "|---|---|---|---|---|", *rows]
     write_report(os.path.join(HERE, "results", "OVERHEAD_AB.md"), lines)
 
 

@@ -168,7 +168,8 @@ def breakdown(taken: list, txns: list) -> dict | None:
             "lag_ms": lag_ms, "asleep_ms": mean_ms - cpu_ms - rq_ms - lag_ms,
             "analytics_cpus": an_cpu / span,
             "analytics_backends_runqueue_cpus": an["runqueue_s"] / span,
-            "transactions_cpus": tx["cpu_s"] / span, "roles": roles}
+            "transactions_cpus": tx["cpu_s"] / span, "server_cpus": (tree1 - tree0) / span,
+            "roles": roles}
 
 
 # ---- pg_stride's own counters --------------------------------------------------------
@@ -221,7 +222,7 @@ def beside_analytics(server, wl, tpch_conn: list, oltp_conn: list, duration: int
                      name: str) -> dict:
     """TPC-B (at `rate`, or closed loop when None) beside ANALYTIC_CLIENTS closed-loop
     TPC-H clients (none when `wl` is None), both for `duration` s; the TPC-B backends'
-    time breakdown for the open form."""
+    time breakdown."""
     outdir.mkdir(parents=True, exist_ok=True)
     prefix_b, prefix_h = outdir / f"{name}_tpcb", outdir / f"{name}_tpch"
     for p in (prefix_b, prefix_h):
@@ -243,8 +244,7 @@ def beside_analytics(server, wl, tpch_conn: list, oltp_conn: list, duration: int
            "p99_ms": analysis.percentile(lat, 99), "p50_ms": analysis.percentile(lat, 50),
            "mean_ms": statistics.fmean(lat) if lat else float("nan"),
            "stride": counters_delta(counters0, stride_counters(server))}
-    if rate:
-        res["breakdown"] = breakdown(snaps.taken, txns)
+    res["breakdown"] = breakdown(snaps.taken, txns)
     if wl is not None:
         res["tpch"] = {"prefix": str(prefix_h)}
     return res
@@ -304,8 +304,10 @@ def run(runner) -> None:
 
 # ---- the report ---------------------------------------------------------------------
 
-# the breakdown's columns, in the report's order
+# the breakdown's columns, in the report's order: the open form's (where a transaction's
+# time goes) and the closed form's (where the CPUs go)
 BREAKDOWN = ("latency_mean_ms", "cpu_ms", "runqueue_ms", "lag_ms", "asleep_ms", "analytics_cpus")
+CPU_BUDGET = ("transactions_cpus", "cpu_ms", "analytics_cpus", "work_per_analytics_cpu", "server_cpus")
 
 
 def spread(values: list) -> str:
@@ -333,9 +335,13 @@ def summary(meta: dict) -> dict:
                 f.setdefault(f"{form}_p99_ms", []).append(res["p99_ms"])
                 f.setdefault(f"{form}_analytics_vs_stock", []).append(
                     work / base if base else float("nan"))
-                for k, v in (res.get("breakdown") or {}).items():
-                    if k in BREAKDOWN:
-                        f.setdefault(f"open_{k}", []).append(v)
+                b = res.get("breakdown") or {}
+                for k, v in b.items():
+                    if k in BREAKDOWN or k in CPU_BUDGET:
+                        f.setdefault(f"{form}_{k}", []).append(v)
+                if b.get("analytics_cpus"):
+                    f.setdefault(f"{form}_work_per_analytics_cpu", []).append(
+                        work / b["analytics_cpus"])
     alone = out["(TPC-B alone, stock)"] = {"open_p99_ms": [r["alone_open"]["p99_ms"]
                                                            for r in rounds]}
     for r in rounds:
@@ -389,4 +395,18 @@ def write_report(meta: dict, path: Path) -> None:
         f = s[n]
         lines.append(f"| {n} | " + " | ".join(spread(f.get(f"open_{k}", []))
                                            for k in BREAKDOWN) + " |")
+    lines += ["", "## Where the CPUs go (closed form)", "",
+              "From the same snapshots, in the closed form: CPUs used on average by TPC-B's "
+              "backends, their CPU per transaction, CPUs used by the analytic queries (their "
+              "workers included), the analytic work done per analytics CPU-second "
+              "(isolated-seconds of TPC-H work per CPU-second: how efficiently the analytics "
+              "use their CPU), and the whole server's CPUs. pgbench's own processes are not "
+              "counted.", "",
+              "| configuration | TPC-B tps | TPC-B backends' CPUs | CPU ms per transaction "
+              "| analytics CPUs | analytic work per analytics CPU | server CPUs |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for n in names:
+        f = s[n]
+        lines.append(f"| {n} | {spread(f.get('closed_tps', []))} | " + " | ".join(
+            spread(f.get(f"closed_{k}", [])) for k in CPU_BUDGET) + " |")
     path.write_text("\n".join(lines) + "\n")

@@ -1060,6 +1060,7 @@ class OltpTest(unittest.TestCase):
         self.assertAlmostEqual(b["asleep_ms"], 1.0)
         # 3 s of server CPU, 2 ms TPC-B's: the rest is analytics', a worker's included
         self.assertAlmostEqual(b["analytics_cpus"], 1.5)
+        self.assertAlmostEqual(b["server_cpus"], 1.501)
         self.assertIsNone(oltp.breakdown(taken[:1], txns))
 
     def test_analytic_work_is_relative_to_stocks_in_the_same_round_and_form(self):
@@ -1078,6 +1079,21 @@ class OltpTest(unittest.TestCase):
         self.assertEqual(s["(TPC-B alone, stock)"]["open_p99_ms"], [2.0, 4.0])
         self.assertEqual(oltp.spread([120, 90, 100]), "100 [90–120]")
         self.assertEqual(oltp.spread([0.5, 1.5]), "1.00 [0.50–1.50]")
+
+    def test_the_cpu_budget_is_kept_per_form(self):
+        def res(work, analytics_cpus, cpu_ms):
+            return {"tps": 100, "p99_ms": 5, "tpch": {"work_per_s": work},
+                    "breakdown": {"analytics_cpus": analytics_cpus, "cpu_ms": cpu_ms,
+                                  "transactions_cpus": 1.2, "server_cpus": 1.9}}
+        meta = {"oltp": {"rounds": [
+            {"alone_open": {"p99_ms": 2.0},
+             "configs": {"x": {"open": res(1.0, 0.5, 0.7), "closed": res(0.6, 0.4, 0.8)}}}]}}
+        x = oltp.summary(meta)["x"]
+        self.assertEqual(x["open_cpu_ms"], [0.7])
+        self.assertEqual(x["closed_cpu_ms"], [0.8])
+        self.assertAlmostEqual(x["closed_work_per_analytics_cpu"][0], 1.5)
+        self.assertAlmostEqual(x["open_work_per_analytics_cpu"][0], 2.0)
+        self.assertEqual(x["closed_server_cpus"], [1.9])
         self.assertEqual(oltp.spread([]), "—")
 
 
