@@ -214,7 +214,6 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     // (and launches no parallel workers) while it waits. If starting the executor then
     // fails, the statement's resource owner gives the admission back.
     // SAFETY: a guarded function, given the executor's own QueryDesc.
-    // SAFETY: a guarded function, given the executor's own QueryDesc.
     let scheduled = is_scheduled(eflags) && unsafe { arrive_unless_monitoring(desc) };
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     unsafe { PREV_EXECUTOR_START.unwrap_or(raw::standard_ExecutorStart)(desc, eflags) }
@@ -411,16 +410,20 @@ static OWN_SCHEMA: BackendLocal<Cell<Option<pg_sys::Oid>>> = BackendLocal::new(C
 /// what pg_stride added to a primary-key SELECT (callgrind, bench/results/INSTRUCTIONS.md).
 /// Cleared whenever a pg_class row changes (ALTER TABLE … SET SCHEMA among them).
 static RELATION_SCHEMAS: BackendLocal<RefCell<RelationSchemas>> =
-    BackendLocal::new(RefCell::new(RelationSchemas {
-        entries: [(pg_sys::InvalidOid, pg_sys::InvalidOid); 8],
-        next: 0,
-    }));
+    BackendLocal::new(RefCell::new(RelationSchemas::EMPTY));
 static CATALOG_CALLBACKS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 struct RelationSchemas {
     entries: [(pg_sys::Oid, pg_sys::Oid); 8],
     /// The entry the next lookup replaces (round robin).
     next: usize,
+}
+
+impl RelationSchemas {
+    const EMPTY: RelationSchemas = RelationSchemas {
+        entries: [(pg_sys::InvalidOid, pg_sys::InvalidOid); 8],
+        next: 0,
+    };
 }
 
 /// Registers the callbacks that clear the two caches above, once per process
@@ -501,9 +504,7 @@ unsafe extern "C-unwind" fn forget_relation_schemas(
     _cache: std::ffi::c_int,
     _hash: u32,
 ) {
-    RELATION_SCHEMAS.try_with_borrow_mut(|c| {
-        c.entries = [(pg_sys::InvalidOid, pg_sys::InvalidOid); 8];
-    });
+    RELATION_SCHEMAS.try_with_borrow_mut(|c| *c = RelationSchemas::EMPTY);
 }
 
 /// Whether `desc` is a monitoring query that `pg_stride.bypass_monitoring` keeps out of

@@ -62,11 +62,7 @@ pub unsafe fn query_id_and_cost(stmt: *const pg_sys::PlannedStmt) -> (u64, f64) 
         let plan = (*stmt).planTree;
         (
             (*stmt).queryId as u64,
-            if plan.is_null() {
-                0.0
-            } else {
-                (*plan).total_cost
-            },
+            if plan.is_null() { 0.0 } else { (*plan).total_cost },
         )
     }
 }

@@ -129,8 +129,6 @@ pub unsafe fn stride_gather_inner(plan: *mut pg_sys::Plan) -> Option<*mut pg_sys
         if name != STRIDE_GATHER && name != STRIDE_GATHER_MERGE {
             return None;
         }
-        let private = (*cscan).custom_private;
-        (!private.is_null() && (*private).length > 0)
-            .then(|| (*(*private).elements).ptr_value.cast::<pg_sys::Plan>())
+        list_ptrs::<pg_sys::Plan>((*cscan).custom_private).next()
     }
 }
