@@ -5,9 +5,10 @@
 #   make stop      stop that server
 #   make fuzz      random SQL (sqlsmith) against pg_stride for FUZZ_SECONDS (default 900),
 #                  FUZZ_PARALLEL_MODE=pool to run the parallel plans in pool workers
-#   make install   build (release) and install the extension
+#   make install   build (release) and install the extension; installs only what building
+#                  needs (scripts/setup --build), no test tools
 #   make build     build (debug) for one major
-#   make lint      module layers and clippy for one major
+#   make lint      module layers, SQLSTATEs and clippy for one major
 #
 # PG=15 (default), 17 or 18 picks the PostgreSQL major: 15 is Debian 12's, 17 and 18 are
 # built from Debian's source packages on first use (scripts/build-postgres). PG_CONFIG=
@@ -17,7 +18,7 @@ SHELL := /bin/bash
 PG ?= 15
 export PG PG_CONFIG
 
-.PHONY: setup build lint install test unit pgtest regress fuzz run stop clean
+.PHONY: setup setup-build build lint install test unit pgtest regress fuzz run stop clean
 
 FUZZ_SECONDS ?= 900
 FUZZ_PARALLEL_MODE ?= native
@@ -25,13 +26,16 @@ FUZZ_PARALLEL_MODE ?= native
 setup:
 	scripts/setup
 
-build: setup
+setup-build:
+	scripts/setup --build
+
+build: setup-build
 	. scripts/pg-env && cargo build --no-default-features --features pg$$PG_MAJOR
 
-lint: setup
+lint: setup-build
 	scripts/lint
 
-install: setup
+install: setup-build
 	PGRX_INSTALL_FLAGS=--release scripts/install-extension
 
 unit: setup
@@ -52,7 +56,7 @@ fuzz: setup
 	scripts/install-extension
 	regress/fuzz --duration $(FUZZ_SECONDS) --parallel-mode $(FUZZ_PARALLEL_MODE)
 
-run: install
+run: setup install
 	scripts/demo
 
 stop:

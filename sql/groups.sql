@@ -210,6 +210,10 @@ SELECT count(*) AS temporary_groups FROM pg_stride.groups WHERE name = 'temporar
 SET pg_stride.resource_group = 'batch';
 DELETE FROM pg_stride.resource_groups WHERE name = 'batch';
 SELECT name FROM pg_stride.groups WHERE name = 'batch';
+-- Its SQLSTATE: undefined_object (docs/errors.md).
+\set VERBOSITY sqlstate
+SELECT 'still runs' AS dropped_group;
+\set VERBOSITY default
 RESET pg_stride.resource_group;
 
 -- Only superusers manage groups; everybody may read them.

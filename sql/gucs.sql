@@ -40,6 +40,11 @@ RESET ROLE;
 -- session is checked.
 ALTER ROLE stride_user SET pg_stride.resource_group = 'reporting';
 SET pg_stride.resource_group = 'reporting';
+-- Both with SQLSTATE undefined_object (docs/errors.md).
+\set VERBOSITY sqlstate
+ALTER ROLE stride_user SET pg_stride.resource_group = 'reporting';
+SET pg_stride.resource_group = 'reporting';
+\set VERBOSITY default
 ALTER ROLE stride_user SET pg_stride.resource_group = 'default';
 SELECT unnest(setconfig) AS role_setting
   FROM pg_db_role_setting WHERE setrole = 'stride_user'::regrole;

@@ -2,7 +2,7 @@
 //! admission and CPU scheduling together.
 
 use crate::shmem::{self, Group};
-use crate::{admission, cpu, groups, gucs};
+use crate::{admission, cpu, groups, gucs, pg};
 
 /// Brings admission and CPU scheduling in line with the directory's groups and the
 /// GUCs (after a reload of either) and admits whoever the new limits let in.
@@ -39,9 +39,14 @@ pub fn reload_groups(shared: &shmem::Shared, committed: bool) {
         .groups
         .publish(&table, read_at, |slot| shared.slot_has_statements(slot));
     for name in dropped {
-        pgrx::warning!(
-            "pg_stride: resource group \"{name}\" is not in effect: at most {} groups fit in shared memory",
-            shmem::MAX_GROUPS
+        pg::report(
+            pgrx::PgLogLevel::WARNING,
+            pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!(
+                "pg_stride: resource group \"{name}\" is not in effect: at most {} groups fit in shared memory",
+                shmem::MAX_GROUPS
+            ),
+            Some("Drop a group that is not used, with pg_stride.drop_group(), to make room."),
         );
     }
     apply(shared);

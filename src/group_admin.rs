@@ -4,7 +4,6 @@
 
 use pg_stride_sched::groups::{validate, GroupSettings, DEFAULT_GROUP, MAX_NAME_LEN};
 use pg_stride_sched::rules::Rules;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 extension_sql!(
@@ -55,16 +54,6 @@ REVOKE ALL ON FUNCTION pg_stride.create_group, pg_stride.alter_group, pg_stride.
     ],
 );
 
-/// Raises an ERROR with a SQLSTATE and an optional HINT.
-fn fail(code: PgSqlErrorCode, message: String, hint: Option<&str>) -> ! {
-    let mut report = ErrorReport::new(code, message, "pg_stride resource groups");
-    if let Some(hint) = hint {
-        report = report.set_hint(hint);
-    }
-    report.report(PgLogLevel::ERROR);
-    unreachable!("an ERROR report does not return")
-}
-
 mod functions {
     use super::*;
     use crate::{config, gucs, pg, shmem};
@@ -74,7 +63,7 @@ mod functions {
     /// with NULL arguments too, where a STRICT function would return NULL unseen).
     fn required<T>(value: Option<T>, argument: &str, hint: &str) -> T {
         value.unwrap_or_else(|| {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
                 format!("{argument} of a resource group must not be NULL"),
                 Some(hint),
@@ -86,7 +75,7 @@ mod functions {
     /// group's name.
     fn check_caller(name: Option<&str>) -> &str {
         if !pg::is_superuser() {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
                 "only superusers can manage pg_stride resource groups".into(),
                 None,
@@ -98,7 +87,7 @@ mod functions {
             .flatten()
             .unwrap_or_default();
         if current != database {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("pg_stride resource groups are managed in database \"{database}\", not \"{current}\""),
                 Some("Connect to the database named by pg_stride.database, or change that setting."),
@@ -106,7 +95,7 @@ mod functions {
         }
         let name = required(name, "the name", "A group name has 1 to 63 bytes.");
         if name.is_empty() || name.len() > MAX_NAME_LEN {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_INVALID_NAME,
                 format!("invalid resource group name \"{name}\""),
                 Some("A group name has 1 to 63 bytes."),
@@ -117,7 +106,7 @@ mod functions {
 
     fn check_settings(name: &str, settings: &GroupSettings) {
         if let Err(detail) = validate(settings) {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
                 format!("invalid setting for resource group \"{name}\": {detail}"),
                 None,
@@ -128,7 +117,7 @@ mod functions {
     /// A group's runaway-query rules from their text (`pg_stride_sched::rules`).
     fn parse_rules(name: &str, text: &str) -> Rules {
         Rules::parse(text).unwrap_or_else(|detail| {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
                 format!("invalid rules for resource group \"{name}\": {detail}"),
                 Some("Write each rule as \"measure > value: action\", separated by \";\": measures cpu_time, elapsed, rows, temp_bytes; actions log, cancel, move GROUP."),
@@ -180,7 +169,15 @@ mod functions {
                  reject_oversized = $13, rules = $14, rules_dry_run = $15",
             &args,
         )
-        .unwrap_or_else(|e| pgrx::error!("pg_stride: cannot store resource group \"{name}\": {e}"));
+        .unwrap_or_else(|e| {
+            // An SQL error inside keeps its own SQLSTATE (pgrx re-raises it); what comes
+            // back here is SPI failing by itself, a bug.
+            pg::raise(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                format!("pg_stride: cannot store resource group \"{name}\": {e}"),
+                None,
+            )
+        });
     }
 
     /// Creates a resource group. Settings left NULL follow the server-wide GUCs.
@@ -223,7 +220,7 @@ mod functions {
         };
         check_settings(name, &settings);
         if stored(name).is_some() {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
                 format!("resource group \"{name}\" already exists"),
                 Some("Use pg_stride.alter_group() to change it."),
@@ -254,7 +251,7 @@ mod functions {
     ) {
         let name = check_caller(name);
         let Some(old) = stored(name) else {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
                 format!("resource group \"{name}\" does not exist"),
                 Some("List the groups in pg_stride.groups."),
@@ -286,14 +283,14 @@ mod functions {
     fn drop_group(name: &str) {
         check_caller(Some(name));
         if name == DEFAULT_GROUP {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
                 format!("cannot drop resource group \"{DEFAULT_GROUP}\""),
                 Some("Every session not assigned to another group runs in it; use pg_stride.alter_group() to change it."),
             );
         }
         if stored(name).is_none() {
-            fail(
+            pg::raise(
                 PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
                 format!("resource group \"{name}\" does not exist"),
                 Some("List the groups in pg_stride.groups."),
@@ -302,7 +299,7 @@ mod functions {
         if let Some(shared) = shmem::shared() {
             if let Some(slot) = shared.groups.find(name) {
                 if shared.slot_has_statements(slot) {
-                    fail(
+                    pg::raise(
                         PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
                         format!("resource group \"{name}\" is in use"),
                         Some("Wait until its statements finish (see pg_stride.groups), then drop it."),
@@ -315,7 +312,15 @@ mod functions {
             "DELETE FROM pg_stride.resource_groups WHERE name = $1",
             &args,
         )
-        .unwrap_or_else(|e| pgrx::error!("pg_stride: cannot drop resource group \"{name}\": {e}"));
+        .unwrap_or_else(|e| {
+            // An SQL error inside keeps its own SQLSTATE (pgrx re-raises it); what comes
+            // back here is SPI failing by itself, a bug.
+            pg::raise(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                format!("pg_stride: cannot drop resource group \"{name}\": {e}"),
+                None,
+            )
+        });
     }
 
     /// Trigger helper: publishes the groups table as this transaction sees it, so that

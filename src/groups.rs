@@ -68,7 +68,7 @@ pub fn resolve_statement_group(directory: &GroupDirectory, tag: Option<String>) 
         (
             PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
             format!("resource group \"{name}\" does not exist"),
-            "Create it with pg_stride.create_group(), or list groups in pg_stride.groups.",
+            gucs::NO_SUCH_GROUP_HINT.to_str().unwrap_or_default(),
         )
     };
     let slot = resolve_session_group(directory);
@@ -98,8 +98,13 @@ fn resolve_session_group(directory: &GroupDirectory) -> usize {
             slot
         }
         None => {
-            pgrx::warning!(
-                "resource group \"{name}\" does not exist; using group \"{DEFAULT_GROUP}\""
+            pg::report(
+                PgLogLevel::WARNING,
+                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                format!(
+                    "resource group \"{name}\" does not exist; using group \"{DEFAULT_GROUP}\""
+                ),
+                gucs::NO_SUCH_GROUP_HINT.to_str().ok(),
             );
             0
         }
@@ -113,7 +118,12 @@ fn resolve_session_group(directory: &GroupDirectory) -> usize {
 /// WARNING, rather than keep the whole table from loading.
 fn rules_of(name: &str, text: &str) -> Rules {
     Rules::parse(text).unwrap_or_else(|e| {
-        pgrx::warning!("pg_stride: resource group \"{name}\" has no rules in effect: {e}");
+        pg::report(
+            PgLogLevel::WARNING,
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("pg_stride: resource group \"{name}\" has no rules in effect: {e}"),
+            Some("Set its rules again with pg_stride.alter_group(), which accepts only rules that parse."),
+        );
         Rules::EMPTY
     })
 }
@@ -166,5 +176,13 @@ pub fn read_table() -> Vec<Group> {
         }
         Ok::<_, pgrx::spi::SpiError>(groups)
     })
-    .unwrap_or_else(|e| pgrx::error!("pg_stride: cannot read pg_stride.resource_groups: {e}"))
+    .unwrap_or_else(|e| {
+        // An SQL error inside keeps its own SQLSTATE; what comes back here is a column
+        // that no longer has the type CREATE EXTENSION gave it, or SPI failing by itself.
+        pg::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("pg_stride: cannot read pg_stride.resource_groups: {e}"),
+            Some("The table must keep the columns and types that CREATE EXTENSION pg_stride gave it."),
+        )
+    })
 }

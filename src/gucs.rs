@@ -96,8 +96,8 @@ pub static PRIORITY_MIN: Setting<i32> = Setting(GucSetting::<i32>::new(100));
 pub static TUNER: Setting<bool> = Setting(GucSetting::<bool>::new(false));
 /// `pg_stride.predict`: statements start at a priority predicted from their
 /// fingerprint's history (`pg_stride_sched::predict`). Off by default: behind a client
-/// connection pool it made short statements wait longer (README, "How statements are
-/// classified").
+/// connection pool it made short statements wait longer (docs/internals/scheduling.md,
+/// "How statements are classified").
 pub static PREDICT: Setting<bool> = Setting(GucSetting::<bool>::new(false));
 pub static TRACE: Setting<bool> = Setting(GucSetting::<bool>::new(false));
 pub static TUNER_WINDOW_S: Setting<i32> = Setting(GucSetting::<i32>::new(20));
@@ -498,7 +498,14 @@ unsafe extern "C-unwind" fn check_resource_group(
         Some(true) | None => return true,
     }
     if source == pg_sys::GucSource::PGC_S_TEST {
-        pgrx::notice!("resource group \"{name}\" does not exist");
+        // As PostgreSQL does for an unknown tablespace in ALTER ROLE … SET
+        // default_tablespace: the value may name a group created later.
+        crate::pg::report(
+            pgrx::PgLogLevel::NOTICE,
+            pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("resource group \"{name}\" does not exist"),
+            NO_SUCH_GROUP_HINT.to_str().ok(),
+        );
         return true;
     }
     if source < pg_sys::GucSource::PGC_S_INTERACTIVE {
@@ -511,13 +518,14 @@ unsafe extern "C-unwind" fn check_resource_group(
     unsafe {
         pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT as i32);
         pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
-        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(
-            c"Create it with pg_stride.create_group(), or list groups in pg_stride.groups."
-                .as_ptr(),
-        );
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(NO_SUCH_GROUP_HINT.as_ptr());
     }
     false
 }
+
+/// What a DBA does about a group name that names no group.
+pub const NO_SUCH_GROUP_HINT: &std::ffi::CStr =
+    c"Create it with pg_stride.create_group(), or list groups in pg_stride.groups.";
 
 /// The value a string GUC's check hook is asked about; empty for none.
 ///

@@ -8,6 +8,8 @@
 //! takes. Each of them is a function that cannot raise an ERROR.
 
 use pgrx::pg_sys;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
 use std::time::{Duration, Instant};
 
 mod ffi {
@@ -23,6 +25,26 @@ mod ffi {
         /// The SQL function `pg_blocking_pids(int4) RETURNS int4[]`; may raise an ERROR.
         pub fn pg_blocking_pids(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
     }
+}
+
+/// Sends a report with its SQLSTATE, and a HINT where the user can act (every report
+/// pg_stride sends has a code of its own; docs/errors.md lists them, and `scripts/lint`
+/// checks that list against the calls). At ERROR it does not return. The location
+/// reported is the caller's.
+#[track_caller]
+pub fn report(level: PgLogLevel, code: PgSqlErrorCode, message: String, hint: Option<&str>) {
+    let mut report = ErrorReport::new(code, message, "pg_stride");
+    if let Some(hint) = hint {
+        report = report.set_hint(hint);
+    }
+    report.report(level);
+}
+
+/// Raises an ERROR with a SQLSTATE and an optional HINT.
+#[track_caller]
+pub fn raise(code: PgSqlErrorCode, message: String, hint: Option<&str>) -> ! {
+    report(PgLogLevel::ERROR, code, message, hint);
+    unreachable!("an ERROR report does not return")
 }
 
 /// The top-level transaction's ID, or InvalidTransactionId when it has none yet (it has
@@ -62,7 +84,11 @@ pub unsafe fn query_id_and_cost(stmt: *const pg_sys::PlannedStmt) -> (u64, f64) 
         let plan = (*stmt).planTree;
         (
             (*stmt).queryId as u64,
-            if plan.is_null() { 0.0 } else { (*plan).total_cost },
+            if plan.is_null() {
+                0.0
+            } else {
+                (*plan).total_cost
+            },
         )
     }
 }

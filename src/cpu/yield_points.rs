@@ -217,5 +217,9 @@ unsafe extern "C-unwind" fn yield_point(
 /// a silently shortened scan.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn lost_scan_function() -> *mut pg_sys::TupleTableSlot {
-    pgrx::error!("pg_stride: a yield point lost the scan function it wraps");
+    pg::raise(
+        pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        "pg_stride: a yield point lost the scan function it wraps".into(),
+        None,
+    );
 }

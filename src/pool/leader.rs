@@ -13,6 +13,7 @@
 use super::ffi::*;
 use super::port::{
     check_for_interrupts, exec_clear_tuple, exec_project, raise, tup_is_null, wait_latch,
+    INTERNAL_ERROR,
 };
 use super::shared::{self, Counter, Fallback, PoolShared, State, MAX_TICKETS};
 use super::tickets::{
@@ -107,7 +108,10 @@ unsafe extern "C-unwind" fn pool_exec_gather(
     unsafe {
         let pg = lookup(pstate);
         let Some(node) = GatherNode::of(pstate).filter(|_| !pg.is_null()) else {
-            raise(c"pg_stride pool: lost the state of a Gather node".as_ptr());
+            raise(
+                INTERNAL_ERROR,
+                c"pg_stride pool: lost the state of a Gather node".as_ptr(),
+            );
             return std::ptr::null_mut();
         };
         check_for_interrupts();

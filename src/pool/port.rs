@@ -130,12 +130,20 @@ pub unsafe fn exec_proc_node(node: *mut pg_sys::PlanState) -> *mut pg_sys::Tuple
     }
 }
 
-/// Raises an ERROR with `message` from code outside pgrx's boundary (ereport(ERROR)).
+/// SQLSTATE XX000 for [`raise`]: a state the pool's own code should never reach.
+pub const INTERNAL_ERROR: c_int = pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR as c_int;
+/// SQLSTATE 55000 for [`raise`]: a worker that stopped or declined its part, as
+/// PostgreSQL's own "lost connection to parallel worker".
+pub const NOT_IN_PREREQUISITE_STATE: c_int =
+    pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE as c_int;
+
+/// Raises an ERROR with SQLSTATE `code` (a `PgSqlErrorCode`) and `message` from code
+/// outside pgrx's boundary (ereport(ERROR)).
 #[pgrx::pg_guard]
-pub unsafe extern "C-unwind" fn raise(message: *const c_char) {
+pub unsafe extern "C-unwind" fn raise(code: c_int, message: *const c_char) {
     // SAFETY: callers pass a NUL-terminated literal.
     let message = unsafe { std::ffi::CStr::from_ptr(message) }.to_string_lossy();
-    pgrx::error!("{message}");
+    crate::pg::raise(pgrx::PgSqlErrorCode::from(code), message.into_owned(), None);
 }
 
 /// ExecProject (executor.h): evaluates the projection into its

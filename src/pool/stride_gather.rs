@@ -23,7 +23,7 @@
 //! frames hold nothing with a destructor, and they call PostgreSQL through `ffi`.
 
 use super::ffi::*;
-use super::port::{exec_proc_node, raise};
+use super::port::{exec_proc_node, raise, INTERNAL_ERROR};
 use super::tickets;
 use crate::plan_tree::{self, STRIDE_GATHER, STRIDE_GATHER_MERGE};
 use pgrx::pg_sys;
@@ -197,7 +197,10 @@ unsafe extern "C-unwind" fn begin(
     unsafe {
         let cscan = (*node).ss.ps.plan.cast::<pg_sys::CustomScan>();
         let Some(stored) = plan_tree::stride_gather_inner(cscan.cast()) else {
-            raise(c"pg_stride: a Stride Gather without its Gather".as_ptr());
+            raise(
+                INTERNAL_ERROR,
+                c"pg_stride: a Stride Gather without its Gather".as_ptr(),
+            );
             return;
         };
         let size = gather_size(stored);

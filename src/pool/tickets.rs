@@ -15,7 +15,7 @@ use super::ffi::*;
 use super::identity;
 use super::port::{
     check_for_interrupts, exec_clear_tuple, exec_proc_node, hold_interrupts, raise,
-    resume_interrupts, wait_latch,
+    resume_interrupts, wait_latch, NOT_IN_PREREQUISITE_STATE,
 };
 use super::shared::{
     self, Counter, Fallback, PoolShared, Slot, State, FALLBACK_NAMES, MAX_TICKETS,
@@ -461,7 +461,10 @@ pub(super) unsafe fn poll(pg: *mut PoolGather, rethrow: bool) -> bool {
             }
             let entered = slot.entered_gen.load(Ordering::SeqCst) == gen;
             if entered && rethrow {
-                raise(c"lost connection to parallel worker (pg_stride pool)".as_ptr());
+                raise(
+                    NOT_IN_PREREQUISITE_STATE,
+                    c"lost connection to parallel worker (pg_stride pool)".as_ptr(),
+                );
             }
             if !entered && !(*pg).leader_participates {
                 take_over_declined(pg);
@@ -491,6 +494,7 @@ unsafe fn take_over_declined(pg: *mut PoolGather) {
         match GatherNode::of((*pg).node) {
             Some(GatherNode::Gather(gather)) => (*gather).need_to_scan_locally = true,
             _ => raise(
+                NOT_IN_PREREQUISITE_STATE,
                 c"pg_stride pool: a pool worker could not take its part of a Gather Merge".as_ptr(),
             ),
         }

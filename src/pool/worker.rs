@@ -514,6 +514,7 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
             // leader's system_user.
             FRAG.retire = true;
             raise(
+                INTERNAL_ERROR,
                 c"pg_stride pool: the pool worker cannot take the leader's client identity"
                     .as_ptr(),
             );

@@ -648,7 +648,7 @@ unsafe fn init_sched() {
     };
     match sched {
         Ok(sched) => SCHED.store((sched as *const SchedShared).cast_mut(), Ordering::Release),
-        Err(e) => pgrx::warning!("pg_stride: CPU scheduling is off: {e}"),
+        Err(e) => internal_warning(format!("pg_stride: CPU scheduling is off: {e}")),
     }
 }
 
@@ -673,6 +673,17 @@ unsafe fn init_trace() {
     };
     match ring {
         Ok(ring) => TRACE.store((ring as *const TraceRing).cast_mut(), Ordering::Release),
-        Err(e) => pgrx::warning!("pg_stride: the tuner's trace is off: {e}"),
+        Err(e) => internal_warning(format!("pg_stride: the tuner's trace is off: {e}")),
     }
+}
+
+/// A shared region that would not initialise: its capacity comes from the server's own
+/// limits, so this is a bug, reported without stopping the server.
+fn internal_warning(message: String) {
+    pg::report(
+        pgrx::PgLogLevel::WARNING,
+        pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        message,
+        None,
+    );
 }
