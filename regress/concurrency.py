@@ -16,7 +16,6 @@ then "concurrency: N passed, N failed". Run as root, the server runs as postgres
 """
 
 import os
-import re
 import select
 import shutil
 import subprocess
@@ -898,34 +897,6 @@ def a_dump_restores_groups_and_role_assignments(s):
 
 NO_DATABASE_CHECKS = []
 without_database = collector(NO_DATABASE_CHECKS)
-
-
-@check
-def the_readme_lists_every_setting_with_its_context(s):
-    """README "Configuration" has one row per registered setting, with the context it is
-    registered with (reload = sighup, restart = postmaster), and says when a DBA would
-    change it."""
-    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
-    with open(readme) as f:
-        text = f.read().split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    documented = {}
-    for line in text.splitlines():
-        if line.startswith("| `pg_stride."):
-            # Cells are split at pipes that are not escaped (`0\|1` in a cell).
-            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
-            assert len(cells) == 5 and len(cells[4]) > 20, f"no \"change it when\" in {line}"
-            documented[cells[0].strip("`")] = cells[2]
-    words = {"sighup": "reload", "postmaster": "restart", "superuser": "superuser",
-             "user": "user"}
-    registered = dict(
-        line.split("|") for line in s.sql(
-            "SELECT name || '|' || context FROM pg_settings WHERE name LIKE 'pg_stride.%'"
-        ).splitlines())
-    registered = {name: words.get(context, context) for name, context in registered.items()}
-    assert documented == registered, (
-        f"only in README: {sorted(set(documented) - set(registered))}; "
-        f"not in README: {sorted(set(registered) - set(documented))}; contexts differ: "
-        f"{[(n, documented[n], registered[n]) for n in documented if registered.get(n, documented[n]) != documented[n]]}")
 
 
 # docs/design.md §4 rule 9: the safety net runs from shared memory alone. These checks run

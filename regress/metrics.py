@@ -21,8 +21,8 @@ pg_monitor and is scraped over loopback. The checks:
 - every query of the file answers at once while the server's only admission is taken
   (they are monitoring queries, pg_stride.bypass_monitoring), where an ordinary
   statement queues; and a whole scrape does too, the exporter's own queries included
-  (`SELECT version()`, the statistics views), with its role set up as README "Metrics
-  for Prometheus" says;
+  (`SELECT version()`, the statistics views), with its role set up as
+  docs/internals/metrics.md says;
 - the dashboard is valid JSON, its datasource is ${DS_PROMETHEUS}, and every metric its
   expressions name is one the queries file makes and the scrape has.
 
@@ -54,7 +54,7 @@ DASHBOARD = os.path.join(ROOT, "contrib", "prometheus", "grafana-dashboard.json"
 
 APP = "regress_metrics_app"
 GROUP = "metered"
-# The exporter's role, set up as the README says (pg_monitor, pg_stride off for it).
+# The exporter's role, set up as docs/internals/metrics.md says (pg_monitor, pg_stride off for it).
 MONITOR = "regress_metrics_monitor"
 # A role like it but with pg_stride on: it runs the file's queries by hand.
 READER = "regress_metrics_reader"
@@ -505,7 +505,7 @@ def workload(s):
 def setup(s):
     s.sql("CREATE EXTENSION pg_stride")
     s.sql(f"CREATE ROLE {APP} LOGIN; CREATE ROLE {MONITOR} LOGIN; CREATE ROLE {READER} LOGIN")
-    # As README "Metrics for Prometheus" sets up the exporter's role.
+    # As docs/internals/metrics.md sets up the exporter's role.
     s.sql(f"GRANT pg_monitor TO {MONITOR}")
     s.sql(f"GRANT pg_monitor TO {READER}")
     s.sql(f"SELECT pg_stride.create_group('{GROUP}', max_concurrency => 1, max_queued => 1)")

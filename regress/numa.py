@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-node accounting of `pg_stride.numa = stats` on a real server (README "NUMA").
+"""Per-node accounting of `pg_stride.numa = stats` on a real server (docs/internals/numa.md).
 
 A server with one CPU slot runs several `SELECT count(*) FROM big` at once. The checks:
 the CPU time the view pg_stride.numa shows per node adds up to the CPU time charged to

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pooled parallel execution, `pg_stride.parallel_mode = pool` (README "The pool").
+"""Pooled parallel execution, `pg_stride.parallel_mode = pool` (docs/internals/pool.md).
 
 Every check runs real Gathers against a temporary server and reads what the pool did
 from its views (`pg_stride.pool`, `pg_stride.pool_fallbacks`) and counters

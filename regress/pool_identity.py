@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Pool workers give a leader's role exactly its own rights (docs: README "The pool",
-rule 11 of the safety rules).
+"""Pool workers give a leader's role exactly its own rights (docs/internals/pool.md,
+"Whose rights a fragment has"; rule 11 of the safety rules).
 
 Every check logs in as `regress_alice`, an ordinary LOGIN role with CREATE on a schema
 of her own, and compares what the same statement gives in three ways: run by pool

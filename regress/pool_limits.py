@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The pool's limits and its reach (README "The pool"), each on a server of its own:
+"""The pool's limits and its reach (docs/internals/pool.md), each on a server of its own:
 
 - caps: with PostgreSQL's default max_worker_processes (8) and cpu_slots = 8, a pooled
   query in one database leaves background-worker slots for a Gather in a second

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where CPU-slot holders run, and slots lent for holders with no yield point in reach
-(README "CPU slots").
+(docs/internals/scheduling.md).
 
 Pinning (`pg_stride.pin_slots`): serial scans of `big` run at once while each backend's Cpus_allowed_list is read from
 /proc/<pid>/status. The checks: with two slots, two holders run pinned to two

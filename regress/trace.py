@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The statement trace (`pg_stride.trace`, view `pg_stride.trace`; README "Views and
-functions") on a real server.
+"""The statement trace (`pg_stride.trace`, view `pg_stride.trace`; docs/views.md) on a
+real server.
 
 Each check runs real statements and reads their records back: with tracing off nothing
 is recorded; two scans sharing one CPU slot are each recorded once, with CPU charged in

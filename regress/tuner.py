@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The tuner worker on a real server under pgbench (wagner2021 §4; README "Tuner").
+"""The tuner worker on a real server under pgbench (wagner2021 §4; docs/internals/tuner.md).
 
 A server with one CPU slot, pg_stride.tuner on, a 10 s window and a 5 s interval runs a
 mix of short (50,000-row) and long (2,000,000-row) scans from 4 pgbench clients. The

@@ -324,7 +324,7 @@ mod functions {
     }
 
     /// Trigger helper: publishes the groups table as this transaction sees it, so that
-    /// the change is in effect at once for this session, and has the scheduler worker
+    /// the change is in effect at once for this session, and has the groups worker
     /// reload the committed table when the transaction ends.
     #[pg_extern(volatile, parallel_unsafe, schema = "pg_stride")]
     fn publish_groups() {

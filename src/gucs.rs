@@ -274,7 +274,7 @@ pub fn register(group_exists: GroupExists) {
     GucRegistry::define_int_guc(
         c"pg_stride.priority_min",
         c"Lowest priority a query decays to, unless its resource group sets its own.",
-        c"Keeps long queries from starving; at most pg_stride.priority_initial.",
+        c"Keeps long queries from starving; a value above pg_stride.priority_initial acts as priority_initial (no decay).",
         &PRIORITY_MIN.0,
         1,
         MAX_PRIORITY,
@@ -299,7 +299,7 @@ pub fn register(group_exists: GroupExists) {
     );
     GucRegistry::define_bool_guc(
         c"pg_stride.trace",
-        c"Records every CPU-scheduled statement in the trace that pg_stride.trace() reads.",
+        c"Records every CPU-scheduled statement in the trace that the view pg_stride.trace shows.",
         c"The tuner records them too while it is on. A record holds the statement's arrival, admission and finish times, its CPU in and outside CPU slots, and its waits for slots.",
         &TRACE.0,
         GucContext::Suset,
@@ -421,7 +421,7 @@ pub fn register(group_exists: GroupExists) {
     GucRegistry::define_string_guc(
         c"pg_stride.database",
         c"Database whose pg_stride.resource_groups table defines the resource groups.",
-        c"The pg_stride scheduler worker connects to it.",
+        c"The pg_stride groups worker connects to it (and, with parallel_mode = pool, starts that database's pool workers).",
         &DATABASE.0,
         GucContext::Postmaster,
         GucFlags::default(),

@@ -1,7 +1,7 @@
 """bench/run --pool: pg_stride's pool (`pg_stride.parallel_mode = pool`) against
 PostgreSQL's own parallel workers and against no workers, on one server in one run.
 
-Two parts (README "The pool"; bench/README.md, "The pool"):
+Two parts (docs/internals/pool.md; bench/README.md, "The pool"):
 
 - results: the 22 TPC-H queries at both scales, each with one fixed draw of its
   parameters, run serially, with parallel_mode off, native and pool, parallel plans
