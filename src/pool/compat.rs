@@ -69,7 +69,6 @@ fn why_not() -> Option<Fallback> {
 
 #[pgrx::pg_guard]
 extern "C-unwind" fn warn(why: Fallback) {
-    use pgrx::pg_sys::panic::ErrorReport;
     use pgrx::{PgLogLevel, PgSqlErrorCode};
     let version = server_version_num();
     let (message, hint) = match why {
@@ -91,11 +90,10 @@ extern "C-unwind" fn warn(why: Fallback) {
             "Set pg_stride.parallel_mode = native.".to_string(),
         ),
     };
-    ErrorReport::new(
+    crate::pg::report(
+        PgLogLevel::WARNING,
         PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
         message,
-        "pg_stride pool",
-    )
-    .set_hint(hint)
-    .report(PgLogLevel::WARNING);
+        Some(&hint),
+    );
 }
