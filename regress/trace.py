@@ -13,7 +13,9 @@ CPU-bound process records its run delay; a parallel scan records
 its workers (processes, planned workers, their start-up CPU outside the slots); a sort,
 whose sorting has no yield point, shows up as CPU in slices beyond twice the target, a
 plain scan does not, nor does a Materialize's output, which has no scan below it; the
-scans of an InitPlan are yield points; a statement that fails is recorded as failed.
+scans of an InitPlan are yield points; a statement that fails is recorded as failed; a
+statement whose plan is estimated tiny is not scheduled (nor recorded) until it ran long
+twice in its session.
 
 Starts its own temporary server and prints one line per check, then
 "trace: N passed, N failed". Run as root, the server runs as postgres.
@@ -380,6 +382,22 @@ def a_failed_statement_is_recorded_as_failed(s):
 
 
 @check
+def a_statement_planned_tiny_is_scheduled_once_it_ran_long_twice(s):
+    # few() declares one row and returns 2,000,000: its plan costs under 1, so it starts
+    # unscheduled, as a primary-key lookup does. It runs for far more than ten slices,
+    # and after its second long run the session schedules its fingerprint: the third
+    # and fourth runs join CPU scheduling at their first check-in, and only they are
+    # recorded.
+    cost = float(s.sql("SELECT (regexp_match(e, 'cost=[0-9.]+\\.\\.([0-9.]+)'))[1] "
+                       "FROM plan_of('SELECT count(*) FROM few()') AS e LIMIT 1"))
+    assert cost < 50, f"few()'s plan costs {cost}, not a tiny plan"
+    results, rows = traced(s, "SELECT count(*) FROM few(); " * 4)
+    assert results[0][0] == 0 and results[0][1].split() == ["2000000"] * 4, results
+    assert len(rows) == 2, f"four runs, the last two scheduled; {len(rows)} records: {rows}"
+    assert all(r["cpu_ms"] > 0 and not r["failed"] for r in rows), rows
+
+
+@check
 def other_roles_statements_show_no_query_id_or_times(s):
     """As pg_stat_activity and pg_stat_statements do: a role sees the query id, times
     and place in the schedule of its own statements in pg_stride.activity and
@@ -422,6 +440,10 @@ def setup(s):
     s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 3000000) g")
     s.sql("VACUUM ANALYZE big")
     s.sql("GRANT SELECT ON big TO regress_writer")
+    s.sql("CREATE FUNCTION few() RETURNS SETOF int LANGUAGE plpgsql ROWS 1 "
+          "AS 'BEGIN RETURN QUERY SELECT generate_series(1, 2000000); END'")
+    s.sql("CREATE FUNCTION plan_of(q text) RETURNS SETOF text LANGUAGE plpgsql "
+          "AS 'BEGIN RETURN QUERY EXECUTE ''EXPLAIN '' || q; END'")
 
 
 def main():

@@ -214,7 +214,7 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     // (and launches no parallel workers) while it waits. If starting the executor then
     // fails, the statement's resource owner gives the admission back.
     // SAFETY: a guarded function, given the executor's own QueryDesc.
-    let scheduled = is_scheduled(eflags) && unsafe { arrive_unless_monitoring(desc) };
+    let joinable = is_scheduled(eflags) && unsafe { arrive_unless_monitoring(desc) };
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     unsafe { PREV_EXECUTOR_START.unwrap_or(raw::standard_ExecutorStart)(desc, eflags) }
     if pool::wanted(eflags) {
@@ -222,12 +222,11 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
         unsafe { pool_gathers(desc) };
     }
     // With the plan tree built, yield points can be placed in it: in a statement that
-    // may be paused (docs/design.md §4 rule 2: writes are never paused).
-    if scheduled {
-        if statements::may_join(desc) {
-            // SAFETY: a guarded function, given the executor's own QueryDesc.
-            unsafe { join_cpu_scheduling(desc) };
-        }
+    // may be paused (docs/design.md §4 rule 2: writes are never paused) and is not too
+    // small to schedule, as its arrival found.
+    if joinable {
+        // SAFETY: a guarded function, given the executor's own QueryDesc.
+        unsafe { join_cpu_scheduling(desc) };
     } else if is_parallel_worker_of_scheduled_leader(eflags) {
         // SAFETY: a guarded function, given the executor's own QueryDesc.
         unsafe { join_leader(desc) };
@@ -347,16 +346,16 @@ unsafe extern "C-unwind" fn process_utility(
 }
 
 /// A top-level statement arrives: registers it (`statements::arrive`) unless it is a
-/// monitoring query; returns whether it did. One guarded call for both steps: each
-/// entry into pgrx's error boundary costs about as much as the check itself.
+/// monitoring query; returns whether it may join CPU scheduling once started (not a
+/// monitoring query, nor one too small to schedule). One guarded call for both steps:
+/// each entry into pgrx's error boundary costs about as much as the check itself.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn arrive_unless_monitoring(desc: *mut pg_sys::QueryDesc) -> bool {
     // SAFETY: the executor's QueryDesc, inside a guarded function.
     if unsafe { is_monitoring(desc) } {
         return false;
     }
-    statements::arrive(desc);
-    true
+    statements::arrive(desc)
 }
 
 #[pgrx::pg_guard]

@@ -63,6 +63,9 @@ struct Statement {
     workers: Grant,
     /// When it arrived and was admitted, for the tuner's trace.
     arrival: cpu::Arrival,
+    /// Its query identifier, when its plan is too small for CPU scheduling
+    /// (`cpu::is_tiny`): it never joins, and its end tells whether it really was.
+    tiny: Option<u64>,
 }
 
 /// The statement the client sent, while it is a utility whose queries are the client's
@@ -128,13 +131,16 @@ pub fn install() {
 /// and grants its Gathers their parallel workers. Superusers skip admission when
 /// `pg_stride.exempt_superuser` is on, and so does a statement of a backend that holds
 /// an admission for another of its statements. Call before ExecutorStart: it may
-/// replace the statement's plan by a copy with fewer workers.
-pub fn arrive(desc: *mut pg_sys::QueryDesc) {
+/// replace the statement's plan by a copy with fewer workers. Returns whether the
+/// statement joins CPU scheduling once the executor started it ([`executor_started`]):
+/// one that may be paused (docs/design.md §4 rule 2: writes are never paused) and whose
+/// plan is not too small to schedule.
+pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     let Some(shared) = shmem::shared() else {
-        return;
+        return false;
     };
     let Some(entry) = shared.my_entry() else {
-        return;
+        return false;
     };
     claim(shared, entry);
     let group = groups::resolve_statement_group(&shared.groups, client_group_tag());
@@ -164,8 +170,14 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) {
             .store(pg::statement_start_timestamp(), Ordering::Relaxed);
     }
     // SAFETY: `desc` is the statement the executor is about to start.
-    let (query_id, _) = unsafe { pg::query_id_and_cost((*desc).plannedstmt) };
+    let ((query_id, plan_cost), parallel) = unsafe {
+        let stmt = (*desc).plannedstmt;
+        (pg::query_id_and_cost(stmt), (*stmt).parallelModeNeeded)
+    };
     entry.query_id.store(query_id, Ordering::Relaxed);
+    let pausable = cpu::is_pausable(desc);
+    let tiny = (pausable && !parallel && cpu::is_tiny(query_id, plan_cost)).then_some(query_id);
+    let joins = pausable && tiny.is_none();
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| {
@@ -178,6 +190,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) {
             reserved_memory: admitted && need_kb > 0,
             workers: Grant::default(),
             arrival,
+            tiny,
         })
     });
     entry.registered.fetch_add(1, Ordering::AcqRel);
@@ -186,7 +199,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) {
     entry.running.fetch_add(1, Ordering::AcqRel);
     entry.clear_statement();
     let Some(reservation) = parallel::reserve_workers(shared, desc, group) else {
-        return;
+        return joins;
     };
     // Recorded before the plan copy may raise an error: from here on the statement's
     // end, or its resource owner's release, gives the workers back.
@@ -203,6 +216,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) {
         .workers_granted
         .store(grant.granted, Ordering::Relaxed);
     parallel::apply(desc, reservation);
+    joins
 }
 
 /// The working memory `desc`'s plan reserves when it is admitted, kB: 0 unless a memory
@@ -214,14 +228,6 @@ fn memory_need(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) -> u64 {
     // SAFETY: `desc` is the statement the executor is about to start; its plan is
     // complete.
     unsafe { plan_tree::memory_need_kb((*desc).plannedstmt, pg::memory_settings()) }
-}
-
-/// Whether `desc`, a statement that arrived, may join CPU scheduling once the executor
-/// started it (docs/design.md §4 rule 2: writes are never paused). Cannot panic: the
-/// executor hooks ask it outside pgrx's error boundary, so that a write enters no
-/// guarded function.
-pub fn may_join(desc: *const pg_sys::QueryDesc) -> bool {
-    cpu::is_pausable(desc)
 }
 
 /// The executor has started `desc`, a registered statement that may be paused: it
@@ -335,6 +341,12 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
         }
         if r.stage == Stage::Joined {
             cpu::end_statement(shared, Some(r.desc), failed);
+        }
+        if let Some(query_id) = r.tiny {
+            cpu::tiny_statement_ended(
+                query_id,
+                pg::monotonic_ns().saturating_sub(r.arrival.admit_ns),
+            );
         }
         parallel::return_workers(shared, r.group, r.workers);
         if r.reserved_memory {

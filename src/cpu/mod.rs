@@ -10,7 +10,8 @@
 //!   first check-in, once its scans have produced a first chunk of tuples (C0 = 16):
 //!   a statement that ends sooner — an index lookup, most of OLTP — is too short to be
 //!   worth scheduling and costs the scheduler nothing (no entry, no slot, no clock
-//!   read). A parallel plan joins at once, so that its workers find the entry;
+//!   read). One whose plan is estimated tiny does not even get yield points
+//!   (`tiny.rs`). A parallel plan joins at once, so that its workers find the entry;
 //! * a process takes a slot when ExecutorRun starts and gives it back when it ends, so
 //!   a cursor between FETCHes, or a session idle in a transaction, holds none;
 //! * the leaf scan nodes are wrapped with a *yield point*: every N tuples (N from the
@@ -34,7 +35,8 @@
 //! `watchdog.rs` the scheduler worker's round over slot holders; `priority.rs` a
 //! group's priority range; `prediction.rs` the CPU a statement is predicted to use when
 //! it joins, which sets where its priority starts, and what it used, recorded when it
-//! ends. This file registers statements and workers and ends them.
+//! ends; `tiny.rs` the statements too small to schedule at all. This file registers
+//! statements and workers and ends them.
 
 mod member;
 mod pinning;
@@ -44,6 +46,7 @@ mod priority;
 mod runaway;
 mod slice_share;
 mod slots;
+mod tiny;
 mod trace;
 mod watchdog;
 mod yield_points;
@@ -55,6 +58,7 @@ use slots::{join_query, transaction_wrote};
 use yield_points::wrap_scans;
 
 pub use slots::{begin_run, end_run};
+pub use tiny::{is_tiny, tiny_statement_ended};
 pub use trace::{read_window, Arrival};
 pub use watchdog::watchdog;
 
@@ -67,9 +71,8 @@ use std::sync::atomic::Ordering;
 
 /// Whether a statement may be paused (docs/design.md §4 rule 2): it only reads, and its
 /// transaction has not written or locked rows (see [`transaction_wrote`]).
-/// Cannot panic: the executor hooks ask it outside pgrx's error boundary.
 pub fn is_pausable(desc: *const pg_sys::QueryDesc) -> bool {
-    // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
+    // SAFETY: a QueryDesc for ExecutorStart, with its PlannedStmt.
     let reads_only = unsafe {
         let stmt = (*desc).plannedstmt;
         !stmt.is_null()
