@@ -266,7 +266,7 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
     // cleanup gives the slot back.
     let top_level = NESTING.get() == 0;
     let on_cpu = top_level && statements::runs_on_cpu_slots(desc);
-    if top_level {
+    if on_cpu || (top_level && statements::admission_lent()) {
         // SAFETY: a guarded function.
         unsafe { begin_run(on_cpu) };
     }

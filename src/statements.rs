@@ -193,7 +193,11 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
             tiny,
         })
     });
-    entry.registered.fetch_add(1, Ordering::AcqRel);
+    // The owner alone writes the count (docs/design.md §3): a store, not a locked add.
+    let count = entry.registered.load(Ordering::Relaxed);
+    entry
+        .registered
+        .store(count.wrapping_add(1), Ordering::Release);
     // Counted as running before its workers are reserved, so that statements reserving
     // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);
@@ -256,6 +260,13 @@ pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
                 list.iter()
                     .any(|r| r.desc == desc && r.stage == Stage::Joined)
             }) == Some(true))
+}
+
+/// Whether this backend's admission is lent out: a top-level ExecutorRun then calls
+/// [`resume`] first. Cannot panic: the executor hooks ask it outside pgrx's error
+/// boundary, so that a statement whose admission is its own enters no guarded function.
+pub fn admission_lent() -> bool {
+    shmem::shared().is_some_and(admission::is_lent)
 }
 
 /// A top-level ExecutorRun begins: a statement whose admission was lent while its

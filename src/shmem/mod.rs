@@ -210,6 +210,28 @@ impl SharedAccounting {
             .fetch_add(u64::from(a.handoffs), Ordering::Relaxed);
     }
 
+    /// Resets the sums to zero. Reads first, and writes only sums that are not zero: a
+    /// statement without workers finds them all zero, and a swap is a locked instruction
+    /// on a line that other processes write, at every statement.
+    pub fn clear(&self) {
+        for sum in [
+            &self.cpu_total_ns,
+            &self.paused_ns,
+            &self.handoff_ns,
+            &self.held_ns,
+            &self.held_runqueue_ns,
+            &self.runqueue_ns,
+            &self.runqueue_before_slot_ns,
+            &self.paused_runqueue_ns,
+            &self.long_slice_ns,
+            &self.handoffs,
+        ] {
+            if sum.load(Ordering::Relaxed) != 0 {
+                sum.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The sums so far, reset to zero.
     pub fn take(&self) -> Accounting {
         Accounting {
@@ -277,7 +299,7 @@ impl ProcEntry {
         self.workers_planned.store(0, Ordering::Relaxed);
         self.workers_granted.store(0, Ordering::Relaxed);
         self.paused_us.store(0, Ordering::Relaxed);
-        self.inbox.workers_acct.take();
+        self.inbox.workers_acct.clear();
     }
 }
 
