@@ -12,8 +12,10 @@ use std::ffi::CStr;
 /// as `pg_stat_activity` included) or of schema `own_schema` (pg_stride's views and
 /// groups table), monitoring built-ins, functions of `own_schema` — and that calls no
 /// other user-defined function anywhere in the plan (the planner records a dependency on each one it
-/// calls, `PlannedStmt.invalItems`). `relation_schema` gives a relation's schema
-/// (InvalidOid for one that is gone).
+/// calls, `PlannedStmt.invalItems`). `own_schema` gives pg_stride's schema and is asked
+/// whenever a relation or function is not a built-in one, so it should be cheap (the
+/// executor's keeps the answer); `relation_schema` gives a relation's schema (InvalidOid
+/// for one that is gone).
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt. Catalog lookups may raise an ERROR: call it inside a
@@ -37,10 +39,8 @@ pub unsafe fn is_monitoring_query(
         {
             return false;
         }
-        // Looked up only when a relation or function is not a built-in one: most
-        // statements that get this far read a user table, and need it once.
-        let own = std::cell::OnceCell::new();
-        let own_schema = || *own.get_or_init(&own_schema);
+        // Asked only when a relation or function is not a built-in one (the caller
+        // keeps the answer between statements).
         let in_own_schema =
             |namespace: pg_sys::Oid| namespace != pg_sys::InvalidOid && namespace == own_schema();
         let mut reads = false;
