@@ -270,12 +270,21 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
         // SAFETY: a guarded function.
         unsafe { begin_run(on_cpu) };
     }
+    // A tiny statement's runs are timed, to learn a plan that was estimated too small.
+    let timed = if top_level && !on_cpu {
+        statements::unscheduled_run_begins()
+    } else {
+        None
+    };
     NESTING.set(NESTING.get().saturating_add(1));
     run();
     NESTING.set(NESTING.get().saturating_sub(1));
     if on_cpu {
         // SAFETY: a guarded function.
         unsafe { end_run() };
+    }
+    if let Some(started) = timed {
+        statements::unscheduled_run_ended(desc, started);
     }
 }
 

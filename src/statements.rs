@@ -6,7 +6,9 @@
 //! is admitted (or skips the queue: exempt, or its backend already holds an admission),
 //! and is registered as a [`Statement`] in stage [`Stage::Admitted`], its parallel
 //! workers reserved. Once ExecutorStart built its plan state, a statement that may be
-//! paused joins CPU scheduling ([`executor_started`], [`Stage::Joined`]): its scans
+//! paused, unless its plan is too small to schedule (`cpu::is_tiny`; its ExecutorRuns
+//! are then only timed, to learn a misestimate), joins CPU scheduling
+//! ([`executor_started`], [`Stage::Joined`]): its scans
 //! become yield points, and from its first check-in it holds a CPU slot or waits for
 //! one (`cpu`). Each ExecutorRun takes the slot and gives it back ([`run_begins`],
 //! [`run_ends`]), taking back first an admission lent while the client was away
@@ -39,7 +41,7 @@ use std::sync::atomic::Ordering;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
     /// Admitted, or exempt from admission: the executor is starting it, or runs it
-    /// without pausing it (it writes, or its transaction wrote).
+    /// without pausing it (it writes, its transaction wrote, or its plan is tiny).
     Admitted,
     /// Takes part in CPU scheduling.
     Joined,
@@ -66,6 +68,8 @@ struct Statement {
     /// Its query identifier, when its plan is too small for CPU scheduling
     /// (`cpu::is_tiny`): it never joins, and its end tells whether it really was.
     tiny: Option<u64>,
+    /// Wall time its ExecutorRuns took so far, ns, measured for a tiny one only.
+    ran_ns: u64,
 }
 
 /// The statement the client sent, while it is a utility whose queries are the client's
@@ -111,6 +115,9 @@ fn client_group_tag() -> Option<String> {
 /// The backend's registered statements: one, or a few open cursors.
 static REGISTERED: BackendLocal<RefCell<Vec<Statement>>> =
     BackendLocal::new(RefCell::new(Vec::new()));
+/// How many of them are tiny: outside the list, so that the ExecutorRun of every other
+/// statement learns with one load that it need not be timed.
+static TINY_REGISTERED: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
 static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 /// Registers the resource-release callback, and asks PostgreSQL to compute query
@@ -191,8 +198,12 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
             workers: Grant::default(),
             arrival,
             tiny,
+            ran_ns: 0,
         })
     });
+    if tiny.is_some() {
+        TINY_REGISTERED.set(TINY_REGISTERED.get() + 1);
+    }
     // The owner alone writes the count (docs/design.md §3): a store, not a locked add.
     let count = entry.registered.load(Ordering::Relaxed);
     entry
@@ -234,8 +245,9 @@ fn memory_need(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) -> u64 {
     unsafe { plan_tree::memory_need_kb((*desc).plannedstmt, pg::memory_settings()) }
 }
 
-/// The executor has started `desc`, a registered statement that may be paused: it
-/// joins CPU scheduling, its scans becoming yield points.
+/// The executor has started `desc`, a registered statement that may be paused and is
+/// not tiny ([`arrive`] said so): it joins CPU scheduling, its scans becoming yield
+/// points.
 pub fn executor_started(desc: *const pg_sys::QueryDesc) {
     let Some(shared) = shmem::shared() else {
         return;
@@ -260,6 +272,24 @@ pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
                 list.iter()
                     .any(|r| r.desc == desc && r.stage == Stage::Joined)
             }) == Some(true))
+}
+
+/// A top-level ExecutorRun of a statement that runs on no CPU slot begins: returns when,
+/// if a tiny statement is registered (its runs are timed, [`unscheduled_run_ended`]).
+/// Cannot panic: the executor hooks call it outside pgrx's error boundary.
+pub fn unscheduled_run_begins() -> Option<u64> {
+    (TINY_REGISTERED.get() > 0).then(pg::monotonic_ns)
+}
+
+/// The ExecutorRun of `desc` that began at `started` ended: a tiny statement adds its
+/// time. Cannot panic, as above. A run that ends with an ERROR is not counted.
+pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
+    let took = pg::monotonic_ns().saturating_sub(started);
+    REGISTERED.try_with_borrow_mut(|list| {
+        if let Some(r) = list.iter_mut().find(|r| r.desc == desc && r.tiny.is_some()) {
+            r.ran_ns = r.ran_ns.saturating_add(took);
+        }
+    });
 }
 
 /// Whether this backend's admission is lent out: a top-level ExecutorRun then calls
@@ -354,10 +384,8 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
             cpu::end_statement(shared, Some(r.desc), failed);
         }
         if let Some(query_id) = r.tiny {
-            cpu::tiny_statement_ended(
-                query_id,
-                pg::monotonic_ns().saturating_sub(r.arrival.admit_ns),
-            );
+            TINY_REGISTERED.set(TINY_REGISTERED.get().saturating_sub(1));
+            cpu::tiny_statement_ended(query_id, r.ran_ns);
         }
         parallel::return_workers(shared, r.group, r.workers);
         if r.reserved_memory {
