@@ -1,15 +1,15 @@
 //! Statements too small to schedule. A serial read whose plan the planner puts below
 //! [`COST_PER_SLICE_MS`] per millisecond of `pg_stride.slice` (50 with the default 2 ms,
 //! a few dozen pages: a primary-key lookup costs about 8) runs without joining CPU
-//! scheduling: no yield points, no membership, no slot. Scheduling
-//! it would change nothing but its cost, since it ends long before its first check-in
-//! (C0 tuples of a scan, wagner2021 §3.1) would have let it compete for a slot; what it
-//! pays pg_stride is then admission alone, as a write does (docs/design.md §4 rule 2).
+//! scheduling: no yield points, no membership, no slot. Scheduling it would change
+//! nothing but its cost, since it ends long before its first check-in (C0 tuples of a
+//! scan, wagner2021 §3.1) would have let it compete for a slot; what it pays pg_stride
+//! is then admission alone, as a write does (docs/design.md §4 rule 2).
 //!
 //! A plan is an estimate. A statement that was called tiny but whose ExecutorRuns took
 //! more than [`RAN_LONG_SLICES`] slices (stale statistics, a function that returns far
-//! more rows than it declares), twice, leaves its fingerprint here, and the backend schedules
-//! that fingerprint's statements from then on. Process-local: an application's
+//! more rows than it declares), twice, leaves its fingerprint here, and the backend
+//! schedules that fingerprint's statements from then on. Process-local: an application's
 //! connections run the same statements over and over, and the check costs a few
 //! compares where a shared table would cost a lock.
 
@@ -34,8 +34,9 @@ const RAN_LONG_SLICES: u64 = 10;
 /// pages from disk.
 const LONG_RUNS: u8 = 2;
 
-/// Query identifiers of tiny-estimated statements that ran long, with how often, the
-/// oldest replaced first (round robin); 0 is empty.
+/// Query identifiers of tiny-estimated statements that ran long, with how often; 0 is
+/// empty. A new one takes the next entry, round robin from [`NEXT`], that is not
+/// scheduled yet (`tiny_statement_ended`).
 static RAN_LONG: BackendLocal<Cell<[(u64, u8); 8]>> = BackendLocal::new(Cell::new([(0, 0); 8]));
 static NEXT: BackendLocal<Cell<usize>> = BackendLocal::new(Cell::new(0));
 
