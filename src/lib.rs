@@ -13,6 +13,7 @@ use pgrx::prelude::*;
 // topology and per-node accounting), 5 mechanisms, 6 coordination, 7 processes and SQL
 // functions, 8 hooks and _PG_init.
 mod backend_local;
+mod os;
 mod pg;
 mod plan_tree;
 

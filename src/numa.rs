@@ -23,6 +23,7 @@
 //! A layer of its own, between the shared-memory layout and the mechanisms: the CPU
 //! scheduler charges through it, the views read it, and it uses neither.
 
+use crate::os;
 use crate::backend_local::BackendLocal;
 use crate::{gucs, pg, shmem};
 use pg_stride_sched::numa::{segment_placement, split_slots, Placement, Topology, TopologyError};
@@ -49,7 +50,7 @@ impl Machine {
             Some(spec) => Topology::from_spec(spec)?,
             None => Topology::from_sysfs(Path::new("/sys"))?,
         };
-        let topology = match pg::allowed_cpus() {
+        let topology = match os::allowed_cpus() {
             Some(allowed) => topology.restrict(&allowed)?,
             None => topology,
         };
@@ -115,7 +116,7 @@ pub fn charge(shared: &shmem::Shared, used_ns: u64) {
     // Without a topology the CPU still counts, on no node, so that the view's rows
     // add up to the groups' CPU time.
     let node = with_machine(|machine| {
-        machine.and_then(|m| pg::current_cpu().and_then(|cpu| m.node_of(cpu)))
+        machine.and_then(|m| os::current_cpu().and_then(|cpu| m.node_of(cpu)))
     });
     shared.nodes.charge(node, used_ns);
 }
@@ -179,12 +180,12 @@ pub fn follow_slot(node: u32) {
         return;
     };
     if BOUND_NODE.get().is_none() {
-        let Some(own) = pg::allowed_cpus() else {
+        let Some(own) = os::allowed_cpus() else {
             return;
         };
         OWN_CPUS.set(Some(own));
     }
-    match pg::set_allowed_cpus(&cpus) {
+    match os::set_allowed_cpus(&cpus) {
         Ok(()) => BOUND_NODE.set(Some(node)),
         Err(e) => {
             if shmem::shared().is_some_and(|s| s.nodes.first_bind_failure()) {
@@ -205,6 +206,6 @@ pub fn unbind() {
     }
     if let Some(own) = OWN_CPUS.with_borrow_mut(Option::take) {
         // The mask the process had a moment ago: the kernel has no reason to refuse it.
-        let _ = pg::set_allowed_cpus(&own);
+        let _ = os::set_allowed_cpus(&own);
     }
 }

@@ -27,6 +27,7 @@
 //! Parallel workers are here too: their part of a statement joins the leader's CPU
 //! scheduling, and they clear their entry the same way when they exit.
 
+use crate::os;
 use crate::backend_local::BackendLocal;
 use crate::parallel::{self, Grant};
 use crate::shmem::{self, ProcEntry};
@@ -168,7 +169,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         need_kb = memory_need(shared, desc);
         admission::admit(shared, entry, group, need_kb)
     };
-    arrival.admit_ns = pg::monotonic_ns();
+    arrival.admit_ns = os::monotonic_ns();
     if !admitted {
         // Runaway-query rules time a statement from its admission, and tell statements
         // apart by it: one that skipped admission counts from its start.
@@ -278,13 +279,13 @@ pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
 /// if a tiny statement is registered (its runs are timed, [`unscheduled_run_ended`]).
 /// Cannot panic: the executor hooks call it outside pgrx's error boundary.
 pub fn unscheduled_run_begins() -> Option<u64> {
-    (TINY_REGISTERED.get() > 0).then(pg::monotonic_ns)
+    (TINY_REGISTERED.get() > 0).then(os::monotonic_ns)
 }
 
 /// The ExecutorRun of `desc` that began at `started` ended: a tiny statement adds its
 /// time. Cannot panic, as above. A run that ends with an ERROR is not counted.
 pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
-    let took = pg::monotonic_ns().saturating_sub(started);
+    let took = os::monotonic_ns().saturating_sub(started);
     REGISTERED.try_with_borrow_mut(|list| {
         if let Some(r) = list.iter_mut().find(|r| r.desc == desc && r.tiny.is_some()) {
             r.ran_ns = r.ran_ns.saturating_add(took);

@@ -6,7 +6,7 @@ use super::slice_share;
 use super::trace::{self, Arrival};
 use crate::backend_local::BackendLocal;
 use crate::gucs;
-use crate::pg::{self, thread_cpu_ns};
+use crate::os::{self, thread_cpu_ns};
 use pg_stride_sched::predict::Prediction;
 use pg_stride_sched::slice::SliceClock;
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
@@ -85,15 +85,15 @@ impl Member {
             held_run_delay_ns: None,
             left_run_delay_ns: None,
             paused_run_delay_ns: None,
-            start_run_delay_ns: trace::enabled().then(pg::thread_run_delay_ns),
+            start_run_delay_ns: trace::enabled().then(os::thread_run_delay_ns),
         }
     }
 
     /// The process runs on a slot from now on (after a pause, if one began).
     pub(super) fn holds_slot(&mut self) {
-        let now = pg::monotonic_ns();
+        let now = os::monotonic_ns();
         self.held_since_ns = Some(now);
-        self.held_run_delay_ns = trace::enabled().then(pg::thread_run_delay_ns);
+        self.held_run_delay_ns = trace::enabled().then(os::thread_run_delay_ns);
         if let (Some(before), Some(at)) = (self.paused_run_delay_ns.take(), self.held_run_delay_ns)
         {
             self.acct.paused_runqueue_ns += at.saturating_sub(before);
@@ -112,12 +112,12 @@ impl Member {
 
     /// The process gave its slot back (or is about to); returns when (CLOCK_MONOTONIC).
     pub(super) fn left_slot(&mut self) -> u64 {
-        let now = pg::monotonic_ns();
+        let now = os::monotonic_ns();
         if let Some(since) = self.held_since_ns.take() {
             self.acct.held_ns += now.saturating_sub(since);
         }
         if let Some(before) = self.held_run_delay_ns.take() {
-            let at = pg::thread_run_delay_ns();
+            let at = os::thread_run_delay_ns();
             self.acct.held_runqueue_ns += at.saturating_sub(before);
             self.left_run_delay_ns = Some(at);
         }
@@ -128,14 +128,14 @@ impl Member {
     /// run delay it starts from, or before a first slot.
     pub(super) fn pause_begins(&mut self, gave_up: bool) {
         let left = self.left_run_delay_ns.take().filter(|_| gave_up);
-        self.paused_run_delay_ns = left.or_else(|| trace::enabled().then(pg::thread_run_delay_ns));
+        self.paused_run_delay_ns = left.or_else(|| trace::enabled().then(os::thread_run_delay_ns));
     }
 
     /// The run delay since the process started working for the statements, for its
     /// trace record at their end.
     pub(super) fn count_runqueue(&mut self) {
         if let Some(start) = self.start_run_delay_ns.take() {
-            self.acct.runqueue_ns = pg::thread_run_delay_ns().saturating_sub(start);
+            self.acct.runqueue_ns = os::thread_run_delay_ns().saturating_sub(start);
             if self.acct.first_slot_ns == TraceRecord::PENDING {
                 self.acct.runqueue_before_slot_ns = self
                     .acct

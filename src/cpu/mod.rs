@@ -62,7 +62,8 @@ pub use tiny::{is_tiny, tiny_statement_ended};
 pub use trace::{read_window, Arrival};
 pub use watchdog::watchdog;
 
-use crate::pg::{self, thread_cpu_ns};
+use crate::os::thread_cpu_ns;
+use crate::pg;
 use crate::{gucs, numa, shmem};
 use pg_stride_sched::tuner::Accounting;
 use pg_stride_sched::{GroupConfig, GroupId, GroupSettings, ProcId, QueryId, SchedShared};

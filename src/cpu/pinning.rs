@@ -20,6 +20,7 @@
 //! CPUs instead (`numa::follow_slot`).
 
 use super::slice_share;
+use crate::os;
 use crate::backend_local::BackendLocal;
 use crate::{gucs, pg, shmem};
 use pg_stride_sched::pin_word;
@@ -32,7 +33,7 @@ use std::sync::atomic::{fence, Ordering};
 /// whether it put itself in `SCHED_IDLE`: the process's kernel attributes, which outlive
 /// its statements (it asks again only when what it wants changes).
 static OWN_SCHEDULING: BackendLocal<Cell<(u64, bool)>> = BackendLocal::new(Cell::new((0, false)));
-/// Whether this process may leave `SCHED_IDLE` again (`pg::may_leave_idle_class`), once
+/// Whether this process may leave `SCHED_IDLE` again (`os::may_leave_idle_class`), once
 /// asked.
 static MAY_LEAVE_IDLE: BackendLocal<Cell<Option<bool>>> = BackendLocal::new(Cell::new(None));
 
@@ -57,7 +58,7 @@ pub fn hold(shared: &shmem::Shared, sched: &SchedShared, me: ProcId) {
         .filter(|&c| shared.cpu_owners.owner(c) == Some(me));
     let cpu = owned.or_else(|| {
         let last = pin_word::cpu(entry.inbox.pinned_cpu.load(Ordering::Relaxed));
-        let cpu = shared.cpu_owners.claim_free(me, &[pg::current_cpu(), last]);
+        let cpu = shared.cpu_owners.claim_free(me, &[os::current_cpu(), last]);
         entry
             .inbox
             .slot_cpu
@@ -127,7 +128,7 @@ pub fn places_receivers(sched: &SchedShared) -> bool {
 /// waking `to`; `to` gets its CPUs back once it runs with the slot (`unpin`, from the
 /// check-in), or when it gives the slot up.
 pub fn place(shared: &shmem::Shared, sched: &SchedShared, to: ProcId) -> bool {
-    let Some(cpu) = pg::current_cpu().filter(|&c| shared.cpu_owners.is_allowed(c)) else {
+    let Some(cpu) = os::current_cpu().filter(|&c| shared.cpu_owners.is_allowed(c)) else {
         return false;
     };
     let procno = to.0 as usize;
@@ -260,7 +261,7 @@ fn fit_own_scheduling(entry: &shmem::ProcEntry, idle_wanted: bool) {
     }
     let class = (idle != was_idle).then_some(idle);
     // A refused slice (an older kernel's) is not asked for again; a refused class is.
-    let ok = pg::set_own_scheduling(slice, class).is_ok();
+    let ok = os::set_own_scheduling(slice, class).is_ok();
     OWN_SCHEDULING.set((slice, if ok { idle } else { was_idle }));
 }
 
@@ -269,7 +270,7 @@ fn may_leave_idle() -> bool {
     if let Some(may) = MAY_LEAVE_IDLE.get() {
         return may;
     }
-    let may = pg::may_leave_idle_class();
+    let may = os::may_leave_idle_class();
     MAY_LEAVE_IDLE.set(Some(may));
     may
 }
@@ -294,7 +295,7 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ra
     let Some(mine) = sched.holder_priority(me) else {
         return;
     };
-    let (now, own_cpu) = (pg::monotonic_ns(), pg::thread_cpu_ns());
+    let (now, own_cpu) = (os::monotonic_ns(), os::thread_cpu_ns());
     let rule = slice_share::rule();
     let mut samples = Vec::new();
     let mut stalled: Option<(u32, usize, u32, bool)> = None;
@@ -310,7 +311,7 @@ pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ra
             continue;
         }
         let pid = pg::proc_pid(p);
-        let Some(cpu_ns) = (pid != 0).then(|| pg::process_cpu_ns(pid)).flatten() else {
+        let Some(cpu_ns) = (pid != 0).then(|| os::process_cpu_ns(pid)).flatten() else {
             continue;
         };
         let sample = HolderSample {
@@ -445,7 +446,7 @@ fn pin(shared: &shmem::Shared, procno: usize, cpu: Option<u32>) {
     // the mask is set again, so that the last mask set is the one the entry names (the
     // word counts its writes: `pin_word`).
     while pin_word::cpu(seen) != cpu {
-        if let Err(e) = pg::set_allowed_cpus_of(pid, &mask) {
+        if let Err(e) = os::set_allowed_cpus_of(pid, &mask) {
             if shared.nodes.first_bind_failure() {
                 pgrx::log!(
                     "pg_stride: cannot pin process {procno} to CPUs {}: {e}; slot holders may run unpinned",

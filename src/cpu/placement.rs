@@ -3,6 +3,7 @@
 //! pinning of slots to CPUs (`pinning.rs`) and the NUMA node of the slot.
 
 use super::pinning;
+use crate::os;
 use crate::pg;
 use crate::{numa, shmem};
 use pg_stride_sched::{ProcId, SchedShared};
@@ -31,7 +32,7 @@ pub(super) fn hand_over(from: Option<ProcId>, to: Option<ProcId>, goes_on: bool)
         entry
             .inbox
             .slot_given_ns
-            .store(pg::monotonic_ns(), Ordering::Release);
+            .store(os::monotonic_ns(), Ordering::Release);
     }
     if let Some(sched) = shared.sched() {
         let pinned = pinning::enabled(sched);
@@ -67,7 +68,7 @@ fn wake_as_batch(entry: &shmem::ProcEntry, to: ProcId) {
     }
     // Flagged once the policy changed: a receiver already running that looked before
     // then sets itself back at its next check-in, pause or statement end.
-    if pg::set_batch_policy(pid, true).is_ok() {
+    if os::set_batch_policy(pid, true).is_ok() {
         entry.inbox.woken_as_batch.store(1, Ordering::Release);
     }
 }
@@ -76,7 +77,7 @@ fn wake_as_batch(entry: &shmem::ProcEntry, to: ProcId) {
 fn undo_batch(entry: &shmem::ProcEntry, to: ProcId) {
     let pid = pg::proc_pid(to.0 as usize);
     if entry.inbox.woken_as_batch.swap(0, Ordering::AcqRel) == 1 && pid != 0 {
-        let _ = pg::set_batch_policy(pid, false);
+        let _ = os::set_batch_policy(pid, false);
     }
 }
 
@@ -86,7 +87,7 @@ pub(super) fn run_as_other(shared: &shmem::Shared) {
         if entry.inbox.woken_as_batch.load(Ordering::Acquire) == 1
             && entry.inbox.woken_as_batch.swap(0, Ordering::AcqRel) == 1
         {
-            let _ = pg::set_batch_policy(0, false);
+            let _ = os::set_batch_policy(0, false);
         }
     }
 }

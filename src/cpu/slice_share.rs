@@ -10,7 +10,7 @@
 //! threshold [`BELOW_SHARE_PERCENT`]).
 
 use crate::backend_local::BackendLocal;
-use crate::{gucs, pg, shmem};
+use crate::{gucs, os, shmem};
 use pg_stride_sched::stall;
 use std::cell::Cell;
 use std::sync::atomic::{fence, Ordering};
@@ -68,8 +68,8 @@ pub fn starts(shared: &shmem::Shared) {
     // of no CPU's.
     let cpu = measured().then(|| own_cpu(shared)).filter(|&cpu| cpu != 0);
     START.set(cpu.map(|cpu| Start {
-        at_ns: pg::monotonic_ns(),
-        blocks: pg::thread_voluntary_switches(),
+        at_ns: os::monotonic_ns(),
+        blocks: os::thread_voluntary_switches(),
         cpu,
     }));
 }
@@ -91,8 +91,8 @@ pub fn new_slot() {
 /// half the slice target (cut short by a waiter's request: too short to judge by).
 pub fn ends(shared: &shmem::Shared, used_ns: u64) -> Option<Ran> {
     let start = START.replace(None)?;
-    let wall_ns = pg::monotonic_ns().saturating_sub(start.at_ns);
-    if pg::thread_voluntary_switches() != start.blocks
+    let wall_ns = os::monotonic_ns().saturating_sub(start.at_ns);
+    if os::thread_voluntary_switches() != start.blocks
         || own_cpu(shared) != start.cpu
         || wall_ns < gucs::slice_ns() / 2
     {
@@ -119,7 +119,7 @@ pub fn publish(shared: &shmem::Shared, ran: Option<Ran>) {
         .store(ran.permille, Ordering::Relaxed);
     entry
         .slice_share_at_ns
-        .store(pg::monotonic_ns(), Ordering::Release);
+        .store(os::monotonic_ns(), Ordering::Release);
     // A swap may have moved this holder since `ends` read its CPU. The swapper withdraws
     // the share after the move (`moved`): with the fences, either it sees the share
     // stored above, or this sees the move.

@@ -7,7 +7,8 @@ use super::member::{take_yield_request, Member, COUNTDOWN, MEMBER, YIELD_FLAG};
 use super::placement::{dispatch_free_slots, follow_slot, hand_over};
 use super::priority::priority_range;
 use super::{pinning, prediction, slice_share};
-use crate::pg::{self, interrupts_can_be_processed, thread_cpu_ns};
+use crate::os::{self, thread_cpu_ns};
+use crate::pg::{self, interrupts_can_be_processed};
 use crate::{admission, gucs, numa, shmem};
 use pg_stride_sched::slice::Checkpoint;
 use pg_stride_sched::{GroupId, ProcId, QueryOptions, SchedShared, Turn};
@@ -171,7 +172,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
         shared.yield_requests.fetch_add(1, Ordering::Relaxed);
     }
     // Waiting from when the slot was given up (`since`), or from now.
-    let paused_at_ns = since.unwrap_or_else(pg::monotonic_ns);
+    let paused_at_ns = since.unwrap_or_else(os::monotonic_ns);
     MEMBER.with_borrow_mut(|m| {
         if let Some(m) = m.as_mut() {
             m.pause_begins(since.is_some());
@@ -210,7 +211,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
     // On the CPU it owns now (`restart_charging` below withdraws the last share).
     slice_share::starts(shared);
     count_check_in(shared);
-    let now = pg::monotonic_ns();
+    let now = os::monotonic_ns();
     // When the slot was handed over. A note older than this pause is a previous
     // hand-off's: the slot reached this process before the giver noted it (between
     // giving it in the scheduler and `hand_over`), or before the pause began, so it

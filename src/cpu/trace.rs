@@ -8,7 +8,7 @@
 //! touch it, and the simulator leaves it out the same way.
 
 use super::priority::priority_range;
-use crate::{gucs, pg, shmem};
+use crate::{gucs, os, shmem};
 use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::trace_ring::Missing;
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
@@ -33,13 +33,13 @@ impl Arrival {
     /// (the vDSO serves only the wall clocks), and with the short statements of OLTP it
     /// was half of what pg_stride cost per statement (bench/results/OVERHEAD_AB.md).
     pub fn now() -> Arrival {
-        let arrival_ns = pg::monotonic_ns();
+        let arrival_ns = os::monotonic_ns();
         let traced = enabled();
         Arrival {
             arrival_ns,
             admit_ns: arrival_ns,
-            cpu_ns: traced.then(pg::thread_cpu_ns),
-            run_delay_ns: traced.then(pg::thread_run_delay_ns),
+            cpu_ns: traced.then(os::thread_cpu_ns),
+            run_delay_ns: traced.then(os::thread_run_delay_ns),
         }
     }
 }
@@ -74,7 +74,7 @@ pub fn record_end(shared: &shmem::Shared, ended: &Ended, snapshot: &QuerySnapsho
     let record = TraceRecord {
         arrival_ns: ended.arrival.arrival_ns,
         admit_ns: ended.arrival.admit_ns,
-        finish_ns: pg::monotonic_ns(),
+        finish_ns: os::monotonic_ns(),
         cpu_ns: snapshot.cpu_ns,
         query_id: ended.query_id,
         group: snapshot.group.0,

@@ -30,6 +30,7 @@ mod gather_merge;
 mod identity;
 mod leader;
 mod lifecycle;
+mod messages;
 mod port;
 mod shared;
 mod stride_gather;

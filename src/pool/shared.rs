@@ -34,7 +34,7 @@ pub fn set_latch_of(procno: i32) {
 
 /// CLOCK_MONOTONIC in ms.
 pub fn now_ms() -> i64 {
-    (crate::pg::monotonic_ns() / 1_000_000) as i64
+    (crate::os::monotonic_ns() / 1_000_000) as i64
 }
 
 /// This process's PGPROC number, -1 before it has one.

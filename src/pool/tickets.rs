@@ -286,7 +286,7 @@ pub(super) unsafe fn post_tickets(
             slot.t_leader_procno
                 .store(shared::my_procno(), Ordering::Relaxed);
             slot.t_posted_ns
-                .store(crate::pg::monotonic_ns(), Ordering::Relaxed);
+                .store(crate::os::monotonic_ns(), Ordering::Relaxed);
             slot.leader_pid.store(pg_sys::MyProcPid, Ordering::Relaxed);
             if !slot.cas((g + 1, State::Reserved), (g + 1, State::Posted)) {
                 continue; // the worker exited meanwhile

@@ -9,7 +9,7 @@
 use super::ffi::*;
 use super::port::*;
 use super::shared::{self, pack, set_latch_of, Counter, Slot, State, MAX_TICKETS};
-use super::{identity, lifecycle};
+use super::{identity, lifecycle, messages};
 use crate::{cpu, gucs, shmem};
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
@@ -67,10 +67,6 @@ static mut OWN: Option<identity::Own> = None;
 /// Settings and placeholders this process had at its baseline (GetNumConfigOptions):
 /// a fragment whose leader's settings added a placeholder leaves it behind.
 static mut BASELINE_OPTIONS: c_int = 0;
-static mut SAVED_COMM: *const PQcommMethods = std::ptr::null();
-static mut SAVED_DEST: pg_sys::CommandDest::Type = pg_sys::CommandDest::DestNone;
-static mut MQ_HANDLE: *mut pg_sys::shm_mq_handle = std::ptr::null_mut();
-static mut MQ_BUSY: bool = false;
 /// When this worker last finished a fragment, or started (ms, CLOCK_MONOTONIC).
 static mut LAST_USED_MS: i64 = 0;
 
@@ -83,74 +79,6 @@ unsafe extern "C" fn on_sigint(signo: c_int) {
     // SAFETY: PostgreSQL's own handler, as pqsignal would have installed it.
     unsafe { StatementCancelHandler(signo) };
 }
-
-// ---- Our own PQcommMethods (docs/design.md §6 step 5): pqmq.c's, with a busy flag this
-// process resets at every fragment. ----
-
-unsafe extern "C-unwind" fn comm_reset() {}
-unsafe extern "C-unwind" fn comm_flush() -> c_int {
-    0
-}
-unsafe extern "C-unwind" fn comm_is_send_pending() -> bool {
-    false
-}
-unsafe extern "C-unwind" fn comm_putmessage(
-    msgtype: c_char,
-    s: *const c_char,
-    len: usize,
-) -> c_int {
-    // SAFETY: process-local statics; shm_mq calls on the handle this fragment attached.
-    // A longjmp out of check_for_interrupts leaves MQ_BUSY set, which the next message
-    // of the fragment treats as pqmq.c does, and the next fragment resets.
-    unsafe {
-        if MQ_BUSY {
-            if !MQ_HANDLE.is_null() {
-                shm_mq_detach(MQ_HANDLE);
-            }
-            MQ_HANDLE = std::ptr::null_mut();
-            return -1;
-        }
-        if MQ_HANDLE.is_null() {
-            return 0;
-        }
-        MQ_BUSY = true;
-        let mut kind = msgtype;
-        let mut iov = [
-            pg_sys::shm_mq_iovec {
-                data: &raw mut kind,
-                len: 1,
-            },
-            pg_sys::shm_mq_iovec { data: s, len },
-        ];
-        let result = loop {
-            let r = shm_mq_sendv(MQ_HANDLE, iov.as_mut_ptr(), 2, true, true);
-            if r != pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK {
-                break r;
-            }
-            wait_latch(None, wait_event::MQ_PUT_MESSAGE);
-            check_for_interrupts();
-        };
-        MQ_BUSY = false;
-        if result == pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
-            0
-        } else {
-            -1
-        }
-    }
-}
-unsafe extern "C-unwind" fn comm_putmessage_noblock(msgtype: c_char, s: *const c_char, len: usize) {
-    // SAFETY: as comm_putmessage.
-    unsafe { comm_putmessage(msgtype, s, len) };
-}
-
-static POOL_COMM: PQcommMethods = PQcommMethods {
-    comm_reset: Some(comm_reset),
-    flush: Some(comm_flush),
-    flush_if_writable: Some(comm_flush),
-    is_send_pending: Some(comm_is_send_pending),
-    putmessage: Some(comm_putmessage),
-    putmessage_noblock: Some(comm_putmessage_noblock),
-};
 
 /// The worker's on_shmem_exit callback: it runs after ShutdownPostgres (transaction
 /// aborted, locks released) and after the DSM segments are detached, before ProcKill
@@ -358,7 +286,7 @@ unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64) {
         FRAG.gen = gen;
         FRAG.leader_procno = slot.t_leader_procno.load(Ordering::Relaxed);
         FRAG.sigints = SIGINT_SEEN.load(Ordering::SeqCst);
-        FRAG.t_taken = crate::pg::monotonic_ns();
+        FRAG.t_taken = crate::os::monotonic_ns();
         pool.add(
             Counter::NsWake,
             FRAG.t_taken
@@ -366,7 +294,7 @@ unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64) {
         );
         let handle = slot.t_dsm.load(Ordering::Relaxed);
         let number = slot.t_worker_number.load(Ordering::Relaxed);
-        MQ_BUSY = false;
+        messages::reset();
         let prev_stack = pg_sys::PG_exception_stack;
         let prev_context_stack = pg_sys::error_context_stack;
         pg_sys::CurrentMemoryContext = FRAGMENT_CONTEXT;
@@ -451,11 +379,7 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
             .cast::<pg_sys::shm_mq>();
         shm_mq_set_sender(mq, pg_sys::MyProc);
         let mqh = shm_mq_attach(mq, seg, std::ptr::null_mut());
-        SAVED_COMM = PqCommMethods;
-        SAVED_DEST = pg_sys::whereToSendOutput;
-        MQ_HANDLE = mqh;
-        PqCommMethods = &raw const POOL_COMM;
-        pg_sys::whereToSendOutput = pg_sys::CommandDest::DestRemote;
+        messages::redirect_to(mqh);
         FRAG.redirected = true;
         set_parallel_leader(fps);
 
@@ -525,14 +449,14 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         FRAG.entered = true;
         slot.entered_gen.store(FRAG.gen, Ordering::SeqCst);
         pool.count(Counter::FragmentsEntered);
-        FRAG.t_entered = crate::pg::monotonic_ns();
+        FRAG.t_entered = crate::os::monotonic_ns();
         slot.last_setup_ns.store(
             FRAG.t_entered
                 .saturating_sub(slot.t_posted_ns.load(Ordering::Relaxed)),
             Ordering::Relaxed,
         );
         ParallelQueryMain(seg, toc);
-        FRAG.t_ran = crate::pg::monotonic_ns();
+        FRAG.t_ran = crate::os::monotonic_ns();
         ExitParallelMode();
         PopActiveSnapshot();
         FRAG.ok = true;
@@ -580,20 +504,16 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         }
         leave_cpu_scheduling(!FRAG.ok);
         if FRAG.ok {
-            if let Some(put) = (*PqCommMethods).putmessage {
-                put(b'X' as c_char, std::ptr::null(), 0);
-            }
+            messages::send_terminate();
             pool.count(Counter::FragmentsOk);
-            let now = crate::pg::monotonic_ns();
+            let now = crate::os::monotonic_ns();
             pool.add(Counter::NsRestore, FRAG.t_entered - FRAG.t_taken);
             pool.add(Counter::NsRun, FRAG.t_ran - FRAG.t_entered);
             pool.add(Counter::NsUntilX, now - FRAG.t_ran);
             FRAG.t_ran = now;
         }
         if FRAG.redirected {
-            PqCommMethods = SAVED_COMM;
-            pg_sys::whereToSendOutput = SAVED_DEST;
-            MQ_HANDLE = std::ptr::null_mut();
+            messages::restore();
         }
         if !FRAG.seg.is_null() {
             dsm_detach(FRAG.seg);
@@ -619,7 +539,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
                 .store(pack(gen, State::Restoring), Ordering::Release);
         }
         set_latch_of(FRAG.leader_procno);
-        let released = crate::pg::monotonic_ns();
+        let released = crate::os::monotonic_ns();
         if FRAG.ok {
             pool.add(Counter::NsUntilReleased, released - FRAG.t_ran);
         }
@@ -657,7 +577,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         pg_sys::CurrentMemoryContext = pg_sys::TopMemoryContext;
         MemoryContextReset(FRAGMENT_CONTEXT);
         if FRAG.ok {
-            pool.add(Counter::NsOwnRestore, crate::pg::monotonic_ns() - released);
+            pool.add(Counter::NsOwnRestore, crate::os::monotonic_ns() - released);
         }
         if FRAG.retire {
             pool.count(Counter::WorkersRetired);

@@ -142,7 +142,7 @@ fn trace_records() -> TableIterator<
     ),
 > {
     let shared = require_shared();
-    let offset_us = crate::pg::now_timestamp() - (crate::pg::monotonic_ns() / 1_000) as i64;
+    let offset_us = crate::pg::now_timestamp() - (crate::os::monotonic_ns() / 1_000) as i64;
     let mut records: Vec<_> = crate::cpu::read_window(shared, 0, 0)
         .records
         .into_iter()

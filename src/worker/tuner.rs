@@ -10,6 +10,7 @@
 //! The search is `pg_stride_sched::tuner`, the same code `pg_stride-sim tune` and the
 //! closed-loop simulations run.
 
+use crate::os;
 use crate::shmem::{self, RefreshRow};
 use crate::{cpu, gucs, pg};
 use pg_stride_sched::sim::{SimConfig, StartMode};
@@ -94,8 +95,8 @@ pub extern "C-unwind" fn pg_stride_tuner_main(_arg: pg_sys::Datum) {
 /// One round: a search when one is due, else a look for a shift.
 fn round(shared: &shmem::Shared, sched: &SchedShared, t: &mut Tracking) {
     let started = Instant::now();
-    let cpu_before = pg::thread_cpu_ns();
-    let now_ns = pg::monotonic_ns();
+    let cpu_before = os::thread_cpu_ns();
+    let now_ns = os::monotonic_ns();
     let start_ns = now_ns.saturating_sub(window().as_nanos() as u64);
     let read = cpu::read_window(shared, start_ns, t.next_ticket);
     t.lost += read.overwritten + read.dropped.saturating_sub(t.dropped);
@@ -139,7 +140,7 @@ fn round(shared: &shmem::Shared, sched: &SchedShared, t: &mut Tracking) {
         },
         lost: std::mem::take(&mut t.lost),
         elapsed_us: started.elapsed().as_micros() as u64,
-        cpu_us: pg::thread_cpu_ns().saturating_sub(cpu_before) / 1_000,
+        cpu_us: os::thread_cpu_ns().saturating_sub(cpu_before) / 1_000,
     });
 }
 
