@@ -29,15 +29,16 @@ import glob
 import os
 import shutil
 import subprocess
-import tempfile
+import sys
 import time
 
 from scheduling import write_report
 
-PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
+import pgserver  # noqa: E402
+from pgserver import AS_POSTGRES, PGBIN  # noqa: E402
+
 PORT = 5495
-AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = (("not loaded", ""),
             ("loaded", "shared_preload_libraries = 'pg_stride'\npg_stride.exempt_superuser = off\n"))
@@ -48,59 +49,44 @@ WORKLOADS = (("pgbench -S (one primary-key SELECT)", ["-S"], 1000, 5000),
 KEYS = {"select": WORKLOADS[0], "tpcb": WORKLOADS[1], "partitions": WORKLOADS[2]}
 
 
-def run(*args, **kw):
-    return subprocess.run(AS_POSTGRES + list(args), env=ENV, check=True, **kw)
+class Server(pgserver.Server):
+    """pylib/pgserver.py's server, started by hand (under valgrind or not) with each
+    variant's settings in variant.conf; valgrind's files go to `counts`."""
 
-
-class Server:
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="pg_stride_instructions_")
-        if AS_POSTGRES:
-            shutil.chown(self.dir, "postgres")
-        self.data = os.path.join(self.dir, "data")
+        super().__init__(PORT, prefix="pg_stride_instructions_")
         self.counts = os.path.join(self.dir, "counts")
         os.mkdir(self.counts)
         if AS_POSTGRES:
             shutil.chown(self.counts, "postgres")
-        run(f"{PGBIN}/initdb", "-D", self.data, "-U", "postgres", "--auth=trust", stdout=subprocess.DEVNULL)
-        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
-            f.write(f"listen_addresses = ''\nunix_socket_directories = '{self.dir}'\nport = {PORT}\n"
-                    "jit = off\nautovacuum = off\nsynchronous_commit = off\n"
-                    "include_if_exists = 'variant.conf'\n")
+        self.initdb("jit = off\nautovacuum = off\nsynchronous_commit = off\ninclude_if_exists = 'variant.conf'\n")
         self.process = None
 
     def start(self, settings, valgrind, tool="cachegrind"):
-        path = os.path.join(self.data, "variant.conf")
-        with open(path, "w") as f:
-            f.write(settings)
-        if AS_POSTGRES:
-            shutil.chown(path, "postgres")
+        self.script(os.path.join("data", "variant.conf"), settings)
         for old in glob.glob(os.path.join(self.counts, "*")):
             os.remove(old)
         options = ["--cache-sim=no"] if tool == "cachegrind" else []
         tool = ["valgrind", f"--tool={tool}", *options, "--trace-children=yes",
                 f"--{tool}-out-file={self.counts}/%p"] if valgrind else []
-        self.process = subprocess.Popen(AS_POSTGRES + tool + [f"{PGBIN}/postgres", "-D", self.data], env=ENV,
+        self.process = subprocess.Popen(AS_POSTGRES + tool + [f"{PGBIN}/postgres", "-D", self.data], env=self.env,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(120):
-            if subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_isready", "-q", "-h", self.dir, "-p", str(PORT)],
-                              env=ENV).returncode == 0:
+            if self.run(f"{PGBIN}/pg_isready", "-q", "-h", self.dir, "-p", str(self.port)).returncode == 0:
                 return
             time.sleep(0.5)
         raise RuntimeError("the server did not start")
 
     def stop(self):
-        run(f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop", stdout=subprocess.DEVNULL)
+        """Stops the server for the next variant (stop_server removes it)."""
+        self.pg_ctl("-m", "fast", "-w", "stop", check=True, stdout=subprocess.DEVNULL)
         self.process.wait()
-
-    def psql(self, sql):
-        run(f"{PGBIN}/psql", "-X", "-q", "-h", self.dir, "-p", str(PORT), "-U", "postgres", "-d", "postgres",
-            "-v", "ON_ERROR_STOP=1", "-c", sql, stdout=subprocess.DEVNULL)
 
     def pgbench(self, *args, **kw):
         args = [os.path.join(self.dir, a) if a == PARTITIONS_SCRIPT else a for a in args]
-        return run(f"{PGBIN}/pgbench", "-n", "-c", "1", "-M", "prepared", "-h", self.dir, "-p", str(PORT),
-                   "-U", "r_plain", *args, "postgres", stderr=subprocess.DEVNULL, **kw)
+        return self.run(f"{PGBIN}/pgbench", "-n", "-c", "1", "-M", "prepared", "-h", self.dir,
+                        "-p", str(self.port), "-U", "r_plain", *args, "postgres",
+                        check=True, stderr=subprocess.DEVNULL, **kw)
 
     def busiest_backend(self):
         """Instructions of the process that executed the most (the pgbench backend), and
@@ -212,21 +198,17 @@ def prepare(s):
     """pgbench's tables at scale 1, the 500-partition table, the ordinary role and the
     partitions script, in a fresh data directory."""
     s.start("", valgrind=False)
-    run(f"{PGBIN}/pgbench", "-i", "-s", "1", "-q", "-h", s.dir, "-p", str(PORT), "-U", "postgres", "postgres",
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    s.psql("CREATE TABLE parts (id int, v int) PARTITION BY RANGE (id); "
-           "DO $$ BEGIN FOR i IN 0..499 LOOP EXECUTE format("
-           "'CREATE TABLE parts_%s PARTITION OF parts FOR VALUES FROM (%s) TO (%s)', "
-           "i, i * 200, (i + 1) * 200); END LOOP; END $$")
-    s.psql("INSERT INTO parts SELECT g, g % 7 FROM generate_series(0, 99999) g")
-    s.psql("VACUUM ANALYZE parts")
-    s.psql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain; "
-           "ALTER ROLE r_plain SET max_parallel_workers_per_gather = 0")
-    script = os.path.join(s.dir, PARTITIONS_SCRIPT)
-    with open(script, "w") as f:
-        f.write("SELECT count(*) FROM parts WHERE v >= 0;\n")
-    if AS_POSTGRES:
-        shutil.chown(script, "postgres")
+    s.run(f"{PGBIN}/pgbench", "-i", "-s", "1", "-q", "-h", s.dir, "-p", str(s.port), "-U", "postgres", "postgres",
+          check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    s.sql("CREATE TABLE parts (id int, v int) PARTITION BY RANGE (id); "
+          "DO $$ BEGIN FOR i IN 0..499 LOOP EXECUTE format("
+          "'CREATE TABLE parts_%s PARTITION OF parts FOR VALUES FROM (%s) TO (%s)', "
+          "i, i * 200, (i + 1) * 200); END LOOP; END $$")
+    s.sql("INSERT INTO parts SELECT g, g % 7 FROM generate_series(0, 99999) g")
+    s.sql("VACUUM ANALYZE parts")
+    s.sql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain; "
+          "ALTER ROLE r_plain SET max_parallel_workers_per_gather = 0")
+    s.script(PARTITIONS_SCRIPT, "SELECT count(*) FROM parts WHERE v >= 0;\n")
     s.stop()
 
 
@@ -234,8 +216,7 @@ def stop_server(s):
     """Stops the server if it still runs (after a failure) and removes its directory."""
     if s.process and s.process.poll() is None:
         # The process is runuser (as root): stop the server itself.
-        subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", s.data, "-m", "immediate", "stop"],
-                       env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        s.pg_ctl("-m", "immediate", "stop", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         s.process.kill()
     shutil.rmtree(s.dir, ignore_errors=True)
 

@@ -61,7 +61,7 @@ T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 
 def prepare(server):
     server.restart(STOCK)
     server.run(f"{PGBIN}/pgbench", "-i", "-s", "10", "-q", "-h", server.dir, "-p", str(server.port),
-               "-U", "postgres", "postgres")
+               "-U", "postgres", "postgres", check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server.sql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain")
     server.sql("VACUUM ANALYZE")
 

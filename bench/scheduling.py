@@ -22,17 +22,16 @@ Usage: bench/scheduling.py [--quick] [--only short,shares,overhead]
 """
 
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
+import pgserver  # noqa: E402
+from pgserver import AS_POSTGRES, ENV, PGBIN  # noqa: E402
+
 PORT = 5496
-AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
 QUICK = "--quick" in sys.argv
 ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,52 +41,20 @@ SHORT = ("\\set lo random(1, 4900000)\n"
          "SELECT count(*) FROM big WHERE id BETWEEN :lo AND :lo + 20000 AND md5(v::text) LIKE 'a%';\n")
 
 
-class Server:
-    def __init__(self, port=PORT):
-        self.port = port
-        self.dir = tempfile.mkdtemp(prefix="pg_stride_sched_bench_")
-        if AS_POSTGRES:
-            shutil.chown(self.dir, "postgres")
-        self.data = os.path.join(self.dir, "data")
-        self.run(f"{PGBIN}/initdb", "-D", self.data, "-U", "postgres", "--auth=trust")
-        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
-            f.write(f"listen_addresses = ''\nunix_socket_directories = '{self.dir}'\nport = {port}\n"
-                    "shared_buffers = '1GB'\nmax_connections = 100\njit = off\n"
-                    "synchronous_commit = off\nautovacuum = off\ninclude_if_exists = 'variant.conf'\n")
+class Server(pgserver.Server):
+    """pylib/pgserver.py's server, restarted with each variant's settings in
+    variant.conf."""
 
-    def run(self, *args, capture=False):
-        out = subprocess.run(AS_POSTGRES + list(args), env=ENV, check=True, text=True,
-                             stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-                             stderr=subprocess.PIPE if capture else subprocess.DEVNULL)
-        return out.stdout if capture else None
+    def __init__(self, port=PORT):
+        super().__init__(port, prefix="pg_stride_sched_bench_")
+        self.initdb("shared_buffers = '1GB'\nmax_connections = 100\njit = off\n"
+                    "synchronous_commit = off\nautovacuum = off\ninclude_if_exists = 'variant.conf'\n")
 
     def restart(self, settings):
         if os.path.exists(os.path.join(self.data, "postmaster.pid")):
-            self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
-        path = os.path.join(self.data, "variant.conf")
-        with open(path, "w") as f:
-            f.write("\n".join(settings) + "\n")
-        if AS_POSTGRES:
-            shutil.chown(path, "postgres")
-        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start")
-
-    def stop(self):
-        subprocess.run(AS_POSTGRES + [f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
-                       env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def sql(self, sql):
-        return self.run(f"{PGBIN}/psql", "-X", "-A", "-t", "-q", "-h", self.dir, "-p", str(self.port),
-                        "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", sql,
-                        capture=True).strip()
-
-    def script(self, name, text):
-        path = os.path.join(self.dir, name)
-        with open(path, "w") as f:
-            f.write(text)
-        if AS_POSTGRES:
-            shutil.chown(path, "postgres")
-        return path
+            self.pg_ctl("-m", "fast", "-w", "stop", check=True, stdout=subprocess.DEVNULL)
+        self.script(os.path.join("data", "variant.conf"), "\n".join(settings) + "\n")
+        self.start()
 
     def children_cpu_s(self):
         """CPU seconds of the server's ended processes (the postmaster's cutime + cstime)."""
@@ -224,7 +191,8 @@ def main():
             s.sql("CREATE TABLE big (id int PRIMARY KEY, v int); "
                   "INSERT INTO big SELECT g, g FROM generate_series(1, 5000000) g")
             s.sql("VACUUM ANALYZE big")
-        s.run(f"{PGBIN}/pgbench", "-i", "-s", "10", "-q", "-h", s.dir, "-p", str(PORT), "-U", "postgres", "postgres")
+        s.run(f"{PGBIN}/pgbench", "-i", "-s", "10", "-q", "-h", s.dir, "-p", str(PORT), "-U", "postgres", "postgres",
+              check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         s.sql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain")
 
         if ONLY is None or "short" in ONLY:

@@ -17,47 +17,36 @@ then "concurrency: N passed, N failed". Run as root, the server runs as postgres
 
 import os
 import select
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
-# The PostgreSQL under test, as scripts/pg-env exports it (default: Debian's 15).
-PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
+import pgserver  # noqa: E402
+from pgserver import AS_POSTGRES, PGBIN  # noqa: E402
+
 PGXS_TEST = os.environ.get("PGXS_TEST") or os.path.join(os.path.dirname(PGBIN), "lib", "pgxs", "src", "test")
 PG_SOURCE = os.environ.get("PG_SOURCE", "")
 PORT = int(os.environ.get("CONCURRENCY_PORT", "5497"))
-AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 ROLE = "regress_stride_user"
 
 # The servers run with Rust backtraces enabled: pg_stride's errors must look the same
 # whatever the environment (a check below looks for backtraces in error messages).
-ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUST_")}
-ENV["RUST_BACKTRACE"] = "1"
+ENV = dict(pgserver.ENV, RUST_BACKTRACE="1")
 
 
-class Server:
+class Server(pgserver.Server):
+    """pylib/pgserver.py's server with pg_stride preloaded, `extra_conf` appended to
+    its postgresql.conf when it starts."""
+
+    env = ENV
+
     def __init__(self, port=PORT, extra_conf=""):
-        self.port = port
+        super().__init__(port, prefix="pg_stride_concurrency_")
         self.extra_conf = extra_conf
-        self.dir = tempfile.mkdtemp(prefix="pg_stride_concurrency_")
-        if AS_POSTGRES:
-            shutil.chown(self.dir, "postgres")
-        self.data = os.path.join(self.dir, "data")
-
-    def run(self, *args, **kw):
-        return subprocess.run(AS_POSTGRES + list(args), env=ENV, **kw)
 
     def start(self):
-        self.run(f"{PGBIN}/initdb", "-D", self.data, "-U", "postgres", "--auth=trust",
-                 check=True, stdout=subprocess.DEVNULL)
-        with open(os.path.join(self.data, "postgresql.conf"), "a") as conf:
-            conf.write(f"""
-listen_addresses = ''
-unix_socket_directories = '{self.dir}'
-port = {self.port}
-max_connections = 100
+        self.initdb(f"""max_connections = 100
 shared_preload_libraries = 'pg_stride'
 pg_stride.max_active_queries = 100
 # The checks watch statements' own scheduling through pg_stride's views, which
@@ -66,25 +55,7 @@ pg_stride.max_active_queries = 100
 pg_stride.bypass_monitoring = off
 {self.extra_conf}
 """)
-        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"),
-                 "-w", "start", check=True, stdout=subprocess.DEVNULL)
-
-    def stop(self):
-        self.run(f"{PGBIN}/pg_ctl", "-D", self.data, "-m", "immediate", "stop",
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def psql_args(self, sql, user="postgres"):
-        return AS_POSTGRES + [f"{PGBIN}/psql", "-X", "-q", "-A", "-t", "-h", self.dir,
-                              "-p", str(self.port), "-U", user, "-d", "postgres",
-                              "-v", "ON_ERROR_STOP=1", "-c", sql]
-
-    def sql(self, sql, user="postgres"):
-        """Runs SQL (as the superuser, exempt from admission) and returns its output."""
-        out = subprocess.run(self.psql_args(sql, user), env=ENV, capture_output=True, text=True)
-        if out.returncode != 0:
-            raise RuntimeError(f"{sql!r} failed: {out.stderr.strip()}")
-        return out.stdout.strip()
+        super().start()
 
     def client(self, group, sql, settings=""):
         """Starts, in the background, a session of an ordinary role in `group`, after
@@ -92,16 +63,6 @@ pg_stride.bypass_monitoring = off
         script = f"SET pg_stride.resource_group = '{group}'; {settings} SET ROLE {ROLE}; {sql}"
         return subprocess.Popen(self.psql_args(script), env=ENV, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-    def wait_until(self, sql, expected, timeout=10.0):
-        """Polls `sql` until it returns `expected`; fails the check if it never does."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = self.sql(sql)
-            if value == expected:
-                return value
-            assert time.monotonic() < deadline, f"{sql!r} gave {value!r}, not {expected!r}, for {timeout} s"
-            time.sleep(0.02)
 
     def force_parallel_guc(self):
         """force_parallel_mode, called debug_parallel_query from PostgreSQL 16 on."""
@@ -218,8 +179,7 @@ class Session:
     """A psql session that stays connected between statements, reading from a pipe."""
 
     def __init__(self, s, user="postgres"):
-        args = s.psql_args("", user)
-        args = args[:args.index("-c")]
+        args = s.psql_args(None, user)
         # psql buffers its output when it goes to a pipe; line-buffered, each result
         # arrives as soon as its statement ends.
         args.insert(len(AS_POSTGRES), "stdbuf")
@@ -294,11 +254,7 @@ def an_idle_session_keeps_no_statement_waiting(s):
 
 @check
 def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
-    script = os.path.join(s.dir, "four.sql")
-    with open(script, "w") as f:
-        f.write("SELECT count(*) FROM generate_series(1, 20000);\n")
-    if AS_POSTGRES:
-        shutil.chown(script, "postgres")
+    script = s.script("four.sql", "SELECT count(*) FROM generate_series(1, 20000);\n")
     bench = subprocess.Popen(
         AS_POSTGRES + [f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(s.port), "-U", "regress_four",
                        "-c", "64", "-j", "4", "-T", "6", "-f", script, "postgres"],

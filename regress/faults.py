@@ -58,21 +58,13 @@ log_line_prefix = '%m [%p] %b: '
 
 
 class FaultServer(concurrency.Server):
-    """concurrency.py's Server with SETTINGS appended to postgresql.conf before start."""
+    """concurrency.py's Server with SETTINGS in postgresql.conf."""
 
-    def run(self, *args, **kw):
-        if args and args[0].endswith("/pg_ctl") and "start" in args and not getattr(self, "configured", False):
-            with open(os.path.join(self.data, "postgresql.conf"), "a") as conf:
-                conf.write(SETTINGS)
-            self.configured = True
-        return super().run(*args, **kw)
-
-    @property
-    def log(self):
-        return os.path.join(self.dir, "log")
+    def __init__(self):
+        super().__init__(extra_conf=SETTINGS)
 
     def log_since(self, offset):
-        with open(self.log, errors="replace") as f:
+        with open(self.logfile, errors="replace") as f:
             f.seek(offset)
             return f.read()
 
@@ -81,14 +73,6 @@ class FaultServer(concurrency.Server):
             return self.sql(sql)
         except RuntimeError:
             return None
-
-    def script(self, name, text):
-        path = os.path.join(self.dir, name)
-        with open(path, "w") as f:
-            f.write(text)
-        if AS_POSTGRES:
-            shutil.chown(path, "postgres")
-        return path
 
     def pgbench(self, user, *args, options=""):
         env = dict(ENV, PGOPTIONS=options) if options else ENV
@@ -209,7 +193,7 @@ def kill_under_load(s, find_victim, what):
     try:
         s.wait_until("SELECT paused > 0 FROM pg_stride.scheduler", "t", timeout=60)
         pid = poll(f"a {what} to kill", lambda: s.try_sql(find_victim), 60)
-        offset = os.path.getsize(s.log)
+        offset = os.path.getsize(s.logfile)
         os.kill(int(pid), signal.SIGKILL)
         log = wait_for_crash_restart(s, offset)
     finally:
@@ -291,7 +275,7 @@ def sigterm_of_the_scheduler_worker_restarts_it_alone(s):
     # Catches: the worker not restarted after an ordinary exit (its restart time is
     # 5 s), a crash restart caused by its exit, or state left behind while it was gone.
     old = s.sql("SELECT scheduler_pid FROM pg_stride.scheduler")
-    offset = os.path.getsize(s.log)
+    offset = os.path.getsize(s.logfile)
     load = start_load(s)
     try:
         s.wait_until("SELECT paused > 0 FROM pg_stride.scheduler", "t", timeout=60)
@@ -498,13 +482,13 @@ def main():
                 if server.try_sql("SELECT string_agg(backend_type, ',' ORDER BY backend_type) FROM pg_stat_activity "
                                   "WHERE backend_type LIKE 'pg_stride %'") != WORKERS:
                     print("    (a pg_stride worker is missing: restarting the server for the next checks)")
-                    server.run(f"{PGBIN}/pg_ctl", "-D", server.data, "-l", server.log, "-w", "-m", "fast",
+                    server.run(f"{PGBIN}/pg_ctl", "-D", server.data, "-l", server.logfile, "-w", "-m", "fast",
                                "restart", stdout=subprocess.DEVNULL)
     finally:
         if failed:
             keep = os.path.join(os.path.dirname(HERE), "tmp", "faults.log")
             os.makedirs(os.path.dirname(keep), exist_ok=True)
-            shutil.copy(server.log, keep)
+            shutil.copy(server.logfile, keep)
             print(f"faults: the server log is in {keep}")
         server.stop()
     print(f"faults: {passed} passed, {failed} failed")

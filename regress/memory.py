@@ -111,7 +111,7 @@ def run_clients(s, n, rounds, sql=HEAVY):
         os.remove(go)
     # Each client connects, waits for the file, then runs its rounds.
     script = "\\! while [ ! -e " + go + " ]; do sleep 0.01; done\n" + f"{sql};\n" * rounds
-    clients = [subprocess.Popen(s.psql_args("", user=APP)[:-2], env=ENV, text=True,
+    clients = [subprocess.Popen(s.psql_args(None, user=APP), env=ENV, text=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE) for _ in range(n)]
     for c in clients:

@@ -19,7 +19,6 @@ Prints one line per check, then "pool_limits: N passed, N failed".
 
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -39,12 +38,8 @@ class EnvServer(concurrency.Server):
         super().__init__(port=port, extra_conf=extra_conf)
         self.env = dict(ENV, **(env or {}))
 
-    def run(self, *args, **kw):
-        kw.setdefault("env", self.env)
-        return subprocess.run(AS_POSTGRES + list(args), **kw)
-
     def log(self):
-        with open(os.path.join(self.dir, "log")) as f:
+        with open(self.logfile) as f:
             return f.read()
 
 
@@ -141,11 +136,7 @@ max_parallel_workers = 8
 
         def one_client_gets_its_workers():
             concurrency.set_server(s, "pg_stride.cpu_slots", 2)
-            script = os.path.join(s.dir, "small.sql")
-            with open(script, "w") as f:
-                f.write(FORCE.replace("; ", ";\n") + "SELECT count(*) FROM t;\n")
-            if AS_POSTGRES:
-                os.chmod(script, 0o644)
+            script = s.script("small.sql", FORCE.replace("; ", ";\n") + "SELECT count(*) FROM t;\n")
             in_database(s, "postgres", FORCE + "SELECT count(*) FROM t")
             before = counters(s)
             out = s.run(f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(s.port), "-U", APP,

@@ -34,6 +34,9 @@ GROUP = "watched"
 # A hash join of a million rows with itself (`+ 0`: PostgreSQL 18 would remove a join
 # of a table with itself on its primary key).
 LONG = "SELECT count(*) FROM rules_big a JOIN rules_big b ON b.id = a.id + 0 WHERE a.v >= 0"
+# LONG uses about 0.3-0.6 s of CPU, depending on the machine, part of it building the
+# hash table, where no yield point is: the cpu_time rules of the checks stop at 100 ms,
+# so that a fast machine still reaches a yield point beyond them.
 # About twice LONG's work, for the race of a_move_rule_gives_the_statement_its_new_groups_weight.
 RACE = ("SELECT count(*) FROM rules_big a JOIN rules_big b ON b.id = a.id + 0 "
         "JOIN rules_big c ON c.id = b.id + 0 WHERE a.v >= 0")
@@ -60,25 +63,25 @@ def now(s):
 
 
 def log_text(s):
-    with open(os.path.join(s.dir, "log")) as f:
+    with open(s.logfile) as f:
         return f.read()
 
 
 @check
 def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
-    set_rules(s, "cpu_time > 300ms: cancel")
+    set_rules(s, "cpu_time > 100ms: cancel")
     since = now(s)
     other = s.client_as(OTHER, LONG)
     started = time.monotonic()
     rc, out, err = finish(s.client_as(APP, LONG), timeout=60)
     took = time.monotonic() - started
-    assert rc != 0 and 'canceling statement due to rule "cpu_time > 300ms: cancel" of resource group "watched"' in err, (rc, out, err)
+    assert rc != 0 and 'canceling statement due to rule "cpu_time > 100ms: cancel" of resource group "watched"' in err, (rc, out, err)
     assert took < 5, f"cancelled after {took:.1f} s"
     rc, out, err = finish(other, timeout=120)
     assert rc == 0 and out == "1000000", (rc, out, err)
     h = hits(s, since)
-    assert len(h) == 1 and h[0][:3] == ["cpu_time > 300ms: cancel", "cancel", "false"], h
-    assert f"process {h[0][3]} in resource group \"watched\" met rule \"cpu_time > 300ms: cancel\"" in log_text(s)
+    assert len(h) == 1 and h[0][:3] == ["cpu_time > 100ms: cancel", "cancel", "false"], h
+    assert f"process {h[0][3]} in resource group \"watched\" met rule \"cpu_time > 100ms: cancel\"" in log_text(s)
     assert s.sql(f"SELECT rule_hits_total FROM pg_stride.groups WHERE name = '{GROUP}'") == "1"
     # The query id, as pg_stat_statements shows it: to the statement's role and to a
     # reader of all statistics, not to another ordinary role.
@@ -91,7 +94,7 @@ def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
 
 @check
 def a_dry_run_only_records_what_would_happen(s):
-    set_rules(s, "cpu_time > 300ms: cancel", dry_run=True)
+    set_rules(s, "cpu_time > 100ms: cancel", dry_run=True)
     since = now(s)
     rc, out, err = finish(s.client_as(APP, LONG), timeout=120)
     assert rc == 0 and out == "1000000", (rc, out, err)

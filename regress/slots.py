@@ -545,7 +545,7 @@ def restart(server, sys_nice):
     pg_ctl = f"{concurrency.PGBIN}/pg_ctl"
     server.run(pg_ctl, "-D", server.data, "-m", "fast", "-w", "stop", check=True,
                stdout=subprocess.DEVNULL)
-    start = [pg_ctl, "-D", server.data, "-l", os.path.join(server.dir, "log"), "-w", "start"]
+    start = [pg_ctl, "-D", server.data, "-l", server.logfile, "-w", "start"]
     if sys_nice:
         subprocess.run(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups",
                         "--inh-caps=+sys_nice", "--ambient-caps=+sys_nice", "--", *start],

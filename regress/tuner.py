@@ -14,7 +14,6 @@ Starts its own temporary server and prints one line per check, then
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -48,14 +47,8 @@ def reload(s, **settings):
 
 def pgbench(s, seconds, clients=4):
     """Runs the short/long mix; returns transactions per second."""
-    scripts = []
-    for name, table in [("short", "s"), ("long", "b")]:
-        path = os.path.join(s.dir, f"{name}.sql")
-        with open(path, "w") as f:
-            f.write(f"SELECT count(*) FROM {table};\n")
-        if AS_POSTGRES:
-            shutil.chown(path, "postgres")
-        scripts.append(path)
+    scripts = [s.script(f"{name}.sql", f"SELECT count(*) FROM {table};\n")
+               for name, table in [("short", "s"), ("long", "b")]]
     out = subprocess.run(
         AS_POSTGRES + [f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(s.port), "-U", "postgres",
                        "-c", str(clients), "-j", str(clients), "-T", str(seconds),
