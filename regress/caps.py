@@ -21,7 +21,8 @@ a heavyweight lock.
   statement waits on a lock the cursor's transaction holds (a cycle: it comes back at
   once, counted);
 - a COPY whose admission was lent while its client did not read comes back at its next
-  yield point, through the queue.
+  yield point, through the queue; the same COPY without yield points (its transaction
+  wrote) keeps its admission while its client does not read.
 
 Prints one line per check, then "caps: N passed, N failed".
 """
@@ -266,6 +267,41 @@ def a_statement_lent_while_its_client_does_not_read_comes_back_at_a_yield_point(
         copy.kill()
     print(f"       the COPY ended {took:.2f} s after its client read again")
     assert took > 1.2, f"the COPY came back beyond the limit ({took:.2f} s)"
+
+
+@check
+def a_statement_without_yield_points_keeps_its_admission_while_its_client_does_not_read(s):
+    # The same COPY in a transaction that wrote has no yield points (rule 2): lent while
+    # it waits to write, it would go on beyond the limit up to its end once its client
+    # reads again. It keeps its admission, and the group's next statement waits for it.
+    copy = subprocess.Popen(s.psql_args("BEGIN; UPDATE caps_rows SET n = n + 1 WHERE id = 2; "
+                                        "COPY (SELECT id FROM caps_big) TO STDOUT; COMMIT", user=APP),
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    other = None
+    try:
+        blocked = f"SELECT pid FROM pg_stat_activity WHERE usename = '{APP}' AND wait_event = 'ClientWrite'"
+        deadline = time.monotonic() + 10
+        while not (pid := s.sql(blocked)):
+            assert time.monotonic() < deadline, "the COPY never waited for its client"
+            time.sleep(0.05)
+        # The watchdog looks every 20 ms and lends at the second look.
+        time.sleep(0.5)
+        other = app_client(s, "SELECT 'ran'")
+        s.wait_until(f"SELECT state FROM pg_stride.activity WHERE usename = '{APP}' "
+                     "AND query = 'SELECT ''ran'''", "queued")
+        time.sleep(0.5)
+        assert s.sql(f"SELECT admission_lent FROM pg_stride.activity WHERE pid = {pid}") == "f"
+        assert other.poll() is None, finish(other)
+        drained = threading.Thread(target=copy.stdout.read)
+        drained.start()
+        assert copy.wait(timeout=30) == 0, copy.stderr.read()
+        drained.join(timeout=20)
+        rc, out, err = finish(other)
+        assert rc == 0 and out == "ran", (rc, out, err)
+    finally:
+        copy.kill()
+        if other is not None:
+            other.kill()
 
 
 def setup(s):

@@ -18,10 +18,11 @@
 //! room; the limits are crossed only by [`force_admit`] and by lending a lock wait that
 //! only a client can end, both counted per group.
 
-use crate::gucs;
+use crate::gucs::Setting;
 use crate::pg::{self, set_latch as wake};
 use crate::shmem::{self, Group, ProcEntry};
 use pg_stride_sched::admission::{Arrival, Reclaim};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
@@ -59,7 +60,7 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize, need_kb: u
     }
     let bounds = Bounds {
         group: settings.max_queued.unwrap_or(0).max(0) as u32,
-        server: gucs::MAX_QUEUED.get().max(0) as u32,
+        server: MAX_QUEUED.get().max(0) as u32,
     };
     match arrive(shared, procno, group, need_kb, Some(bounds)) {
         Arrived::Admitted => admitted_at_once(entry),
@@ -190,7 +191,7 @@ fn wait_in_queue(
     count: bool,
 ) {
     let settings = shared.groups.settings_of(group).unwrap_or_default();
-    let timeout_ms = settings.queue_timeout_ms(gucs::QUEUE_TIMEOUT_MS.get());
+    let timeout_ms = settings.queue_timeout_ms(QUEUE_TIMEOUT_MS.get());
     let started = Instant::now();
     let since = if count {
         pg::statement_start_timestamp()
@@ -531,4 +532,69 @@ pub fn take_back(shared: &shmem::Shared) {
     if entry.lease.returned(&shared.admission) {
         dispatch(shared);
     }
+}
+
+// ---- Admission's settings ----
+
+static MAX_ACTIVE_QUERIES: Setting<i32> = Setting::new(GucSetting::<i32>::new(128));
+static QUEUE_TIMEOUT_MS: Setting<i32> = Setting::new(GucSetting::<i32>::new(0));
+/// `pg_stride.max_queued`: statements waiting for admission at once, server-wide (0 =
+/// no bound).
+static MAX_QUEUED: Setting<i32> = Setting::new(GucSetting::<i32>::new(0));
+/// `pg_stride.memory_budget`: working memory admitted statements may reserve at once,
+/// kB (0 = no budget; `pg_stride_sched::memory`).
+static MEMORY_BUDGET_KB: Setting<i32> = Setting::new(GucSetting::<i32>::new(0));
+
+/// `pg_stride.max_active_queries`: admitted top-level statements at once, server-wide.
+pub fn max_active_queries() -> u32 {
+    MAX_ACTIVE_QUERIES.get().max(1) as u32
+}
+
+/// `pg_stride.memory_budget` in kB; 0 sets no budget.
+pub fn memory_budget_kb() -> u64 {
+    MEMORY_BUDGET_KB.get().max(0) as u64
+}
+
+/// Registers admission's settings. Called once, from `_PG_init`.
+pub fn register_settings() {
+    GucRegistry::define_int_guc(
+        c"pg_stride.max_active_queries",
+        c"Maximum number of admitted top-level statements; further ones wait.",
+        c"",
+        MAX_ACTIVE_QUERIES.inner(),
+        1,
+        pgrx::pg_sys::MAX_BACKENDS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.queue_timeout",
+        c"Longest time a statement waits for admission; 0 waits as long as it takes.",
+        c"A statement still queued then fails with SQLSTATE 53000.",
+        QUEUE_TIMEOUT_MS.inner(),
+        0,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.max_queued",
+        c"Most statements waiting for admission at once, server-wide; 0 sets no bound.",
+        c"A statement that would wait beyond it fails at once with SQLSTATE 53000.",
+        MAX_QUEUED.inner(),
+        0,
+        262_143,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.memory_budget",
+        c"Working memory that admitted statements may reserve at once, server-wide; 0 sets no budget.",
+        c"A statement reserves work_mem for each sort, hash (times hash_mem_multiplier) and tuple store of its plan, in each process that runs it; one that does not fit waits for admission.",
+        MEMORY_BUDGET_KB.inner(),
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
+    );
 }

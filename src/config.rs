@@ -2,7 +2,7 @@
 //! admission and CPU scheduling together.
 
 use crate::shmem::{self, Group};
-use crate::{admission, cpu, groups, gucs, pg};
+use crate::{admission, cpu, groups, pg};
 
 /// Brings admission and CPU scheduling in line with the directory's groups and the
 /// GUCs (after a reload of either) and admits whoever the new limits let in.
@@ -12,8 +12,8 @@ pub fn apply(shared: &shmem::Shared) {
     admission::configure(
         shared,
         &groups,
-        gucs::MAX_ACTIVE_QUERIES.get() as u32,
-        gucs::MEMORY_BUDGET_KB.get().max(0) as u64,
+        admission::max_active_queries(),
+        admission::memory_budget_kb(),
         |slot, group| {
             if let Some(sched) = sched {
                 cpu::configure_group(sched, slot, &group.settings);

@@ -39,7 +39,9 @@
 //! with saturating arithmetic, so that no hook can panic over it.
 
 use crate::backend_local::BackendLocal;
+use crate::gucs::Setting;
 use crate::{groups, gucs, pg, plan_tree, pool, shmem, statements};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -515,13 +517,28 @@ unsafe extern "C-unwind" fn forget_relation_schemas(
     RELATION_SCHEMAS.try_with_borrow_mut(|c| *c = RelationSchemas::EMPTY);
 }
 
+/// `pg_stride.bypass_monitoring`: monitoring queries are never queued nor paused.
+static BYPASS_MONITORING: Setting<bool> = Setting::new(GucSetting::<bool>::new(true));
+
+/// Registers `pg_stride.bypass_monitoring`. Called once, from `_PG_init`.
+pub fn register_settings() {
+    GucRegistry::define_bool_guc(
+        c"pg_stride.bypass_monitoring",
+        c"Monitoring queries (reading only the system catalogs, statistics views and pg_stride's views) are never queued nor paused.",
+        c"So that a DBA can look at a saturated server. Such a query may still be expensive: turn this off if roles abuse it.",
+        BYPASS_MONITORING.inner(),
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+}
+
 /// Whether `desc` is a monitoring query that `pg_stride.bypass_monitoring` keeps out of
 /// scheduling (`plan_tree::is_monitoring_query`).
 ///
 /// # Safety
 /// `desc` is ExecutorStart's QueryDesc; call inside a guarded function (catalog lookups).
 unsafe fn is_monitoring(desc: *mut pg_sys::QueryDesc) -> bool {
-    if !gucs::BYPASS_MONITORING.get() {
+    if !BYPASS_MONITORING.get() {
         return false;
     }
     // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt; a guarded function may look

@@ -56,7 +56,7 @@ REVOKE ALL ON FUNCTION pg_stride.create_group, pg_stride.alter_group, pg_stride.
 
 mod functions {
     use super::*;
-    use crate::{config, gucs, pg, shmem};
+    use crate::{config, pg, shmem};
     use pgrx::datum::DatumWithOid;
 
     /// A required argument of a function that also takes NULLs (so PostgreSQL calls it
@@ -81,7 +81,7 @@ mod functions {
                 None,
             );
         }
-        let database = gucs::database_name();
+        let database = crate::groups::database_name();
         let current = Spi::get_one::<String>("SELECT current_database()::text")
             .ok()
             .flatten()
@@ -332,7 +332,7 @@ mod functions {
         let current = Spi::get_one::<String>("SELECT current_database()::text")
             .ok()
             .flatten();
-        if current.as_deref() != Some(gucs::database_name().as_str()) {
+        if current.as_deref() != Some(crate::groups::database_name().as_str()) {
             return;
         }
         crate::groups::mark_changed();

@@ -14,13 +14,17 @@
 //! equal to the table. The loader also reads it when it starts.
 
 use crate::backend_local::BackendLocal;
+use crate::gucs::{self, Setting};
+use crate::pg;
 use crate::shmem::{self, Group, GroupDirectory};
-use crate::{gucs, pg};
 use pg_stride_sched::groups::{GroupSettings, DEFAULT_GROUP};
 use pg_stride_sched::rules::Rules;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 use std::cell::Cell;
+use std::ffi::CString;
 
 /// Whether this backend's transaction changed the groups table.
 static CHANGED_IN_XACT: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
@@ -68,7 +72,7 @@ pub fn resolve_statement_group(directory: &GroupDirectory, tag: Option<String>) 
         (
             PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
             format!("resource group \"{name}\" does not exist"),
-            gucs::NO_SUCH_GROUP_HINT.to_str().unwrap_or_default(),
+            NO_SUCH_GROUP_HINT.to_str().unwrap_or_default(),
         )
     };
     let slot = resolve_session_group(directory);
@@ -86,12 +90,12 @@ pub fn resolve_statement_group(directory: &GroupDirectory, tag: Option<String>) 
 /// with a WARNING when no such group exists (docs/design.md §4 rule 10: a setting restored
 /// before its group is accepted, and falls back when used).
 fn resolve_session_group(directory: &GroupDirectory) -> usize {
-    let key = (gucs::group_assignments(), directory.generation());
+    let key = (group_assignments(), directory.generation());
     let (assignments, generation, slot) = LAST_GROUP.get();
     if (assignments, generation) == key {
         return slot;
     }
-    let name = gucs::group_name();
+    let name = group_name();
     match directory.find(&name) {
         Some(slot) => {
             LAST_GROUP.set((key.0, key.1, slot));
@@ -104,7 +108,7 @@ fn resolve_session_group(directory: &GroupDirectory) -> usize {
                 format!(
                     "resource group \"{name}\" does not exist; using group \"{DEFAULT_GROUP}\""
                 ),
-                gucs::NO_SUCH_GROUP_HINT.to_str().ok(),
+                NO_SUCH_GROUP_HINT.to_str().ok(),
             );
             0
         }
@@ -185,4 +189,137 @@ pub fn read_table() -> Vec<Group> {
             Some("The table must keep the columns and types that CREATE EXTENSION pg_stride gave it."),
         )
     })
+}
+
+// ---- The groups' settings ----
+
+static RESOURCE_GROUP: Setting<Option<CString>> =
+    Setting::new(GucSetting::<Option<CString>>::new(Some(c"default")));
+static DATABASE: Setting<Option<CString>> =
+    Setting::new(GucSetting::<Option<CString>>::new(Some(c"postgres")));
+
+/// How often this process's `pg_stride.resource_group` took a new value: SET, RESET, the end of
+/// a function with a SET clause, a rolled-back SET. A statement whose count is the same
+/// as the previous statement's runs in the same group, without a look at the name.
+static GROUP_ASSIGNMENTS: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
+
+fn group_assignments() -> u64 {
+    GROUP_ASSIGNMENTS.get()
+}
+
+/// PostgreSQL calls it whenever `pg_stride.resource_group` changes value, including
+/// when it restores an earlier one. An assign hook must not fail; this one cannot (no
+/// pgrx boundary is needed for an increment).
+unsafe extern "C-unwind" fn assign_resource_group(
+    _newval: *const std::ffi::c_char,
+    _extra: *mut std::ffi::c_void,
+) {
+    GROUP_ASSIGNMENTS.set(GROUP_ASSIGNMENTS.get().wrapping_add(1));
+}
+
+/// The session's `pg_stride.resource_group`.
+fn group_name() -> String {
+    RESOURCE_GROUP
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The database named by `pg_stride.database`.
+pub fn database_name() -> String {
+    DATABASE
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Checks a group name against the group directory, the way PostgreSQL checks the
+/// names of `default_tablespace` or `search_path` (docs/design.md §4 rule 10): a `SET` in a
+/// session of a group that does not exist fails; `ALTER ROLE/DATABASE … SET` of one
+/// (source `PGC_S_TEST`) is accepted with a NOTICE, so that a dump restores roles
+/// before the database that defines their groups; a value from any other source
+/// (configuration file, role and database settings at login, a parallel worker
+/// restoring its leader's settings, the postmaster) is accepted as it is and falls
+/// back to `default` with a WARNING when a statement runs. Where the directory cannot
+/// tell (no shared memory yet, a library that was not preloaded, a groups table not
+/// read since the server started), every name is accepted.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_resource_group(
+    newval: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: plain reads of process-local globals.
+    let restoring = unsafe {
+        pg_sys::InitializingParallelWorker
+            || (pg_sys::IsPostmasterEnvironment && !pg_sys::IsUnderPostmaster)
+    };
+    if restoring {
+        return true;
+    }
+    // SAFETY: PostgreSQL passes the check hook a valid pointer to the proposed value.
+    let name = unsafe { gucs::proposed_string(newval) };
+    let known = shmem::shared()
+        .map(|shared| &shared.groups)
+        .filter(|directory| directory.is_loaded())
+        .map(|directory| directory.find(&name).is_some());
+    if known != Some(false) {
+        return true;
+    }
+    if source == pg_sys::GucSource::PGC_S_TEST {
+        // As PostgreSQL does for an unknown tablespace in ALTER ROLE … SET
+        // default_tablespace: the value may name a group created later.
+        pg::report(
+            pgrx::PgLogLevel::NOTICE,
+            pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("resource group \"{name}\" does not exist"),
+            NO_SUCH_GROUP_HINT.to_str().ok(),
+        );
+        return true;
+    }
+    if source < pg_sys::GucSource::PGC_S_INTERACTIVE {
+        return true;
+    }
+    let message =
+        CString::new(format!("resource group \"{name}\" does not exist")).unwrap_or_default();
+    // SAFETY: the documented way for a check hook to give its error's message, code and
+    // hint: palloc'd strings in the GUC_check_* globals.
+    unsafe {
+        pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT as i32);
+        pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(NO_SUCH_GROUP_HINT.as_ptr());
+    }
+    false
+}
+
+/// What a DBA does about a group name that names no group.
+const NO_SUCH_GROUP_HINT: &std::ffi::CStr =
+    c"Create it with pg_stride.create_group(), or list groups in pg_stride.groups.";
+
+/// Registers the settings of groups: the session's group and the database of the groups
+/// table. Called once, from `_PG_init`.
+pub fn register_settings() {
+    // SAFETY: the check hook is guarded and only reads shared memory; the assign hook
+    // cannot fail.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"pg_stride.resource_group",
+            c"Resource group whose share and limits this session's statements get.",
+            c"Settable by superusers and through ALTER ROLE/DATABASE ... SET.",
+            RESOURCE_GROUP.inner(),
+            GucContext::Suset,
+            GucFlags::IS_NAME,
+            Some(check_resource_group),
+            Some(assign_resource_group),
+            None,
+        )
+    };
+    GucRegistry::define_string_guc(
+        c"pg_stride.database",
+        c"Database whose pg_stride.resource_groups table defines the resource groups.",
+        c"The pg_stride groups worker connects to it (and, with parallel_mode = pool, starts that database's pool workers).",
+        DATABASE.inner(),
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
 }

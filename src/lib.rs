@@ -73,18 +73,28 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY (set_var): the postmaster is single-threaded while it loads libraries, and
     // every process forked from it inherits the setting.
     std::env::set_var("RUST_LIB_BACKTRACE", "0");
-    gucs::register(|name| {
-        let directory = &shmem::shared()?.groups;
-        directory
-            .is_loaded()
-            .then(|| directory.find(name).is_some())
-    });
+    // Every setting, each module registering its own; then the prefix is reserved.
+    gucs::register();
+    admission::register_settings();
+    cpu::register_settings();
+    numa::register_settings();
+    groups::register_settings();
+    parallel::register_settings();
+    pool::register_settings();
+    statements::register_settings();
+    worker::register_settings();
+    executor::register_settings();
+    gucs::reserve_prefix();
     // Everything pg_stride hooks into, each hook chained to the one installed before it:
     // shared memory (shmem_request_hook, shmem_startup_hook: pg_stride's regions and the
     // pool's block), the pool's custom scans, the resource-release callback that ends a
     // failed statement's scheduling, the three background workers, and the planner,
     // executor, utility and object-access hooks.
-    shmem::install(pool::SHMEM_BLOCKS);
+    shmem::install(pool::SHMEM_BLOCKS, || shmem::Initial {
+        max_active_queries: admission::max_active_queries(),
+        cpu_slots: cpu::effective_cpu_slots(),
+        decay: cpu::decay_params(),
+    });
     pool::install();
     statements::install();
     worker::register();

@@ -23,11 +23,16 @@
 //! A layer of its own, between the shared-memory layout and the mechanisms: the CPU
 //! scheduler charges through it, the views read it, and it uses neither.
 
-use crate::os;
 use crate::backend_local::BackendLocal;
-use crate::{gucs, pg, shmem};
+use crate::gucs::{self, Setting};
+use crate::os;
+use crate::{pg, shmem};
 use pg_stride_sched::numa::{segment_placement, split_slots, Placement, Topology, TopologyError};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::PostgresGucEnum;
 use std::cell::{Cell, OnceCell, RefCell};
+use std::ffi::CString;
 use std::path::Path;
 
 /// `node_of_cpu` entry of a CPU on no node of the topology.
@@ -45,7 +50,7 @@ pub struct Machine {
 
 impl Machine {
     fn probe() -> Result<Machine, TopologyError> {
-        let spec = gucs::numa_topology_spec();
+        let spec = topology_spec();
         let topology = match &spec {
             Some(spec) => Topology::from_spec(spec)?,
             None => Topology::from_sysfs(Path::new("/sys"))?,
@@ -110,7 +115,7 @@ pub fn with_machine<R>(f: impl FnOnce(Option<&Machine>) -> R) -> R {
 /// an atomic add.
 #[inline]
 pub fn charge(shared: &shmem::Shared, used_ns: u64) {
-    if !gucs::numa_stats() || used_ns == 0 {
+    if !counts_per_node() || used_ns == 0 {
         return;
     }
     // Without a topology the CPU still counts, on no node, so that the view's rows
@@ -139,7 +144,7 @@ pub fn shared_memory_placement() -> Option<Placement> {
 /// of two or more nodes with CPUs, over the topology's nodes in proportion to their
 /// CPUs ([`split_slots`]); otherwise not split (one entry).
 pub fn slot_split(total: u32) -> Vec<u32> {
-    if !gucs::numa_bind() {
+    if !binds() {
         return vec![total];
     }
     with_machine(|machine| {
@@ -208,4 +213,120 @@ pub fn unbind() {
         // The mask the process had a moment ago: the kernel has no reason to refuse it.
         let _ = os::set_allowed_cpus(&own);
     }
+}
+
+// ---- NUMA settings ----
+
+/// `pg_stride.numa`: what pg_stride does about NUMA (docs/design.md §10).
+#[derive(PostgresGucEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumaMode {
+    /// Nothing: no per-node accounting.
+    #[name = c"off"]
+    Off,
+    /// Per-node accounting of the CPU charged to queries (psaroudakis2016 §4.2's
+    /// per-socket utilisation); the view `pg_stride.numa`.
+    #[name = c"stats"]
+    Stats,
+    /// `stats`, and the CPU slots split by node: each query gets a home node, its
+    /// processes take that node's slots and run bound to its CPUs (psaroudakis2016 §4).
+    #[name = c"bind"]
+    Bind,
+}
+
+static NUMA: Setting<NumaMode> = Setting::new(GucSetting::<NumaMode>::new(NumaMode::Stats));
+static NUMA_STEAL_AFTER: Setting<i32> = Setting::new(GucSetting::<i32>::new(4));
+static NUMA_TOPOLOGY: Setting<Option<CString>> =
+    Setting::new(GucSetting::<Option<CString>>::new(Some(c"")));
+
+/// Whether CPU time is counted per node: `pg_stride.numa` is `stats` or `bind`. Reads
+/// the ordinal without converting it (which panics on an unknown one): asked at every
+/// slice end.
+fn counts_per_node() -> bool {
+    NUMA.raw() >= NumaMode::Stats as i32
+}
+
+/// Whether `pg_stride.numa` is `bind`.
+fn binds() -> bool {
+    NUMA.raw() == NumaMode::Bind as i32
+}
+
+/// `pg_stride.numa_steal_after` in slices, `None` for -1 (never).
+pub fn steal_after() -> Option<u32> {
+    u32::try_from(NUMA_STEAL_AFTER.get()).ok()
+}
+
+/// `pg_stride.numa_topology`: a spec of fake nodes (`0|1`), or `None` for the kernel's
+/// topology.
+fn topology_spec() -> Option<String> {
+    NUMA_TOPOLOGY
+        .get()
+        .map(|s| s.to_string_lossy().trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// Refuses a `pg_stride.numa_topology` that does not parse as node CPU lists (or that
+/// puts a CPU in two nodes), with the parser's reason.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_numa_topology(
+    newval: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes the check hook a valid pointer to the proposed value.
+    let spec = unsafe { gucs::proposed_string(newval) };
+    let spec = spec.trim();
+    let Err(e) = (match spec {
+        "" => Ok(()),
+        _ => pg_stride_sched::numa::Topology::from_spec(spec).map(|_| ()),
+    }) else {
+        return true;
+    };
+    let detail = CString::new(e.to_string()).unwrap_or_default();
+    // SAFETY: the documented way for a check hook to give its error's code, detail and
+    // hint: palloc'd strings in the GUC_check_* globals.
+    unsafe {
+        pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE as i32);
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(
+            c"Give one CPU list per node, separated by |, such as 0|1 or 0-3|4-7, each CPU in one node; or empty for the kernel's nodes."
+                .as_ptr(),
+        );
+    }
+    false
+}
+
+/// Registers the NUMA settings. Called once, from `_PG_init`.
+pub fn register_settings() {
+    GucRegistry::define_enum_guc(
+        c"pg_stride.numa",
+        c"What pg_stride does about NUMA nodes.",
+        c"off: nothing; stats: CPU time charged to queries is counted per node (view pg_stride.numa); bind: stats, and each query gets a home node whose CPU slots and CPUs its processes use.",
+        NUMA.inner(),
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.numa_steal_after",
+        c"Slices a process of a query waits at a stretch for a slot on its home node before it may take one on another node.",
+        c"Only with pg_stride.numa = bind; -1: never.",
+        NUMA_STEAL_AFTER.inner(),
+        -1,
+        1_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    // SAFETY: the check hook is guarded and only parses the value.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"pg_stride.numa_topology",
+            c"For tests: CPU lists of fake NUMA nodes, such as 0|1; empty means the kernel's nodes.",
+            c"Each |-separated CPU list in the kernel's format (0-3,8) is one node, numbered from 0.",
+            NUMA_TOPOLOGY.inner(),
+            GucContext::Postmaster,
+            GucFlags::default(),
+            Some(check_numa_topology),
+            None,
+            None,
+        )
+    };
 }

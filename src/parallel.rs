@@ -17,11 +17,13 @@
 //! copy of the plan with the lower worker counts, made in the memory context of its
 //! QueryDesc, and the cached plan keeps its own.
 
-use crate::gucs::{self, ParallelMode};
+use crate::gucs::Setting;
 use crate::{pg, plan_tree, shmem};
 use pg_stride_sched::shared::Demand;
 use pg_stride_sched::{GroupId, SchedShared};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
+use pgrx::PostgresGucEnum;
 
 /// What a statement's Gathers planned and were granted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,14 +44,17 @@ pub struct Reservation {
 
 /// Reserves, against the cap of group slot `group`, the workers the Gathers of `desc`'s
 /// plan may launch; `None` for a plan without Gathers, or with `parallel_mode = off`.
+/// `predict`: whether statements are predicted (`pg_stride.predict`), so that one
+/// predicted short gets no workers under load.
 /// Raises no error: the caller records the grant, to give it back however the
 /// statement ends, before [`apply`] may raise one.
 pub fn reserve_workers(
     shared: &shmem::Shared,
     desc: *const pg_sys::QueryDesc,
     group: usize,
+    predict: bool,
 ) -> Option<Reservation> {
-    if gucs::PARALLEL_MODE.get() == ParallelMode::Off {
+    if PARALLEL_MODE.get() == ParallelMode::Off {
         return None;
     }
     let sched = shared.sched()?;
@@ -70,7 +75,7 @@ pub fn reserve_workers(
         return None;
     }
     let elsewhere = shared.statements_elsewhere();
-    let predicted_short = predicted_short(shared, sched, stmt, group);
+    let predicted_short = predict && predicted_short(shared, sched, stmt, group);
     let granted: Vec<i32> = planned
         .iter()
         .map(|&(n, leader_runs)| {
@@ -94,8 +99,8 @@ pub fn reserve_workers(
 }
 
 /// Whether the statement of `stmt` in group slot `group` is predicted short
-/// (`pg_stride_sched::predict`; never with `pg_stride.predict` off): then, under load, its
-/// Gathers get no workers.
+/// (`pg_stride_sched::predict`): then, under load, its Gathers get no workers. Asked only
+/// with `pg_stride.predict` on.
 // Out of line, so that bench/instructions.py can count its instructions.
 #[inline(never)]
 fn predicted_short(
@@ -104,9 +109,6 @@ fn predicted_short(
     stmt: *const pg_sys::PlannedStmt,
     group: usize,
 ) -> bool {
-    if !gucs::PREDICT.get() {
-        return false;
-    }
     // SAFETY: ExecutorStart's PlannedStmt.
     let (query_id, cost) = unsafe { pg::query_id_and_cost(stmt) };
     let short_us = sched.short_threshold_us(group);
@@ -180,4 +182,52 @@ unsafe fn for_each_gather(stmt: *mut pg_sys::PlannedStmt, mut f: impl FnMut(&mut
             }
         });
     }
+}
+
+// ---- The parallel mode ----
+
+/// `pg_stride.parallel_mode`: who decides how many parallel workers a Gather launches.
+#[derive(PostgresGucEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParallelMode {
+    /// PostgreSQL alone, as planned.
+    #[name = c"off"]
+    Off,
+    /// PostgreSQL's own parallel workers, as many as the concurrency hint and the
+    /// group's `max_parallel_workers` grant.
+    #[name = c"native"]
+    Native,
+    /// As `native`, with the parallel part of each Gather run by pg_stride's pool
+    /// workers where it can (src/pool, docs/design.md §6); native workers otherwise.
+    #[name = c"pool"]
+    Pool,
+}
+
+static PARALLEL_MODE: Setting<ParallelMode> =
+    Setting::new(GucSetting::<ParallelMode>::new(ParallelMode::Native));
+
+/// Whether `pg_stride.parallel_mode` is `pool`, read without converting the ordinal:
+/// asked by the executor hook for every statement, outside pgrx's error boundary.
+pub fn pool_mode() -> bool {
+    PARALLEL_MODE.raw() == ParallelMode::Pool as i32
+}
+
+/// `pg_stride.parallel_mode`'s value, as SHOW gives it.
+pub fn mode_name() -> &'static str {
+    match PARALLEL_MODE.get() {
+        ParallelMode::Off => "off",
+        ParallelMode::Native => "native",
+        ParallelMode::Pool => "pool",
+    }
+}
+
+/// Registers `pg_stride.parallel_mode`. Called once, from `_PG_init`.
+pub fn register_settings() {
+    GucRegistry::define_enum_guc(
+        c"pg_stride.parallel_mode",
+        c"Who decides how many parallel workers each Gather launches.",
+        c"off: PostgreSQL, as planned; native: no more than the concurrency hint and the group's max_parallel_workers grant; pool: as native, run by pg_stride's pool workers where possible.",
+        PARALLEL_MODE.inner(),
+        GucContext::Suset,
+        GucFlags::default(),
+    );
 }

@@ -211,8 +211,10 @@ pub enum Waiting {
     No,
     /// A heavyweight lock (PG_WAIT_LOCK).
     Lock,
-    /// Its client (PG_WAIT_CLIENT): idle between statements, or reading COPY data.
-    Client,
+    /// Its client (PG_WAIT_CLIENT): idle between statements or between the FETCHes of
+    /// a cursor, or reading COPY data; `writing` (ClientWrite): blocked in the middle
+    /// of a statement, sending rows to a client that does not read them.
+    Client { writing: bool },
     /// Anything else (LWLock, I/O, IPC, timeout, extension).
     Other,
 }
@@ -223,7 +225,9 @@ pub fn proc_waiting(procno: usize) -> Waiting {
         0 => Waiting::No,
         event => match event & 0xFF00_0000 {
             pg_sys::PG_WAIT_LOCK => Waiting::Lock,
-            pg_sys::PG_WAIT_CLIENT => Waiting::Client,
+            pg_sys::PG_WAIT_CLIENT => Waiting::Client {
+                writing: event == pg_sys::WaitEventClient::WAIT_EVENT_CLIENT_WRITE,
+            },
             _ => Waiting::Other,
         },
     }

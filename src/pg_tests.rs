@@ -96,7 +96,7 @@ mod tests {
         Spi::run("SET pg_stride.slice = '500us'").unwrap();
         let shown = Spi::get_one::<&str>("SHOW pg_stride.slice").unwrap();
         assert_eq!(shown, Some("500us"));
-        assert!((crate::gucs::SLICE_MS.get() - 0.5).abs() < 1e-9);
+        assert!((crate::cpu::slice_ms() - 0.5).abs() < 1e-9);
     }
 
     #[pg_test(error = "parameter \"pg_stride.cpu_slots\" cannot be changed now")]
@@ -144,7 +144,7 @@ mod tests {
     fn a_reload_keeps_the_tuned_decay_unless_the_decay_settings_change() {
         let shared = shmem::shared().unwrap();
         let sched = shared.sched().unwrap();
-        let d_start = crate::gucs::DECAY_START.get();
+        let d_start = crate::cpu::decay_params().d_start;
         set_as_reload(c"pg_stride.tuner", "on");
         crate::config::apply(shared);
         let configured = sched.decay();
@@ -167,7 +167,7 @@ mod tests {
         set_as_reload(c"pg_stride.decay_start", &(d_start + 4).to_string());
         crate::config::apply(shared);
         let changed = pg_stride_sched::DecayParams {
-            d_start: d_start as u32 + 4,
+            d_start: d_start + 4,
             ..configured
         };
         assert_eq!(sched.decay(), changed);

@@ -27,11 +27,13 @@
 //! Parallel workers are here too: their part of a statement joins the leader's CPU
 //! scheduling, and they clear their entry the same way when they exit.
 
-use crate::os;
 use crate::backend_local::BackendLocal;
+use crate::gucs::Setting;
+use crate::os;
 use crate::parallel::{self, Grant};
 use crate::shmem::{self, ProcEntry};
-use crate::{admission, cpu, groups, gucs, pg, plan_tree};
+use crate::{admission, cpu, groups, pg, plan_tree};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
@@ -162,7 +164,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     if holds_one && pg::interrupts_can_be_processed() {
         admission::take_back(shared);
     }
-    let exempt = || gucs::EXEMPT_SUPERUSER.get() && pg::is_superuser();
+    let exempt = || EXEMPT_SUPERUSER.get() && pg::is_superuser();
     let mut arrival = cpu::Arrival::now();
     let mut need_kb = 0;
     let admitted = !holds_one && !exempt() && {
@@ -214,7 +216,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);
     entry.clear_statement();
-    let Some(reservation) = parallel::reserve_workers(shared, desc, group) else {
+    let Some(reservation) = parallel::reserve_workers(shared, desc, group, cpu::predicts()) else {
         return joins;
     };
     // Recorded before the plan copy may raise an error: from here on the statement's
@@ -460,4 +462,18 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
             entry.reset();
         }
     }
+}
+
+static EXEMPT_SUPERUSER: Setting<bool> = Setting::new(GucSetting::<bool>::new(true));
+
+/// Registers `pg_stride.exempt_superuser`. Called once, from `_PG_init`.
+pub fn register_settings() {
+    GucRegistry::define_bool_guc(
+        c"pg_stride.exempt_superuser",
+        c"Superusers' statements are admitted at once, without counting against the limits.",
+        c"",
+        EXEMPT_SUPERUSER.inner(),
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
 }

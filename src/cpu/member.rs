@@ -5,7 +5,6 @@
 use super::slice_share;
 use super::trace::{self, Arrival};
 use crate::backend_local::BackendLocal;
-use crate::gucs;
 use crate::os::{self, thread_cpu_ns};
 use pg_stride_sched::predict::Prediction;
 use pg_stride_sched::slice::SliceClock;
@@ -66,7 +65,7 @@ impl Member {
             group,
             query,
             owner,
-            clock: SliceClock::new(gucs::slice_ns()),
+            clock: SliceClock::new(super::settings::slice_ns()),
             chunk_start_ns: 0,
             slice_start_ns: 0,
             statements: 1,

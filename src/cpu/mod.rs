@@ -44,6 +44,7 @@ mod placement;
 mod prediction;
 mod priority;
 mod runaway;
+mod settings;
 mod slice_share;
 mod slots;
 mod tiny;
@@ -57,6 +58,9 @@ use priority::priority_range;
 use slots::{join_query, transaction_wrote};
 use yield_points::wrap_scans;
 
+pub use settings::{
+    decay_params, effective_cpu_slots, predicts, register_settings, slice_ms, slice_ns, tuner_on,
+};
 pub use slots::{begin_run, end_run};
 pub use tiny::{is_tiny, tiny_statement_ended};
 pub use trace::{read_window, Arrival};
@@ -64,7 +68,7 @@ pub use watchdog::watchdog;
 
 use crate::os::thread_cpu_ns;
 use crate::pg;
-use crate::{gucs, numa, shmem};
+use crate::{numa, shmem};
 use pg_stride_sched::tuner::Accounting;
 use pg_stride_sched::{GroupConfig, GroupId, GroupSettings, ProcId, QueryId, SchedShared};
 use pgrx::pg_sys;
@@ -290,5 +294,5 @@ pub fn reclaim(shared: &shmem::Shared) {
 pub fn apply_settings(shared: &shmem::Shared, sched: &SchedShared) {
     shared
         .tuner
-        .apply_configured(sched, gucs::decay_params(), gucs::TUNER.get());
+        .apply_configured(sched, settings::decay_params(), settings::tuner_on());
 }

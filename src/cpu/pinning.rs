@@ -20,9 +20,9 @@
 //! CPUs instead (`numa::follow_slot`).
 
 use super::slice_share;
-use crate::os;
 use crate::backend_local::BackendLocal;
-use crate::{gucs, pg, shmem};
+use crate::os;
+use crate::{pg, shmem};
 use pg_stride_sched::pin_word;
 use pg_stride_sched::stall::{self, HolderSample};
 use pg_stride_sched::{ProcId, SchedShared};
@@ -39,7 +39,7 @@ static MAY_LEAVE_IDLE: BackendLocal<Cell<Option<bool>>> = BackendLocal::new(Cell
 
 /// Whether slot holders are pinned: on, and the slots are not split by node.
 pub fn enabled(sched: &SchedShared) -> bool {
-    gucs::PIN_SLOTS.get() && sched.node_count() == 1
+    super::settings::pin_slots() && sched.node_count() == 1
 }
 
 /// This process holds a slot it took itself (or kept at a slice end): make sure it owns
@@ -120,7 +120,7 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
 /// CPU its giver leaves, only until it runs, keeps one holder per CPU across hand-offs as
 /// `pass` does, without binding any process to a CPU for longer than its wake-up.
 pub fn places_receivers(sched: &SchedShared) -> bool {
-    !gucs::PIN_SLOTS.get() && sched.node_count() == 1
+    !super::settings::pin_slots() && sched.node_count() == 1
 }
 
 /// This process handed its slot to `to` and leaves its CPU (`places_receivers`): pins

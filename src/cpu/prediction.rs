@@ -5,7 +5,7 @@
 //! Only statements that reach a check-in are predicted and recorded: the rest never
 //! compete for a slot, and cost nothing here.
 
-use crate::{gucs, pg, shmem};
+use crate::{pg, shmem};
 use pg_stride_sched::predict::{Prediction, StartPolicy};
 use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::SchedShared;
@@ -30,9 +30,8 @@ pub(super) fn predict(
     if let Some(entry) = shared.my_entry() {
         entry.publish_prediction(prediction.cpu_us as u64, short);
     }
-    let start = gucs::PREDICT
-        .get()
-        .then(|| sched.predicted_start(group, prediction.cpu_us));
+    let start =
+        super::settings::predicts().then(|| sched.predicted_start(group, prediction.cpu_us));
     Some((prediction, start))
 }
 

@@ -10,7 +10,7 @@
 //! threshold [`BELOW_SHARE_PERCENT`]).
 
 use crate::backend_local::BackendLocal;
-use crate::{gucs, os, shmem};
+use crate::{os, shmem};
 use pg_stride_sched::stall;
 use std::cell::Cell;
 use std::sync::atomic::{fence, Ordering};
@@ -51,7 +51,7 @@ const BELOW_SHARE_PERCENT: u32 = 67;
 
 /// Whether holders measure their shares: pinned slots.
 fn measured() -> bool {
-    gucs::PIN_SLOTS.get()
+    super::settings::pin_slots()
 }
 
 /// The CPU this process owns (+1; 0 = none).
@@ -94,7 +94,7 @@ pub fn ends(shared: &shmem::Shared, used_ns: u64) -> Option<Ran> {
     let wall_ns = os::monotonic_ns().saturating_sub(start.at_ns);
     if os::thread_voluntary_switches() != start.blocks
         || own_cpu(shared) != start.cpu
-        || wall_ns < gucs::slice_ns() / 2
+        || wall_ns < super::settings::slice_ns() / 2
     {
         return None;
     }
@@ -156,5 +156,5 @@ pub fn published(entry: &shmem::ProcEntry) -> stall::Share {
 
 /// The rule: [`BELOW_SHARE_PERCENT`], and the slice target.
 pub fn rule() -> stall::ShareRule {
-    stall::ShareRule::new(BELOW_SHARE_PERCENT * 10, gucs::slice_ns())
+    stall::ShareRule::new(BELOW_SHARE_PERCENT * 10, super::settings::slice_ns())
 }

@@ -9,7 +9,7 @@ use super::priority::priority_range;
 use super::{pinning, prediction, slice_share};
 use crate::os::{self, thread_cpu_ns};
 use crate::pg::{self, interrupts_can_be_processed};
-use crate::{admission, gucs, numa, shmem};
+use crate::{admission, numa, shmem};
 use pg_stride_sched::slice::Checkpoint;
 use pg_stride_sched::{GroupId, ProcId, QueryOptions, SchedShared, Turn};
 use pgrx::pg_sys;
@@ -91,7 +91,7 @@ pub fn begin_run(shared: &shmem::Shared) {
     }
     let Some(proc) = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
-        m.clock.set_target_ns(gucs::slice_ns());
+        m.clock.set_target_ns(super::settings::slice_ns());
         m.clock.restart();
         COUNTDOWN.set(m.clock.chunk());
         m.query?;
@@ -188,11 +188,12 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
     // With the slots split by node, a process that waited `numa_steal_after` slices for
     // a slot of its home node may take another node's (psaroudakis2016 §4), and offers
     // itself to every node's free slots again after each further such wait.
-    let steal_after = gucs::numa_steal_after()
+    let steal_after = numa::steal_after()
         .filter(|_| sched.node_count() > 1)
         .map(|k| {
-            let wait =
-                std::time::Duration::from_nanos(gucs::slice_ns().saturating_mul(u64::from(k)));
+            let wait = std::time::Duration::from_nanos(
+                super::settings::slice_ns().saturating_mul(u64::from(k)),
+            );
             // The latch wait's resolution; also keeps 0 from spinning.
             wait.max(std::time::Duration::from_millis(1))
         });

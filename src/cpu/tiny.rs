@@ -14,7 +14,6 @@
 //! compares where a shared table would cost a lock.
 
 use crate::backend_local::BackendLocal;
-use crate::gucs;
 use std::cell::Cell;
 
 /// Plans estimated below this many planner cost units per millisecond of slice run
@@ -44,7 +43,7 @@ static NEXT: BackendLocal<Cell<usize>> = BackendLocal::new(Cell::new(0));
 /// `plan_cost` is too small to schedule. Never without a query identifier
 /// (`compute_query_id = off`): a misestimate could then not be learned.
 pub fn is_tiny(query_id: u64, plan_cost: f64) -> bool {
-    plan_cost < COST_PER_SLICE_MS * gucs::SLICE_MS.get()
+    plan_cost < COST_PER_SLICE_MS * super::settings::slice_ms()
         && query_id != 0
         && !RAN_LONG
             .get()
@@ -58,7 +57,7 @@ pub fn is_tiny(query_id: u64, plan_cost: f64) -> bool {
 /// replaces one that has not been scheduled yet where it can, so that a burst of slow
 /// runs does not forget the fingerprints already learned.
 pub fn tiny_statement_ended(query_id: u64, ran_ns: u64) {
-    if ran_ns <= gucs::slice_ns().saturating_mul(RAN_LONG_SLICES) {
+    if ran_ns <= super::settings::slice_ns().saturating_mul(RAN_LONG_SLICES) {
         return;
     }
     let mut seen = RAN_LONG.get();

@@ -8,7 +8,7 @@
 //! touch it, and the simulator leaves it out the same way.
 
 use super::priority::priority_range;
-use crate::{gucs, os, shmem};
+use crate::{os, shmem};
 use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::trace_ring::Missing;
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
@@ -60,7 +60,7 @@ pub struct Ended {
 
 /// Whether statements are traced: `pg_stride.trace` or the tuner is on.
 pub fn enabled() -> bool {
-    gucs::TUNER.get() || gucs::TRACE.get()
+    super::settings::tuner_on() || super::settings::traces()
 }
 
 /// Appends the record of a statement that ends, while statements are traced.

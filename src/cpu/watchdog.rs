@@ -3,7 +3,7 @@
 
 use super::pinning;
 use super::placement::dispatch_free_slots;
-use crate::{gucs, numa, pg, shmem};
+use crate::{numa, pg, shmem};
 use pg_stride_sched::ProcId;
 use std::sync::atomic::Ordering;
 
@@ -29,7 +29,7 @@ pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
     before.resize(procs, Seen::default());
     // Split by node with `numa = bind`; a blocked holder's extra slot goes to the node
     // whose slot it holds.
-    let mut slots = numa::slot_split(gucs::effective_cpu_slots());
+    let mut slots = numa::slot_split(super::settings::effective_cpu_slots());
     let last = slots.len() - 1;
     for (procno, seen) in before.iter_mut().enumerate() {
         let proc = ProcId(procno as u32);

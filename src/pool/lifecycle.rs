@@ -19,7 +19,7 @@
 //!   ([`release_database`]).
 
 use super::shared::{PoolShared, State};
-use crate::gucs;
+use crate::{gucs, parallel};
 use pg_stride_sched::pool::caps::{pool_caps, PoolCaps};
 use pgrx::pg_sys;
 use std::ffi::c_char;
@@ -41,7 +41,7 @@ pub fn caps() -> PoolCaps {
         processes.max(0) as u32,
         parallel.max(0) as u32,
         STATIC_WORKERS,
-        gucs::pool_size() as u32,
+        super::settings::pool_size() as u32,
     )
 }
 
@@ -133,7 +133,8 @@ fn make_room(pool: &PoolShared, others: &[(u32, u32)], share: u32) {
 /// Gathers there then find idle workers instead of falling back while the pool starts. Called by the groups worker, which
 /// is connected to `pg_stride.database`, at its start and after each reload.
 pub fn prestart() {
-    if let Some(pool) = super::shared::shared().filter(|_| gucs::pool_mode() && gucs::enabled()) {
+    if let Some(pool) = super::shared::shared().filter(|_| parallel::pool_mode() && gucs::enabled())
+    {
         // Only a database's share while others may come: the workers of a pool nobody
         // uses yet would otherwise hold the whole cap until their idle timeout.
         let caps = caps();

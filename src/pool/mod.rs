@@ -32,6 +32,7 @@ mod leader;
 mod lifecycle;
 mod messages;
 mod port;
+mod settings;
 mod shared;
 mod stride_gather;
 mod tickets;
@@ -40,10 +41,11 @@ mod worker_row;
 
 pub use worker_row::WorkerRow;
 
-use crate::{gucs, pg};
+use crate::{gucs, parallel, pg};
 use pgrx::pg_sys;
 
 pub use lifecycle::{prestart, release_database};
+pub use settings::register_settings;
 use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;
 pub use tickets::transaction_ended;
@@ -59,7 +61,7 @@ pub fn install() {
 /// Whether the plans this backend makes now are made for the pool: their Gathers
 /// become Stride Gathers. Cannot panic: asked outside pgrx's boundary for every plan.
 pub fn plans_for_pool() -> bool {
-    gucs::pool_mode()
+    parallel::pool_mode()
         && gucs::enabled()
         && shared::shared().is_some()
         && !pg::is_parallel_worker()

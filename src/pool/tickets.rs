@@ -20,7 +20,7 @@ use super::port::{
 use super::shared::{
     self, Counter, Fallback, PoolShared, Slot, State, FALLBACK_NAMES, MAX_TICKETS,
 };
-use crate::gucs;
+use crate::parallel;
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -217,7 +217,7 @@ pub(super) unsafe fn describe_pool_use(inner: *mut pg_sys::PlanState) -> *mut c_
             |why: &str| psprintf(c"not used: %.*s".as_ptr(), why.len() as c_int, why.as_ptr());
         let pg = lookup(inner);
         if pg.is_null() {
-            return pstrdup(if gucs::pool_mode() {
+            return pstrdup(if parallel::pool_mode() {
                 c"not used".as_ptr()
             } else {
                 c"not used: parallel_mode is not pool".as_ptr()

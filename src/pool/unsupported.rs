@@ -4,9 +4,14 @@
 
 use pgrx::pg_sys;
 
+// Registered here too, unread (see the module).
+#[allow(dead_code)]
+#[path = "settings.rs"]
+mod settings;
 #[path = "worker_row.rs"]
 mod worker_row;
 
+pub use settings::register_settings;
 pub use worker_row::WorkerRow;
 
 /// No shared memory: nothing is pooled.

@@ -9,8 +9,8 @@
 use super::ffi::*;
 use super::port::*;
 use super::shared::{self, pack, set_latch_of, Counter, Slot, State, MAX_TICKETS};
-use super::{identity, lifecycle, messages};
-use crate::{cpu, gucs, shmem};
+use super::{identity, lifecycle, messages, settings};
+use crate::{cpu, shmem};
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
 use std::sync::atomic::Ordering;
@@ -260,7 +260,7 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
                 ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
                 take_baseline();
             }
-            let idle_timeout = gucs::POOL_IDLE_TIMEOUT_MS.get();
+            let idle_timeout = settings::idle_timeout_ms();
             if idle_timeout > 0
                 && shared::now_ms().saturating_sub(LAST_USED_MS) >= i64::from(idle_timeout)
             {

@@ -51,11 +51,11 @@ pub use directory::{Group, GroupDirectory, MAX_GROUPS};
 pub use histories::Histories;
 pub use node_counters::{NodeCounters, MAX_NODES};
 pub use rule_hits::{RuleHit, RuleHits};
-pub use startup::{install, Block};
+pub use startup::{install, Block, Initial};
 pub use tuner_state::{RefreshRow, TunerState};
 
 use crate::os;
-use crate::{gucs, pg};
+use crate::pg;
 use pg_stride_sched::admission::{Counts, Lease, Queue, Waiter};
 use pg_stride_sched::trace_ring::TraceRing;
 use pg_stride_sched::tuner::Accounting;

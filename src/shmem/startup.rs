@@ -64,11 +64,24 @@ pub struct Block {
 /// The other modules' blocks, set once by [`install`].
 static BLOCKS: std::sync::OnceLock<&'static [Block]> = std::sync::OnceLock::new();
 
+/// What the regions start with, from settings that modules above this one own: read
+/// when the regions are created, after every setting was registered and the
+/// configuration file read.
+pub struct Initial {
+    pub max_active_queries: u32,
+    pub cpu_slots: u32,
+    pub decay: pg_stride_sched::DecayParams,
+}
+
+/// The reader of [`Initial`], set once by [`install`].
+static INITIAL: std::sync::OnceLock<fn() -> Initial> = std::sync::OnceLock::new();
+
 /// Asks PostgreSQL for pg_stride's shared memory — its own regions and `blocks` — and
 /// arranges their initialisation: the one place pg_stride installs shmem_request_hook
 /// and shmem_startup_hook. Only valid while `shared_preload_libraries` is processed.
-pub fn install(blocks: &'static [Block]) {
+pub fn install(blocks: &'static [Block], initial: fn() -> Initial) {
     let _ = BLOCKS.set(blocks);
+    let _ = INITIAL.set(initial);
     // SAFETY: _PG_init runs single-threaded in the postmaster; hooks are chained.
     unsafe {
         #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
@@ -125,6 +138,9 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
         // SAFETY: the hook installed before ours, called as PostgreSQL calls hooks.
         unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| prev()) };
     }
+    let Some(initial) = INITIAL.get().map(|read| read()) else {
+        return;
+    };
     let nprocs = process_capacity();
     let size = Shared::size(nprocs);
     // SAFETY: AddinShmemInitLock (MainLWLockArray[21] in every supported major) guards
@@ -141,10 +157,9 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).scheduler_pid).write(AtomicI32::new(0));
             (&raw mut (*region).nprocs).write(nprocs as u32);
             GroupDirectory::init(&raw mut (*region).groups);
-            (&raw mut (*region).admission)
-                .write(Counts::new(gucs::MAX_ACTIVE_QUERIES.get() as u32));
+            (&raw mut (*region).admission).write(Counts::new(initial.max_active_queries));
             (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
-            TunerState::init(&raw mut (*region).tuner, gucs::decay_params());
+            TunerState::init(&raw mut (*region).tuner, initial.decay);
             NodeCounters::init(&raw mut (*region).nodes);
             RuleHits::init(&raw mut (*region).rule_hits);
             Histories::init(&raw mut (*region).histories);
@@ -165,7 +180,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
                 waiters.add(i).write(Waiter::default());
             }
         }
-        init_sched();
+        init_sched(&initial);
         init_trace();
         for block in BLOCKS.get().copied().unwrap_or_default() {
             let mut found = false;
@@ -183,7 +198,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
 
 /// Creates the CPU scheduler's block, or attaches to it when another process did.
 /// Caller holds AddinShmemInitLock.
-unsafe fn init_sched() {
+unsafe fn init_sched(initial: &Initial) {
     let cap = sched_capacity();
     let size = SchedShared::region_size(&cap);
     let mut found = false;
@@ -196,9 +211,9 @@ unsafe fn init_sched() {
             SchedShared::attach(ptr)
         } else {
             let config = SchedConfig {
-                cpu_slots: gucs::effective_cpu_slots(),
+                cpu_slots: initial.cpu_slots,
                 policy: Policy::DecayingStride,
-                decay: gucs::decay_params(),
+                decay: initial.decay,
             };
             SchedShared::init_in(ptr, cap, &config)
         }

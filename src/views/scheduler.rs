@@ -2,7 +2,7 @@
 //! decisions and the decay in force.
 
 use super::shared_access::require_shared;
-use crate::gucs;
+use crate::{cpu, gucs, parallel};
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
 
@@ -59,11 +59,7 @@ fn scheduler_state() -> TableIterator<
             switches += snapshot.switches as i64;
         }
     }
-    let parallel_mode = match gucs::PARALLEL_MODE.get() {
-        gucs::ParallelMode::Off => "off",
-        gucs::ParallelMode::Native => "native",
-        gucs::ParallelMode::Pool => "pool",
-    };
+    let parallel_mode = parallel::mode_name();
     let pid = |p: &std::sync::atomic::AtomicI32| match p.load(Ordering::Acquire) {
         0 => None,
         pid => Some(pid),
@@ -77,11 +73,11 @@ fn scheduler_state() -> TableIterator<
         running,
         queued,
         paused,
-        gucs::ENABLED.get(),
+        gucs::enabled(),
         pid(&shared.scheduler_pid),
         hint,
         parallel_mode,
-        gucs::SLICE_MS.get(),
+        cpu::slice_ms(),
         decisions,
         switches,
         shared.lends_blocked.load(Ordering::Relaxed) as i64,

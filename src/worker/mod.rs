@@ -18,9 +18,11 @@ mod rules;
 mod signals;
 mod tuner;
 
+pub use tuner::register_settings;
+
 use signals::{exit_to_be_restarted, reload_config_if_signalled};
 
-use crate::{admission, config, cpu, gucs, pg, pool, shmem};
+use crate::{admission, config, cpu, groups, parallel, pg, pool, shmem};
 use pg_stride_sched::hint;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
@@ -164,7 +166,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
 pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     // As pg_cron reads its jobs from cron.database_name.
-    BackgroundWorker::connect_worker_to_spi(Some(&gucs::database_name()), None);
+    BackgroundWorker::connect_worker_to_spi(Some(&groups::database_name()), None);
     let Some(shared) = shmem::shared() else {
         return;
     };
@@ -173,11 +175,11 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
     // The pool of this database starts now rather than at its first Gather, and again
     // when parallel_mode becomes pool; not at every reload (an idle pool may have
     // exited on purpose, pg_stride.pool_idle_timeout).
-    let mut pool_mode = gucs::pool_mode();
+    let mut pool_mode = parallel::pool_mode();
     pool::prestart();
     while BackgroundWorker::wait_latch(None) {
-        if reload_config_if_signalled() && gucs::pool_mode() != pool_mode {
-            pool_mode = gucs::pool_mode();
+        if reload_config_if_signalled() && parallel::pool_mode() != pool_mode {
+            pool_mode = parallel::pool_mode();
             pool::prestart();
         }
         if shared.groups.pending_reload().is_some() {
@@ -224,7 +226,7 @@ fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<Optio
             *before = None;
             continue;
         }
-        let waiting = || pg::proc_waiting(procno) == pg::Waiting::Client;
+        let waiting = || lendable_client_wait(entry, procno);
         let statement = statement_waiting(entry, waiting);
         match statement {
             Some(seen) if *before == Some(seen) => {
@@ -239,6 +241,25 @@ fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<Optio
             None => {}
         }
         *before = statement;
+    }
+}
+
+/// Whether process `procno`, of `entry`, waits for its client where its admission may be
+/// lent without letting its statement go on beyond the limits: between statements or
+/// FETCHes (the statement takes an admission back at its next ExecutorRun), or blocked
+/// sending rows while its one statement has yield points (it takes one back at the next;
+/// its query is registered in the CPU scheduler at the first). A statement without yield
+/// points (a write, a read of a transaction that wrote, a read too small to schedule)
+/// blocked sending rows keeps its admission: lent, it would run on to its end beyond
+/// the limits once its client reads again.
+fn lendable_client_wait(entry: &shmem::ProcEntry, procno: usize) -> bool {
+    match pg::proc_waiting(procno) {
+        pg::Waiting::Client { writing: false } => true,
+        pg::Waiting::Client { writing: true } => {
+            entry.running.load(Ordering::Acquire) == 1
+                && entry.cpu_query.load(Ordering::Acquire) != 0
+        }
+        _ => false,
     }
 }
 
@@ -382,7 +403,7 @@ impl Waits<'_> {
         let Some(&procno) = self.pids.get(&pid) else {
             return false;
         };
-        if pg::proc_waiting(procno) == pg::Waiting::Client {
+        if matches!(pg::proc_waiting(procno), pg::Waiting::Client { .. }) {
             return true;
         }
         // For a leader, pg_blocking_pids counts its workers' waits too.

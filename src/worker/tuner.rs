@@ -10,13 +10,15 @@
 //! The search is `pg_stride_sched::tuner`, the same code `pg_stride-sim tune` and the
 //! closed-loop simulations run.
 
+use crate::gucs::Setting;
 use crate::os;
 use crate::shmem::{self, RefreshRow};
-use crate::{cpu, gucs, pg};
+use crate::{admission, cpu, pg};
 use pg_stride_sched::sim::{SimConfig, StartMode};
 use pg_stride_sched::tuner::{Check, LoopSettings, Refresh, Trace, Tuner};
 use pg_stride_sched::{GroupId, SchedShared};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -54,12 +56,40 @@ impl Tracking {
     }
 }
 
+static TUNER_WINDOW_S: Setting<i32> = Setting::new(GucSetting::<i32>::new(20));
+static TUNER_INTERVAL_S: Setting<i32> = Setting::new(GucSetting::<i32>::new(60));
+
+/// Registers the tuner worker's settings (`pg_stride.tuner` itself is the CPU
+/// scheduler's). Called once, from `_PG_init`.
+pub fn register_settings() {
+    GucRegistry::define_int_guc(
+        c"pg_stride.tuner_window",
+        c"Span of the most recent statements the tuner replays at each refresh.",
+        c"",
+        TUNER_WINDOW_S.inner(),
+        1,
+        3_600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_stride.tuner_interval",
+        c"How often the tuner searches decay parameters for the traced workload.",
+        c"It also checks every second whether the sizes of the newest statements have shifted.",
+        TUNER_INTERVAL_S.inner(),
+        1,
+        86_400,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+}
+
 fn window() -> Duration {
-    Duration::from_secs(gucs::TUNER_WINDOW_S.get().max(1) as u64)
+    Duration::from_secs(TUNER_WINDOW_S.get().max(1) as u64)
 }
 
 fn interval() -> Duration {
-    Duration::from_secs(gucs::TUNER_INTERVAL_S.get().max(1) as u64)
+    Duration::from_secs(TUNER_INTERVAL_S.get().max(1) as u64)
 }
 
 #[pgrx::pg_guard]
@@ -80,7 +110,7 @@ pub extern "C-unwind" fn pg_stride_tuner_main(_arg: pg_sys::Datum) {
     let check = Duration::from_nanos(LoopSettings::default().check_ns);
     while BackgroundWorker::wait_latch(Some(check)) {
         super::signals::reload_config_if_signalled();
-        if !gucs::TUNER.get() {
+        if !cpu::tuner_on() {
             // Off: what was tracked is stale by the time it is switched on again.
             tracking = None;
             continue;
@@ -148,21 +178,21 @@ fn round(shared: &shmem::Shared, sched: &SchedShared, t: &mut Tracking) {
 /// force, the admission limit, and whether waiters preempt lower priorities.
 fn sim_config(sched: &SchedShared) -> SimConfig {
     SimConfig {
-        slots: gucs::effective_cpu_slots(),
-        slice_ns: gucs::slice_ns(),
+        slots: cpu::effective_cpu_slots(),
+        slice_ns: cpu::slice_ns(),
         policy: sched.policy(),
         decay: sched.decay(),
         groups: (0..sched.capacity().max_groups)
             .map(|g| sched.group_config(GroupId(g)))
             .collect(),
-        max_active: gucs::MAX_ACTIVE_QUERIES.get().max(1) as u32,
+        max_active: admission::max_active_queries(),
         horizon_ns: None,
         // The tuner replays the decision rule; its replay has no NUMA nodes.
         numa: None,
         preempt: true,
         // Predictions learnt from the window's own statements only (the server's table
         // knows more): the replay then leans towards plain decay.
-        start: if gucs::PREDICT.get() {
+        start: if cpu::predicts() {
             StartMode::Predicted
         } else {
             StartMode::Decay
