@@ -39,8 +39,8 @@ mod directory;
 mod histories;
 mod locks;
 mod node_counters;
+mod proc_entry;
 mod rule_hits;
-mod startup;
 mod tuner_state;
 
 pub use locks::{LockId, ShmemLock};
@@ -50,261 +50,21 @@ pub use cpu_owners::CpuOwners;
 pub use directory::{Group, GroupDirectory, MAX_GROUPS};
 pub use histories::Histories;
 pub use node_counters::{NodeCounters, MAX_NODES};
+pub use proc_entry::ProcEntry;
 pub use rule_hits::{RuleHit, RuleHits};
-pub use startup::{install, Block, Initial};
 pub use tuner_state::{RefreshRow, TunerState};
 
 use crate::os;
 use crate::pg;
-use pg_stride_sched::admission::{Counts, Lease, Queue, Waiter};
+use pg_stride_sched::admission::{Counts, Queue, Waiter};
 use pg_stride_sched::trace_ring::TraceRing;
-use pg_stride_sched::tuner::Accounting;
 use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
 use std::cell::UnsafeCell;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 const REGION_NAME: &CStr = c"pg_stride";
-
-/// Per-process state, in two parts by writer (the rules are in the module header): the
-/// fields a process writes itself, and its [`Inbox`], which other processes write. Each
-/// part has cache lines of its own: backends write their own fields at every statement,
-/// and entries sharing a line would make their processes' caches fight over it; a giver
-/// or the scheduler worker writing a process's inbox leaves the line its owner writes
-/// alone.
-#[derive(Default)]
-#[repr(C, align(64))]
-pub struct ProcEntry {
-    /// pid of the process that last registered work here; 0 when unused. Set by the
-    /// process when it claims the entry; cleared by the scheduler worker, with a
-    /// compare-and-swap, once that process is gone.
-    pub pid: AtomicI32,
-    /// Top-level statements of this process that are admitted and executing.
-    pub running: AtomicU32,
-    /// Statements this process registered, counted (wrapping) before `running` counts
-    /// each: a reader that sees the same count around its reads saw one statement.
-    pub registered: AtomicU32,
-    /// Top-level statements of this process that wait for admission.
-    pub queued: AtomicU32,
-    /// Group slot of this process's latest registered statement.
-    pub group: AtomicU32,
-    /// When the statement now waiting for admission arrived (TimestampTz, µs).
-    pub queued_since: AtomicI64,
-    /// When this process's latest statement was admitted (TimestampTz, µs).
-    pub admitted_at: AtomicI64,
-    /// Query entry (+1; 0 = none) this process registered in the CPU scheduler; its
-    /// parallel workers join it.
-    pub cpu_query: AtomicU32,
-    /// Query entry (+1) this process could not free because parallel workers had not
-    /// left it yet; the scheduler worker frees it later.
-    pub orphan_query: AtomicU32,
-    /// 1 while the process is paused at a yield point, waiting for a CPU slot.
-    pub paused: AtomicU32,
-    /// Parallel workers the current statement's plan asked for, over all its Gathers.
-    pub workers_planned: AtomicU32,
-    /// Parallel workers granted to the current statement (the concurrency hint).
-    pub workers_granted: AtomicU32,
-    /// Time the current statement spent paused at yield points, µs.
-    pub paused_us: AtomicU64,
-    /// Check-ins and slots taken by this process, counted (wrapping) so that the
-    /// watchdog sees a holder that reached no yield point during a whole round.
-    pub checkins: AtomicU32,
-    /// The share of its last slice's wall-clock time this holder ran, ‰, and when that
-    /// slice ended (CLOCK_MONOTONIC ns; 0 = no share to go by), published at its slice
-    /// ends with pinned slots (`slice_share::publish`).
-    pub slice_ran_permille: AtomicU32,
-    pub slice_share_at_ns: AtomicU64,
-    /// When the statement that registered `cpu_query` arrived (before admission) and
-    /// was admitted, CLOCK_MONOTONIC ns: the tuner traces statements still running.
-    pub query_arrival_ns: AtomicU64,
-    pub query_admit_ns: AtomicU64,
-    /// Rows the leader's current statement produced (returned, or changed by a write),
-    /// as of its last check-in at a yield point: what runaway-query rules read.
-    pub rows: AtomicU64,
-    /// The query id of this process's current statement (0 = not computed), for the
-    /// hits of runaway-query rules.
-    pub query_id: AtomicU64,
-    /// The CPU predicted for the query this process registered, and its class
-    /// ([`ProcEntry::prediction`]); 0 = none.
-    prediction: AtomicU64,
-    /// The admission this process keeps between its statements while nobody waits. A
-    /// protocol of its own (`pg_stride_sched::admission::Lease`): the scheduler worker
-    /// lends it while the process waits for its client.
-    pub lease: Lease,
-    /// Statements of group slot `group` admitted at once and not yet added to the
-    /// group's `admitted` counter, which every backend would otherwise write at every
-    /// statement; counted for the slot's incarnation `pending_incarnation`.
-    /// `pg_stride.reset_stats()` zeroes it from another backend: a statistics reset.
-    pub admitted_pending: AtomicU64,
-    pub pending_incarnation: AtomicU32,
-    /// What other processes write for this one.
-    pub inbox: Inbox,
-}
-
-/// The part of a [`ProcEntry`] that other processes write: a process that hands this
-/// one a slot or a CPU, its parallel workers, and the scheduler worker. The owner reads
-/// what they wrote, and clears the requests it acted on.
-#[derive(Default)]
-#[repr(C, align(64))]
-pub struct Inbox {
-    /// When a slot was last handed to this process (CLOCK_MONOTONIC ns), written by the
-    /// process that hands it over just before setting the latch: the hand-off's latency.
-    pub slot_given_ns: AtomicU64,
-    /// 1 while this process runs as `SCHED_BATCH` because a statement leaving
-    /// ExecutorRun handed it a slot (`cpu::hand_over`); the process sets itself back.
-    pub woken_as_batch: AtomicU32,
-    /// The CPU (+1; 0 = none) this process owns while it holds a slot
-    /// (`pg_stride.pin_slots`), written by the process that gives it the CPU, or swaps
-    /// CPUs with it.
-    pub slot_cpu: AtomicU32,
-    /// The CPU this process was last pinned to (none: unpinned), by itself or by the
-    /// process that handed it a slot: its mask then holds that CPU alone. A
-    /// `pg_stride_sched::pin_word`, which also counts its writes.
-    pub pinned_cpu: AtomicU32,
-    /// What the parallel workers of this process's current statement measured (they add
-    /// theirs when they end; the leader takes the sum into its trace record).
-    pub workers_acct: SharedAccounting,
-    /// Written by the scheduler worker: a runaway-query rule (its index + 1; 0 = none)
-    /// cancels this process's statement `rule_cancel_key` (its count in `registered`);
-    /// the process clears it as it raises the error.
-    pub rule_cancel: AtomicU32,
-    pub rule_cancel_key: AtomicU32,
-    /// Written by the scheduler worker: a runaway-query rule moves this process's
-    /// statement `rule_move_key` to group slot `rule_move` - 1 (0 = none); the process
-    /// clears it once its query moved.
-    pub rule_move: AtomicU32,
-    pub rule_move_key: AtomicU32,
-}
-
-/// [`Accounting`] as sums that several processes add to.
-#[derive(Default)]
-pub struct SharedAccounting {
-    cpu_total_ns: AtomicU64,
-    paused_ns: AtomicU64,
-    handoff_ns: AtomicU64,
-    held_ns: AtomicU64,
-    held_runqueue_ns: AtomicU64,
-    runqueue_ns: AtomicU64,
-    runqueue_before_slot_ns: AtomicU64,
-    paused_runqueue_ns: AtomicU64,
-    long_slice_ns: AtomicU64,
-    handoffs: AtomicU64,
-}
-
-impl SharedAccounting {
-    /// Adds one process's measurements.
-    pub fn add(&self, a: &Accounting) {
-        self.cpu_total_ns
-            .fetch_add(a.cpu_total_ns, Ordering::Relaxed);
-        self.paused_ns.fetch_add(a.paused_ns, Ordering::Relaxed);
-        self.handoff_ns.fetch_add(a.handoff_ns, Ordering::Relaxed);
-        self.held_ns.fetch_add(a.held_ns, Ordering::Relaxed);
-        self.held_runqueue_ns
-            .fetch_add(a.held_runqueue_ns, Ordering::Relaxed);
-        self.runqueue_ns.fetch_add(a.runqueue_ns, Ordering::Relaxed);
-        self.runqueue_before_slot_ns
-            .fetch_add(a.runqueue_before_slot_ns, Ordering::Relaxed);
-        self.paused_runqueue_ns
-            .fetch_add(a.paused_runqueue_ns, Ordering::Relaxed);
-        self.long_slice_ns
-            .fetch_add(a.long_slice_ns, Ordering::Relaxed);
-        self.handoffs
-            .fetch_add(u64::from(a.handoffs), Ordering::Relaxed);
-    }
-
-    /// Resets the sums to zero. Reads first, and writes only sums that are not zero: a
-    /// statement without workers finds them all zero, and a swap is a locked instruction
-    /// on a line that other processes write, at every statement.
-    pub fn clear(&self) {
-        for sum in [
-            &self.cpu_total_ns,
-            &self.paused_ns,
-            &self.handoff_ns,
-            &self.held_ns,
-            &self.held_runqueue_ns,
-            &self.runqueue_ns,
-            &self.runqueue_before_slot_ns,
-            &self.paused_runqueue_ns,
-            &self.long_slice_ns,
-            &self.handoffs,
-        ] {
-            if sum.load(Ordering::Relaxed) != 0 {
-                sum.store(0, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// The sums so far, reset to zero.
-    pub fn take(&self) -> Accounting {
-        Accounting {
-            cpu_total_ns: self.cpu_total_ns.swap(0, Ordering::Relaxed),
-            paused_ns: self.paused_ns.swap(0, Ordering::Relaxed),
-            handoff_ns: self.handoff_ns.swap(0, Ordering::Relaxed),
-            held_ns: self.held_ns.swap(0, Ordering::Relaxed),
-            held_runqueue_ns: self.held_runqueue_ns.swap(0, Ordering::Relaxed),
-            runqueue_ns: self.runqueue_ns.swap(0, Ordering::Relaxed),
-            runqueue_before_slot_ns: self.runqueue_before_slot_ns.swap(0, Ordering::Relaxed),
-            paused_runqueue_ns: self.paused_runqueue_ns.swap(0, Ordering::Relaxed),
-            long_slice_ns: self.long_slice_ns.swap(0, Ordering::Relaxed),
-            handoffs: self
-                .handoffs
-                .swap(0, Ordering::Relaxed)
-                .min(u64::from(u32::MAX)) as u32,
-            ..Accounting::default()
-        }
-    }
-}
-
-impl ProcEntry {
-    /// Forgets everything the entry says; used when its process is gone, by the next
-    /// process to claim it or by the scheduler worker.
-    pub fn reset(&self) {
-        self.running.store(0, Ordering::Relaxed);
-        self.queued.store(0, Ordering::Relaxed);
-        self.group.store(0, Ordering::Relaxed);
-        self.queued_since.store(0, Ordering::Relaxed);
-        self.admitted_at.store(0, Ordering::Relaxed);
-        self.cpu_query.store(0, Ordering::Relaxed);
-        self.paused.store(0, Ordering::Relaxed);
-        self.admitted_pending.store(0, Ordering::Relaxed);
-        self.inbox.slot_cpu.store(0, Ordering::Relaxed);
-        // Unpinned, one write on: a process still pinning the entry's last process
-        // (a giver between its mask and its compare-and-swap) fails its swap.
-        let pinned = self.inbox.pinned_cpu.load(Ordering::Relaxed);
-        self.inbox.pinned_cpu.store(
-            pg_stride_sched::pin_word::next(pinned, None),
-            Ordering::Relaxed,
-        );
-        self.slice_share_at_ns.store(0, Ordering::Relaxed);
-        self.clear_statement();
-        self.pid.store(0, Ordering::Release);
-    }
-
-    /// Publishes the CPU predicted for the query this process registered, µs, and
-    /// whether that counts as short.
-    pub fn publish_prediction(&self, cpu_us: u64, short: bool) {
-        let word = (cpu_us.min(u64::MAX >> 2) << 2) | if short { 1 } else { 2 };
-        self.prediction.store(word, Ordering::Relaxed);
-    }
-
-    /// The CPU predicted for the query this process registered, µs, and whether that
-    /// counts as short; `None` without a prediction.
-    pub fn prediction(&self) -> Option<(u64, bool)> {
-        let word = self.prediction.load(Ordering::Relaxed);
-        (word != 0).then_some((word >> 2, word & 3 == 1))
-    }
-
-    /// Forgets what the entry says of the previous statement; a new one starts.
-    pub fn clear_statement(&self) {
-        self.rows.store(0, Ordering::Relaxed);
-        self.prediction.store(0, Ordering::Relaxed);
-        self.workers_planned.store(0, Ordering::Relaxed);
-        self.workers_granted.store(0, Ordering::Relaxed);
-        self.paused_us.store(0, Ordering::Relaxed);
-        self.inbox.workers_acct.clear();
-    }
-}
 
 /// Header of the region, followed by `nprocs` [`ProcEntry`]s and `nprocs` admission
 /// [`Waiter`]s. Aligned like the entries, so that they follow it without a gap.
@@ -472,4 +232,259 @@ pub fn shared() -> Option<&'static Shared> {
     // SAFETY: the pointer is either null or points at the region PostgreSQL keeps mapped
     // for the life of every process.
     unsafe { SHARED.load(Ordering::Acquire).as_ref() }
+}
+
+const TRACE_REGION_NAME: &CStr = c"pg_stride trace";
+const SCHED_REGION_NAME: &CStr = c"pg_stride scheduler";
+/// Number of per-process entries: one for every PGPROC that can run a query (client
+/// backends, autovacuum, background and parallel workers, WAL senders). Auxiliary
+/// processes and prepared transactions have higher PGPROC numbers and no entry.
+fn process_capacity() -> usize {
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
+    {
+        // SAFETY: plain read of a global computed before shmem_request_hook runs.
+        unsafe { pg_sys::MaxBackends as usize }
+    }
+    #[cfg(any(feature = "pg13", feature = "pg14"))]
+    {
+        // Before PG15 MaxBackends is not known yet while _PG_init runs, so add up its
+        // parts as InitializeMaxBackends does.
+        // SAFETY: GetConfigOption returns a pointer to the setting's current text (or
+        // aborts for an unknown name, which autovacuum_max_workers is not); the other
+        // values are plain reads of settings already loaded from postgresql.conf.
+        unsafe {
+            let autovacuum: usize = CStr::from_ptr(pg_sys::GetConfigOption(
+                c"autovacuum_max_workers".as_ptr(),
+                false,
+                false,
+            ))
+            .to_str()
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(3);
+            pg_sys::MaxConnections as usize
+                + autovacuum
+                + 1
+                + pg_sys::max_worker_processes as usize
+                + pg_sys::max_wal_senders as usize
+        }
+    }
+}
+
+/// Statements the trace holds: 2 MiB of 128-byte records, minutes of a busy server's
+/// CPU-scheduled statements, more than a tuner window needs.
+const TRACE_CAPACITY: u32 = 16_384;
+
+static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
+static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
+
+/// A block of shared memory that a module above this one keeps (the pool's), requested
+/// and created through this module's one request and startup path.
+pub struct Block {
+    /// Its name for ShmemInitStruct.
+    pub name: &'static CStr,
+    pub size: usize,
+    /// Called in every process at startup, under AddinShmemInitLock, with the block and
+    /// whether another process created it already (`false`: initialise it).
+    pub attach: unsafe fn(block: *mut u8, found: bool),
+}
+
+/// The other modules' blocks, set once by [`install`].
+static BLOCKS: std::sync::OnceLock<&'static [Block]> = std::sync::OnceLock::new();
+
+/// What the regions start with, from settings that modules above this one own: read
+/// when the regions are created, after every setting was registered and the
+/// configuration file read.
+pub struct Initial {
+    pub max_active_queries: u32,
+    pub cpu_slots: u32,
+    pub decay: pg_stride_sched::DecayParams,
+}
+
+/// The reader of [`Initial`], set once by [`install`].
+static INITIAL: std::sync::OnceLock<fn() -> Initial> = std::sync::OnceLock::new();
+
+/// Asks PostgreSQL for pg_stride's shared memory — its own regions and `blocks` — and
+/// arranges their initialisation: the one place pg_stride installs shmem_request_hook
+/// and shmem_startup_hook. Only valid while `shared_preload_libraries` is processed.
+pub fn install(blocks: &'static [Block], initial: fn() -> Initial) {
+    let _ = BLOCKS.set(blocks);
+    let _ = INITIAL.set(initial);
+    // SAFETY: _PG_init runs single-threaded in the postmaster; hooks are chained.
+    unsafe {
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
+        {
+            PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
+            pg_sys::shmem_request_hook = Some(on_shmem_request);
+        }
+        #[cfg(any(feature = "pg13", feature = "pg14"))]
+        request_space();
+        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(on_shmem_startup);
+    }
+}
+
+/// Room of the CPU scheduler: every process may join a query, and every client
+/// backend may register one (its open cursors share it).
+fn sched_capacity() -> Capacity {
+    let procs = process_capacity() as u32;
+    Capacity {
+        max_procs: procs,
+        max_queries: procs,
+        max_groups: MAX_GROUPS as u32,
+    }
+}
+
+fn request_space() {
+    // SAFETY: called from _PG_init or shmem_request_hook, where this is allowed.
+    unsafe {
+        pg_sys::RequestAddinShmemSpace(Shared::size(process_capacity()));
+        pg_sys::RequestAddinShmemSpace(SchedShared::region_size(&sched_capacity()));
+        pg_sys::RequestAddinShmemSpace(TraceRing::region_size(TRACE_CAPACITY));
+        pg_sys::RequestNamedLWLockTranche(REGION_NAME.as_ptr(), LOCK_COUNT);
+        for block in BLOCKS.get().copied().unwrap_or_default() {
+            pg_sys::RequestAddinShmemSpace(block.size);
+        }
+    }
+}
+
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18"))]
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_shmem_request() {
+    // SAFETY: chaining to the hook installed before ours.
+    if let Some(prev) = unsafe { PREV_SHMEM_REQUEST_HOOK } {
+        // SAFETY: the hook installed before ours, called as PostgreSQL calls hooks.
+        unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| prev()) };
+    }
+    request_space();
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_shmem_startup() {
+    // SAFETY: chaining to the hook installed before ours.
+    if let Some(prev) = unsafe { PREV_SHMEM_STARTUP_HOOK } {
+        // SAFETY: the hook installed before ours, called as PostgreSQL calls hooks.
+        unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| prev()) };
+    }
+    let Some(initial) = INITIAL.get().map(|read| read()) else {
+        return;
+    };
+    let nprocs = process_capacity();
+    let size = Shared::size(nprocs);
+    // SAFETY: AddinShmemInitLock (MainLWLockArray[21] in every supported major) guards
+    // ShmemInitStruct; the block is initialised before the lock is released, and only
+    // when this is the first process to see it (`found` false).
+    unsafe {
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let region =
+            pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found).cast::<Shared>();
+        debug_assert!(region.is_aligned(), "shared memory is cache-line aligned");
+        if !found {
+            (&raw mut (*region).scheduler_pid).write(AtomicI32::new(0));
+            (&raw mut (*region).nprocs).write(nprocs as u32);
+            GroupDirectory::init(&raw mut (*region).groups);
+            (&raw mut (*region).admission).write(Counts::new(initial.max_active_queries));
+            (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
+            TunerState::init(&raw mut (*region).tuner, initial.decay);
+            NodeCounters::init(&raw mut (*region).nodes);
+            RuleHits::init(&raw mut (*region).rule_hits);
+            Histories::init(&raw mut (*region).histories);
+            (&raw mut (*region).lends_blocked).write(AtomicU64::new(0));
+            (&raw mut (*region).yield_requests).write(AtomicU64::new(0));
+            (&raw mut (*region).cpu_swaps).write(AtomicU64::new(0));
+            (&raw mut (*region).cpu_share_swaps).write(AtomicU64::new(0));
+            CpuOwners::init(
+                &raw mut (*region).cpu_owners,
+                &os::allowed_cpus().unwrap_or_default(),
+            );
+            let first = region.add(1).cast::<ProcEntry>();
+            for i in 0..nprocs {
+                first.add(i).write(ProcEntry::default());
+            }
+            let waiters = first.add(nprocs).cast::<Waiter>();
+            for i in 0..nprocs {
+                waiters.add(i).write(Waiter::default());
+            }
+        }
+        init_sched(&initial);
+        init_trace();
+        for block in BLOCKS.get().copied().unwrap_or_default() {
+            let mut found = false;
+            let ptr = pg_sys::ShmemInitStruct(block.name.as_ptr(), block.size, &mut found);
+            (block.attach)(ptr.cast(), found);
+        }
+        pg_sys::LWLockRelease(lock);
+        LOCKS.store(
+            pg_sys::GetNamedLWLockTranche(REGION_NAME.as_ptr()),
+            Ordering::Release,
+        );
+        SHARED.store(region, Ordering::Release);
+    }
+}
+
+/// Creates the CPU scheduler's block, or attaches to it when another process did.
+/// Caller holds AddinShmemInitLock.
+unsafe fn init_sched(initial: &Initial) {
+    let cap = sched_capacity();
+    let size = SchedShared::region_size(&cap);
+    let mut found = false;
+    // SAFETY: ShmemInitStruct returns `size` bytes of shared memory that stay mapped,
+    // initialised by whoever finds them new.
+    let sched = unsafe {
+        let ptr =
+            pg_sys::ShmemInitStruct(SCHED_REGION_NAME.as_ptr(), size, &mut found).cast::<u8>();
+        if found {
+            SchedShared::attach(ptr)
+        } else {
+            let config = SchedConfig {
+                cpu_slots: initial.cpu_slots,
+                policy: Policy::DecayingStride,
+                decay: initial.decay,
+            };
+            SchedShared::init_in(ptr, cap, &config)
+        }
+    };
+    match sched {
+        Ok(sched) => SCHED.store((sched as *const SchedShared).cast_mut(), Ordering::Release),
+        Err(e) => internal_warning(format!("pg_stride: CPU scheduling is off: {e}")),
+    }
+}
+
+/// Creates the trace ring's block, or attaches to it when another process did. Caller
+/// holds AddinShmemInitLock.
+unsafe fn init_trace() {
+    let mut found = false;
+    // SAFETY: ShmemInitStruct returns the requested bytes of shared memory that stay
+    // mapped, initialised by whoever finds them new.
+    let ring = unsafe {
+        let ptr = pg_sys::ShmemInitStruct(
+            TRACE_REGION_NAME.as_ptr(),
+            TraceRing::region_size(TRACE_CAPACITY),
+            &mut found,
+        )
+        .cast::<u8>();
+        if found {
+            TraceRing::attach(ptr)
+        } else {
+            TraceRing::init_in(ptr, TRACE_CAPACITY)
+        }
+    };
+    match ring {
+        Ok(ring) => TRACE.store((ring as *const TraceRing).cast_mut(), Ordering::Release),
+        Err(e) => internal_warning(format!("pg_stride: the tuner's trace is off: {e}")),
+    }
+}
+
+/// A shared region that would not initialise: its capacity comes from the server's own
+/// limits, so this is a bug, reported without stopping the server.
+fn internal_warning(message: String) {
+    pg::report(
+        pgrx::PgLogLevel::WARNING,
+        pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        message,
+        None,
+    );
 }
