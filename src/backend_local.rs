@@ -4,10 +4,9 @@
 //! PostgreSQL from any other thread: a `static` of [`BackendLocal`] is the Rust spelling
 //! of a file-level `static` variable in a C extension (pg_stat_statements keeps its
 //! nesting level that way). It is used instead of `thread_local!` because in a shared
-//! library every access to a thread-local goes through `__tls_get_addr`: on the
-//! per-statement path of pg_stride that was about 10 % of the instructions it added to
-//! a `pgbench -S` transaction (measured with cachegrind), while a `BackendLocal` is a
-//! plain memory access.
+//! library every access to a thread-local is a call of `__tls_get_addr`, and the
+//! per-statement path reads such state many times, while a `BackendLocal` is a plain
+//! memory access.
 //!
 //! The accessors mirror those of `std::thread::LocalKey` for `Cell` and `RefCell`, so
 //! the code reads the same; a `RefCell` still catches a re-entrant mutable borrow.

@@ -416,9 +416,9 @@ static OWN_SCHEMA: BackendLocal<Cell<Option<pg_sys::Oid>>> = BackendLocal::new(C
 
 /// The schemas of the relations the monitoring check looked up last, as (relation,
 /// schema); InvalidOid pairs are empty. A statement that reads a user table needs its
-/// schema to be told from a monitoring query, and the syscache lookup was a sixth of
-/// what pg_stride added to a primary-key SELECT (callgrind, bench/results/INSTRUCTIONS.md).
-/// Cleared whenever a pg_class row changes (ALTER TABLE … SET SCHEMA among them).
+/// schema to be told from a monitoring query, and a syscache lookup for every statement
+/// would cost more than the rest of the check. Cleared whenever a pg_class row changes
+/// (ALTER TABLE … SET SCHEMA among them).
 static RELATION_SCHEMAS: BackendLocal<RefCell<RelationSchemas>> =
     BackendLocal::new(RefCell::new(RelationSchemas::EMPTY));
 static CATALOG_CALLBACKS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));

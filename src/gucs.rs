@@ -14,11 +14,10 @@
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, GucValue};
 
 /// A setting's variable, read without pgrx's thread check: pgrx's `GucSetting::get`
-/// checks on every read that it runs on the thread that loaded the library, which cost
-/// about a tenth of what pg_stride added to a primary-key SELECT (callgrind,
-/// bench/results/INSTRUCTIONS.md), read a dozen times per statement. A backend runs its
-/// hooks on its one thread (see `backend_local`), as C extensions read their GUC
-/// variables; registration takes the inner `GucSetting`.
+/// checks on every read that it runs on the thread that loaded the library, and
+/// settings are read many times per statement. A backend runs its hooks on its one
+/// thread (see `backend_local`), as C extensions read their GUC variables; registration
+/// takes the inner `GucSetting`.
 pub struct Setting<T: GucValue>(GucSetting<T>);
 
 impl<T: GucValue> Setting<T> {

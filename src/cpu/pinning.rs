@@ -113,9 +113,8 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
 ///
 /// Left to the kernel, a receiver wakes where it last ran or where the kernel finds
 /// room, often a CPU on which the other holder runs, while the giver's CPU goes to work
-/// without a slot: it then waits in the run queue holding its slot. With as many slots
-/// as CPUs and 95 % of the machine's CPU offered, that cost unpinned holders 13.6 % of
-/// their slot time against 7.8 % pinned, and the queue grew without bound
+/// without a slot: it then waits in the run queue holding its slot, and at a high load
+/// the admission queue grows without bound
 /// (bench/results/pinning-and-wakeups/alpha095_unpinned). Pinning the receiver to the
 /// CPU its giver leaves, only until it runs, keeps one holder per CPU across hand-offs as
 /// `pass` does, without binding any process to a CPU for longer than its wake-up.
@@ -207,17 +206,18 @@ fn outranking<'a>(
     })
 }
 
-/// The kernel time slice a pinned holder asks for, ms (Linux 6.12 and later): of 5, 20
-/// and 100 ms, 20 gave short statements the lowest slowdown (mean / p99 1.29 / 3.22,
-/// against 1.48 / 4.43 and 1.45 / 3.70; bench/results/handoff-and-slices/
+/// The kernel time slice a pinned holder asks for, ms (Linux 6.12 and later): long
+/// enough that work without a slot waits for the holder's slice rather than preempting
+/// it, short enough that such work is not held back long; of the values tried, the one
+/// that gave short statements the lowest slowdown (bench/results/handoff-and-slices/
 /// alpha095_own_slices).
 const HOLDER_TIME_SLICE_MS: f64 = 20.0;
 
 /// The kernel time slice a process asks for once it left its pinned slot, ms (Linux
-/// 6.12 and later): against the kernel's default (1.4 ms on the benchmark's machine),
-/// 0.2 ms lowered the short mean slowdown in 3 runs of 3 (by 0.10-0.16), the short p99
-/// in 2 (3.14 → 2.92, 3.44 → 2.53; 0.07 higher in the third) and the long mean in 3
-/// (bench/results/cpu-interference/alpha095_lead, runs D-F).
+/// 6.12 and later): well below the kernel's default, so that such processes, each with
+/// a little work between two waits, preempt each other at wake-up; it lowered short
+/// statements' slowdown against the default (bench/results/cpu-interference/
+/// alpha095_lead, runs D-F).
 const UNSLOTTED_TIME_SLICE_MS: f64 = 0.2;
 
 /// A pinned holder asks the kernel for long slices ([`HOLDER_TIME_SLICE_MS`]): a process
@@ -233,19 +233,16 @@ const UNSLOTTED_TIME_SLICE_MS: f64 = 0.2;
 /// `SCHED_IDLE`, its CPU counts as idle for the kernel's choice of a CPU for a waking
 /// process, so the work without a slot (a backend parsing and planning, a kernel thread)
 /// lands on the lower holder's CPU rather than on the higher one's, and runs there at
-/// once. That lowered the time short statements were runnable while holding a slot in 5
-/// runs of 5, by 7-29 %, with slowdowns within a run's spread
-/// (bench/results/cpu-interference/alpha095_lead). The kernel lets a process leave the
-/// class only with `CAP_SYS_NICE` or an `RLIMIT_NICE` of 20: a process without them
-/// never enters it.
+/// once, and the higher holder keeps its CPU (bench/results/cpu-interference/
+/// alpha095_lead measures the time holders were runnable). The kernel lets a process
+/// leave the class only with `CAP_SYS_NICE` or an `RLIMIT_NICE` of 20: a process
+/// without them never enters it.
 ///
 /// Each process asks for its own slice and class, when it runs with a slot (or without
 /// one again), never for a receiver it pins: with the giver setting the sleeping
 /// receiver's slice, the receiver ran inside the tail of the statement that woke it more
-/// often (a short statement was runnable without a slot after its ExecutorRun 0.32-0.46
-/// ms, against 0.08-0.16 ms with each process setting its own;
-/// bench/results/handoff-and-slices/alpha095_own_slices). A system call only when what
-/// it wants changes.
+/// often, and that statement's reply waited (bench/results/handoff-and-slices/
+/// alpha095_own_slices). A system call only when what it wants changes.
 fn fit_own_scheduling(entry: &shmem::ProcEntry, idle_wanted: bool) {
     let pinned = pin_word::cpu(entry.inbox.pinned_cpu.load(Ordering::Acquire)).is_some();
     let ms = if pinned {
@@ -285,9 +282,9 @@ static SAMPLED: BackendLocal<RefCell<Vec<HolderSample>>> =
 /// has been kept off its CPU — stalled, or sharing it — while this process had its own
 /// CPU to itself (`pg_stride_sched::stall`), swaps CPUs with it, the highest priority
 /// first. The processes that keep a holder off its CPU are mostly the server's own work
-/// without a slot and, on a virtual machine, kernel threads no holder can preempt;
-/// swapping lowered the time short statements were runnable while holding a slot in 6
-/// pairs of runs of 7, by 7-27 % (bench/results/cpu-interference/alpha095_swap). A
+/// without a slot and, on a virtual machine, kernel threads no holder can preempt:
+/// swapping gives the CPU that is free of them to the higher priority
+/// (bench/results/cpu-interference/alpha095_swap). A
 /// clock read for each holder of a higher priority; nothing when there is none. Call
 /// after `hold`.
 pub fn serve_stalled(shared: &shmem::Shared, sched: &SchedShared, me: ProcId, ran: Option<u32>) {

@@ -42,11 +42,10 @@ pub struct Ran {
 /// A holder of a higher priority that ran less than this share of its last slice's
 /// wall-clock time, without blocking, is kept off its CPU, and a lower holder swaps CPUs
 /// with it. Well below the 90 % the lower holder must have run itself, so that two
-/// holders on CPUs equally busy never swap back and forth. With it, short statements
-/// were runnable while holding a slot 2.91 s against 3.92 s with only stalled clocks
-/// counted (−26 %; short mean / p99 1.38 / 3.02 against 1.47 / 3.41; an earlier build
-/// of the rule gave 1.49 / 3.44 against 1.45 / 3.34; bench/results/cpu-interference/
-/// share_swaps).
+/// holders on CPUs equally busy never swap back and forth. A holder that is kept off its
+/// CPU by another process still advances its clock a little, so a rule on stalled
+/// clocks alone misses it; the share catches it (bench/results/cpu-interference/
+/// share_swaps compares the two).
 const BELOW_SHARE_PERCENT: u32 = 67;
 
 /// Whether holders measure their shares: pinned slots.

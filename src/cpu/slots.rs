@@ -166,8 +166,8 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
     mark_paused(shared);
     pinning::pausing(shared, proc);
     // Asks a holder of a lower priority to end its slice at its next tuple rather than
-    // wait for the end of its slice: the median wait for a first slot fell from 1.2-1.3 ms
-    // to 0.3 ms (bench/results/scheduling-policy/alpha095_preempt).
+    // wait for the end of its slice: a statement arriving behind it then waits for one
+    // tuple, not for the rest of a slice (bench/results/scheduling-policy/alpha095_preempt).
     if sched.ask_holder_to_yield(proc).is_some() {
         shared.yield_requests.fetch_add(1, Ordering::Relaxed);
     }

@@ -30,8 +30,8 @@ impl Arrival {
     /// A statement arrives now; it is admitted when the caller sets `admit_ns`.
     ///
     /// The CPU clocks are read only for the trace: the thread CPU clock is a system call
-    /// (the vDSO serves only the wall clocks), and with the short statements of OLTP it
-    /// was half of what pg_stride cost per statement (bench/results/OVERHEAD_AB.md).
+    /// (the vDSO serves only the wall clocks), as costly as the rest of what pg_stride
+    /// does for a short OLTP statement.
     pub fn now() -> Arrival {
         let arrival_ns = os::monotonic_ns();
         let traced = enabled();

@@ -25,8 +25,8 @@ static WRAPPED: BackendLocal<RefCell<HashMap<usize, Wrapped, BuildHasherDefault<
 
 /// The node the last yield point looked up and its function: a scan returns its tuples
 /// one after another, so most yield points are that node's again, and a compare replaces
-/// the hash lookup (count(*) over 500 partitions added 6.9 % instructions with a lookup
-/// per tuple, bench/results/INSTRUCTIONS.md). Cleared whenever `WRAPPED` changes.
+/// the hash lookup, which would otherwise be paid for every tuple of every scan.
+/// Cleared whenever `WRAPPED` changes.
 static LAST_LOOKUP: BackendLocal<Cell<(usize, pg_sys::ExecProcNodeMtd)>> =
     BackendLocal::new(Cell::new((0, None)));
 
@@ -65,9 +65,8 @@ impl Hasher for AddressHasher {
 /// The scans produce the tuples everything above them consumes, so they check in
 /// regularly while their consumers take input (docs/design.md §8); a sort, an aggregate
 /// or a materialized result then emits its output with no scan below it, which without
-/// a yield point of its own ran as one long slice (4 % of the CPU in slots ran in slices
-/// beyond twice the target at α = 0.95 without them, 1.9 % with them,
-/// bench/results/sim-gap/SIM_GAP.md; they cost 2.5–3 % of such an output's CPU).
+/// a yield point of its own would run as one long slice, however long the output
+/// (bench/results/sim-gap/SIM_GAP.md measures the long slices with and without them).
 /// ExecSetExecProcNode keeps PostgreSQL's first-call shim working.
 pub(super) fn wrap_scans(desc: *const pg_sys::QueryDesc) {
     // SAFETY: after ExecutorStart the QueryDesc has its PlanState tree and EState, whose
