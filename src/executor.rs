@@ -203,8 +203,9 @@ unsafe extern "C-unwind" fn planner(
             bound_params,
         )
     };
+    // A serial plan has nothing for the pool: the pool's settings are not even read.
     // SAFETY: the planner's result, a valid PlannedStmt, or null from a broken hook.
-    if pool::plans_for_pool() && !stmt.is_null() && unsafe { (*stmt).parallelModeNeeded } {
+    if !stmt.is_null() && unsafe { (*stmt).parallelModeNeeded } && pool::plans_for_pool() {
         // SAFETY: a guarded function, given the plan just made, in the planner's context.
         unsafe { pool_plan(stmt) };
     }
@@ -219,7 +220,9 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     let joinable = is_scheduled(eflags) && unsafe { arrive_unless_monitoring(desc) };
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     unsafe { PREV_EXECUTOR_START.unwrap_or(raw::standard_ExecutorStart)(desc, eflags) }
-    if pool::wanted(eflags) {
+    // Stride Gathers are only in plans made for the pool, which need parallel mode.
+    // SAFETY: ExecutorStart's QueryDesc holds its PlannedStmt.
+    if unsafe { (*(*desc).plannedstmt).parallelModeNeeded } && pool::wanted(eflags) {
         // SAFETY: a guarded function, given the executor's own QueryDesc.
         unsafe { pool_gathers(desc) };
     }
