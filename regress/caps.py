@@ -279,7 +279,8 @@ def a_statement_without_yield_points_keeps_its_admission_while_its_client_does_n
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     other = None
     try:
-        blocked = f"SELECT pid FROM pg_stat_activity WHERE usename = '{APP}' AND wait_event = 'ClientWrite'"
+        blocked = (f"SELECT pid FROM pg_stat_activity WHERE usename = '{APP}' AND wait_event = 'ClientWrite' "
+                   "AND query LIKE '%COPY%'")
         deadline = time.monotonic() + 10
         while not (pid := s.sql(blocked)):
             assert time.monotonic() < deadline, "the COPY never waited for its client"

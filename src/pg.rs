@@ -211,10 +211,11 @@ pub enum Waiting {
     No,
     /// A heavyweight lock (PG_WAIT_LOCK).
     Lock,
-    /// Its client (PG_WAIT_CLIENT): idle between statements or between the FETCHes of
-    /// a cursor, or reading COPY data; `writing` (ClientWrite): blocked in the middle
-    /// of a statement, sending rows to a client that does not read them.
-    Client { writing: bool },
+    /// Its client, or a peer (PG_WAIT_CLIENT). `reading` (ClientRead): idle between
+    /// statements or between the FETCHes of a cursor, or reading COPY data. Otherwise
+    /// in the middle of a statement: sending rows to a client that does not read them
+    /// (ClientWrite), or waiting for a standby or a replication peer.
+    Client { reading: bool },
     /// Anything else (LWLock, I/O, IPC, timeout, extension).
     Other,
 }
@@ -226,7 +227,7 @@ pub fn proc_waiting(procno: usize) -> Waiting {
         event => match event & 0xFF00_0000 {
             pg_sys::PG_WAIT_LOCK => Waiting::Lock,
             pg_sys::PG_WAIT_CLIENT => Waiting::Client {
-                writing: event == pg_sys::WaitEventClient::WAIT_EVENT_CLIENT_WRITE,
+                reading: event == pg_sys::WaitEventClient::WAIT_EVENT_CLIENT_READ,
             },
             _ => Waiting::Other,
         },

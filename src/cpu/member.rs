@@ -6,6 +6,7 @@ use super::slice_share;
 use super::trace::{self, Arrival};
 use crate::backend_local::BackendLocal;
 use crate::os::{self, thread_cpu_ns};
+use crate::shmem;
 use pg_stride_sched::predict::Prediction;
 use pg_stride_sched::slice::SliceClock;
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
@@ -166,7 +167,33 @@ pub(super) static MEMBER: BackendLocal<RefCell<Option<Member>>> =
     BackendLocal::new(RefCell::new(None));
 /// Tuples left before the next check-in; counting down is all a yield point does on most
 /// tuples, so it is a plain cell of its own rather than a field behind a borrow.
+/// Set through [`arm_countdown`] and [`disarm_countdown`]; only a yield point counts it down.
 pub(super) static COUNTDOWN: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(u32::MAX));
+/// Whether the countdown is armed, as this process's entry shows it
+/// (`ProcEntry::checks_in`): published when it changes, not at every chunk.
+static ARMED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+
+/// Arms the yield points: the next check-in comes after `chunk` tuples. A statement whose
+/// yield points are armed checks in, and so takes back an admission lent while it waited
+/// for its client, before it goes on far (docs/design.md §4 rule 12).
+pub(super) fn arm_countdown(chunk: u32) {
+    COUNTDOWN.set(chunk);
+    publish_armed(true);
+}
+
+/// Disarms the yield points: no check-in until they are armed again.
+pub(super) fn disarm_countdown() {
+    COUNTDOWN.set(u32::MAX);
+    publish_armed(false);
+}
+
+fn publish_armed(armed: bool) {
+    if ARMED.replace(armed) != armed {
+        if let Some(entry) = shmem::shared().and_then(|shared| shared.my_entry()) {
+            entry.checks_in.store(u32::from(armed), Ordering::Release);
+        }
+    }
+}
 /// This process's request to end its slice early, in the scheduler's shared memory
 /// (a waiter of a higher priority asks for it): a yield point reads it at every tuple. Set when
 /// the process first takes a slot; its process entry stays the same for its lifetime,

@@ -52,7 +52,7 @@ mod trace;
 mod watchdog;
 mod yield_points;
 
-use member::{Member, COUNTDOWN, MEMBER, WORKER_CPU_BASE};
+use member::{Member, MEMBER, WORKER_CPU_BASE};
 use placement::{hand_over, run_as_other};
 use priority::priority_range;
 use slots::{join_query, transaction_wrote};
@@ -202,7 +202,7 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         member.take()
     });
     let Some(mut m) = last else { return };
-    COUNTDOWN.set(u32::MAX);
+    member::disarm_countdown();
     numa::unbind();
     let Some(query) = m.query else { return };
     let snapshot = sched.query_snapshot(query);

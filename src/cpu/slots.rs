@@ -3,7 +3,9 @@
 //! slice, competing for the slot in stride order), the pause on the latch until a slot
 //! is handed over, and joining the query at the first check-in.
 
-use super::member::{take_yield_request, Member, COUNTDOWN, MEMBER, YIELD_FLAG};
+use super::member::{
+    arm_countdown, disarm_countdown, take_yield_request, Member, COUNTDOWN, MEMBER, YIELD_FLAG,
+};
 use super::placement::{dispatch_free_slots, follow_slot, hand_over};
 use super::priority::priority_range;
 use super::{pinning, prediction, slice_share};
@@ -93,7 +95,7 @@ pub fn begin_run(shared: &shmem::Shared) {
         let m = m.as_mut()?;
         m.clock.set_target_ns(super::settings::slice_ns());
         m.clock.restart();
-        COUNTDOWN.set(m.clock.chunk());
+        arm_countdown(m.clock.chunk());
         m.query?;
         m.restart_charging();
         Some(m.proc)
@@ -121,7 +123,7 @@ fn take_slot(shared: &shmem::Shared, sched: &'static SchedShared, proc: ProcId) 
 
 /// ExecutorRun ends: give the slot back, charging the CPU used since the last check-in.
 pub fn end_run(shared: &shmem::Shared) {
-    COUNTDOWN.set(u32::MAX);
+    disarm_countdown();
     let Some(sched) = shared.sched() else { return };
     let Some((proc, used)) = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
@@ -285,7 +287,7 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
                 checkpoint => checkpoint,
             }
         };
-        COUNTDOWN.set(m.clock.chunk());
+        arm_countdown(m.clock.chunk());
         match checkpoint {
             Checkpoint::Continue => None,
             Checkpoint::SliceEnd { used_ns } => {
@@ -306,7 +308,7 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
     }
     if !interrupts_can_be_processed() {
         // Rule 1: no pause inside an LWLock or critical section; look again soon.
-        COUNTDOWN.set(RETRY_CHUNK);
+        arm_countdown(RETRY_CHUNK);
         return;
     }
     if transaction_wrote() {
@@ -364,23 +366,23 @@ pub(super) fn count_check_in(shared: &shmem::Shared) {
 fn join_at_first_check_in(shared: &shmem::Shared, sched: &'static SchedShared) {
     if transaction_wrote() {
         // Rule 2: a statement of a transaction holding row locks is never paused.
-        COUNTDOWN.set(u32::MAX);
+        disarm_countdown();
         return;
     }
     if !interrupts_can_be_processed() {
         // Rule 1: join where a pause would be allowed; look again soon.
-        COUNTDOWN.set(RETRY_CHUNK);
+        arm_countdown(RETRY_CHUNK);
         return;
     }
     if !join_query(shared, sched) {
-        COUNTDOWN.set(u32::MAX);
+        disarm_countdown();
         return;
     }
     let Some(proc) = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
         m.restart_charging();
         m.clock.restart();
-        COUNTDOWN.set(m.clock.chunk());
+        arm_countdown(m.clock.chunk());
         Some(m.proc)
     }) else {
         return;

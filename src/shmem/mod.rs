@@ -20,7 +20,7 @@
 //!   with its own protocol: the admission `lease` (the scheduler worker lends it),
 //!   `orphan_query` (the scheduler worker clears it once it freed the query) and
 //!   `admitted_pending` (zeroed by a statistics reset);
-//! * a process's [`Inbox`] is written by others — the process that hands it a slot or a
+//! * a process's `Inbox` (`proc_entry`) is written by others — the process that hands it a slot or a
 //!   CPU, its parallel workers, the scheduler worker asking to cancel or move its
 //!   statement — and read, and cleared where it acted, by the process;
 //! * the admission queue and the per-process `Waiter`s: under [`LockId::Admission`],
@@ -368,6 +368,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
         unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| prev()) };
     }
     let Some(initial) = INITIAL.get().map(|read| read()) else {
+        internal_warning("pg_stride: shared memory was not installed".into());
         return;
     };
     let nprocs = process_capacity();

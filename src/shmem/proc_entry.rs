@@ -47,6 +47,10 @@ pub struct ProcEntry {
     pub workers_granted: AtomicU32,
     /// Time the current statement spent paused at yield points, µs.
     pub paused_us: AtomicU64,
+    /// 1 while this process's statement runs with its yield points armed: it checks in
+    /// within a chunk of tuples, and takes back there an admission lent while it waited
+    /// for its client. Written by the process when that changes (`cpu::member`).
+    pub checks_in: AtomicU32,
     /// Check-ins and slots taken by this process, counted (wrapping) so that the
     /// watchdog sees a holder that reached no yield point during a whole round.
     pub checkins: AtomicU32,
@@ -207,6 +211,7 @@ impl ProcEntry {
         self.admitted_at.store(0, Ordering::Relaxed);
         self.cpu_query.store(0, Ordering::Relaxed);
         self.paused.store(0, Ordering::Relaxed);
+        self.checks_in.store(0, Ordering::Relaxed);
         self.admitted_pending.store(0, Ordering::Relaxed);
         self.inbox.slot_cpu.store(0, Ordering::Relaxed);
         // Unpinned, one write on: a process still pinning the entry's last process

@@ -206,8 +206,9 @@ fn reload_groups(shared: &shmem::Shared) {
 
 /// The admission watchdog (docs/design.md §4 rules 5 and 12, psaroudakis2013 §5
 /// applied to admission): an admitted statement that waits for its client at two
-/// consecutive rounds has its admission lent out, so that a statement the client may be
-/// waiting for can be admitted. A lent statement seen running counts again if it can do
+/// consecutive rounds, where lending cannot let it go on beyond the limits
+/// ([`lendable_client_wait`]), has its admission lent out, so that a statement the
+/// client may be waiting for can be admitted. A lent statement seen running counts again if it can do
 /// so within the limits; otherwise its process takes the admission back through the
 /// queue at its next yield point or ExecutorRun. A statement waiting on a lock keeps its
 /// admission (it could not be stopped when the lock is granted), unless that is needed
@@ -245,19 +246,23 @@ fn lend_waiting_admissions(shared: &shmem::Shared, waited_before: &mut Vec<Optio
 }
 
 /// Whether process `procno`, of `entry`, waits for its client where its admission may be
-/// lent without letting its statement go on beyond the limits: between statements or
-/// FETCHes (the statement takes an admission back at its next ExecutorRun), or blocked
-/// sending rows while its one statement has yield points (it takes one back at the next;
-/// its query is registered in the CPU scheduler at the first). A statement without yield
-/// points (a write, a read of a transaction that wrote, a read too small to schedule)
-/// blocked sending rows keeps its admission: lent, it would run on to its end beyond
-/// the limits once its client reads again.
+/// lent without letting its statement go on beyond the limits. Reading from its client
+/// (between statements or FETCHes), the statement takes an admission back at its next
+/// ExecutorRun. In the middle of a statement (sending rows to a client that does not
+/// read them, or waiting for a standby), only when the process's one statement runs
+/// with its yield points armed (`checks_in`), without parallel workers: it takes one
+/// back at its next check-in. Otherwise — a write, a read of a transaction that wrote,
+/// a read too small to schedule, a Gather's leader passing on its workers' tuples — it
+/// keeps its admission: lent, it would run on beyond the limits once its client reads
+/// again. A cycle through such a client lasts until `pg_stride.queue_timeout`, as any
+/// cycle the server cannot see (docs/design.md §4 rule 12).
 fn lendable_client_wait(entry: &shmem::ProcEntry, procno: usize) -> bool {
     match pg::proc_waiting(procno) {
-        pg::Waiting::Client { writing: false } => true,
-        pg::Waiting::Client { writing: true } => {
+        pg::Waiting::Client { reading: true } => true,
+        pg::Waiting::Client { reading: false } => {
             entry.running.load(Ordering::Acquire) == 1
-                && entry.cpu_query.load(Ordering::Acquire) != 0
+                && entry.checks_in.load(Ordering::Acquire) == 1
+                && entry.workers_granted.load(Ordering::Acquire) == 0
         }
         _ => false,
     }
