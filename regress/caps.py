@@ -81,6 +81,16 @@ def app_client(s, sql):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def first_pid(s, sql, never, timeout=10):
+    """The pid `sql` returns, polled until it returns one; fails the check with `never`
+    if it does not within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (pid := s.sql(sql)):
+        assert time.monotonic() < deadline, never
+        time.sleep(0.05)
+    return pid
+
+
 def over_limit(s):
     return int(s.sql(f"SELECT over_limit_total FROM pg_stride.groups WHERE name = '{GROUP}'"))
 
@@ -246,12 +256,8 @@ def a_statement_lent_while_its_client_does_not_read_comes_back_at_a_yield_point(
     copy = subprocess.Popen(s.psql_args("COPY (SELECT id FROM caps_big) TO STDOUT", user=APP),
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        lent = (f"SELECT pid FROM pg_stride.activity WHERE usename = '{APP}' AND admission_lent "
-                "AND query LIKE 'COPY%'")
-        deadline = time.monotonic() + 10
-        while not (pid := s.sql(lent)):
-            assert time.monotonic() < deadline, "the COPY's admission was never lent"
-            time.sleep(0.05)
+        pid = first_pid(s, f"SELECT pid FROM pg_stride.activity WHERE usename = '{APP}' "
+                        "AND admission_lent AND query LIKE 'COPY%'", "the COPY's admission was never lent")
         other = app_client(s, "SELECT pg_sleep(2)")
         s.wait_until(f"SELECT count(*) FROM pg_stat_activity WHERE usename = '{APP}' "
                      "AND wait_event = 'PgSleep'", "1")
@@ -279,12 +285,9 @@ def a_statement_without_yield_points_keeps_its_admission_while_its_client_does_n
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     other = None
     try:
-        blocked = (f"SELECT pid FROM pg_stat_activity WHERE usename = '{APP}' AND wait_event = 'ClientWrite' "
-                   "AND query LIKE '%COPY%'")
-        deadline = time.monotonic() + 10
-        while not (pid := s.sql(blocked)):
-            assert time.monotonic() < deadline, "the COPY never waited for its client"
-            time.sleep(0.05)
+        pid = first_pid(s, f"SELECT pid FROM pg_stat_activity WHERE usename = '{APP}' "
+                        "AND wait_event = 'ClientWrite' AND query LIKE '%COPY%'",
+                        "the COPY never waited for its client")
         # The watchdog looks every 20 ms and lends at the second look.
         time.sleep(0.5)
         other = app_client(s, "SELECT 'ran'")
