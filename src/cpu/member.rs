@@ -187,6 +187,8 @@ pub(super) fn disarm_countdown() {
     publish_armed(false);
 }
 
+/// Shows in this process's entry whether its yield points are armed, when that changed:
+/// the admission watchdog reads it to tell whether a lent admission would come back.
 fn publish_armed(armed: bool) {
     if ARMED.replace(armed) != armed {
         if let Some(entry) = shmem::shared().and_then(|shared| shared.my_entry()) {
@@ -194,6 +196,7 @@ fn publish_armed(armed: bool) {
         }
     }
 }
+
 /// This process's request to end its slice early, in the scheduler's shared memory
 /// (a waiter of a higher priority asks for it): a yield point reads it at every tuple. Set when
 /// the process first takes a slot; its process entry stays the same for its lifetime,

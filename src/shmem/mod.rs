@@ -20,9 +20,9 @@
 //!   with its own protocol: the admission `lease` (the scheduler worker lends it),
 //!   `orphan_query` (the scheduler worker clears it once it freed the query) and
 //!   `admitted_pending` (zeroed by a statistics reset);
-//! * a process's `Inbox` (`proc_entry`) is written by others — the process that hands it a slot or a
-//!   CPU, its parallel workers, the scheduler worker asking to cancel or move its
-//!   statement — and read, and cleared where it acted, by the process;
+//! * a process's `Inbox` (`proc_entry`) is written by others — the process that hands
+//!   it a slot or a CPU, its parallel workers, the scheduler worker asking to cancel or
+//!   move its statement — and read, and cleared where it acted, by the process;
 //! * the admission queue and the per-process `Waiter`s: under [`LockId::Admission`],
 //!   exclusive ([`Shared::with_admission`]); the admission counts (`Counts`) beside them
 //!   are atomics, for the lock-free fast path;
