@@ -678,12 +678,15 @@ def monitoring_queries_are_never_queued(s):
 
 
 @check
-def a_table_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_new_schema(s):
-    # A backend remembers the schemas of the relations it read, for the monitoring check
-    # of every statement; a table moved between schemas must be judged by its new one in
-    # a session that read it before: into pg_stride it is a monitoring query (answered
-    # while the group's only admission is held), back out it queues again.
-    s.sql(f"CREATE TABLE moved_probe (x int); GRANT SELECT ON moved_probe TO {ROLE}")
+def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_new_schema(s):
+    # A backend remembers its answer to the monitoring check per query identifier, and the
+    # schemas of the relations it read; the identifier stays the same when a table or a
+    # function moves between schemas (it is computed from their OIDs). A table moved
+    # into pg_stride makes a monitoring query (answered while the group's only admission
+    # is held) of a statement the session ran before; back out it queues again. So does
+    # a function read in FROM, moved into pg_stride.
+    s.sql(f"CREATE TABLE moved_probe (x int); GRANT SELECT ON moved_probe TO {ROLE}; "
+          "CREATE FUNCTION moved_fn() RETURNS SETOF int LANGUAGE plpgsql AS 'BEGIN RETURN NEXT 1; END'")
     session = Session(s)
     holder = None
     try:
@@ -692,11 +695,17 @@ def a_table_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_new_schema(s):
                     "\\echo ready", end="")
         assert session.run("SELECT count(*) FROM moved_probe") == ["0"]
         s.sql("ALTER TABLE moved_probe SET SCHEMA pg_stride")
-        holder = holder_running(s, 8)
+        holder = holder_running(s, 10)
         # psql prints the count, or only the echo when the statement failed (queued
         # until queue_timeout).
         assert session.run("SELECT count(*) FROM pg_stride.moved_probe;\n\\echo after",
                            lines=2, end="") == ["0", "after"]
+        # The function is moved alone, after the session judged the statement that calls
+        # it (queued), so that only the function's change can make it a monitoring query.
+        assert session.run("SELECT count(*) FROM moved_fn();\n\\echo after", end="") == ["after"]
+        s.sql("ALTER FUNCTION moved_fn() SET SCHEMA pg_stride")
+        assert session.run("SELECT count(*) FROM pg_stride.moved_fn();\n\\echo after",
+                           lines=2, end="") == ["1", "after"]
         s.sql("ALTER TABLE pg_stride.moved_probe SET SCHEMA public")
         assert session.run("SELECT count(*) FROM moved_probe;\n\\echo after", end="") == ["after"]
         assert holder.poll() is None, "the holder ended before the checks did: they proved nothing"
@@ -704,7 +713,8 @@ def a_table_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_new_schema(s):
         session.close()
         if holder is not None:
             finish(holder)
-        s.sql("DROP TABLE IF EXISTS moved_probe, pg_stride.moved_probe")
+        s.sql("DROP TABLE IF EXISTS moved_probe, pg_stride.moved_probe; "
+              "DROP FUNCTION IF EXISTS moved_fn(), pg_stride.moved_fn()")
 
 
 @check

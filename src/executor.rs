@@ -39,9 +39,7 @@
 //! with saturating arithmetic, so that no hook can panic over it.
 
 use crate::backend_local::BackendLocal;
-use crate::gucs::Setting;
-use crate::{groups, gucs, pg, plan_tree, pool, shmem, statements};
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use crate::{groups, gucs, monitoring, pg, pool, shmem, statements};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -366,7 +364,7 @@ unsafe extern "C-unwind" fn process_utility(
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn arrive_unless_monitoring(desc: *mut pg_sys::QueryDesc) -> bool {
     // SAFETY: the executor's QueryDesc, inside a guarded function.
-    if unsafe { is_monitoring(desc) } {
+    if unsafe { monitoring::bypasses_scheduling(desc) } {
         return false;
     }
     statements::arrive(desc)
@@ -411,142 +409,6 @@ unsafe extern "C-unwind" fn object_access(
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn release_pool_database(database: pg_sys::Oid) {
     pool::release_database(database);
-}
-
-/// The OID of schema `pg_stride` in this database (InvalidOid without the extension),
-/// kept until a change of any schema invalidates it.
-static OWN_SCHEMA: BackendLocal<Cell<Option<pg_sys::Oid>>> = BackendLocal::new(Cell::new(None));
-
-/// The schemas of the relations the monitoring check looked up last, as (relation,
-/// schema); InvalidOid pairs are empty. A statement that reads a user table needs its
-/// schema to be told from a monitoring query, and a syscache lookup for every statement
-/// would cost more than the rest of the check. Cleared whenever a pg_class row changes
-/// (ALTER TABLE … SET SCHEMA among them).
-static RELATION_SCHEMAS: BackendLocal<RefCell<RelationSchemas>> =
-    BackendLocal::new(RefCell::new(RelationSchemas::EMPTY));
-static CATALOG_CALLBACKS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
-
-struct RelationSchemas {
-    entries: [(pg_sys::Oid, pg_sys::Oid); 8],
-    /// The entry the next lookup replaces (round robin).
-    next: usize,
-}
-
-impl RelationSchemas {
-    const EMPTY: RelationSchemas = RelationSchemas {
-        entries: [(pg_sys::InvalidOid, pg_sys::InvalidOid); 8],
-        next: 0,
-    };
-}
-
-/// Registers the callbacks that clear the two caches above, once per process
-/// (PostgreSQL keeps a fixed number of them).
-fn register_catalog_callbacks() {
-    if CATALOG_CALLBACKS.replace(true) {
-        return;
-    }
-    // SAFETY: registers callbacks that only clear process-local caches.
-    unsafe {
-        pg_sys::CacheRegisterSyscacheCallback(
-            pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
-            Some(forget_own_schema),
-            pg_sys::Datum::from(0),
-        );
-        pg_sys::CacheRegisterSyscacheCallback(
-            pg_sys::SysCacheIdentifier::RELOID as i32,
-            Some(forget_relation_schemas),
-            pg_sys::Datum::from(0),
-        );
-    }
-}
-
-/// The OID of schema `pg_stride`, looked up once and then again only after a schema
-/// changed (the extension dropped and created again gives it a new one). Call inside a
-/// guarded function.
-fn own_schema() -> pg_sys::Oid {
-    if let Some(oid) = OWN_SCHEMA.get() {
-        return oid;
-    }
-    register_catalog_callbacks();
-    // SAFETY: a catalog lookup by name, in a guarded function (the caller's promise).
-    let oid = unsafe { pg_sys::get_namespace_oid(c"pg_stride".as_ptr(), true) };
-    OWN_SCHEMA.set(Some(oid));
-    oid
-}
-
-/// The schema of relation `relid` (InvalidOid if it is gone), from the cache above or
-/// the syscache. Call inside a guarded function.
-fn relation_schema(relid: pg_sys::Oid) -> pg_sys::Oid {
-    let cached = RELATION_SCHEMAS.with_borrow(|c| {
-        c.entries
-            .iter()
-            .find(|&&(rel, _)| rel == relid && rel != pg_sys::InvalidOid)
-            .map(|&(_, schema)| schema)
-    });
-    if let Some(schema) = cached {
-        return schema;
-    }
-    register_catalog_callbacks();
-    // SAFETY: a syscache lookup, in a guarded function (the caller's promise).
-    let schema = unsafe { pg_sys::get_rel_namespace(relid) };
-    if schema != pg_sys::InvalidOid {
-        RELATION_SCHEMAS.with_borrow_mut(|c| {
-            let next = c.next;
-            c.entries[next] = (relid, schema);
-            c.next = (next + 1) % c.entries.len();
-        });
-    }
-    schema
-}
-
-/// A schema changed: look `pg_stride`'s OID up again when next needed.
-unsafe extern "C-unwind" fn forget_own_schema(
-    _arg: pg_sys::Datum,
-    _cache: std::ffi::c_int,
-    _hash: u32,
-) {
-    OWN_SCHEMA.set(None);
-}
-
-/// A relation changed (or the whole cache was reset): look schemas up again. Runs while
-/// PostgreSQL processes invalidations, which may happen inside `relation_schema`'s own
-/// lookup, so it only tries to borrow; a lookup in progress stores nothing stale, as it
-/// stores what the syscache returned after the invalidation.
-unsafe extern "C-unwind" fn forget_relation_schemas(
-    _arg: pg_sys::Datum,
-    _cache: std::ffi::c_int,
-    _hash: u32,
-) {
-    RELATION_SCHEMAS.try_with_borrow_mut(|c| *c = RelationSchemas::EMPTY);
-}
-
-/// `pg_stride.bypass_monitoring`: monitoring queries are never queued nor paused.
-static BYPASS_MONITORING: Setting<bool> = Setting::new(GucSetting::<bool>::new(true));
-
-/// Registers `pg_stride.bypass_monitoring`. Called once, from `_PG_init`.
-pub fn register_settings() {
-    GucRegistry::define_bool_guc(
-        c"pg_stride.bypass_monitoring",
-        c"Monitoring queries (reading only the system catalogs, statistics views and pg_stride's views) are never queued nor paused.",
-        c"So that a DBA can look at a saturated server. Such a query may still be expensive: turn this off if roles abuse it.",
-        BYPASS_MONITORING.inner(),
-        GucContext::Suset,
-        GucFlags::default(),
-    );
-}
-
-/// Whether `desc` is a monitoring query that `pg_stride.bypass_monitoring` keeps out of
-/// scheduling (`plan_tree::is_monitoring_query`).
-///
-/// # Safety
-/// `desc` is ExecutorStart's QueryDesc; call inside a guarded function (catalog lookups).
-unsafe fn is_monitoring(desc: *mut pg_sys::QueryDesc) -> bool {
-    if !BYPASS_MONITORING.get() {
-        return false;
-    }
-    // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt; a guarded function may look
-    // up the catalogs.
-    unsafe { plan_tree::is_monitoring_query((*desc).plannedstmt, own_schema, relation_schema) }
 }
 
 // The guarded entry points into `statements` (see the module comment), one per step of

@@ -26,6 +26,7 @@ mod numa;
 mod admission;
 mod cpu;
 mod groups;
+mod monitoring;
 mod parallel;
 
 mod config;
@@ -83,7 +84,7 @@ pub extern "C-unwind" fn _PG_init() {
     pool::register_settings();
     statements::register_settings();
     worker::register_settings();
-    executor::register_settings();
+    monitoring::register_settings();
     gucs::reserve_prefix();
     // Everything pg_stride hooks into, each hook chained to the one installed before it:
     // shared memory (shmem_request_hook, shmem_startup_hook: pg_stride's regions and the

@@ -164,14 +164,29 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     if holds_one && pg::interrupts_can_be_processed() {
         admission::take_back(shared);
     }
+    // SAFETY: `desc` is the statement the executor is about to start.
+    let ((query_id, plan_cost), parallel) = unsafe {
+        let stmt = (*desc).plannedstmt;
+        (pg::query_id_and_cost(stmt), (*stmt).parallelModeNeeded)
+    };
+    let pausable = cpu::is_pausable(desc);
+    let tiny = (pausable && !parallel && cpu::is_tiny(query_id, plan_cost)).then_some(query_id);
+    let joins = pausable && tiny.is_none();
+    // The clocks are read for the trace of a statement that joins CPU scheduling only.
+    let mut arrival = if joins {
+        cpu::Arrival::now()
+    } else {
+        cpu::Arrival::default()
+    };
     let exempt = || EXEMPT_SUPERUSER.get() && pg::is_superuser();
-    let mut arrival = cpu::Arrival::now();
     let mut need_kb = 0;
     let admitted = !holds_one && !exempt() && {
         need_kb = memory_need(shared, desc);
         admission::admit(shared, entry, group, need_kb)
     };
-    arrival.admit_ns = os::monotonic_ns();
+    if joins {
+        arrival.admit_ns = os::monotonic_ns();
+    }
     if !admitted {
         // Runaway-query rules time a statement from its admission, and tell statements
         // apart by it: one that skipped admission counts from its start.
@@ -179,15 +194,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
             .admitted_at
             .store(pg::statement_start_timestamp(), Ordering::Relaxed);
     }
-    // SAFETY: `desc` is the statement the executor is about to start.
-    let ((query_id, plan_cost), parallel) = unsafe {
-        let stmt = (*desc).plannedstmt;
-        (pg::query_id_and_cost(stmt), (*stmt).parallelModeNeeded)
-    };
     entry.query_id.store(query_id, Ordering::Relaxed);
-    let pausable = cpu::is_pausable(desc);
-    let tiny = (pausable && !parallel && cpu::is_tiny(query_id, plan_cost)).then_some(query_id);
-    let joins = pausable && tiny.is_none();
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
     REGISTERED.with_borrow_mut(|list| {
@@ -216,6 +223,10 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);
     entry.clear_statement();
+    // A plan with a Gather needs parallel mode; most plans have none.
+    if !parallel {
+        return joins;
+    }
     let Some(reservation) = parallel::reserve_workers(shared, desc, group, cpu::predicts()) else {
         return joins;
     };

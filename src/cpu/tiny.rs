@@ -38,6 +38,9 @@ const LONG_RUNS: u8 = 2;
 /// scheduled yet (`tiny_statement_ended`).
 static RAN_LONG: BackendLocal<Cell<[(u64, u8); 8]>> = BackendLocal::new(Cell::new([(0, 0); 8]));
 static NEXT: BackendLocal<Cell<usize>> = BackendLocal::new(Cell::new(0));
+/// Whether a fingerprint of [`RAN_LONG`] ever reached [`LONG_RUNS`]: until one has, which
+/// is the common case, no statement needs to look the table up.
+static ANY_SCHEDULED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 /// Whether a serial statement with query identifier `query_id` and a plan of total cost
 /// `plan_cost` is too small to schedule. Never without a query identifier
@@ -45,10 +48,11 @@ static NEXT: BackendLocal<Cell<usize>> = BackendLocal::new(Cell::new(0));
 pub fn is_tiny(query_id: u64, plan_cost: f64) -> bool {
     plan_cost < COST_PER_SLICE_MS * super::settings::slice_ms()
         && query_id != 0
-        && !RAN_LONG
-            .get()
-            .iter()
-            .any(|&(id, runs)| id == query_id && runs >= LONG_RUNS)
+        && !(ANY_SCHEDULED.get()
+            && RAN_LONG
+                .get()
+                .iter()
+                .any(|&(id, runs)| id == query_id && runs >= LONG_RUNS))
 }
 
 /// A statement called tiny ended, its ExecutorRuns having taken `ran_ns` of wall time in
@@ -72,6 +76,9 @@ pub fn tiny_statement_ended(query_id: u64, ran_ns: u64) {
             seen[slot] = (query_id, 1);
             NEXT.set((slot + 1) % seen.len());
         }
+    }
+    if seen.iter().any(|&(_, runs)| runs >= LONG_RUNS) {
+        ANY_SCHEDULED.set(true);
     }
     RAN_LONG.set(seen);
 }

@@ -1,0 +1,227 @@
+//! Monitoring queries, which `pg_stride.bypass_monitoring` keeps out of admission and
+//! CPU scheduling, so that a DBA can look at a saturated server: told apart from the
+//! plan (`plan_tree::is_monitoring_query`), with the catalog lookups that needs, and the
+//! answer kept per query identifier, since most statements a backend runs are the
+//! same few over and over.
+//!
+//! The caches here are process-local and cleared by syscache callbacks: a change of a
+//! schema, a relation or a function can change an answer (a table or a function moved
+//! into or out of schema `pg_stride`, the extension created again).
+
+use crate::backend_local::BackendLocal;
+use crate::gucs::Setting;
+use crate::plan_tree;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use std::cell::{Cell, RefCell};
+
+/// Whether `desc` is a monitoring query that `pg_stride.bypass_monitoring` keeps out of
+/// scheduling. A statement with a query identifier is looked at once, until the
+/// catalogs change: the identifier is computed from the query's relations, functions
+/// and command (`pg::enable_query_id`), everything the answer depends on.
+///
+/// # Safety
+/// `desc` is ExecutorStart's QueryDesc; call inside a guarded function (catalog lookups).
+pub unsafe fn bypasses_scheduling(desc: *const pg_sys::QueryDesc) -> bool {
+    if !BYPASS_MONITORING.get() {
+        return false;
+    }
+    // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt.
+    let stmt = unsafe { (*desc).plannedstmt };
+    // SAFETY: as above.
+    let query_id = unsafe { (*stmt).queryId };
+    let epoch = CATALOG_EPOCH.get();
+    let slot = (query_id % VERDICT_SLOTS as u64) as usize;
+    if query_id != 0 {
+        let known = VERDICTS.with_borrow(|v| {
+            let v = v[slot];
+            (v.query_id == query_id && v.epoch == epoch).then_some(v.monitoring)
+        });
+        if let Some(monitoring) = known {
+            return monitoring;
+        }
+    }
+    register_catalog_callbacks();
+    // SAFETY: a valid PlannedStmt; a guarded function may look up the catalogs.
+    let monitoring = unsafe { plan_tree::is_monitoring_query(stmt, own_schema, relation_schema) };
+    // An invalidation processed during the lookups may have made an answer stale: it is
+    // then not kept.
+    if query_id != 0 && CATALOG_EPOCH.get() == epoch {
+        VERDICTS.with_borrow_mut(|v| {
+            v[slot] = Verdict {
+                query_id,
+                epoch,
+                monitoring,
+            }
+        });
+    }
+    monitoring
+}
+
+/// The answers for the query identifiers seen last, one slot per identifier modulo
+/// [`VERDICT_SLOTS`]; an answer counts while its epoch is [`CATALOG_EPOCH`]'s.
+static VERDICTS: BackendLocal<RefCell<[Verdict; VERDICT_SLOTS]>> =
+    BackendLocal::new(RefCell::new([Verdict::NONE; VERDICT_SLOTS]));
+const VERDICT_SLOTS: usize = 32;
+/// Moves on at every change of a schema, a relation or a function: every answer kept
+/// before is stale. Starts above the epoch of empty slots.
+static CATALOG_EPOCH: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(1));
+
+#[derive(Clone, Copy)]
+struct Verdict {
+    query_id: u64,
+    epoch: u64,
+    monitoring: bool,
+}
+
+impl Verdict {
+    const NONE: Verdict = Verdict {
+        query_id: 0,
+        epoch: 0,
+        monitoring: false,
+    };
+}
+
+/// The OID of schema `pg_stride` in this database (InvalidOid without the extension),
+/// kept until a change of any schema invalidates it.
+static OWN_SCHEMA: BackendLocal<Cell<Option<pg_sys::Oid>>> = BackendLocal::new(Cell::new(None));
+
+/// The schemas of the relations the monitoring check looked up last, as (relation,
+/// schema); InvalidOid pairs are empty. A statement that reads a user table needs its
+/// schema to be told from a monitoring query, and a syscache lookup for every statement
+/// would cost more than the rest of the check. Cleared whenever a pg_class row changes
+/// (ALTER TABLE … SET SCHEMA among them).
+static RELATION_SCHEMAS: BackendLocal<RefCell<RelationSchemas>> =
+    BackendLocal::new(RefCell::new(RelationSchemas::EMPTY));
+static CATALOG_CALLBACKS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+
+struct RelationSchemas {
+    entries: [(pg_sys::Oid, pg_sys::Oid); 8],
+    /// The entry the next lookup replaces (round robin).
+    next: usize,
+}
+
+impl RelationSchemas {
+    const EMPTY: RelationSchemas = RelationSchemas {
+        entries: [(pg_sys::InvalidOid, pg_sys::InvalidOid); 8],
+        next: 0,
+    };
+}
+
+/// Registers the callbacks that clear the caches of this module, once per process
+/// (PostgreSQL keeps a fixed number of them).
+fn register_catalog_callbacks() {
+    if CATALOG_CALLBACKS.replace(true) {
+        return;
+    }
+    // SAFETY: registers callbacks that only clear process-local caches.
+    unsafe {
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
+            Some(forget_own_schema),
+            pg_sys::Datum::from(0),
+        );
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            Some(forget_relation_schemas),
+            pg_sys::Datum::from(0),
+        );
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            Some(forget_function_verdicts),
+            pg_sys::Datum::from(0),
+        );
+    }
+}
+
+/// The OID of schema `pg_stride`, looked up once and then again only after a schema
+/// changed (the extension dropped and created again gives it a new one). Call inside a
+/// guarded function.
+fn own_schema() -> pg_sys::Oid {
+    if let Some(oid) = OWN_SCHEMA.get() {
+        return oid;
+    }
+    register_catalog_callbacks();
+    // SAFETY: a catalog lookup by name, in a guarded function (the caller's promise).
+    let oid = unsafe { pg_sys::get_namespace_oid(c"pg_stride".as_ptr(), true) };
+    OWN_SCHEMA.set(Some(oid));
+    oid
+}
+
+/// The schema of relation `relid` (InvalidOid if it is gone), from the cache above or
+/// the syscache. Call inside a guarded function.
+fn relation_schema(relid: pg_sys::Oid) -> pg_sys::Oid {
+    let cached = RELATION_SCHEMAS.with_borrow(|c| {
+        c.entries
+            .iter()
+            .find(|&&(rel, _)| rel == relid && rel != pg_sys::InvalidOid)
+            .map(|&(_, schema)| schema)
+    });
+    if let Some(schema) = cached {
+        return schema;
+    }
+    register_catalog_callbacks();
+    // SAFETY: a syscache lookup, in a guarded function (the caller's promise).
+    let schema = unsafe { pg_sys::get_rel_namespace(relid) };
+    if schema != pg_sys::InvalidOid {
+        RELATION_SCHEMAS.with_borrow_mut(|c| {
+            let next = c.next;
+            c.entries[next] = (relid, schema);
+            c.next = (next + 1) % c.entries.len();
+        });
+    }
+    schema
+}
+
+/// A schema changed: look `pg_stride`'s OID up again when next needed.
+unsafe extern "C-unwind" fn forget_own_schema(
+    _arg: pg_sys::Datum,
+    _cache: std::ffi::c_int,
+    _hash: u32,
+) {
+    OWN_SCHEMA.set(None);
+    forget_verdicts();
+}
+
+/// A function changed: it may have moved into or out of schema `pg_stride`.
+unsafe extern "C-unwind" fn forget_function_verdicts(
+    _arg: pg_sys::Datum,
+    _cache: std::ffi::c_int,
+    _hash: u32,
+) {
+    forget_verdicts();
+}
+
+/// Every answer kept so far is stale. A plain store: the callbacks above call it while
+/// PostgreSQL processes invalidations, maybe in the middle of a lookup.
+fn forget_verdicts() {
+    CATALOG_EPOCH.set(CATALOG_EPOCH.get().wrapping_add(1));
+}
+
+/// A relation changed (or the whole cache was reset): look schemas up again. Runs while
+/// PostgreSQL processes invalidations, which may happen inside `relation_schema`'s own
+/// lookup, so it only tries to borrow; a lookup in progress stores nothing stale, as it
+/// stores what the syscache returned after the invalidation.
+unsafe extern "C-unwind" fn forget_relation_schemas(
+    _arg: pg_sys::Datum,
+    _cache: std::ffi::c_int,
+    _hash: u32,
+) {
+    RELATION_SCHEMAS.try_with_borrow_mut(|c| *c = RelationSchemas::EMPTY);
+    forget_verdicts();
+}
+
+/// `pg_stride.bypass_monitoring`: monitoring queries are never queued nor paused.
+static BYPASS_MONITORING: Setting<bool> = Setting::new(GucSetting::<bool>::new(true));
+
+/// Registers `pg_stride.bypass_monitoring`. Called once, from `_PG_init`.
+pub fn register_settings() {
+    GucRegistry::define_bool_guc(
+        c"pg_stride.bypass_monitoring",
+        c"Monitoring queries (reading only the system catalogs, statistics views and pg_stride's views) are never queued nor paused.",
+        c"So that a DBA can look at a saturated server. Such a query may still be expensive: turn this off if roles abuse it.",
+        BYPASS_MONITORING.inner(),
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+}
