@@ -7,7 +7,9 @@ The server runs under valgrind's cachegrind (`--trace-children=yes`: every backe
 forked by the postmaster is counted). One pgbench client sends N transactions; the
 backend that served it is the process with the most instructions. Each workload runs
 with N1 and N2 transactions, so that connection start-up cancels out:
-instructions per transaction = (I(N2) - I(N1)) / (N2 - N1). Variants: library not
+instructions per transaction = (I(N2) - I(N1)) / (N2 - N1). Every run draws the same
+accounts (one pgbench seed) and starts from freshly vacuumed tables, so that two runs of
+the same library count nearly the same. Variants: library not
 loaded, and loaded with every statement going through admission (an ordinary role,
 exempt_superuser off). The loaded variant runs once more under callgrind, whose
 inclusive counts give what admission itself costs: the instructions spent in
@@ -84,7 +86,9 @@ class Server(pgserver.Server):
 
     def pgbench(self, *args, **kw):
         args = [os.path.join(self.dir, a) if a == PARTITIONS_SCRIPT else a for a in args]
-        return self.run(f"{PGBIN}/pgbench", "-n", "-c", "1", "-M", "prepared", "-h", self.dir,
+        # One seed: every run draws the same accounts, so runs differ by what pg_stride
+        # does and not by which rows they touched.
+        return self.run(f"{PGBIN}/pgbench", "-n", "-c", "1", "-M", "prepared", "--random-seed=1", "-h", self.dir,
                         "-p", str(self.port), "-U", "r_plain", *args, "postgres",
                         check=True, stderr=subprocess.DEVNULL, **kw)
 
@@ -136,6 +140,7 @@ def per_transaction(s, settings, args, n1, n2, *function_sets):
     runs of n1 and n2 transactions with `settings`."""
     counts = []
     for n in (n1, n2):
+        vacuum(s)
         s.start(settings, valgrind=True, tool="callgrind")
         s.pgbench(*args, "-t", str(n))
         s.stop()
@@ -182,11 +187,21 @@ def timing_table(workloads, results, first, second, ratio):
     return lines
 
 
+def vacuum(s):
+    """VACUUMs the database between runs, without valgrind: each run then starts from
+    tables the runs before it left without dead rows, whatever variant ran before (TPC-B
+    updates its few branch and teller rows thousands of times)."""
+    s.start("", valgrind=False)
+    s.sql("VACUUM")
+    s.stop()
+
+
 def instructions_per_transaction(s, settings, args, n1, n2):
     """Instructions of the busiest backend per transaction of `args`: the difference
     between runs of n1 and n2 transactions, so that connection start-up cancels out."""
     counts = []
     for n in (n1, n2):
+        vacuum(s)
         s.start(settings, valgrind=True)
         s.pgbench(*args, "-t", str(n))
         s.stop()

@@ -28,6 +28,11 @@ pub unsafe fn bypasses_scheduling(desc: *const pg_sys::QueryDesc) -> bool {
     }
     // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt.
     let stmt = unsafe { (*desc).plannedstmt };
+    // Writes, most of an OLTP application's statements, are told at once.
+    // SAFETY: as above.
+    if !unsafe { plan_tree::reads_only(stmt) } {
+        return false;
+    }
     // SAFETY: as above.
     let query_id = unsafe { (*stmt).queryId };
     let epoch = CATALOG_EPOCH.get();

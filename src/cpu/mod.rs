@@ -68,7 +68,7 @@ pub use watchdog::watchdog;
 
 use crate::os::thread_cpu_ns;
 use crate::pg;
-use crate::{numa, shmem};
+use crate::{numa, plan_tree, shmem};
 use pg_stride_sched::tuner::Accounting;
 use pg_stride_sched::{GroupConfig, GroupId, GroupSettings, ProcId, QueryId, SchedShared};
 use pgrx::pg_sys;
@@ -80,10 +80,7 @@ pub fn is_pausable(desc: *const pg_sys::QueryDesc) -> bool {
     // SAFETY: a QueryDesc for ExecutorStart, with its PlannedStmt.
     let reads_only = unsafe {
         let stmt = (*desc).plannedstmt;
-        !stmt.is_null()
-            && (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
-            && !(*stmt).hasModifyingCTE
-            && (*stmt).rowMarks.is_null()
+        !stmt.is_null() && plan_tree::reads_only(stmt)
     };
     reads_only && !transaction_wrote()
 }

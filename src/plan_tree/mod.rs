@@ -8,5 +8,5 @@ mod monitoring;
 mod walk;
 
 pub use memory::need_kb as memory_need_kb;
-pub use monitoring::is_monitoring_query;
+pub use monitoring::{is_monitoring_query, reads_only};
 pub use walk::{for_each_plan, list_ptrs, stride_gather_inner, STRIDE_GATHER, STRIDE_GATHER_MERGE};

@@ -5,17 +5,32 @@ use super::walk::{for_each_plan, list_ptrs};
 use pgrx::pg_sys;
 use std::ffi::CStr;
 
+/// Whether `stmt` only reads: a SELECT that locks no rows (no FOR UPDATE / FOR SHARE)
+/// and has no data-modifying WITH. Only such a statement may be paused (docs/design.md
+/// §4 rule 2) or be a monitoring query.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+pub unsafe fn reads_only(stmt: *const pg_sys::PlannedStmt) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
+            && !(*stmt).hasModifyingCTE
+            && (*stmt).rowMarks.is_null()
+    }
+}
+
 /// Whether `stmt` is a monitoring query, which pg_stride never queues nor pauses
 /// (docs/design.md §4 rule 4): a plain SELECT without FROM that calls monitoring
 /// built-ins ([`is_monitoring_built_in`]) of constants, or one that reads at least one
 /// relation or function and only these — relations of the system catalogs (views such
 /// as `pg_stat_activity` included) or of schema `own_schema` (pg_stride's views and
 /// groups table), monitoring built-ins, functions of `own_schema` — and that calls no
-/// other user-defined function anywhere in the plan (the planner records a dependency on each one it
-/// calls, `PlannedStmt.invalItems`). `own_schema` gives pg_stride's schema and is asked
-/// whenever a relation or function is not a built-in one, so it should be cheap (the
-/// executor's keeps the answer); `relation_schema` gives a relation's schema (InvalidOid
-/// for one that is gone).
+/// other user-defined function anywhere in the plan (the planner records a dependency on
+/// each one it calls, `PlannedStmt.invalItems`). `own_schema` gives pg_stride's schema
+/// and is asked whenever a relation or function is not a built-in one, so it should be
+/// cheap (`src/monitoring.rs` keeps it); `relation_schema` gives a relation's schema
+/// (InvalidOid for one that is gone).
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt. Catalog lookups may raise an ERROR: call it inside a
@@ -33,10 +48,7 @@ pub unsafe fn is_monitoring_query(
     // an RTE_FUNCTION's functions a List of RangeTblFunction, invalItems a List of
     // PlanInvalItem; lsyscache lookups return InvalidOid or NULL for what is missing.
     unsafe {
-        if (*stmt).commandType != pg_sys::CmdType::CMD_SELECT
-            || (*stmt).hasModifyingCTE
-            || !(*stmt).rowMarks.is_null()
-        {
+        if !reads_only(stmt) {
             return false;
         }
         // Asked only when a relation or function is not a built-in one (the caller
