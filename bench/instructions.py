@@ -8,8 +8,8 @@ forked by the postmaster is counted). One pgbench client sends N transactions; t
 backend that served it is the process with the most instructions. Each workload runs
 with N1 and N2 transactions, so that connection start-up cancels out:
 instructions per transaction = (I(N2) - I(N1)) / (N2 - N1). Every run draws the same
-accounts (one pgbench seed) and starts from freshly vacuumed tables, so that two runs of
-the same library count nearly the same. Variants: library not
+accounts (one pgbench seed) and starts from the same copy of the data directory, so that
+runs of the same library count nearly the same whatever their order. Variants: library not
 loaded, and loaded with every statement going through admission (an ordinary role,
 exempt_superuser off). The loaded variant runs once more under callgrind, whose
 inclusive counts give what admission itself costs: the instructions spent in
@@ -140,7 +140,7 @@ def per_transaction(s, settings, args, n1, n2, *function_sets):
     runs of n1 and n2 transactions with `settings`."""
     counts = []
     for n in (n1, n2):
-        vacuum(s)
+        restore(s)
         s.start(settings, valgrind=True, tool="callgrind")
         s.pgbench(*args, "-t", str(n))
         s.stop()
@@ -187,13 +187,14 @@ def timing_table(workloads, results, first, second, ratio):
     return lines
 
 
-def vacuum(s):
-    """VACUUMs the database between runs, without valgrind: each run then starts from
-    tables the runs before it left without dead rows, whatever variant ran before (TPC-B
-    updates its few branch and teller rows thousands of times)."""
-    s.start("", valgrind=False)
-    s.sql("VACUUM")
-    s.stop()
+def restore(s):
+    """Puts back the data directory `prepare` left (its copy in `data.template`), so that
+    every run starts from the same tables, byte for byte, whatever ran before: TPC-B
+    updates its few branch and teller rows thousands of times and appends to its history,
+    and a later run on that state counts over a thousand more instructions per
+    transaction than an earlier one with the same library."""
+    s.run("rm", "-rf", s.data, check=True)
+    s.run("cp", "-a", s.data + ".template", s.data, check=True)
 
 
 def instructions_per_transaction(s, settings, args, n1, n2):
@@ -201,7 +202,7 @@ def instructions_per_transaction(s, settings, args, n1, n2):
     between runs of n1 and n2 transactions, so that connection start-up cancels out."""
     counts = []
     for n in (n1, n2):
-        vacuum(s)
+        restore(s)
         s.start(settings, valgrind=True)
         s.pgbench(*args, "-t", str(n))
         s.stop()
@@ -224,7 +225,10 @@ def prepare(s):
     s.sql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain; "
           "ALTER ROLE r_plain SET max_parallel_workers_per_gather = 0")
     s.script(PARTITIONS_SCRIPT, "SELECT count(*) FROM parts WHERE v >= 0;\n")
+    s.sql("VACUUM ANALYZE")
+    s.sql("CHECKPOINT")
     s.stop()
+    s.run("cp", "-a", s.data, s.data + ".template", check=True)
 
 
 def stop_server(s):
