@@ -718,6 +718,38 @@ def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_ne
 
 
 @check
+def a_view_of_pg_strides_schema_defined_again_is_judged_by_its_new_definition(s):
+    # CREATE OR REPLACE VIEW keeps the view's OID, so a query of it keeps its identifier,
+    # under which a backend remembers its answer to the monitoring check (until a
+    # relation's pg_class row changes, as the view's does here): a view of pg_stride's
+    # schema that read a catalog (a monitoring query, answered while the group's only
+    # admission is held) and is defined again over a user table must queue in a session
+    # that judged it before.
+    s.sql(f"CREATE TABLE view_probe (x int8); "
+          "CREATE VIEW pg_stride.probe_view AS SELECT oid::int8 AS x FROM pg_class; "
+          f"GRANT SELECT ON pg_stride.probe_view TO {ROLE}")
+    session = Session(s)
+    holder = None
+    try:
+        session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
+                    f"SET pg_stride.queue_timeout = '1s'; SET ROLE {ROLE}; \\set ON_ERROR_STOP 0\n"
+                    "\\echo ready", end="")
+        query = "SELECT count(*) >= 0 FROM pg_stride.probe_view;\n\\echo after"
+        assert session.run(query, lines=2, end="") == ["t", "after"]
+        holder = holder_running(s, 8)
+        assert session.run(query, lines=2, end="") == ["t", "after"], "a monitoring query queued"
+        s.sql("CREATE OR REPLACE VIEW pg_stride.probe_view AS SELECT x FROM public.view_probe")
+        # psql prints only the echo when the statement failed (queued until queue_timeout).
+        assert session.run(query, end="") == ["after"]
+        assert holder.poll() is None, "the holder ended before the checks did: they proved nothing"
+    finally:
+        session.close()
+        if holder is not None:
+            finish(holder)
+        s.sql("DROP VIEW IF EXISTS pg_stride.probe_view; DROP TABLE IF EXISTS view_probe")
+
+
+@check
 def a_full_queue_turns_statements_away_at_once(s):
     # Group "bounded": one admitted, one waiting at most, waits of 300 ms at most. A third
     # statement fails at once (SQLSTATE 53000, a HINT naming the group's max_queued),
