@@ -677,6 +677,21 @@ def monitoring_queries_are_never_queued(s):
     assert finish(holder)[0] == 0
 
 
+def judging_session(s):
+    """A session of the ordinary role in group "pair" (limit 1) with the monitoring bypass
+    on, whose statements wait 1 s at most for admission, and that goes on after a failed
+    one: for the checks of how a backend keeps its monitoring answers."""
+    session = Session(s)
+    try:
+        session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
+                    f"SET pg_stride.queue_timeout = '1s'; SET ROLE {ROLE}; \\set ON_ERROR_STOP 0\n"
+                    "\\echo ready", end="")
+    except BaseException:
+        session.close()
+        raise
+    return session
+
+
 @check
 def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_new_schema(s):
     # A backend remembers its answer to the monitoring check per query identifier, and the
@@ -687,12 +702,9 @@ def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_ne
     # a function read in FROM, moved into pg_stride.
     s.sql(f"CREATE TABLE moved_probe (x int); GRANT SELECT ON moved_probe TO {ROLE}; "
           "CREATE FUNCTION moved_fn() RETURNS SETOF int LANGUAGE plpgsql AS 'BEGIN RETURN NEXT 1; END'")
-    session = Session(s)
+    session = judging_session(s)
     holder = None
     try:
-        session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
-                    f"SET pg_stride.queue_timeout = '1s'; SET ROLE {ROLE}; \\set ON_ERROR_STOP 0\n"
-                    "\\echo ready", end="")
         assert session.run("SELECT count(*) FROM moved_probe") == ["0"]
         s.sql("ALTER TABLE moved_probe SET SCHEMA pg_stride")
         holder = holder_running(s, 10)
@@ -728,12 +740,9 @@ def a_view_of_pg_strides_schema_defined_again_is_judged_by_its_new_definition(s)
     s.sql(f"CREATE TABLE view_probe (x int8); "
           "CREATE VIEW pg_stride.probe_view AS SELECT oid::int8 AS x FROM pg_class; "
           f"GRANT SELECT ON pg_stride.probe_view TO {ROLE}")
-    session = Session(s)
+    session = judging_session(s)
     holder = None
     try:
-        session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
-                    f"SET pg_stride.queue_timeout = '1s'; SET ROLE {ROLE}; \\set ON_ERROR_STOP 0\n"
-                    "\\echo ready", end="")
         query = "SELECT count(*) >= 0 FROM pg_stride.probe_view;\n\\echo after"
         assert session.run(query, lines=2, end="") == ["t", "after"]
         holder = holder_running(s, 8)
