@@ -680,7 +680,8 @@ def monitoring_queries_are_never_queued(s):
 def judging_session(s):
     """A session of the ordinary role in group "pair" (limit 1) with the monitoring bypass
     on, whose statements wait 1 s at most for admission, and that goes on after a failed
-    one: for the checks of how a backend keeps its monitoring answers."""
+    one: for the checks that objects moved or defined again are judged by what they are
+    now."""
     session = Session(s)
     try:
         session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
@@ -694,12 +695,12 @@ def judging_session(s):
 
 @check
 def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_new_schema(s):
-    # A backend remembers its answer to the monitoring check per query identifier, and the
-    # schemas of the relations it read; the identifier stays the same when a table or a
-    # function moves between schemas (it is computed from their OIDs). A table moved
-    # into pg_stride makes a monitoring query (answered while the group's only admission
-    # is held) of a statement the session ran before; back out it queues again. So does
-    # a function read in FROM, moved into pg_stride.
+    # A backend remembers the schemas of the relations it read, for the monitoring check
+    # of every statement; a table moved between schemas must be judged by its new one in
+    # a session that read it before: into pg_stride it is a monitoring query (answered
+    # while the group's only admission is held), back out it queues again. So does a
+    # function read in FROM, moved into pg_stride after the session judged a statement
+    # that calls it.
     s.sql(f"CREATE TABLE moved_probe (x int); GRANT SELECT ON moved_probe TO {ROLE}; "
           "CREATE FUNCTION moved_fn() RETURNS SETOF int LANGUAGE plpgsql AS 'BEGIN RETURN NEXT 1; END'")
     session = judging_session(s)
@@ -713,7 +714,7 @@ def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_ne
         assert session.run("SELECT count(*) FROM pg_stride.moved_probe;\n\\echo after",
                            lines=2, end="") == ["0", "after"]
         # The function is moved alone, after the session judged the statement that calls
-        # it (queued), so that only the function's change can make it a monitoring query.
+        # it (queued).
         assert session.run("SELECT count(*) FROM moved_fn();\n\\echo after", end="") == ["after"]
         s.sql("ALTER FUNCTION moved_fn() SET SCHEMA pg_stride")
         assert session.run("SELECT count(*) FROM pg_stride.moved_fn();\n\\echo after",
@@ -731,12 +732,10 @@ def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_ne
 
 @check
 def a_view_of_pg_strides_schema_defined_again_is_judged_by_its_new_definition(s):
-    # CREATE OR REPLACE VIEW keeps the view's OID, so a query of it keeps its identifier,
-    # under which a backend remembers its answer to the monitoring check (until a
-    # relation's pg_class row changes, as the view's does here): a view of pg_stride's
-    # schema that read a catalog (a monitoring query, answered while the group's only
-    # admission is held) and is defined again over a user table must queue in a session
-    # that judged it before.
+    # CREATE OR REPLACE VIEW keeps the view's OID and its query's text: a view of
+    # pg_stride's schema that read a catalog (a monitoring query, answered while the
+    # group's only admission is held) and is defined again over a user table must queue
+    # in a session that judged it before, were answers ever kept per query.
     s.sql(f"CREATE TABLE view_probe (x int8); "
           "CREATE VIEW pg_stride.probe_view AS SELECT oid::int8 AS x FROM pg_class; "
           f"GRANT SELECT ON pg_stride.probe_view TO {ROLE}")
@@ -756,6 +755,33 @@ def a_view_of_pg_strides_schema_defined_again_is_judged_by_its_new_definition(s)
         if holder is not None:
             finish(holder)
         s.sql("DROP VIEW IF EXISTS pg_stride.probe_view; DROP TABLE IF EXISTS view_probe")
+
+
+@check
+def a_parameter_that_folds_away_a_user_function_call_is_judged_per_execution(s):
+    # The monitoring check reads the plan: with a custom plan, a parameter that folds
+    # away the branch calling a user-defined function makes a catalog query a monitoring
+    # one (answered while the group's only admission is held), and the same prepared
+    # statement with the branch kept queues. Were answers kept per query identifier, the
+    # second execution would take the first one's answer and skip admission.
+    s.sql("CREATE FUNCTION judged_fn(oid) RETURNS bool LANGUAGE plpgsql AS 'BEGIN RETURN true; END'")
+    session = judging_session(s)
+    holder = None
+    try:
+        session.run("PREPARE judged(bool) AS SELECT count(*) > 0 FROM pg_class "
+                    "WHERE CASE WHEN $1 THEN judged_fn(oid) ELSE true END;\n\\echo prepared", end="")
+        holder = holder_running(s, 8)
+        folded = "EXECUTE judged(false);\n\\echo after"
+        assert session.run(folded, lines=2, end="") == ["t", "after"], "a monitoring query queued"
+        # psql prints only the echo when the statement failed (queued until queue_timeout).
+        assert session.run("EXECUTE judged(true);\n\\echo after", end="") == ["after"]
+        assert session.run(folded, lines=2, end="") == ["t", "after"], "a monitoring query queued"
+        assert holder.poll() is None, "the holder ended before the checks did: they proved nothing"
+    finally:
+        session.close()
+        if holder is not None:
+            finish(holder)
+        s.sql("DROP FUNCTION IF EXISTS judged_fn(oid)")
 
 
 @check

@@ -1,12 +1,10 @@
 //! Monitoring queries, which `pg_stride.bypass_monitoring` keeps out of admission and
 //! CPU scheduling, so that a DBA can look at a saturated server: told apart from the
-//! plan (`plan_tree::is_monitoring_query`), with the catalog lookups that needs, and the
-//! answer kept per query identifier, since most statements a backend runs are the
-//! same few over and over.
+//! plan (`plan_tree::is_monitoring_query`), with the catalog lookups that needs.
 //!
-//! The caches here are process-local and cleared by syscache callbacks: a change of a
-//! schema, a relation or a function can change an answer (a table or a function moved
-//! into or out of schema `pg_stride`, the extension created again).
+//! The lookups' caches here are process-local and cleared by syscache callbacks: a
+//! change of a schema or a relation can change an answer (a table moved into or out of
+//! schema `pg_stride`, the extension created again).
 
 use crate::backend_local::BackendLocal;
 use crate::gucs::Setting;
@@ -16,9 +14,10 @@ use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
 /// Whether `desc` is a monitoring query that `pg_stride.bypass_monitoring` keeps out of
-/// scheduling. A statement with a query identifier is looked at once, until the
-/// catalogs change: the identifier is computed from the query's relations, functions
-/// and command (`pg::enable_query_id`), everything the answer depends on.
+/// scheduling. Asked again for every statement: the answer depends on the plan, not only
+/// on the query (a parameter can fold away the branch that calls a user-defined
+/// function), and PostgreSQL 18's query identifiers name relations by their names, so
+/// neither could key a kept answer safely.
 ///
 /// # Safety
 /// `desc` is ExecutorStart's QueryDesc; call inside a guarded function (catalog lookups).
@@ -29,62 +28,11 @@ pub unsafe fn bypasses_scheduling(desc: *const pg_sys::QueryDesc) -> bool {
     // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt.
     let stmt = unsafe { (*desc).plannedstmt };
     // Writes, most of an OLTP application's statements, are told at once.
-    // SAFETY: as above.
-    if !unsafe { plan_tree::reads_only(stmt) } {
-        return false;
+    // SAFETY: as above; a guarded function may look up the catalogs.
+    unsafe {
+        plan_tree::reads_only(stmt)
+            && plan_tree::is_monitoring_query(stmt, own_schema, relation_schema)
     }
-    // SAFETY: as above.
-    let query_id = unsafe { (*stmt).queryId };
-    let epoch = CATALOG_EPOCH.get();
-    let slot = (query_id % VERDICT_SLOTS as u64) as usize;
-    if query_id != 0 {
-        let known = VERDICTS.with_borrow(|v| {
-            let v = v[slot];
-            (v.query_id == query_id && v.epoch == epoch).then_some(v.monitoring)
-        });
-        if let Some(monitoring) = known {
-            return monitoring;
-        }
-    }
-    register_catalog_callbacks();
-    // SAFETY: a valid PlannedStmt; a guarded function may look up the catalogs.
-    let monitoring = unsafe { plan_tree::is_monitoring_query(stmt, own_schema, relation_schema) };
-    // An invalidation processed during the lookups may have made an answer stale: it is
-    // then not kept.
-    if query_id != 0 && CATALOG_EPOCH.get() == epoch {
-        VERDICTS.with_borrow_mut(|v| {
-            v[slot] = Verdict {
-                query_id,
-                epoch,
-                monitoring,
-            }
-        });
-    }
-    monitoring
-}
-
-/// The answers for the query identifiers seen last, one slot per identifier modulo
-/// [`VERDICT_SLOTS`]; an answer counts while its epoch is [`CATALOG_EPOCH`]'s.
-static VERDICTS: BackendLocal<RefCell<[Verdict; VERDICT_SLOTS]>> =
-    BackendLocal::new(RefCell::new([Verdict::NONE; VERDICT_SLOTS]));
-const VERDICT_SLOTS: usize = 32;
-/// Moves on at every change of a schema, a relation or a function: every answer kept
-/// before is stale. Starts above the epoch of empty slots.
-static CATALOG_EPOCH: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(1));
-
-#[derive(Clone, Copy)]
-struct Verdict {
-    query_id: u64,
-    epoch: u64,
-    monitoring: bool,
-}
-
-impl Verdict {
-    const NONE: Verdict = Verdict {
-        query_id: 0,
-        epoch: 0,
-        monitoring: false,
-    };
 }
 
 /// The OID of schema `pg_stride` in this database (InvalidOid without the extension),
@@ -129,11 +77,6 @@ fn register_catalog_callbacks() {
         pg_sys::CacheRegisterSyscacheCallback(
             pg_sys::SysCacheIdentifier::RELOID as i32,
             Some(forget_relation_schemas),
-            pg_sys::Datum::from(0),
-        );
-        pg_sys::CacheRegisterSyscacheCallback(
-            pg_sys::SysCacheIdentifier::PROCOID as i32,
-            Some(forget_function_verdicts),
             pg_sys::Datum::from(0),
         );
     }
@@ -185,22 +128,6 @@ unsafe extern "C-unwind" fn forget_own_schema(
     _hash: u32,
 ) {
     OWN_SCHEMA.set(None);
-    forget_verdicts();
-}
-
-/// A function changed: it may have moved into or out of schema `pg_stride`.
-unsafe extern "C-unwind" fn forget_function_verdicts(
-    _arg: pg_sys::Datum,
-    _cache: std::ffi::c_int,
-    _hash: u32,
-) {
-    forget_verdicts();
-}
-
-/// Every answer kept so far is stale. A plain store: the callbacks above call it while
-/// PostgreSQL processes invalidations, maybe in the middle of a lookup.
-fn forget_verdicts() {
-    CATALOG_EPOCH.set(CATALOG_EPOCH.get().wrapping_add(1));
 }
 
 /// A relation changed (or the whole cache was reset): look schemas up again. Runs while
@@ -213,7 +140,6 @@ unsafe extern "C-unwind" fn forget_relation_schemas(
     _hash: u32,
 ) {
     RELATION_SCHEMAS.try_with_borrow_mut(|c| *c = RelationSchemas::EMPTY);
-    forget_verdicts();
 }
 
 /// `pg_stride.bypass_monitoring`: monitoring queries are never queued nor paused.
