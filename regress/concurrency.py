@@ -677,20 +677,55 @@ def monitoring_queries_are_never_queued(s):
     assert finish(holder)[0] == 0
 
 
-def judging_session(s):
+class Judging:
     """A session of the ordinary role in group "pair" (limit 1) with the monitoring bypass
     on, whose statements wait 1 s at most for admission, and that goes on after a failed
-    one: for the checks that objects moved or defined again are judged by what they are
-    now."""
-    session = Session(s)
-    try:
-        session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
-                    f"SET pg_stride.queue_timeout = '1s'; SET ROLE {ROLE}; \\set ON_ERROR_STOP 0\n"
-                    "\\echo ready", end="")
-    except BaseException:
-        session.close()
-        raise
-    return session
+    one; `hold` starts a statement that holds the group's only admission meanwhile. For
+    the checks that objects moved or defined again are judged by what they are now. At
+    the end the holder must still run (or the checks proved nothing), and `cleanup` (SQL)
+    drops what the check made."""
+
+    def __init__(self, s, cleanup):
+        self.s, self.cleanup, self.holder = s, cleanup, None
+        self.session = Session(s)
+
+    def __enter__(self):
+        try:
+            self.session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
+                             f"SET pg_stride.queue_timeout = '1s'; SET ROLE {ROLE}; \\set ON_ERROR_STOP 0\n"
+                             "\\echo ready", end="")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def hold(self, seconds):
+        self.holder = holder_running(self.s, seconds)
+
+    def answered(self, sql):
+        """The output of `sql`; psql prints it before the echo."""
+        out = self.session.run(f"{sql};\n\\echo after", lines=2, end="")
+        assert out[-1:] == ["after"], (sql, out)
+        return out[0]
+
+    def queued(self, sql):
+        """Whether `sql` failed (queued until its queue_timeout): psql then prints only the
+        echo."""
+        return self.session.run(f"{sql};\n\\echo after", end="") == ["after"]
+
+    def close(self):
+        self.session.close()
+        if self.holder is not None:
+            finish(self.holder)
+        self.s.sql(self.cleanup)
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None:
+                assert self.holder is not None and self.holder.poll() is None, \
+                    "the holder ended before the checks did: they proved nothing"
+        finally:
+            self.close()
 
 
 @check
@@ -703,31 +738,19 @@ def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_ne
     # that calls it.
     s.sql(f"CREATE TABLE moved_probe (x int); GRANT SELECT ON moved_probe TO {ROLE}; "
           "CREATE FUNCTION moved_fn() RETURNS SETOF int LANGUAGE plpgsql AS 'BEGIN RETURN NEXT 1; END'")
-    session = judging_session(s)
-    holder = None
-    try:
-        assert session.run("SELECT count(*) FROM moved_probe") == ["0"]
+    with Judging(s, "DROP TABLE IF EXISTS moved_probe, pg_stride.moved_probe; "
+                    "DROP FUNCTION IF EXISTS moved_fn(), pg_stride.moved_fn()") as j:
+        assert j.answered("SELECT count(*) FROM moved_probe") == "0"
         s.sql("ALTER TABLE moved_probe SET SCHEMA pg_stride")
-        holder = holder_running(s, 10)
-        # psql prints the count, or only the echo when the statement failed (queued
-        # until queue_timeout).
-        assert session.run("SELECT count(*) FROM pg_stride.moved_probe;\n\\echo after",
-                           lines=2, end="") == ["0", "after"]
+        j.hold(10)
+        assert j.answered("SELECT count(*) FROM pg_stride.moved_probe") == "0"
         # The function is moved alone, after the session judged the statement that calls
         # it (queued).
-        assert session.run("SELECT count(*) FROM moved_fn();\n\\echo after", end="") == ["after"]
+        assert j.queued("SELECT count(*) FROM moved_fn()")
         s.sql("ALTER FUNCTION moved_fn() SET SCHEMA pg_stride")
-        assert session.run("SELECT count(*) FROM pg_stride.moved_fn();\n\\echo after",
-                           lines=2, end="") == ["1", "after"]
+        assert j.answered("SELECT count(*) FROM pg_stride.moved_fn()") == "1"
         s.sql("ALTER TABLE pg_stride.moved_probe SET SCHEMA public")
-        assert session.run("SELECT count(*) FROM moved_probe;\n\\echo after", end="") == ["after"]
-        assert holder.poll() is None, "the holder ended before the checks did: they proved nothing"
-    finally:
-        session.close()
-        if holder is not None:
-            finish(holder)
-        s.sql("DROP TABLE IF EXISTS moved_probe, pg_stride.moved_probe; "
-              "DROP FUNCTION IF EXISTS moved_fn(), pg_stride.moved_fn()")
+        assert j.queued("SELECT count(*) FROM moved_probe")
 
 
 @check
@@ -736,25 +759,16 @@ def a_view_of_pg_strides_schema_defined_again_is_judged_by_its_new_definition(s)
     # pg_stride's schema that read a catalog (a monitoring query, answered while the
     # group's only admission is held) and is defined again over a user table must queue
     # in a session that judged it before, were answers ever kept per query.
-    s.sql(f"CREATE TABLE view_probe (x int8); "
+    s.sql("CREATE TABLE view_probe (x int8); "
           "CREATE VIEW pg_stride.probe_view AS SELECT oid::int8 AS x FROM pg_class; "
           f"GRANT SELECT ON pg_stride.probe_view TO {ROLE}")
-    session = judging_session(s)
-    holder = None
-    try:
-        query = "SELECT count(*) >= 0 FROM pg_stride.probe_view;\n\\echo after"
-        assert session.run(query, lines=2, end="") == ["t", "after"]
-        holder = holder_running(s, 8)
-        assert session.run(query, lines=2, end="") == ["t", "after"], "a monitoring query queued"
+    with Judging(s, "DROP VIEW IF EXISTS pg_stride.probe_view; DROP TABLE IF EXISTS view_probe") as j:
+        query = "SELECT count(*) >= 0 FROM pg_stride.probe_view"
+        assert j.answered(query) == "t"
+        j.hold(8)
+        assert j.answered(query) == "t"
         s.sql("CREATE OR REPLACE VIEW pg_stride.probe_view AS SELECT x FROM public.view_probe")
-        # psql prints only the echo when the statement failed (queued until queue_timeout).
-        assert session.run(query, end="") == ["after"]
-        assert holder.poll() is None, "the holder ended before the checks did: they proved nothing"
-    finally:
-        session.close()
-        if holder is not None:
-            finish(holder)
-        s.sql("DROP VIEW IF EXISTS pg_stride.probe_view; DROP TABLE IF EXISTS view_probe")
+        assert j.queued(query)
 
 
 @check
@@ -765,23 +779,13 @@ def a_parameter_that_folds_away_a_user_function_call_is_judged_per_execution(s):
     # statement with the branch kept queues. Were answers kept per query identifier, the
     # second execution would take the first one's answer and skip admission.
     s.sql("CREATE FUNCTION judged_fn(oid) RETURNS bool LANGUAGE plpgsql AS 'BEGIN RETURN true; END'")
-    session = judging_session(s)
-    holder = None
-    try:
-        session.run("PREPARE judged(bool) AS SELECT count(*) > 0 FROM pg_class "
-                    "WHERE CASE WHEN $1 THEN judged_fn(oid) ELSE true END;\n\\echo prepared", end="")
-        holder = holder_running(s, 8)
-        folded = "EXECUTE judged(false);\n\\echo after"
-        assert session.run(folded, lines=2, end="") == ["t", "after"], "a monitoring query queued"
-        # psql prints only the echo when the statement failed (queued until queue_timeout).
-        assert session.run("EXECUTE judged(true);\n\\echo after", end="") == ["after"]
-        assert session.run(folded, lines=2, end="") == ["t", "after"], "a monitoring query queued"
-        assert holder.poll() is None, "the holder ended before the checks did: they proved nothing"
-    finally:
-        session.close()
-        if holder is not None:
-            finish(holder)
-        s.sql("DROP FUNCTION IF EXISTS judged_fn(oid)")
+    with Judging(s, "DROP FUNCTION IF EXISTS judged_fn(oid)") as j:
+        j.session.run("PREPARE judged(bool) AS SELECT count(*) > 0 FROM pg_class "
+                      "WHERE CASE WHEN $1 THEN judged_fn(oid) ELSE true END;\n\\echo prepared", end="")
+        j.hold(8)
+        assert j.answered("EXECUTE judged(false)") == "t"
+        assert j.queued("EXECUTE judged(true)")
+        assert j.answered("EXECUTE judged(false)") == "t"
 
 
 @check
