@@ -140,11 +140,7 @@ def per_transaction(s, settings, args, n1, n2, *function_sets):
     runs of n1 and n2 transactions with `settings`."""
     counts = []
     for n in (n1, n2):
-        restore(s)
-        s.start(settings, valgrind=True, tool="callgrind")
-        s.pgbench(*args, "-t", str(n))
-        s.stop()
-        path = s.busiest_backend()[1]
+        path = counted_run(s, settings, args, n, "callgrind")[1]
         counts.append([inclusive_instructions(path, functions) for functions in function_sets])
     return [(b - a) / (n2 - n1) for a, b in zip(*counts)]
 
@@ -197,17 +193,21 @@ def restore(s):
     s.run("cp", "-a", s.data + ".template", s.data, check=True)
 
 
+def counted_run(s, settings, args, n, tool="cachegrind"):
+    """Runs `args` for n transactions with `settings` under valgrind's `tool`, from the
+    prepared data directory; returns the busiest backend's instructions and output file."""
+    restore(s)
+    s.start(settings, valgrind=True, tool=tool)
+    s.pgbench(*args, "-t", str(n))
+    s.stop()
+    return s.busiest_backend()
+
+
 def instructions_per_transaction(s, settings, args, n1, n2):
     """Instructions of the busiest backend per transaction of `args`: the difference
     between runs of n1 and n2 transactions, so that connection start-up cancels out."""
-    counts = []
-    for n in (n1, n2):
-        restore(s)
-        s.start(settings, valgrind=True)
-        s.pgbench(*args, "-t", str(n))
-        s.stop()
-        counts.append(s.busiest_backend()[0])
-    return (counts[1] - counts[0]) / (n2 - n1)
+    first, second = (counted_run(s, settings, args, n)[0] for n in (n1, n2))
+    return (second - first) / (n2 - n1)
 
 
 def prepare(s):

@@ -25,14 +25,9 @@ pub unsafe fn bypasses_scheduling(desc: *const pg_sys::QueryDesc) -> bool {
     if !BYPASS_MONITORING.get() {
         return false;
     }
-    // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt.
-    let stmt = unsafe { (*desc).plannedstmt };
-    // Writes, most of an OLTP application's statements, are told at once.
-    // SAFETY: as above; a guarded function may look up the catalogs.
-    unsafe {
-        plan_tree::reads_only(stmt)
-            && plan_tree::is_monitoring_query(stmt, own_schema, relation_schema)
-    }
+    // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt; a guarded function may look
+    // up the catalogs.
+    unsafe { plan_tree::is_monitoring_query((*desc).plannedstmt, own_schema, relation_schema) }
 }
 
 /// The OID of schema `pg_stride` in this database (InvalidOid without the extension),

@@ -44,6 +44,7 @@ pub struct Reservation {
 
 /// Reserves, against the cap of group slot `group`, the workers the Gathers of `desc`'s
 /// plan may launch; `None` for a plan without Gathers, or with `parallel_mode = off`.
+/// Its caller skips plans that do not need parallel mode, which have no Gather.
 /// `predict`: whether statements are predicted (`pg_stride.predict`), so that one
 /// predicted short gets no workers under load.
 /// Raises no error: the caller records the grant, to give it back however the
@@ -60,10 +61,6 @@ pub fn reserve_workers(
     let sched = shared.sched()?;
     // SAFETY: ExecutorStart's QueryDesc has a valid PlannedStmt.
     let stmt = unsafe { (*desc).plannedstmt };
-    // SAFETY: as above. A plan with a Gather needs parallel mode; most plans have none.
-    if !unsafe { (*stmt).parallelModeNeeded } {
-        return None;
-    }
     let mut planned = Vec::new();
     // SAFETY: `stmt` is a valid PlannedStmt; the walk only reads it.
     unsafe {

@@ -223,7 +223,8 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);
     entry.clear_statement();
-    // A plan with a Gather needs parallel mode; most plans have none.
+    // A plan with a Gather needs parallel mode; most plans have none, and
+    // `reserve_workers` is called for the others only.
     if !parallel {
         return joins;
     }
