@@ -157,7 +157,7 @@ def scheduling_works(s):
 def start_load(s):
     """4 select-only clients, 2 long read-only scans with the slot contended, and 1
     client running parallel scans (with as many workers as planned)."""
-    long_scan = s.script("long_scan.sql", "SELECT count(*) FROM big a JOIN big b USING (id) WHERE a.v >= 0;\n")
+    long_scan = s.script("long_scan.sql", f"{LONG};\n")
     par_scan = s.script("parallel_scan.sql", "SELECT count(*), sum(v) FROM big WHERE v >= 0;\n")
     return [s.pgbench(LOAD_ROLE, "-S", "-c", "4", "-j", "2", "-T", "120"),
             s.pgbench(LOAD_ROLE, "-f", long_scan, "-c", "2", "-T", "120"),
