@@ -22,7 +22,7 @@ points look their scan up for every row; for it the script also times both varia
 without valgrind (pgbench -T, interleaved rounds).
 
 Writes bench/results/INSTRUCTIONS.md. Usage: bench/instructions.py [--only WORKLOAD…]
-(select, tpcb, partitions) [--out FILE]; PGBIN (scripts/pg-env) picks the server.
+(select, tpcb, partitions) [--protocol prepared|extended|simple] [--out FILE]; PGBIN (scripts/pg-env) picks the server.
 """
 
 import argparse
@@ -49,6 +49,9 @@ WORKLOADS = (("pgbench -S (one primary-key SELECT)", ["-S"], 1000, 5000),
              ("pgbench TPC-B (5 statements)", [], 500, 2500),
              ("count(*) over 500 partitions, serial", ["-f", PARTITIONS_SCRIPT], 5, 25))
 KEYS = {"select": WORKLOADS[0], "tpcb": WORKLOADS[1], "partitions": WORKLOADS[2]}
+# pgbench's query mode (--protocol): prepared, as in most overhead figures, or simple, as
+# an application that sends its statements as text (each one parsed, analysed and planned).
+PROTOCOL = "prepared"
 
 
 class Server(pgserver.Server):
@@ -88,7 +91,7 @@ class Server(pgserver.Server):
         args = [os.path.join(self.dir, a) if a == PARTITIONS_SCRIPT else a for a in args]
         # One seed: every run draws the same accounts, so runs differ by what pg_stride
         # does and not by which rows they touched.
-        return self.run(f"{PGBIN}/pgbench", "-n", "-c", "1", "-M", "prepared", "--random-seed=1", "-h", self.dir,
+        return self.run(f"{PGBIN}/pgbench", "-n", "-c", "1", "-M", PROTOCOL, "--random-seed=1", "-h", self.dir,
                         "-p", str(self.port), "-U", "r_plain", *args, "postgres",
                         check=True, stderr=subprocess.DEVNULL, **kw)
 
@@ -246,13 +249,17 @@ def server_version():
 
 
 def main():
+    global PROTOCOL
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="+", choices=sorted(KEYS), default=sorted(KEYS))
     parser.add_argument("--out", default=os.path.join(HERE, "results", "INSTRUCTIONS.md"))
     parser.add_argument("--also", metavar="SETTINGS",
                         help="measure a third variant: loaded, with these postgresql.conf lines "
                              "(e.g. \"pg_stride.memory_budget = '8GB'\")")
+    parser.add_argument("--protocol", choices=("prepared", "extended", "simple"), default=PROTOCOL,
+                        help="pgbench's query mode (default prepared)")
     options = parser.parse_args()
+    PROTOCOL = options.protocol
     variants = VARIANTS
     if options.also:
         variants += (("loaded + " + options.also.replace("\n", ", "),
@@ -288,7 +295,7 @@ def main():
     lines = ["# Instructions per transaction, pg_stride not loaded and loaded", "",
              f"Written by bench/instructions.py on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
              f"against {version}: "
-             "valgrind cachegrind, one pgbench client, as an ordinary role (every statement "
+             f"valgrind cachegrind, one pgbench client (query mode {PROTOCOL}), as an ordinary role (every statement "
              "goes through admission), release build. Admission: inclusive instructions of "
              "admission's entry points (`admit`, `release`, `switch_group`), from callgrind. "
              "Rule checks: inclusive instructions of what a backend does for runaway-query rules "
@@ -296,7 +303,8 @@ def main():
              "prediction: what a backend does to predict a statement's CPU and record what it "
              "used (`pg_stride::cpu::prediction`, `parallel::predicted_short`), query id: "
              "PostgreSQL's `JumbleQuery`, which pg_stride has run as pg_stat_statements does "
-             "(at parse analysis: once per PREPARE with -M prepared), all from the same "
+             "(at parse analysis: once per PREPARE in query mode prepared, once per statement "
+             "otherwise), all from the same "
              "callgrind runs.", "",
              "| workload | not loaded | loaded | added | loaded / not loaded | admission | admission / not loaded "
              "| rule checks | prediction | query id |",

@@ -15,7 +15,8 @@ whose sorting has no yield point, shows up as CPU in slices beyond twice the tar
 plain scan does not, nor does a Materialize's output, which has no scan below it; the
 scans of an InitPlan are yield points; a statement that fails is recorded as failed; a
 statement whose plan is estimated tiny is not scheduled (nor recorded) until it ran long
-twice in its session.
+twice in its session; a backend computes query identifiers (compute_query_id = auto)
+from the statement after its first scheduled one, not before.
 
 Starts its own temporary server and prints one line per check, then
 "trace: N passed, N failed". Run as root, the server runs as postgres.
@@ -398,6 +399,24 @@ def a_statement_planned_tiny_is_scheduled_once_it_ran_long_twice(s):
 
 
 @check
+def query_ids_are_computed_in_a_backend_once_it_ran_a_scheduled_statement(s):
+    # Catches: query identifiers asked for in every backend (PostgreSQL's walk of each
+    # parse tree costs a short statement sent as text more than everything else
+    # pg_stride adds to it), or never asked for where statements are scheduled (their
+    # trace records and prediction are keyed by them). compute_query_id is auto, the
+    # default, and neither pg_stride.predict nor pg_stride.tuner is on.
+    own = "SELECT query_id IS NOT NULL FROM pg_stat_activity WHERE pid = pg_backend_pid();\n"
+    script = (own + "SELECT a > 0 FROM big LIMIT 1;\n" + own
+              + "SELECT count(*) > 0 FROM big;\n" + own)
+    out = subprocess.run(s.psql_args(None, user="regress_other"), input=script, env=ENV,
+                         text=True, capture_output=True)
+    assert out.returncode == 0, out.stderr
+    # The LIMIT 1 plan is tiny (never scheduled); the count is scheduled.
+    assert out.stdout.split() == ["f", "t", "f", "t", "t"], out.stdout
+    assert s.sql("SHOW compute_query_id") == "auto"
+
+
+@check
 def other_roles_statements_show_no_query_id_or_times(s):
     """As pg_stat_activity and pg_stat_statements do: a role sees the query id, times
     and place in the schedule of its own statements in pg_stride.activity and
@@ -439,7 +458,7 @@ def setup(s):
           "ALTER ROLE regress_writer SET compute_query_id = on")
     s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 3000000) g")
     s.sql("VACUUM ANALYZE big")
-    s.sql("GRANT SELECT ON big TO regress_writer")
+    s.sql("GRANT SELECT ON big TO regress_writer, regress_other")
     s.sql("CREATE FUNCTION few() RETURNS SETOF int LANGUAGE plpgsql ROWS 1 "
           "AS 'BEGIN RETURN QUERY SELECT generate_series(1, 2000000); END'")
     s.sql("CREATE FUNCTION plan_of(q text) RETURNS SETOF text LANGUAGE plpgsql "

@@ -104,7 +104,10 @@ static mut PREV_EXECUTOR_RUN: pg_sys::ExecutorRun_hook_type = None;
 static mut PREV_EXECUTOR_FINISH: pg_sys::ExecutorFinish_hook_type = None;
 static mut PREV_EXECUTOR_END: pg_sys::ExecutorEnd_hook_type = None;
 static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+/// The object-access hook that was in place when a DROP DATABASE started, while
+/// pg_stride's stands in for it (see [`object_access`]).
 static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
+static WATCHING_DROPS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 /// Depth of ExecutorRun/ExecutorFinish calls, and of utilities whose queries are not
 /// scheduled, in progress in this backend: the hooks' own state, which tells a
@@ -132,8 +135,6 @@ pub fn install() {
         pg_sys::ExecutorEnd_hook = Some(executor_end);
         PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
         pg_sys::ProcessUtility_hook = Some(process_utility);
-        PREV_OBJECT_ACCESS = pg_sys::object_access_hook;
-        pg_sys::object_access_hook = Some(object_access);
         pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(on_subxact_event), std::ptr::null_mut());
     }
@@ -323,6 +324,11 @@ unsafe extern "C-unwind" fn process_utility(
 ) {
     // SAFETY: ProcessUtility's PlannedStmt wraps a valid utility statement.
     let nested = !unsafe { runs_client_queries((*pstmt).utilityStmt) };
+    // SAFETY: as above.
+    let drops_database = unsafe { is_tagged((*pstmt).utilityStmt, pg_sys::NodeTag::T_DropdbStmt) };
+    if drops_database {
+        watch_object_drops();
+    }
     // The statement the client sent: the queries it runs read their group tag in it.
     let client = !nested
         && NESTING.get() == 0
@@ -355,6 +361,42 @@ unsafe extern "C-unwind" fn process_utility(
     if client {
         statements::client_utility_ended();
     }
+    if drops_database {
+        stop_watching_object_drops();
+    }
+}
+
+/// Whether `stmt` is a node of type `tag`.
+///
+/// # Safety
+/// `stmt` is null or a valid node.
+unsafe fn is_tagged(stmt: *const pg_sys::Node, tag: pg_sys::NodeTag) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe { stmt.as_ref() }.is_some_and(|n| n.type_ == tag)
+}
+
+/// Puts pg_stride's object-access hook in place for the DROP DATABASE about to run. Only
+/// then: with a hook in place, PostgreSQL calls it for every function an expression
+/// runs (InvokeFunctionExecuteHook), about 40 instructions of each OLTP statement, and
+/// DROP DATABASE is the only access pg_stride watches. The command cannot run inside a
+/// transaction block or a function, so no other statement runs meanwhile.
+fn watch_object_drops() {
+    if !WATCHING_DROPS.replace(true) {
+        // SAFETY: process-local hook variables, read and written by this process only.
+        unsafe {
+            PREV_OBJECT_ACCESS = pg_sys::object_access_hook;
+            pg_sys::object_access_hook = Some(object_access);
+        }
+    }
+}
+
+/// The DROP DATABASE returned, or its transaction aborted: the hook that was in place
+/// before it is again.
+fn stop_watching_object_drops() {
+    if WATCHING_DROPS.replace(false) {
+        // SAFETY: as above.
+        unsafe { pg_sys::object_access_hook = PREV_OBJECT_ACCESS };
+    }
 }
 
 /// A top-level statement arrives: registers it (`statements::arrive`) unless it is a
@@ -381,9 +423,9 @@ unsafe extern "C-unwind" fn pool_gathers(desc: *mut pg_sys::QueryDesc) {
     pool::executor_started(desc);
 }
 
-/// The object-access hook: DROP DATABASE, once the caller passed its ownership check,
-/// ends that database's pool workers (pool::lifecycle). Chains to the previous hook
-/// first; cannot panic before the guarded call.
+/// The object-access hook, in place while a DROP DATABASE runs: once the caller passed
+/// its ownership check, the command ends that database's pool workers (pool::lifecycle).
+/// Chains to the previous hook first; cannot panic before the guarded call.
 unsafe extern "C-unwind" fn object_access(
     access: pg_sys::ObjectAccessType::Type,
     class_id: pg_sys::Oid,
@@ -459,6 +501,7 @@ unsafe extern "C-unwind" fn on_xact_event(
     if matches!(event, XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {
         NESTING.set(0);
         statements::client_utility_ended();
+        stop_watching_object_drops();
     }
     if matches!(
         event,

@@ -90,7 +90,8 @@ pub extern "C-unwind" fn _PG_init() {
     // shared memory (shmem_request_hook, shmem_startup_hook: pg_stride's regions and the
     // pool's block), the pool's custom scans, the resource-release callback that ends a
     // failed statement's scheduling, the three background workers, and the planner,
-    // executor, utility and object-access hooks.
+    // executor and utility hooks with the transaction callbacks; the object-access hook
+    // only while a DROP DATABASE runs.
     shmem::install(pool::SHMEM_BLOCKS, || shmem::Initial {
         max_active_queries: admission::max_active_queries(),
         cpu_slots: cpu::effective_cpu_slots(),

@@ -15,8 +15,14 @@ use std::time::{Duration, Instant};
 mod ffi {
     use pgrx::pg_sys;
 
+    // Declared here, not called through pgrx's bindings, which enter its guarded FFI
+    // boundary (a sigsetjmp and a thread check) on every call: functions that cannot
+    // raise an ERROR, called on every statement's path.
     extern "C" {
         pub fn GetTopTransactionIdIfAny() -> pg_sys::TransactionId;
+        pub fn GetCurrentSubTransactionId() -> pg_sys::SubTransactionId;
+        #[cfg(not(feature = "pg13"))]
+        pub fn EnableQueryId();
         pub fn GetCurrentStatementStartTimestamp() -> pg_sys::TimestampTz;
         pub fn ExecSetExecProcNode(node: *mut pg_sys::PlanState, function: pg_sys::ExecProcNodeMtd);
     }
@@ -61,14 +67,48 @@ pub fn statement_start_timestamp() -> pg_sys::TimestampTz {
 }
 
 /// Asks PostgreSQL to compute query identifiers while `compute_query_id` is `auto` (the
-/// default). Only valid while `shared_preload_libraries` is processed. PostgreSQL 13
-/// has no query identifiers in core: statements are predicted from their plan's cost.
+/// default), as pg_stat_statements does. The request is a process-local flag: made in
+/// `_PG_init`, it holds in every process the postmaster forks; made in a backend, for
+/// the statements that backend parses from then on. PostgreSQL 13 has no query
+/// identifiers in core: statements are predicted from their plan's cost.
 pub fn enable_query_id() {
-    // SAFETY: sets a flag in the postmaster's memory, from _PG_init.
+    // SAFETY: sets a process-local flag that parse analysis reads; no ERROR.
     #[cfg(not(feature = "pg13"))]
     unsafe {
-        pg_sys::EnableQueryId()
+        ffi::EnableQueryId()
     };
+}
+
+/// The fingerprint of the statement `desc` runs, from its text with its constants left
+/// out (`pg_stride_sched::fingerprint`): the part of the query string its plan's
+/// `stmt_location` and `stmt_len` name, or the whole string when they name none.
+///
+/// # Safety
+/// `desc` is a valid QueryDesc with its PlannedStmt and source text, as the executor's
+/// hooks receive it.
+pub unsafe fn statement_fingerprint(desc: *const pg_sys::QueryDesc) -> u64 {
+    // SAFETY: the caller's promise.
+    let (source, stmt) = unsafe { ((*desc).sourceText, (*desc).plannedstmt) };
+    // SAFETY: as above.
+    let (location, len) = unsafe { ((*stmt).stmt_location, (*stmt).stmt_len) };
+    let start = usize::try_from(location).unwrap_or(0);
+    // Read no further than the statement's end: a script's string can be long, and each
+    // of its statements would otherwise measure all of it.
+    let end = match usize::try_from(len) {
+        Ok(len) if len > 0 => start.saturating_add(len),
+        _ => usize::MAX,
+    };
+    let text = if source.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: a non-null source text is NUL-terminated (the caller's promise); the
+        // bytes read are those before its NUL, up to `end`.
+        unsafe {
+            let bytes = libc::strnlen(source, end);
+            std::slice::from_raw_parts(source.cast::<u8>(), bytes)
+        }
+    };
+    pg_stride_sched::fingerprint::of_text(&text[start.min(text.len())..])
 }
 
 /// A planned statement's query identifier (0 when none was computed) and its plan's
@@ -388,7 +428,7 @@ pub fn may_set_parameter(name: &std::ffi::CStr) -> bool {
 /// the transaction state, which cannot fail.
 pub fn current_subtransaction() -> u32 {
     // SAFETY: plain read of process-local transaction state.
-    unsafe { pg_sys::GetCurrentSubTransactionId() }
+    unsafe { ffi::GetCurrentSubTransactionId() }
 }
 
 /// A statement's text: the query string it came in and where in it the statement starts

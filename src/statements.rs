@@ -68,9 +68,9 @@ struct Statement {
     workers: Grant,
     /// When it arrived and was admitted, for the tuner's trace.
     arrival: cpu::Arrival,
-    /// Its query identifier, when its plan is too small for CPU scheduling
-    /// (`cpu::is_tiny`): it never joins, and its end tells whether it really was.
-    tiny: Option<u64>,
+    /// Whether its plan is too small for CPU scheduling (`cpu::is_tiny`): it never
+    /// joins, and its end tells whether it really was.
+    tiny: bool,
     /// Wall time its ExecutorRuns took so far, ns, measured for a tiny one only.
     ran_ns: u64,
 }
@@ -123,17 +123,24 @@ static REGISTERED: BackendLocal<RefCell<Vec<Statement>>> =
 static TINY_REGISTERED: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
 static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
-/// Registers the resource-release callback, and asks PostgreSQL to compute query
-/// identifiers (`compute_query_id = auto` then means on), which key the prediction of a
-/// statement's CPU, as pg_stat_statements asks for them. Called once from `_PG_init`; the
-/// callback list lives in process memory and is inherited by every backend the
-/// postmaster forks.
+/// Registers the resource-release callback. Called once from `_PG_init`; the callback
+/// list lives in process memory and is inherited by every backend the postmaster forks.
+///
+/// Query identifiers key the prediction of a statement's CPU and the tuner's replay.
+/// With either of them on at server start, every backend computes them (`compute_query_id
+/// = auto` then means on), as pg_stat_statements asks for them; otherwise a backend asks
+/// for them once it runs a statement that joins CPU scheduling ([`executor_started`]).
+/// PostgreSQL's walk of a parse tree costs a short statement sent as text more than
+/// everything else pg_stride adds to it, so a backend that only runs statements too
+/// small to schedule, and writes, never pays it.
 pub fn install() {
     // SAFETY: called single-threaded from _PG_init; the callback is guarded.
     unsafe {
         pg_sys::RegisterResourceReleaseCallback(Some(on_resource_release), std::ptr::null_mut())
     };
-    pg::enable_query_id();
+    if cpu::predicts() || cpu::tuner_on() {
+        pg::enable_query_id();
+    }
 }
 
 /// `desc`, a top-level statement of this backend, arrives in the session's resource
@@ -170,8 +177,10 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         (pg::query_id_and_cost(stmt), (*stmt).parallelModeNeeded)
     };
     let pausable = cpu::is_pausable(desc);
-    let tiny = (pausable && !parallel && cpu::is_tiny(query_id, plan_cost)).then_some(query_id);
-    let joins = pausable && tiny.is_none();
+    // SAFETY: `desc` is the statement the executor is about to start.
+    let fingerprint = || unsafe { pg::statement_fingerprint(desc) };
+    let tiny = pausable && !parallel && cpu::is_tiny(plan_cost, fingerprint);
+    let joins = pausable && !tiny;
     // The clocks are read for the trace of a statement that joins CPU scheduling only.
     let mut arrival = if joins {
         cpu::Arrival::now()
@@ -211,7 +220,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
             ran_ns: 0,
         })
     });
-    if tiny.is_some() {
+    if tiny {
         TINY_REGISTERED.set(TINY_REGISTERED.get() + 1);
     }
     // The owner alone writes the count (docs/design.md §3): a store, not a locked add.
@@ -274,6 +283,9 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
     });
     if let Some((group, arrival)) = registered {
         cpu::start_statement(shared, desc, group, arrival);
+        // This backend runs statements worth scheduling: from its next one on, they
+        // carry query identifiers for their prediction and the trace (see `install`).
+        pg::enable_query_id();
     }
 }
 
@@ -301,7 +313,7 @@ pub fn unscheduled_run_begins() -> Option<u64> {
 pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
     let took = os::monotonic_ns().saturating_sub(started);
     REGISTERED.try_with_borrow_mut(|list| {
-        if let Some(r) = list.iter_mut().find(|r| r.desc == desc && r.tiny.is_some()) {
+        if let Some(r) = list.iter_mut().find(|r| r.desc == desc && r.tiny) {
             r.ran_ns = r.ran_ns.saturating_add(took);
         }
     });
@@ -398,9 +410,14 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
         if r.stage == Stage::Joined {
             cpu::end_statement(shared, Some(r.desc), failed);
         }
-        if let Some(query_id) = r.tiny {
+        if r.tiny {
             TINY_REGISTERED.set(TINY_REGISTERED.get().saturating_sub(1));
-            cpu::tiny_statement_ended(query_id, r.ran_ns);
+            // Learned from statements that ended normally: their QueryDesc, text
+            // included, is still whole at ExecutorEnd.
+            if !failed && cpu::counts_as_long(r.ran_ns) {
+                // SAFETY: the executor's QueryDesc of a statement ending at ExecutorEnd.
+                cpu::ran_long(unsafe { pg::statement_fingerprint(r.desc) });
+            }
         }
         parallel::return_workers(shared, r.group, r.workers);
         if r.reserved_memory {

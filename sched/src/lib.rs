@@ -13,6 +13,7 @@
 //! * [`admission`] — admission limits, queue and leases (wagner2021 §2.3).
 //! * [`groups`] — resource-group settings, their limits and directory slots.
 //! * [`group_tag`] — the group a statement names in a comment before its first word.
+//! * [`fingerprint`] — a statement's fingerprint from its text, constants left out.
 //! * [`histogram`] — the queue-time histogram, its quantiles and cumulative counts.
 //! * [`shared`] — the lock-free shared-memory scheduler ([`SchedShared`]).
 //! * [`sim`] — discrete-event simulator and workload generator over [`SchedShared`].
@@ -87,6 +88,7 @@
 //! ```
 
 pub mod decay;
+pub mod fingerprint;
 pub mod group_tag;
 pub mod groups;
 pub mod hint;

@@ -62,7 +62,7 @@ pub use settings::{
     decay_params, effective_cpu_slots, predicts, register_settings, slice_ms, slice_ns, tuner_on,
 };
 pub use slots::{begin_run, end_run};
-pub use tiny::{is_tiny, tiny_statement_ended};
+pub use tiny::{counts_as_long, is_tiny, ran_long};
 pub use trace::{read_window, Arrival};
 pub use watchdog::watchdog;
 

@@ -9,9 +9,13 @@
 //! A plan is an estimate. A statement that was called tiny but whose ExecutorRuns took
 //! more than [`RAN_LONG_SLICES`] slices (stale statistics, a function that returns far
 //! more rows than it declares), twice, leaves its fingerprint here, and the backend
-//! schedules that fingerprint's statements from then on. Process-local: an application's
-//! connections run the same statements over and over, and the check costs a few
-//! compares where a shared table would cost a lock.
+//! schedules that fingerprint's statements from then on. The fingerprint is the
+//! statement's text with its constants left out (`pg_stride_sched::fingerprint`), not
+//! its query identifier: PostgreSQL computes those only on request, at a cost larger
+//! than all of pg_stride's for a short statement sent as text, and the text is read
+//! only for a statement that ran long, or once a fingerprint is scheduled. Process-local:
+//! an application's connections run the same statements over and over, and the check
+//! costs a few compares where a shared table would cost a lock.
 
 use crate::backend_local::BackendLocal;
 use std::cell::Cell;
@@ -33,39 +37,44 @@ const RAN_LONG_SLICES: u64 = 10;
 /// pages from disk.
 const LONG_RUNS: u8 = 2;
 
-/// Query identifiers of tiny-estimated statements that ran long, with how often; 0 is
+/// Fingerprints of tiny-estimated statements that ran long, with how often; 0 is
 /// empty. A new one takes the next entry, round robin from [`NEXT`], that is not
-/// scheduled yet (`tiny_statement_ended`).
+/// scheduled yet ([`ran_long`]).
 static RAN_LONG: BackendLocal<Cell<[(u64, u8); 8]>> = BackendLocal::new(Cell::new([(0, 0); 8]));
 static NEXT: BackendLocal<Cell<usize>> = BackendLocal::new(Cell::new(0));
 /// Whether a fingerprint of [`RAN_LONG`] ever reached [`LONG_RUNS`]: until one has, which
-/// is the common case, no statement needs to look the table up.
+/// is the common case, no statement needs to look the table up, nor its fingerprint be
+/// computed.
 static ANY_SCHEDULED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
-/// Whether a serial statement with query identifier `query_id` and a plan of total cost
-/// `plan_cost` is too small to schedule. Never without a query identifier
-/// (`compute_query_id = off`): a misestimate could then not be learned.
-pub fn is_tiny(query_id: u64, plan_cost: f64) -> bool {
+/// Whether a serial statement whose plan's total cost is `plan_cost` is too small to
+/// schedule. `fingerprint` gives the statement's fingerprint, asked for only once a
+/// fingerprint is scheduled in this backend.
+pub fn is_tiny(plan_cost: f64, fingerprint: impl FnOnce() -> u64) -> bool {
     plan_cost < COST_PER_SLICE_MS * super::settings::slice_ms()
-        && query_id != 0
-        && !(ANY_SCHEDULED.get()
-            && RAN_LONG
+        && !(ANY_SCHEDULED.get() && {
+            let fingerprint = fingerprint();
+            RAN_LONG
                 .get()
                 .iter()
-                .any(|&(id, runs)| id == query_id && runs >= LONG_RUNS))
+                .any(|&(id, runs)| id == fingerprint && runs >= LONG_RUNS)
+        })
 }
 
-/// A statement called tiny ended, its ExecutorRuns having taken `ran_ns` of wall time in
-/// all (not the time its portal stayed open, which includes the client's): a
-/// fingerprint that ran long [`LONG_RUNS`] times is scheduled from now on. A new one
-/// replaces one that has not been scheduled yet where it can, so that a burst of slow
-/// runs does not forget the fingerprints already learned.
-pub fn tiny_statement_ended(query_id: u64, ran_ns: u64) {
-    if ran_ns <= super::settings::slice_ns().saturating_mul(RAN_LONG_SLICES) {
-        return;
-    }
+/// Whether a statement called tiny whose ExecutorRuns took `ran_ns` of wall time in all
+/// (not the time its portal stayed open, which includes the client's) ran long: its
+/// fingerprint is then passed to [`ran_long`].
+pub fn counts_as_long(ran_ns: u64) -> bool {
+    ran_ns > super::settings::slice_ns().saturating_mul(RAN_LONG_SLICES)
+}
+
+/// A statement called tiny with fingerprint `fingerprint` ran long: once it has
+/// [`LONG_RUNS`] times, its fingerprint is scheduled from now on. A new one replaces
+/// one that has not been scheduled yet where it can, so that a burst of slow runs does
+/// not forget the fingerprints already learned.
+pub fn ran_long(fingerprint: u64) {
     let mut seen = RAN_LONG.get();
-    match seen.iter_mut().find(|(id, _)| *id == query_id) {
+    match seen.iter_mut().find(|(id, _)| *id == fingerprint) {
         Some((_, runs)) => *runs = runs.saturating_add(1),
         None => {
             let next = NEXT.get();
@@ -73,7 +82,7 @@ pub fn tiny_statement_ended(query_id: u64, ran_ns: u64) {
                 .map(|i| (next + i) % seen.len())
                 .find(|&i| seen[i].1 < LONG_RUNS)
                 .unwrap_or(next);
-            seen[slot] = (query_id, 1);
+            seen[slot] = (fingerprint, 1);
             NEXT.set((slot + 1) % seen.len());
         }
     }
