@@ -17,7 +17,7 @@ mod ffi {
 
     // Declared here, not called through pgrx's bindings, which enter its guarded FFI
     // boundary (a sigsetjmp and a thread check) on every call: functions that cannot
-    // raise an ERROR, called on every statement's path.
+    // raise an ERROR, called from hooks for many statements.
     extern "C" {
         pub fn GetTopTransactionIdIfAny() -> pg_sys::TransactionId;
         pub fn GetCurrentSubTransactionId() -> pg_sys::SubTransactionId;
