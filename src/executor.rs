@@ -161,15 +161,20 @@ fn is_parallel_worker_of_scheduled_leader(eflags: i32) -> bool {
     pg::is_parallel_worker() && runs_top_level(eflags)
 }
 
-/// Whether the queries utility `stmt` runs are the client's, scheduled like top-level
-/// statements (see the module comment), rather than nested.
+/// The type of utility statement `stmt`, `None` for a null one.
 ///
 /// # Safety
 /// `stmt` is null or a valid utility statement node.
-unsafe fn runs_client_queries(stmt: *const pg_sys::Node) -> bool {
-    use pg_sys::NodeTag::*;
+unsafe fn utility_tag(stmt: *const pg_sys::Node) -> Option<pg_sys::NodeTag> {
     // SAFETY: the caller's promise; a node's tag tells its type.
-    let Some(tag) = (unsafe { stmt.as_ref() }).map(|n| n.type_) else {
+    unsafe { stmt.as_ref() }.map(|n| n.type_)
+}
+
+/// Whether the queries a utility of type `tag` runs are the client's, scheduled like
+/// top-level statements (see the module comment), rather than nested.
+fn runs_client_queries(tag: Option<pg_sys::NodeTag>) -> bool {
+    use pg_sys::NodeTag::*;
+    let Some(tag) = tag else {
         return false;
     };
     matches!(
@@ -323,9 +328,9 @@ unsafe extern "C-unwind" fn process_utility(
     qc: *mut pg_sys::QueryCompletion,
 ) {
     // SAFETY: ProcessUtility's PlannedStmt wraps a valid utility statement.
-    let nested = !unsafe { runs_client_queries((*pstmt).utilityStmt) };
-    // SAFETY: as above.
-    let drops_database = unsafe { is_tagged((*pstmt).utilityStmt, pg_sys::NodeTag::T_DropdbStmt) };
+    let tag = unsafe { utility_tag((*pstmt).utilityStmt) };
+    let nested = !runs_client_queries(tag);
+    let drops_database = tag == Some(pg_sys::NodeTag::T_DropdbStmt);
     if drops_database {
         watch_object_drops();
     }
@@ -364,15 +369,6 @@ unsafe extern "C-unwind" fn process_utility(
     if drops_database {
         stop_watching_object_drops();
     }
-}
-
-/// Whether `stmt` is a node of type `tag`.
-///
-/// # Safety
-/// `stmt` is null or a valid node.
-unsafe fn is_tagged(stmt: *const pg_sys::Node, tag: pg_sys::NodeTag) -> bool {
-    // SAFETY: the caller's promise.
-    unsafe { stmt.as_ref() }.is_some_and(|n| n.type_ == tag)
 }
 
 /// Puts pg_stride's object-access hook in place for the DROP DATABASE about to run. Only
