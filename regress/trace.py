@@ -405,14 +405,27 @@ def query_ids_are_computed_in_a_backend_once_it_ran_a_scheduled_statement(s):
     # pg_stride adds to it), or never asked for where statements are scheduled (their
     # trace records and prediction are keyed by them). compute_query_id is auto, the
     # default, and neither pg_stride.predict nor pg_stride.tuner is on.
+    # With the trace on, a statement prepared before then gets its identifier too, at its
+    # next execution: without it, it would keep none for the rest of the session.
     own = "SELECT query_id IS NOT NULL FROM pg_stat_activity WHERE pid = pg_backend_pid();\n"
-    script = (own + "SELECT a > 0 FROM big LIMIT 1;\n" + own
-              + "SELECT count(*) > 0 FROM big;\n" + own)
-    out = subprocess.run(s.psql_args(None, user="regress_other"), input=script, env=ENV,
-                         text=True, capture_output=True)
+    explain = "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE early(0);\n"
+    script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n" + explain
+              + own + "SELECT a > 0 FROM big LIMIT 1;\n" + own
+              + "SELECT count(*) > 0 FROM big;\n" + own + explain)
+    # pg_stride.trace may be set by superusers only: for this role's sessions, by role.
+    s.sql("ALTER ROLE regress_other SET pg_stride.trace = on")
+    try:
+        out = subprocess.run(s.psql_args(None, user="regress_other"), input=script, env=ENV,
+                             text=True, capture_output=True)
+    finally:
+        s.sql("ALTER ROLE regress_other RESET pg_stride.trace")
     assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
     # The LIMIT 1 plan is tiny (never scheduled); the count is scheduled.
-    assert out.stdout.split() == ["f", "t", "f", "t", "t"], out.stdout
+    assert [ln for ln in lines if ln in ("t", "f")] == ["f", "t", "f", "t", "t"], out.stdout
+    identified = [ln.startswith("Query Identifier") for ln in lines
+                  if ln.startswith(("Query Identifier", "Aggregate", "Finalize Aggregate"))]
+    assert identified == [False, False, True], out.stdout
     assert s.sql("SHOW compute_query_id") == "auto"
 
 

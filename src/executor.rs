@@ -107,7 +107,10 @@ static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 /// The object-access hook that was in place when a DROP DATABASE started, while
 /// pg_stride's stands in for it (see [`object_access`]).
 static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
-static WATCHING_DROPS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+/// While pg_stride's object-access hook is in place: the subtransaction that was current
+/// when the DROP DATABASE started (if that one aborts, the command ended with it).
+static WATCHING_DROPS: BackendLocal<Cell<Option<pg_sys::SubTransactionId>>> =
+    BackendLocal::new(Cell::new(None));
 
 /// Depth of ExecutorRun/ExecutorFinish calls, and of utilities whose queries are not
 /// scheduled, in progress in this backend: the hooks' own state, which tells a
@@ -375,9 +378,11 @@ unsafe extern "C-unwind" fn process_utility(
 /// then: with a hook in place, PostgreSQL calls it for every function an expression
 /// runs (InvokeFunctionExecuteHook), about 40 instructions of each OLTP statement, and
 /// DROP DATABASE is the only access pg_stride watches. The command cannot run inside a
-/// transaction block or a function, so no other statement runs meanwhile.
-fn watch_object_drops() {
-    if !WATCHING_DROPS.replace(true) {
+/// transaction block or a function (it fails there, before dropping anything), so no
+/// other statement runs meanwhile.
+pub(crate) fn watch_object_drops() {
+    if WATCHING_DROPS.get().is_none() {
+        WATCHING_DROPS.set(Some(pg::current_subtransaction()));
         // SAFETY: process-local hook variables, read and written by this process only.
         unsafe {
             PREV_OBJECT_ACCESS = pg_sys::object_access_hook;
@@ -386,13 +391,28 @@ fn watch_object_drops() {
     }
 }
 
-/// The DROP DATABASE returned, or its transaction aborted: the hook that was in place
-/// before it is again.
-fn stop_watching_object_drops() {
-    if WATCHING_DROPS.replace(false) {
-        // SAFETY: as above.
-        unsafe { pg_sys::object_access_hook = PREV_OBJECT_ACCESS };
+/// The DROP DATABASE returned, or the (sub)transaction it ran in ended: the hook that was
+/// in place before it is again. Unless a library loaded meanwhile put its own hook in
+/// front of pg_stride's: taking pg_stride's out would take that one out of the chain
+/// too, so pg_stride's stays where it is, for good, chaining on as before.
+pub(crate) fn stop_watching_object_drops() {
+    if WATCHING_DROPS.get().is_none() {
+        return;
     }
+    // SAFETY: as above.
+    unsafe {
+        if watches_object_drops() {
+            pg_sys::object_access_hook = PREV_OBJECT_ACCESS;
+            WATCHING_DROPS.set(None);
+        }
+    }
+}
+
+/// Whether pg_stride's object-access hook is the one PostgreSQL calls.
+pub(crate) fn watches_object_drops() -> bool {
+    // SAFETY: a process-local hook variable.
+    let installed = unsafe { pg_sys::object_access_hook };
+    installed.map(|hook| hook as usize) == Some(object_access as *const () as usize)
 }
 
 /// A top-level statement arrives: registers it (`statements::arrive`) unless it is a
@@ -422,7 +442,7 @@ unsafe extern "C-unwind" fn pool_gathers(desc: *mut pg_sys::QueryDesc) {
 /// The object-access hook, in place while a DROP DATABASE runs: once the caller passed
 /// its ownership check, the command ends that database's pool workers (pool::lifecycle).
 /// Chains to the previous hook first; cannot panic before the guarded call.
-unsafe extern "C-unwind" fn object_access(
+pub(crate) unsafe extern "C-unwind" fn object_access(
     access: pg_sys::ObjectAccessType::Type,
     class_id: pg_sys::Oid,
     object_id: pg_sys::Oid,
@@ -497,7 +517,6 @@ unsafe extern "C-unwind" fn on_xact_event(
     if matches!(event, XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {
         NESTING.set(0);
         statements::client_utility_ended();
-        stop_watching_object_drops();
     }
     if matches!(
         event,
@@ -507,6 +526,9 @@ unsafe extern "C-unwind" fn on_xact_event(
             | XACT_EVENT_PARALLEL_ABORT
     ) {
         SUBXACT_DEPTHS.try_with_borrow_mut(|depths| depths.clear());
+        // A DROP DATABASE that failed, or one a commit outlived (it cannot: the
+        // command returns before its transaction commits).
+        stop_watching_object_drops();
         groups::transaction_ended();
         pool::transaction_ended();
     }
@@ -524,6 +546,14 @@ unsafe extern "C-unwind" fn on_subxact_event(
     use pg_sys::SubXactEvent::*;
     if event == SUBXACT_EVENT_ABORT_SUB {
         statements::subtransaction_aborted(subid);
+        // A DROP DATABASE inside the savepoint failed (it cannot run in a transaction
+        // block): only the subtransaction aborts.
+        if WATCHING_DROPS
+            .get()
+            .is_some_and(|started_in| subid <= started_in)
+        {
+            stop_watching_object_drops();
+        }
     }
     SUBXACT_DEPTHS.try_with_borrow_mut(|depths| match event {
         SUBXACT_EVENT_START_SUB => depths.push((subid, NESTING.get())),

@@ -79,6 +79,14 @@ pub fn enable_query_id() {
     };
 }
 
+/// Marks every cached plan of this backend for re-analysis and re-planning at its next
+/// use, as a flood of invalidation messages does (plancache.c's ResetPlanCache).
+pub fn reset_plan_cache() {
+    // SAFETY: walks the backend's own list of cached plans and clears their validity
+    // flags; a plan in use stays valid for its current execution. No ERROR.
+    unsafe { pg_sys::ResetPlanCache() }
+}
+
 /// The fingerprint of the statement `desc` runs, from its text with its constants left
 /// out (`pg_stride_sched::fingerprint`): the part of the query string its plan's
 /// `stmt_location` and `stmt_len` name, or the whole string when they name none.

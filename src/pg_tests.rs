@@ -124,6 +124,57 @@ mod tests {
         assert_eq!(published, Some(pid));
     }
 
+    #[pg_test]
+    fn a_drop_database_that_fails_in_a_subtransaction_takes_its_hook_away() {
+        use crate::executor::watches_object_drops;
+        assert!(!watches_object_drops());
+        // DROP DATABASE cannot run from a function: it fails inside the exception
+        // block's subtransaction, which aborts alone, as a savepoint rolled back after a
+        // DROP DATABASE that failed in a transaction block does.
+        Spi::run(
+            "DO $$ BEGIN EXECUTE 'DROP DATABASE IF EXISTS pg_stride_no_such_db'; \
+             EXCEPTION WHEN active_sql_transaction THEN NULL; END $$",
+        )
+        .unwrap();
+        assert!(!watches_object_drops());
+    }
+
+    unsafe extern "C-unwind" fn another_modules_hook(
+        _access: pg_sys::ObjectAccessType::Type,
+        _class_id: pg_sys::Oid,
+        _object_id: pg_sys::Oid,
+        _sub_id: std::ffi::c_int,
+        _arg: *mut std::ffi::c_void,
+    ) {
+    }
+
+    #[pg_test]
+    fn a_hook_put_in_front_of_pg_strides_is_never_taken_out() {
+        use crate::executor::{stop_watching_object_drops, watch_object_drops};
+        // SAFETY: process-local hook variables, as a library's _PG_init sets them.
+        let hook = || unsafe { pg_sys::object_access_hook }.map(|f| f as usize);
+        let before = hook();
+        watch_object_drops();
+        assert_eq!(
+            hook(),
+            Some(crate::executor::object_access as *const () as usize)
+        );
+        // A library loaded while the DROP DATABASE runs puts its hook in front of
+        // pg_stride's (and would chain to it).
+        // SAFETY: as above.
+        unsafe { pg_sys::object_access_hook = Some(another_modules_hook) };
+        stop_watching_object_drops();
+        assert_eq!(hook(), Some(another_modules_hook as *const () as usize));
+        // pg_stride's stays in that chain: the next DROP DATABASE adds no second one.
+        watch_object_drops();
+        assert_eq!(hook(), Some(another_modules_hook as *const () as usize));
+        // Put back as before the test (as if the other library had taken its hook out).
+        // SAFETY: as above.
+        unsafe { pg_sys::object_access_hook = Some(crate::executor::object_access) };
+        stop_watching_object_drops();
+        assert_eq!(hook(), before);
+    }
+
     /// Sets a reload-level setting in this backend, as a reload of the configuration
     /// file would.
     fn set_as_reload(name: &std::ffi::CStr, value: &str) {

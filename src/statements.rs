@@ -126,22 +126,28 @@ static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new
 /// Registers the resource-release callback. Called once from `_PG_init`; the callback
 /// list lives in process memory and is inherited by every backend the postmaster forks.
 ///
-/// Query identifiers key the prediction of a statement's CPU and the tuner's replay.
-/// With either of them on at server start, every backend computes them (`compute_query_id
-/// = auto` then means on), as pg_stat_statements asks for them; otherwise a backend asks
-/// for them once it runs a statement that joins CPU scheduling ([`executor_started`]).
-/// PostgreSQL's walk of a parse tree costs a short statement sent as text more than
-/// everything else pg_stride adds to it, so a backend that only runs statements too
-/// small to schedule, and writes, never pays it.
+/// Query identifiers key the prediction of a statement's CPU, the trace and the tuner's
+/// replay. With any of them on at server start, every backend computes them
+/// (`compute_query_id = auto` then means on), as pg_stat_statements asks for them;
+/// otherwise a backend asks for them once it runs a statement that joins CPU scheduling
+/// ([`executor_started`]). PostgreSQL's walk of a parse tree costs a short statement
+/// sent as text more than everything else pg_stride adds to it, so a backend that only
+/// runs statements too small to schedule, and writes, never pays it.
 pub fn install() {
     // SAFETY: called single-threaded from _PG_init; the callback is guarded.
     unsafe {
         pg_sys::RegisterResourceReleaseCallback(Some(on_resource_release), std::ptr::null_mut())
     };
-    if cpu::predicts() || cpu::tuner_on() {
+    if cpu::predicts() || cpu::tuner_on() || cpu::traces() {
         pg::enable_query_id();
+        PLANS_IDENTIFIED.set(true);
     }
 }
+
+/// Whether this backend's cached plans carry query identifiers as far as pg_stride is
+/// concerned: asked for in `_PG_init` (inherited by every backend), or analysed again
+/// once a statement that joined CPU scheduling found an identifier's user on.
+static PLANS_IDENTIFIED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 /// `desc`, a top-level statement of this backend, arrives in the session's resource
 /// group: admits it (waiting for its turn if the limits are reached), registers it,
@@ -285,7 +291,18 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
         cpu::start_statement(shared, desc, group, arrival);
         // This backend runs statements worth scheduling: from its next one on, they
         // carry query identifiers for their prediction and the trace (see `install`).
+        // Asked at every such statement, since a `compute_query_id = off` in force the
+        // first time makes the request a no-op. Once the trace, prediction or the tuner
+        // needs them, the backend's cached plans (prepared statements, PL/pgSQL's) are
+        // marked for re-analysis, once, which computes their identifiers: without it a
+        // statement prepared before would keep identifier 0 for the rest of the
+        // session. Not otherwise: re-planning every cached plan is a change a session
+        // would not expect for identifiers nothing reads.
         pg::enable_query_id();
+        if !PLANS_IDENTIFIED.get() && (cpu::traces() || cpu::predicts() || cpu::tuner_on()) {
+            PLANS_IDENTIFIED.set(true);
+            pg::reset_plan_cache();
+        }
     }
 }
 

@@ -59,7 +59,8 @@ use slots::{join_query, transaction_wrote};
 use yield_points::wrap_scans;
 
 pub use settings::{
-    decay_params, effective_cpu_slots, predicts, register_settings, slice_ms, slice_ns, tuner_on,
+    decay_params, effective_cpu_slots, predicts, register_settings, slice_ms, slice_ns, traces,
+    tuner_on,
 };
 pub use slots::{begin_run, end_run};
 pub use tiny::{counts_as_long, is_tiny, ran_long};

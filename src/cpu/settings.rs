@@ -84,7 +84,7 @@ pub fn predicts() -> bool {
 }
 
 /// `pg_stride.trace`.
-pub(super) fn traces() -> bool {
+pub fn traces() -> bool {
     TRACE.get()
 }
 
