@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import analysis, data, hugepages, queries, simgap, tuner_report, workload
+from . import analysis, data, hugepages, queries, simgap, synthetic, tuner_report, workload
 from .common import (BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, RESULTS_DIR, MachineBusy,
                      claim_machine, expand, load_configs, log, ncpus, run)
 from .pgserver import Server, has_debug_info, pkglibdir, stride_library_problem
@@ -24,6 +24,9 @@ SEED = 20210
 @dataclass
 class Plan:
     mode: str
+    # "tpch", the TPC-H queries at two scales, or "synthetic", the event log of
+    # synthetic.py
+    workload: str = "tpch"
     small_sf: float = 0.05
     large_sf: float = 0.5
     iso_runs: int = 5
@@ -361,13 +364,46 @@ class Runner:
                                                                     self.base)
         self.server.start([], "setup")
         self.current = "setup"
-        data.load(self.server, workload.TPCH_DB, p.small_sf)
-        data.load(self.server, workload.TPCH_DB, p.large_sf)
+        if p.workload == "synthetic":
+            synthetic.load(self.server, workload.TPCH_DB)
+            self.schemas = [synthetic.SCHEMA]
+            self.probe = synthetic.PROBE
+        else:
+            data.load(self.server, workload.TPCH_DB, p.small_sf)
+            data.load(self.server, workload.TPCH_DB, p.large_sf)
+            self.schemas = [data.schema_name(p.small_sf), data.schema_name(p.large_sf)]
+            self.probe = workload.PROBE.format(schema=self.schemas[0])
         data.load_pgbench(self.server, workload.OLTP_DB, p.oltp_scale)
-        self.schemas = [data.schema_name(p.small_sf), data.schema_name(p.large_sf)]
         self.server.ensure_app_role({
             workload.TPCH_DB: [("select", s) for s in self.schemas],
             workload.OLTP_DB: [("select, insert, update", "public")]})
+        if p.workload == "synthetic":
+            self.synthetic_scripts()
+        else:
+            self.tpch_scripts()
+        self.meta["script_info"] = {str(k): list(v) for k, v in self.wl.script_info.items()}
+
+    def synthetic_scripts(self):
+        """The synthetic log's scripts, in the variants of the TPC-H mix's (tpch_scripts)."""
+        sdir = self.run_dir / "scripts"
+        self.wl = workload.Workload(synthetic.write_scripts(sdir))
+        self.wl_niced = workload.Workload(synthetic.write_scripts(
+            sdir / "prioritize", lead_of=queries.nice_lead))
+        self.wl_grouped = {
+            "tag": workload.Workload(synthetic.write_scripts(sdir / "groups",
+                                                             comment_of=queries.group_tag)),
+            "set": workload.Workload(synthetic.write_scripts(sdir / "groups-set",
+                                                             lead_of=queries.group_lead))}
+        self.meta["workload"] = "synthetic"
+        self.meta["queries"] = {"included": list(synthetic.STATEMENTS), "excluded": {}}
+        self.meta["synthetic"] = {
+            "classes": {n: c for n, (c, _) in synthetic.STATEMENTS.items()},
+            "data": f"{synthetic.EVENTS} events of {synthetic.ACCOUNTS} accounts"}
+
+    def tpch_scripts(self):
+        """The TPC-H mix's scripts: plain, with the statement that sets the backend's nice
+        value (prioritize), and naming the class's resource group (class_groups)."""
+        p = self.plan
         scripts, niced, tagged, grouped_by_set = {}, {}, {}, {}
         sdir = self.run_dir / "scripts"
         for cls, sf in (("short", p.small_sf), ("long", p.large_sf)):
@@ -383,17 +419,17 @@ class Runner:
             for q, path in queries.write_scripts(sdir / "groups-set", queries.INCLUDED,
                                                  schema, sf, queries.group_lead(cls)).items():
                 grouped_by_set[(q, cls)] = path
-        self.wl = workload.Workload(scripts, queries.INCLUDED)
+        self.wl = workload.Workload(scripts)
         # the `prioritize` configuration's scripts: the same queries, each sent with the
         # statement that sets its backend's nice value by class
-        self.wl_niced = workload.Workload(niced, queries.INCLUDED)
+        self.wl_niced = workload.Workload(niced)
         # the `class_groups` configurations' scripts: each query names its class's
         # resource group in a comment, or (`group_by = "set"`) is sent after a SET of it
-        self.wl_grouped = {"tag": workload.Workload(tagged, queries.INCLUDED),
-                           "set": workload.Workload(grouped_by_set, queries.INCLUDED)}
+        self.wl_grouped = {"tag": workload.Workload(tagged),
+                           "set": workload.Workload(grouped_by_set)}
+        self.meta["workload"] = "tpch"
         self.meta["queries"] = {"included": queries.INCLUDED, "excluded": queries.EXCLUDED}
         self.meta["scales"] = {"short": p.small_sf, "long": p.large_sf}
-        self.meta["script_info"] = {str(k): list(v) for k, v in self.wl.script_info.items()}
 
     def isolated(self):
         self.use(self.stock())
@@ -409,8 +445,8 @@ class Runner:
         self.meta["mean_isolated_s"] = d
         self.meta["mean_cpu_s"] = c
         # how fast the machine ran while the isolated CPU (the rates' basis) was measured
-        self.meta["probe_ms"] = workload.speed_probe(self.server, self.schemas[0])
-        log(f"speed probe (serial scan of {self.schemas[0]}.lineitem): "
+        self.meta["probe_ms"] = workload.speed_probe(self.server, self.probe)
+        log(f"speed probe ({self.probe}): "
             f"{self.meta['probe_ms']:.1f} ms")
         # the rates from the mix's means; with load_from "cpu", calibrate() replaces them
         self.meta["nominal_rates"] = {
@@ -558,7 +594,7 @@ class Runner:
                                           self.run_dir / "isolated_after", SEED)
         others = pool_denominators(
             self.meta, {f"{q}|{cls}": v for (q, cls), v in again.items()},
-            workload.speed_probe(self.server, self.schemas[0]), statistics.median(at_points))
+            workload.speed_probe(self.server, self.probe), statistics.median(at_points))
         self.iso = analysis.isolated_medians(self.meta["isolated"])
         den = self.meta["denominators"]
         log(f"denominators: {den['rounds']} rounds of isolated runs, pooled (speed probes " + "; ".join(
@@ -618,14 +654,14 @@ class Runner:
         """One open-loop point (workload.open_loop) between two speed probes; a run that
         failed (its server may be down) gets no probe after it, and none in its result."""
         p = self.plan
-        before = workload.speed_probe(self.server, self.schemas[0])
+        before = workload.speed_probe(self.server, self.probe)
         quality = self.server.prediction_quality() if cfg.get("library") else None
         r = workload.open_loop(self.server, self.workload_for(cfg),
                                self.conn(cfg, workload.TPCH_DB),
                                rate, p.ol_duration, p.clients, SEED,
                                self.run_dir / "open_loop", name)
         if r["rc"] == 0 and not r["server_crash"]:
-            r["probe_ms"] = [before, workload.speed_probe(self.server, self.schemas[0])]
+            r["probe_ms"] = [before, workload.speed_probe(self.server, self.probe)]
             if quality is not None:
                 r["prediction"] = analysis.prediction_counts(
                     quality, self.server.prediction_quality())
@@ -811,6 +847,11 @@ def main(argv=None):
                     "(app-pool: the full run's default, not the quick run's)")
     ap.add_argument("--app-pool-clients", type=int, metavar="N",
                     help="the application-pool form's client connections (default 16)")
+    ap.add_argument("--workload", choices=["tpch", "synthetic"],
+                    help="--quick / --full: the TPC-H queries at two scales (tpch, the "
+                    "default) or a synthetic event log whose two classes are different "
+                    "statements, sizes spread over three orders of magnitude (synthetic; "
+                    "bench/stride_bench/synthetic.py)")
     ap.add_argument("--small-sf", type=float)
     ap.add_argument("--large-sf", type=float)
     ap.add_argument("--duration", type=int, help="seconds per open-loop point")
@@ -849,7 +890,8 @@ def main(argv=None):
             return 0
         reanalyse(meta, rd)
         (rd / "results.json").write_text(json.dumps(meta, indent=1))
-        report.write(meta, rd, publish=(meta["plan"]["mode"] == "full" and not args.out),
+        report.write(meta, rd, publish=(meta["plan"]["mode"] == "full" and not args.out
+                                        and meta.get("workload", "tpch") == "tpch"),
                      outdir=Path(args.out) if args.out else None)
         return 0
 
@@ -874,6 +916,10 @@ def main(argv=None):
 
     plan = make_plan("quick" if args.quick else "phases" if args.tuner_phases
                      else "oltp" if args.oltp else "full")
+    if args.workload:
+        if plan.mode not in ("quick", "full"):
+            ap.error("--workload applies to --quick and --full")
+        plan.workload = args.workload
     if args.small_sf:
         plan.small_sf = args.small_sf
     if args.large_sf:
@@ -942,7 +988,9 @@ def main(argv=None):
                            publish=not args.out and tuner_report.publishable(runner.meta),
                            outdir=Path(args.out) if args.out else None)
     elif ok:
-        publish = plan.mode == "full" and not args.out and not args.configs and not args.parts
+        # RESULTS.md is the TPC-H run's, of every configuration and part
+        publish = (plan.mode == "full" and plan.workload == "tpch" and not args.out
+                   and not args.configs and not args.parts)
         report.write(runner.meta, run_dir, publish=publish,
                      outdir=Path(args.out) if args.out else None)
     return 0

@@ -42,7 +42,7 @@ def phase_window(duration: float) -> tuple:
 def phase_workloads(wl: workload.Workload, iso: dict) -> dict:
     """Per phase name: (Workload, isolated latencies keyed by (query, slot class))."""
     scripts_b = {(q, cls): wl.scripts[(q, "long")] for q, cls in wl.order}
-    wl_b = workload.Workload(scripts_b, wl.queries)
+    wl_b = workload.Workload(scripts_b)
     out = {}
     for name, short_from, _ in PHASES:
         out[name] = (wl if short_from == "short" else wl_b,

@@ -73,13 +73,13 @@ def pgbench(args: list, conn: list, logfile: Path, timeout: float, cwd: Path,
 
 
 class Workload:
-    """Scripts of the TPC-H mix for one run."""
+    """Scripts of the mix for one run: the TPC-H queries at two scales, or the synthetic
+    event log's statements (synthetic.py)."""
 
-    def __init__(self, scripts: dict, queries: list):
-        # scripts: (query, class) -> path
+    def __init__(self, scripts: dict):
+        # scripts: (query, class) -> path, in the order pgbench gets them
         self.scripts = scripts
-        self.queries = queries
-        self.order = [(q, cls) for cls in ("short", "long") for q in queries]
+        self.order = list(scripts)
         # pgbench numbers the -f scripts from 0 in the order given
         self.script_info = {i: key for i, key in enumerate(self.order)}
 
@@ -128,7 +128,7 @@ def dry_workload(wl: Workload, outdir: Path) -> Workload:
         path = outdir / f"dry_{cls}_{q}.sql"
         path.write_text("SELECT 1;\n")
         scripts[(q, cls)] = path
-    return Workload(scripts, wl.queries)
+    return Workload(scripts)
 
 
 def dry_run(conn: list, wl: Workload, clients: int, seed: int, arrivals: int,
@@ -215,15 +215,17 @@ def measure_isolated(server: Server, wl: Workload, runs: int, outdir: Path, seed
 
 # A serial, CPU-bound scan whose time on the idle server tracks how fast the machine runs
 # at the moment: the host's other work slows it as much as it slows a run's statements.
+# The TPC-H mix's, over the short scale's schema; the synthetic log has its own
+# (synthetic.PROBE).
 PROBE = "SELECT count(*), sum(l_extendedprice * (1 - l_discount)) FROM {schema}.lineitem"
 PROBE_RUNS = 5
 
 
-def speed_probe(server: Server, schema: str) -> float:
-    """Median execution time, ms, of PROBE_RUNS serial executions of PROBE, one after the
-    other on the otherwise idle server."""
+def speed_probe(server: Server, probe: str) -> float:
+    """Median execution time, ms, of PROBE_RUNS serial executions of the query `probe`,
+    one after the other on the otherwise idle server."""
     wait_idle(server)
-    explain = f"EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) {PROBE.format(schema=schema)};"
+    explain = f"EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) {probe};"
     out = server.psql("SET max_parallel_workers_per_gather = 0; " + explain * PROBE_RUNS,
                       db=TPCH_DB)
     return statistics.median(probe_times(out))

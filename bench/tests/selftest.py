@@ -240,7 +240,7 @@ class WorkloadTest(unittest.TestCase):
     def test_mean_isolated_weights_classes_3_to_1(self):
         from stride_bench.workload import Workload
         wl = Workload({("a", "short"): "x", ("b", "short"): "y", ("a", "long"): "z",
-                       ("b", "long"): "w"}, ["a", "b"])
+                       ("b", "long"): "w"})
         iso = {("a", "short"): 0.01, ("b", "short"): 0.03, ("a", "long"): 1.0, ("b", "long"): 2.0}
         # 3/4 * mean(10, 30 ms) + 1/4 * mean(1, 2 s)
         self.assertAlmostEqual(wl.mean_isolated(iso), 0.75 * 0.02 + 0.25 * 1.5)
@@ -257,6 +257,41 @@ class WorkloadTest(unittest.TestCase):
         self.assertAlmostEqual(arrival_rate(0.9, "latency", 0.1, 0.3, 2), 9.0)
         # cpu-mean: the same nominal rate, which `cpu` then calibrates
         self.assertAlmostEqual(arrival_rate(0.9, "cpu-mean", 0.1, 0.3, 2), 6.0)
+
+    def test_synthetic_workload_is_two_classes_of_different_statements(self):
+        from stride_bench import synthetic
+        from stride_bench.workload import Workload
+        short, long_ = synthetic.names("short"), synthetic.names("long")
+        # as many of each, so that the 3:1 class weights give 3 short arrivals for 1 long
+        self.assertEqual(len(short), len(long_))
+        self.assertGreaterEqual(len(short), 4)
+        # different statements, not one set at two scales
+        texts = {synthetic.STATEMENTS[n][1] for n in short + long_}
+        self.assertEqual(len(texts), len(short) + len(long_))
+        with tempfile.TemporaryDirectory() as d:
+            wl = Workload(synthetic.write_scripts(Path(d), comment_of=queries.group_tag))
+            self.assertEqual(wl.order, [(n, "short") for n in short] +
+                             [(n, "long") for n in long_])
+            weights = [int(f.rsplit("@", 1)[1]) for f in wl.pgbench_files()[1::2]]
+            self.assertAlmostEqual(sum(weights[:len(short)]) / sum(weights), 0.75)
+            for (name, cls), path in wl.scripts.items():
+                text = Path(path).read_text()
+                # every variable a statement uses is set before it
+                set_vars = set(re.findall(r"^\\set (\w+) ", text, re.M))
+                statement = text.split(queries.group_tag(cls) + "\n")[1]
+                used = set(re.findall(r":(\w+)", statement))
+                self.assertLessEqual(used, set_vars, name)
+                self.assertTrue(statement.rstrip().endswith(";"), name)
+
+    def test_report_labels_of_either_workload(self):
+        tpch = {"scales": {"short": 0.05, "long": 0.5},
+                "queries": {"included": ["q01", "q06"], "excluded": {}}}
+        self.assertEqual(report.class_label(tpch, "long"), "SF 0.5")
+        self.assertEqual(report.queries_of(tpch, "short"), ["q01", "q06"])
+        synth = {"workload": "synthetic", "queries": {"included": ["s01", "l01"]},
+                 "synthetic": {"classes": {"s01": "short", "l01": "long"}}}
+        self.assertEqual(report.class_label(synth, "short"), "synthetic short statements")
+        self.assertEqual(report.queries_of(synth, "long"), ["l01"])
 
     def test_query_scripts_render(self):
         for q in queries.ALL:
@@ -581,7 +616,7 @@ class CalibrationTest(unittest.TestCase):
     def test_dry_workload_keeps_order_and_weights(self):
         from stride_bench.workload import Workload, dry_workload
         wl = Workload({("a", "short"): "x", ("b", "short"): "y", ("a", "long"): "z",
-                       ("b", "long"): "w"}, ["a", "b"])
+                       ("b", "long"): "w"})
         with tempfile.TemporaryDirectory() as d:
             dry = dry_workload(wl, Path(d))
             self.assertEqual(dry.script_info, wl.script_info)
@@ -838,7 +873,7 @@ class TunerPhasesTest(unittest.TestCase):
         from stride_bench.workload import Workload
         scripts = {("q01", "short"): "s1", ("q06", "short"): "s6", ("q01", "long"): "l1",
                    ("q06", "long"): "l6"}
-        wl = Workload(scripts, ["q01", "q06"])
+        wl = Workload(scripts)
         wls = phases.phase_workloads(wl, self.iso)
         self.assertEqual([n for n, _, _ in phases.PHASES], ["A", "B", "C"])
         self.assertIs(wls["A"][0], wl)
