@@ -871,6 +871,10 @@ def main(argv=None):
                     help="--tuner-phases: seconds of unmeasured phase-A arrivals before phase A "
                     "(default: the largest prime_s of the configurations)")
     args = ap.parse_args(argv)
+    if args.workload and not (args.quick or args.full):
+        ap.error("--workload applies to --quick and --full")
+    if args.workload == "synthetic" and (args.small_sf or args.large_sf):
+        ap.error("--small-sf and --large-sf are TPC-H's scales; the synthetic workload has none")
 
     from . import report
     if args.report:
@@ -917,9 +921,9 @@ def main(argv=None):
     plan = make_plan("quick" if args.quick else "phases" if args.tuner_phases
                      else "oltp" if args.oltp else "full")
     if args.workload:
-        if plan.mode not in ("quick", "full"):
-            ap.error("--workload applies to --quick and --full")
         plan.workload = args.workload
+        # the mixed part runs TPC-H clients beside TPC-B ones
+        plan.parts = [p for p in plan.parts if p != "mixed"]
     if args.small_sf:
         plan.small_sf = args.small_sf
     if args.large_sf:
@@ -933,6 +937,8 @@ def main(argv=None):
         plan.load_from = args.load_from
     if args.parts:
         plan.parts = args.parts.split(",")
+        if plan.workload == "synthetic" and "mixed" in plan.parts:
+            ap.error("the mixed part runs TPC-H clients: not with --workload synthetic")
     if args.app_pool_clients:
         plan.app_pool_clients = args.app_pool_clients
     if args.phase_duration:
