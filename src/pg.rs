@@ -79,6 +79,18 @@ pub fn enable_query_id() {
     };
 }
 
+/// Whether parse analysis computes query identifiers in this backend when asked
+/// ([`enable_query_id`]): `compute_query_id` is not `off`. Never on PostgreSQL 13.
+pub fn query_ids_possible() -> bool {
+    // SAFETY: reads a setting's variable of this process.
+    #[cfg(not(feature = "pg13"))]
+    let possible = unsafe { pg_sys::compute_query_id }
+        != pg_sys::ComputeQueryIdType::COMPUTE_QUERY_ID_OFF as std::ffi::c_int;
+    #[cfg(feature = "pg13")]
+    let possible = false;
+    possible
+}
+
 /// Marks every cached plan of this backend for re-analysis and re-planning at its next
 /// use, as a flood of invalidation messages does (plancache.c's ResetPlanCache).
 pub fn reset_plan_cache() {

@@ -299,7 +299,10 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
         // session. Not otherwise: re-planning every cached plan is a change a session
         // would not expect for identifiers nothing reads.
         pg::enable_query_id();
-        if !PLANS_IDENTIFIED.get() && (cpu::traces() || cpu::predicts() || cpu::tuner_on()) {
+        if !PLANS_IDENTIFIED.get()
+            && (cpu::traces() || cpu::predicts() || cpu::tuner_on())
+            && pg::query_ids_possible()
+        {
             PLANS_IDENTIFIED.set(true);
             pg::reset_plan_cache();
         }
