@@ -429,6 +429,39 @@ def query_ids_are_computed_in_a_backend_once_it_ran_a_scheduled_statement(s):
     assert s.sql("SHOW compute_query_id") == "auto"
 
 
+def restart(s):
+    pg_ctl = f"{concurrency.PGBIN}/pg_ctl"
+    s.run(pg_ctl, "-D", s.data, "-m", "fast", "-w", "stop", check=True, stdout=subprocess.DEVNULL)
+    s.run(pg_ctl, "-D", s.data, "-l", s.logfile, "-w", "start", check=True,
+          stdout=subprocess.DEVNULL)
+
+
+@check
+def plans_cached_while_query_ids_were_off_get_them_once_they_are_on(s):
+    # Catches: a backend that took its plans to carry identifiers because the trace was
+    # on at server start, although compute_query_id was off then: a statement prepared
+    # while it was off kept identifier 0 for the rest of the session once it was on.
+    s.sql("ALTER SYSTEM SET pg_stride.trace = on")
+    s.sql("ALTER SYSTEM SET compute_query_id = off")
+    restart(s)
+    explain = "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE early(0);\n"
+    script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n"
+              "SELECT count(*) > 0 FROM big;\n" + explain
+              + "SET compute_query_id = auto;\nSELECT count(*) > 0 FROM big;\n" + explain)
+    try:
+        out = subprocess.run(s.psql_args(None), input=script, env=ENV, text=True,
+                             capture_output=True)
+    finally:
+        s.sql("ALTER SYSTEM RESET pg_stride.trace")
+        s.sql("ALTER SYSTEM RESET compute_query_id")
+        restart(s)
+    assert out.returncode == 0, out.stderr
+    identified = [ln.startswith("Query Identifier") for ln in out.stdout.splitlines()
+                  if ln.startswith(("Query Identifier", "Aggregate", "Finalize Aggregate"))]
+    # EXPLAIN prints the identifier after the plan.
+    assert identified == [False, False, True], out.stdout
+
+
 @check
 def other_roles_statements_show_no_query_id_or_times(s):
     """As pg_stat_activity and pg_stat_statements do: a role sees the query id, times

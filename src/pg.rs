@@ -79,16 +79,22 @@ pub fn enable_query_id() {
     };
 }
 
-/// Whether parse analysis computes query identifiers in this backend when asked
-/// ([`enable_query_id`]): `compute_query_id` is not `off`. Never on PostgreSQL 13.
-pub fn query_ids_possible() -> bool {
-    // SAFETY: reads a setting's variable of this process.
+/// Whether parse analysis computes query identifiers in this backend now:
+/// `compute_query_id` is `on`, or not `off` and they were asked for ([`enable_query_id`],
+/// pg_stat_statements). Mirrors queryjumble.h's IsQueryIdEnabled, an inline function.
+/// Never on PostgreSQL 13.
+pub fn query_ids_computed() -> bool {
     #[cfg(not(feature = "pg13"))]
-    let possible = unsafe { pg_sys::compute_query_id }
-        != pg_sys::ComputeQueryIdType::COMPUTE_QUERY_ID_OFF as std::ffi::c_int;
+    // SAFETY: reads two variables of this process that parse analysis reads; no ERROR.
+    let computed = unsafe {
+        use pg_sys::ComputeQueryIdType::{COMPUTE_QUERY_ID_OFF, COMPUTE_QUERY_ID_ON};
+        let mode = pg_sys::compute_query_id;
+        mode == COMPUTE_QUERY_ID_ON as std::ffi::c_int
+            || (mode != COMPUTE_QUERY_ID_OFF as std::ffi::c_int && pg_sys::query_id_enabled)
+    };
     #[cfg(feature = "pg13")]
-    let possible = false;
-    possible
+    let computed = false;
+    computed
 }
 
 /// Marks every cached plan of this backend for re-analysis and re-planning at its next

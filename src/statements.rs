@@ -140,14 +140,19 @@ pub fn install() {
     };
     if cpu::predicts() || cpu::tuner_on() || cpu::traces() {
         pg::enable_query_id();
-        PLANS_IDENTIFIED.set(true);
     }
 }
 
 /// Whether this backend's cached plans carry query identifiers as far as pg_stride is
-/// concerned: asked for in `_PG_init` (inherited by every backend), or analysed again
-/// once a statement that joined CPU scheduling found an identifier's user on.
+/// concerned: a statement that joined CPU scheduling found an identifier's user on while
+/// identifiers were computed, and the plans cached before were analysed again if they
+/// could lack them.
 static PLANS_IDENTIFIED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+/// Whether query identifiers were computed when this backend's first statement joined
+/// CPU scheduling, before it asked for them (`None`: none joined yet): if they were
+/// (`compute_query_id = on`, pg_stat_statements loaded, or asked for in `_PG_init`),
+/// its cached plans have them and need no new analysis.
+static IDS_AT_FIRST_JOIN: BackendLocal<Cell<Option<bool>>> = BackendLocal::new(Cell::new(None));
 
 /// `desc`, a top-level statement of this backend, arrives in the session's resource
 /// group: admits it (waiting for its turn if the limits are reached), registers it,
@@ -297,14 +302,20 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
         // marked for re-analysis, once, which computes their identifiers: without it a
         // statement prepared before would keep identifier 0 for the rest of the
         // session. Not otherwise: re-planning every cached plan is a change a session
-        // would not expect for identifiers nothing reads.
+        // would not expect for identifiers nothing reads; nor where identifiers were
+        // computed from the start, or are not now (`compute_query_id = off`).
+        if IDS_AT_FIRST_JOIN.get().is_none() {
+            IDS_AT_FIRST_JOIN.set(Some(pg::query_ids_computed()));
+        }
         pg::enable_query_id();
         if !PLANS_IDENTIFIED.get()
             && (cpu::traces() || cpu::predicts() || cpu::tuner_on())
-            && pg::query_ids_possible()
+            && pg::query_ids_computed()
         {
             PLANS_IDENTIFIED.set(true);
-            pg::reset_plan_cache();
+            if IDS_AT_FIRST_JOIN.get() == Some(false) {
+                pg::reset_plan_cache();
+            }
         }
     }
 }
