@@ -441,14 +441,14 @@ def plans_cached_while_query_ids_were_off_get_them_once_they_are_on(s):
     # Catches: a backend that took its plans to carry identifiers because the trace was
     # on at server start, although compute_query_id was off then: a statement prepared
     # while it was off kept identifier 0 for the rest of the session once it was on.
-    s.sql("ALTER SYSTEM SET pg_stride.trace = on")
-    s.sql("ALTER SYSTEM SET compute_query_id = off")
-    restart(s)
     explain = "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE early(0);\n"
     script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n"
               "SELECT count(*) > 0 FROM big;\n" + explain
               + "SET compute_query_id = auto;\nSELECT count(*) > 0 FROM big;\n" + explain)
     try:
+        s.sql("ALTER SYSTEM SET pg_stride.trace = on")
+        s.sql("ALTER SYSTEM SET compute_query_id = off")
+        restart(s)
         out = subprocess.run(s.psql_args(None), input=script, env=ENV, text=True,
                              capture_output=True)
     finally:
@@ -459,6 +459,23 @@ def plans_cached_while_query_ids_were_off_get_them_once_they_are_on(s):
     identified = [ln.startswith("Query Identifier") for ln in out.stdout.splitlines()
                   if ln.startswith(("Query Identifier", "Aggregate", "Finalize Aggregate"))]
     # EXPLAIN prints the identifier after the plan.
+    assert identified == [False, False, True], out.stdout
+
+
+@check
+def a_statement_prepared_before_compute_query_id_was_set_on_gets_its_identifier(s):
+    # Catches: a backend that took its cached plans to carry identifiers because they
+    # were computed when its first statement joined CPU scheduling, although a statement
+    # prepared before then (compute_query_id = auto, nothing had asked for them) had none.
+    explain = "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE early(0);\n"
+    script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n" + explain
+              + "SET pg_stride.trace = on; SET compute_query_id = on;\n"
+              "SELECT count(*) > 0 FROM big;\n" + explain)
+    out = subprocess.run(s.psql_args(None), input=script, env=ENV, text=True,
+                         capture_output=True)
+    assert out.returncode == 0, out.stderr
+    identified = [ln.startswith("Query Identifier") for ln in out.stdout.splitlines()
+                  if ln.startswith(("Query Identifier", "Aggregate", "Finalize Aggregate"))]
     assert identified == [False, False, True], out.stdout
 
 

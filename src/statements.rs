@@ -128,8 +128,8 @@ static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new
 ///
 /// Query identifiers key the prediction of a statement's CPU, the trace and the tuner's
 /// replay. With any of them on at server start, every backend computes them
-/// (`compute_query_id = auto` then means on), as pg_stat_statements asks for them;
-/// otherwise a backend asks for them once it runs a statement that joins CPU scheduling
+/// (`compute_query_id = auto` then means on; `off` at start makes the request a no-op),
+/// as pg_stat_statements asks for them; otherwise a backend asks for them once it runs a statement that joins CPU scheduling
 /// ([`executor_started`]). PostgreSQL's walk of a parse tree costs a short statement
 /// sent as text more than everything else pg_stride adds to it, so a backend that only
 /// runs statements too small to schedule, and writes, never pays it.
@@ -143,16 +143,10 @@ pub fn install() {
     }
 }
 
-/// Whether this backend's cached plans carry query identifiers as far as pg_stride is
-/// concerned: a statement that joined CPU scheduling found an identifier's user on while
-/// identifiers were computed, and the plans cached before were analysed again if they
-/// could lack them.
+/// Whether this backend's cached plans were analysed again for their query identifiers:
+/// a statement that joined CPU scheduling found an identifier's user on while
+/// identifiers were computed ([`executor_started`]).
 static PLANS_IDENTIFIED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
-/// Whether query identifiers were computed when this backend's first statement joined
-/// CPU scheduling, before it asked for them (`None`: none joined yet): if they were
-/// (`compute_query_id = on`, pg_stat_statements loaded, or asked for in `_PG_init`),
-/// its cached plans have them and need no new analysis.
-static IDS_AT_FIRST_JOIN: BackendLocal<Cell<Option<bool>>> = BackendLocal::new(Cell::new(None));
 
 /// `desc`, a top-level statement of this backend, arrives in the session's resource
 /// group: admits it (waiting for its turn if the limits are reached), registers it,
@@ -302,20 +296,20 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
         // marked for re-analysis, once, which computes their identifiers: without it a
         // statement prepared before would keep identifier 0 for the rest of the
         // session. Not otherwise: re-planning every cached plan is a change a session
-        // would not expect for identifiers nothing reads; nor where identifiers were
-        // computed from the start, or are not now (`compute_query_id = off`).
-        if IDS_AT_FIRST_JOIN.get().is_none() {
-            IDS_AT_FIRST_JOIN.set(Some(pg::query_ids_computed()));
-        }
+        // would not expect for identifiers nothing reads; nor while they are not
+        // computed (`compute_query_id = off`). Where they were computed all along
+        // (`compute_query_id = on`, pg_stat_statements) this re-plans for nothing, once:
+        // telling that apart would take a look at every statement, and would still miss
+        // a PREPARE (a utility, which the executor hooks never see) made while they were
+        // off. A `compute_query_id` turned off and on again after the reset is not
+        // followed.
         pg::enable_query_id();
         if !PLANS_IDENTIFIED.get()
             && (cpu::traces() || cpu::predicts() || cpu::tuner_on())
             && pg::query_ids_computed()
         {
             PLANS_IDENTIFIED.set(true);
-            if IDS_AT_FIRST_JOIN.get() == Some(false) {
-                pg::reset_plan_cache();
-            }
+            pg::reset_plan_cache();
         }
     }
 }
