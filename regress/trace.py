@@ -398,6 +398,14 @@ def a_statement_planned_tiny_is_scheduled_once_it_ran_long_twice(s):
     assert all(r["cpu_ms"] > 0 and not r["failed"] for r in rows), rows
 
 
+def identifiers_shown(explained):
+    """For each plan's top node and each Query Identifier line in the output of EXPLAIN
+    (VERBOSE) of a count, in order: whether the line is a Query Identifier (EXPLAIN
+    prints it after its plan)."""
+    return [ln.startswith("Query Identifier") for ln in explained.splitlines()
+            if ln.startswith(("Query Identifier", "Aggregate", "Finalize Aggregate"))]
+
+
 @check
 def query_ids_are_computed_in_a_backend_once_it_ran_a_scheduled_statement(s):
     # Catches: query identifiers asked for in every backend (PostgreSQL's walk of each
@@ -423,8 +431,7 @@ def query_ids_are_computed_in_a_backend_once_it_ran_a_scheduled_statement(s):
     lines = out.stdout.splitlines()
     # The LIMIT 1 plan is tiny (never scheduled); the count is scheduled.
     assert [ln for ln in lines if ln in ("t", "f")] == ["f", "t", "f", "t", "t"], out.stdout
-    identified = [ln.startswith("Query Identifier") for ln in lines
-                  if ln.startswith(("Query Identifier", "Aggregate", "Finalize Aggregate"))]
+    identified = identifiers_shown(out.stdout)
     assert identified == [False, False, True], out.stdout
     assert s.sql("SHOW compute_query_id") == "auto"
 
@@ -456,8 +463,7 @@ def plans_cached_while_query_ids_were_off_get_them_once_they_are_on(s):
         s.sql("ALTER SYSTEM RESET compute_query_id")
         restart(s)
     assert out.returncode == 0, out.stderr
-    identified = [ln.startswith("Query Identifier") for ln in out.stdout.splitlines()
-                  if ln.startswith(("Query Identifier", "Aggregate", "Finalize Aggregate"))]
+    identified = identifiers_shown(out.stdout)
     # EXPLAIN prints the identifier after the plan.
     assert identified == [False, False, True], out.stdout
 
@@ -474,8 +480,7 @@ def a_statement_prepared_before_compute_query_id_was_set_on_gets_its_identifier(
     out = subprocess.run(s.psql_args(None), input=script, env=ENV, text=True,
                          capture_output=True)
     assert out.returncode == 0, out.stderr
-    identified = [ln.startswith("Query Identifier") for ln in out.stdout.splitlines()
-                  if ln.startswith(("Query Identifier", "Aggregate", "Finalize Aggregate"))]
+    identified = identifiers_shown(out.stdout)
     assert identified == [False, False, True], out.stdout
 
 
