@@ -398,6 +398,10 @@ def a_statement_planned_tiny_is_scheduled_once_it_ran_long_twice(s):
     assert all(r["cpu_ms"] > 0 and not r["failed"] for r in rows), rows
 
 
+# The plan of a statement the query-id checks prepare before their first scheduled one.
+EXPLAIN_EARLY = "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE early(0);\n"
+
+
 def identifiers_shown(explained):
     """For each plan's top node and each Query Identifier line in the output of EXPLAIN
     (VERBOSE) of a count, in order: whether the line is a Query Identifier (EXPLAIN
@@ -416,10 +420,9 @@ def query_ids_are_computed_in_a_backend_once_it_ran_a_scheduled_statement(s):
     # With the trace on, a statement prepared before then gets its identifier too, at its
     # next execution: without it, it would keep none for the rest of the session.
     own = "SELECT query_id IS NOT NULL FROM pg_stat_activity WHERE pid = pg_backend_pid();\n"
-    explain = "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE early(0);\n"
-    script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n" + explain
+    script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n" + EXPLAIN_EARLY
               + own + "SELECT a > 0 FROM big LIMIT 1;\n" + own
-              + "SELECT count(*) > 0 FROM big;\n" + own + explain)
+              + "SELECT count(*) > 0 FROM big;\n" + own + EXPLAIN_EARLY)
     # pg_stride.trace may be set by superusers only: for this role's sessions, by role.
     s.sql("ALTER ROLE regress_other SET pg_stride.trace = on")
     try:
@@ -437,10 +440,9 @@ def query_ids_are_computed_in_a_backend_once_it_ran_a_scheduled_statement(s):
 
 
 def restart(s):
-    pg_ctl = f"{concurrency.PGBIN}/pg_ctl"
-    s.run(pg_ctl, "-D", s.data, "-m", "fast", "-w", "stop", check=True, stdout=subprocess.DEVNULL)
-    s.run(pg_ctl, "-D", s.data, "-l", s.logfile, "-w", "start", check=True,
-          stdout=subprocess.DEVNULL)
+    # Not s.start(): the suite's server starts by running initdb.
+    s.pg_ctl("-m", "fast", "-w", "stop", check=True, stdout=subprocess.DEVNULL)
+    s.pg_ctl("-l", s.logfile, "-w", "start", check=True, stdout=subprocess.DEVNULL)
 
 
 @check
@@ -448,10 +450,9 @@ def plans_cached_while_query_ids_were_off_get_them_once_they_are_on(s):
     # Catches: a backend that took its plans to carry identifiers because the trace was
     # on at server start, although compute_query_id was off then: a statement prepared
     # while it was off kept identifier 0 for the rest of the session once it was on.
-    explain = "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE early(0);\n"
     script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n"
-              "SELECT count(*) > 0 FROM big;\n" + explain
-              + "SET compute_query_id = auto;\nSELECT count(*) > 0 FROM big;\n" + explain)
+              "SELECT count(*) > 0 FROM big;\n" + EXPLAIN_EARLY
+              + "SET compute_query_id = auto;\nSELECT count(*) > 0 FROM big;\n" + EXPLAIN_EARLY)
     try:
         s.sql("ALTER SYSTEM SET pg_stride.trace = on")
         s.sql("ALTER SYSTEM SET compute_query_id = off")
@@ -473,10 +474,9 @@ def a_statement_prepared_before_compute_query_id_was_set_on_gets_its_identifier(
     # Catches: a backend that took its cached plans to carry identifiers because they
     # were computed when its first statement joined CPU scheduling, although a statement
     # prepared before then (compute_query_id = auto, nothing had asked for them) had none.
-    explain = "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE early(0);\n"
-    script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n" + explain
+    script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n" + EXPLAIN_EARLY
               + "SET pg_stride.trace = on; SET compute_query_id = on;\n"
-              "SELECT count(*) > 0 FROM big;\n" + explain)
+              "SELECT count(*) > 0 FROM big;\n" + EXPLAIN_EARLY)
     out = subprocess.run(s.psql_args(None), input=script, env=ENV, text=True,
                          capture_output=True)
     assert out.returncode == 0, out.stderr

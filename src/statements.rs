@@ -129,10 +129,11 @@ static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new
 /// Query identifiers key the prediction of a statement's CPU, the trace and the tuner's
 /// replay. With any of them on at server start, every backend computes them
 /// (`compute_query_id = auto` then means on; `off` at start makes the request a no-op),
-/// as pg_stat_statements asks for them; otherwise a backend asks for them once it runs a statement that joins CPU scheduling
-/// ([`executor_started`]). PostgreSQL's walk of a parse tree costs a short statement
-/// sent as text more than everything else pg_stride adds to it, so a backend that only
-/// runs statements too small to schedule, and writes, never pays it.
+/// as pg_stat_statements asks for them; otherwise a backend asks for them once it runs
+/// a statement that joins CPU scheduling ([`executor_started`]). PostgreSQL's walk of a
+/// parse tree costs a short statement sent as text more than everything else pg_stride
+/// adds to it, so a backend that only runs statements too small to schedule, and
+/// writes, never pays it.
 pub fn install() {
     // SAFETY: called single-threaded from _PG_init; the callback is guarded.
     unsafe {
