@@ -12,6 +12,9 @@ from its views (`pg_stride.pool`, `pg_stride.pool_fallbacks`) and counters
 - a Gather Merge run by pool workers gives its rows in the serial order (keys up and
   down, NULLs, ties, LIMIT), with the leader taking part and without, and a worker's
   ERROR in one reaches the leader;
+- a pool worker keeps the settings of the leader it last served, restoring them only
+  when they differ, and a SET, a function's SET clause or an ERROR in a fragment still
+  reaches the session's next fragment;
 - an ERROR in a fragment reaches the leader with its SQLSTATE, and the pool worker
   serves on (same pids);
 - statement_timeout and cancel of the leader stop its fragments: no wrong result, no
@@ -270,6 +273,44 @@ def an_error_in_a_gather_merge_fragment_reaches_the_leader(s):
     assert_pool_clean(s, pids)
     print(f"    10 of 10 statements failed with division by zero; "
           f"{counted(s, before, 'fragments_error')} pool fragments ended in that ERROR")
+
+
+@check
+def a_pool_worker_keeps_a_leaders_settings_only_while_they_are_the_leaders(s):
+    """A pool worker keeps the settings of the leader it last served: the same session
+    running again restores none, and each change (SET, a function's SET clause, a
+    fragment's ERROR) still reaches the next fragment."""
+    pids = full_pool(s)
+    x, sql, expected = session_going_on_after_errors(s, 0)
+    role, path, _ = SESSIONS[0]
+    before = counters(s)
+    for _ in range(20):
+        assert x.run(sql) == expected
+    ran, restored = (counted(s, before, n) for n in ("fragments_ok", "leader_settings_restored"))
+    # At most once per worker: the others found the session's settings in force.
+    assert ran >= 20 and restored <= POOL_SIZE, counters(s)
+    x.run("SET work_mem = '4MB'; SELECT 1")
+    changed = QUERY.format(role=role, path=path, work_mem="4MB")
+    serial = serial_result(x, changed)
+    count, _, matching = serial[0].split("|")
+    assert count == matching, serial
+    before = counters(s)
+    for _ in range(5):
+        assert x.run(changed) == serial
+    assert counted(s, before, "leader_settings_restored") > 0, counters(s)
+    # A SET clause and an ERROR inside a fragment leave the session's settings as they were.
+    own = "SELECT count(*) FROM s1.t WHERE s1.own_work_mem() = '9MB'"
+    total = s.sql("SELECT count(*) FROM s1.t")
+    for _ in range(5):
+        assert x.run(own) == [total]
+        assert x.run(changed) == serial
+        x.send("SELECT sum(1 / (a % 50000)) FROM s1.t")
+        assert x.run(changed) == serial
+    err = x.close()[2].decode()
+    assert err.count("division by zero") == 5, err
+    assert_pool_clean(s, pids)
+    print(f"    {ran} fragments of one session restored its settings {restored} times "
+          f"({POOL_SIZE} workers); a SET, a SET clause and an ERROR each reached the next")
 
 
 @check
@@ -566,6 +607,8 @@ def setup(s):
     # plpgsql, so that the planner cannot inline it into the parallel scan
     s.sql("CREATE FUNCTION s1.restricted(int) RETURNS int LANGUAGE plpgsql PARALLEL "
           "RESTRICTED AS 'BEGIN RETURN $1 + 1; END'")
+    s.sql("CREATE FUNCTION s1.own_work_mem() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE "
+          "SET work_mem = '9MB' AS $$SELECT current_setting('work_mem')$$")
     for role, _, _ in SESSIONS:
         s.sql(f"CREATE ROLE {role}; GRANT USAGE ON SCHEMA s1, s2 TO {role}; "
               f"GRANT SELECT ON ALL TABLES IN SCHEMA s1, s2 TO {role}")

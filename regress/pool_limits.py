@@ -10,6 +10,8 @@
 - an unchecked server release (simulated in the debug build through
   PG_STRIDE_TEST_SERVER_VERSION_NUM): Gathers run with PostgreSQL's own workers, the
   fallback is counted under its reason, and the server log has the WARNING once;
+- a server started in pool mode preallocates 8MB of dynamic shared memory unless
+  min_dynamic_shared_memory is configured, and a configured value wins;
 - a ticket a pool worker must decline (its number past the context's workers, through
   PG_STRIDE_TEST_FAULTS in the debug build), with the leader not taking part: the
   leader does that part itself and the result is the serial one.
@@ -97,6 +99,13 @@ max_parallel_workers = 8
         started = pool_workers(s, "postgres")
         checks.append(("the_pool_of_pg_stride_database_starts_with_the_server", None,
                        f"{started} workers before any query"))
+        # Each Gather's parallel context carved from memory every process has mapped.
+        def preallocated():
+            dsm = s.sql(DSM_SETTING)
+            print(f"    min_dynamic_shared_memory: {dsm}")
+            assert dsm == "8MB default", dsm
+        checks.append(("a_server_started_in_pool_mode_preallocates_dynamic_shared_memory",
+                       preallocated, None))
         # The pool of `postgres` took the 2 the cap allows (8 worker processes, 3 of
         # them pg_stride's own, 3 kept for native workers).
         in_database(s, "postgres", "CREATE TABLE t AS SELECT g AS a FROM generate_series(1, 100000) g; "
@@ -212,6 +221,23 @@ def declined_ticket():
         "a_ticket_a_worker_declines_is_done_by_the_leader", the_leader_does_a_declined_part)
 
 
+DSM_SETTING = ("SELECT setting || unit || ' ' || source FROM pg_settings "
+               "WHERE name = 'min_dynamic_shared_memory'")
+
+
+def keeps_the_configured_dynamic_shared_memory(s):
+    setting = s.sql(DSM_SETTING)
+    print(f"    min_dynamic_shared_memory: {setting}")
+    assert setting == "1MB configuration file", setting
+
+
+def configured_dynamic_shared_memory():
+    return one_check_on_its_server(
+        concurrency.PORT + 17, "min_dynamic_shared_memory = '1MB'\n", None,
+        "a_configured_min_dynamic_shared_memory_wins_over_pool_modes_default",
+        keeps_the_configured_dynamic_shared_memory)
+
+
 def run(s, checks):
     passed = failed = 0
     for name, fn, note in checks:
@@ -230,7 +256,8 @@ def run(s, checks):
 
 def main():
     passed = failed = 0
-    for part in (caps_and_reach, unchecked_release, declined_ticket):
+    for part in (caps_and_reach, unchecked_release, declined_ticket,
+                 configured_dynamic_shared_memory):
         try:
             p, f = part()
         except Exception as e:  # noqa: BLE001 - a server that did not start

@@ -450,6 +450,23 @@ pub fn may_set_parameter(name: &std::ffi::CStr) -> bool {
     }
 }
 
+/// Gives a server setting a default computed at start-up, as PostgreSQL does for
+/// `wal_buffers` (source `PGC_S_DYNAMIC_DEFAULT`): a value from the configuration file,
+/// the command line or `ALTER SYSTEM` wins over it. Call from `_PG_init` in the
+/// postmaster, before shared memory is sized.
+pub fn set_dynamic_default(name: &std::ffi::CStr, value: &std::ffi::CStr) {
+    // SAFETY: SetConfigOption copies both strings; an invalid value raises an ERROR
+    // through pgrx's boundary.
+    unsafe {
+        pg_sys::SetConfigOption(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_POSTMASTER,
+            pg_sys::GucSource::PGC_S_DYNAMIC_DEFAULT,
+        );
+    }
+}
+
 /// The current subtransaction's id (1 for the top-level transaction). A plain read of
 /// the transaction state, which cannot fail.
 pub fn current_subtransaction() -> u32 {

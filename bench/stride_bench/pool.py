@@ -11,12 +11,14 @@ Two parts (docs/internals/pool.md; bench/README.md, "The pool"):
   (each round runs every way once, in a rotating order): a 1-row table, count(*) over
   100k rows, TPC-H Q6 at the small scale; medians of >= 200 executions per way, and the
   pool's set-up time per fragment broken into phases (pg_stride.pool_counters()); once
-  with the server's default min_dynamic_shared_memory and once with 64MB.
+  with min_dynamic_shared_memory = 0 (PostgreSQL's default) and once with 8MB (what a
+  server started in pool mode gets by default).
 - clients: what an application gets with the shipped settings (CPU slots = CPUs,
   max_worker_processes as configured, only parallel_mode = pool set) and an ordinary
-  login role per way (ALTER ROLE … SET chooses the way): count(*) over 100k rows with
-  parallelism encouraged, sent by 1 pgbench client (closed loop, >= 300 executions per
-  way, rounds interleaved) and by 4 clients; median latency and transactions per second.
+  login role per way (ALTER ROLE … SET chooses the way): count(*) over 25k, 50k and 100k
+  rows with parallelism encouraged, sent by 1 pgbench client (closed loop, >= 300
+  executions per way, rounds interleaved) and by 4 clients; median latency and
+  transactions per second.
 """
 
 import hashlib
@@ -55,12 +57,13 @@ WAYS = {
     "pool": "-c pg_stride.parallel_mode=pool",
 }
 LATENCY_WAYS = ["no workers", "native", "pool"]
-# The latency part runs twice, the server restarted in between: as configured above, and
-# with a preallocated area for dynamic shared memory, where every Gather's parallel
-# context is created without a new segment's system calls (as its leader sets one up for
-# native workers and pool workers alike).
-SERVER_VARIANTS = [("min_dynamic_shared_memory = 0 (default)", []),
-                   ("min_dynamic_shared_memory = 64MB", ["min_dynamic_shared_memory = '64MB'"])]
+# The latency part runs twice, the server restarted in between: without and with a
+# preallocated area for dynamic shared memory, where every Gather's parallel context is
+# created without a new segment's system calls (as its leader sets one up for native
+# workers and pool workers alike). A server started in pool mode gets 8MB by default
+# (src/pool/mod.rs); this one starts in native mode, so both are set.
+SERVER_VARIANTS = [("min_dynamic_shared_memory = 0", ["min_dynamic_shared_memory = 0"]),
+                   ("min_dynamic_shared_memory = 8MB", ["min_dynamic_shared_memory = '8MB'"])]
 ROUNDS = 10
 PER_ROUND = 25          # executions per way and round: 250 per way
 # The clients part: the settings users get once they ask for the pool, one role per way.
@@ -71,15 +74,22 @@ CLIENT_ROLES = {"no workers": ("pool_bench_serial", "max_parallel_workers_per_ga
 CLIENT_ROUNDS = 12
 CLIENT_PER_ROUND = 30   # 360 executions per way with one client
 CLIENT_COUNTS = [1, 4]
+# Table sizes of the clients part: a parallel query's work against the fixed cost of its
+# workers (native: forked for each Gather; pool: a set-up per fragment).
+CLIENT_TABLES = ["rows_25k", "rows_50k", "rows_100k"]
 
 SCHEMA = "pool_bench"
 SETUP_SQL = f"""
 create schema if not exists {SCHEMA};
-drop table if exists {SCHEMA}.one_row, {SCHEMA}.rows_100k;
+drop table if exists {SCHEMA}.one_row, {SCHEMA}.rows_25k, {SCHEMA}.rows_50k, {SCHEMA}.rows_100k;
 create table {SCHEMA}.one_row (a int);
 insert into {SCHEMA}.one_row values (1);
 create table {SCHEMA}.rows_100k as select g as a, g % 97 as b from generate_series(1, 100000) g;
+create table {SCHEMA}.rows_50k as select * from {SCHEMA}.rows_100k where a <= 50000;
+create table {SCHEMA}.rows_25k as select * from {SCHEMA}.rows_100k where a <= 25000;
 alter table {SCHEMA}.one_row set (parallel_workers = 2);
+alter table {SCHEMA}.rows_25k set (parallel_workers = 2);
+alter table {SCHEMA}.rows_50k set (parallel_workers = 2);
 alter table {SCHEMA}.rows_100k set (parallel_workers = 2);
 """
 
@@ -90,7 +100,7 @@ PHASES = [
     ("ns_run", "ParallelQueryMain"),
     ("ns_until_x", "until the end message is sent"),
     ("ns_until_released", "out of the leader's lock group"),
-    ("ns_own_restore", "own settings restored, idle again"),
+    ("ns_own_restore", "own identity (and, if unknown, settings) back, idle again"),
 ]
 
 
@@ -165,7 +175,8 @@ class PoolBench:
         if not self.server.create_extension(TPCH_DB, "pg_stride"):
             raise RuntimeError("CREATE EXTENSION pg_stride failed in database tpch")
         self.sql("set client_min_messages = warning;" + SETUP_SQL)
-        self.sql(f"vacuum (freeze, analyze) {SCHEMA}.one_row, {SCHEMA}.rows_100k")
+        self.sql(f"vacuum (freeze, analyze) {SCHEMA}.one_row, {SCHEMA}.rows_25k, "
+                 f"{SCHEMA}.rows_50k, {SCHEMA}.rows_100k")
         self.server.prewarm(TPCH_DB, [data.schema_name(sf) for sf in self.scales] + [SCHEMA])
         self.meta["server"] = self.sql("select version()").strip()
 
@@ -250,35 +261,43 @@ class PoolBench:
 
     # ---- clients ----------------------------------------------------------------------
     def clients(self) -> dict:
-        """count(*) over 100k rows from 1 and 4 clients, each way as its own login role."""
+        """count(*) over each of CLIENT_TABLES from 1 and 4 clients, each way as its own
+        login role; keyed by table, then client count."""
         cdir = self.run_dir / "pool_clients"
         cdir.mkdir(parents=True, exist_ok=True)
-        script = cdir / "count_100k.sql"
-        script.write_text(f"select count(*) from {SCHEMA}.rows_100k;\n")
         for way, (role, setting) in CLIENT_ROLES.items():
             self.sql(f"do $$ begin create role {role} login; exception when duplicate_object "
                      f"then null; end $$; alter role {role} set {setting}; "
                      f"grant usage on schema {SCHEMA} to {role}; "
-                     f"grant select on {SCHEMA}.rows_100k to {role}")
+                     f"grant select on all tables in schema {SCHEMA} to {role}")
+        out = {}
+        for table in CLIENT_TABLES:
+            script = cdir / f"count_{table}.sql"
+            script.write_text(f"select count(*) from {SCHEMA}.{table};\n")
+            out[table] = self.clients_of(script, cdir)
+        return out
+
+    def clients_of(self, script: Path, cdir: Path) -> dict:
         out = {}
         for clients in CLIENT_COUNTS:
             lat = {w: [] for w in CLIENT_ROLES}
             tps = {w: [] for w in CLIENT_ROLES}
             before = self.counters()
             for way in CLIENT_ROLES:
-                self.client_run(script, way, clients, 20, cdir / f"warm_{clients}_{way[:2]}")
+                self.client_run(script, way, clients, 20,
+                                cdir / f"warm_{script.stem}_{clients}_{way[:2]}")
             for rnd in range(CLIENT_ROUNDS):
                 k = rnd % len(CLIENT_ROLES)
                 ways = list(CLIENT_ROLES)
                 for way in ways[k:] + ways[:k]:
                     lats, rate = self.client_run(script, way, clients, CLIENT_PER_ROUND * clients,
-                                                 cdir / f"c{clients}_{way[:2]}_{rnd}")
+                                                 cdir / f"{script.stem}_c{clients}_{way[:2]}_{rnd}")
                     lat[way] += lats
                     tps[way].append(rate)
             res = {w: {**stats([x * 1000 for x in lat[w]]),
                        "tps_median": analysis.percentile(tps[w], 50)} for w in CLIENT_ROLES}
             out[str(clients)] = {"ms": res, "pool": self.delta(self.counters(), before)}
-            log(f"  {clients} client(s): median " + ", ".join(
+            log(f"  {script.stem}, {clients} client(s): median " + ", ".join(
                 f"{w} {res[w]['p50']:.3f} ms ({res[w]['tps_median']:.0f} tps)" for w in CLIENT_ROLES))
         return out
 
@@ -357,10 +376,10 @@ def report(meta: dict) -> list:
               f"One client, {ROUNDS} rounds of {PER_ROUND} executions per way (after 20 "
               "unmeasured ones per way); each round runs the ways in a rotating order. "
               "Latency as pgbench logs it (µs resolution). Twice, the server restarted in "
-              "between: with its settings above, and with `min_dynamic_shared_memory = 64MB`, "
-              "so that each Gather's parallel context is carved from preallocated shared "
-              "memory instead of a new segment (the same for PostgreSQL's workers and the "
-              "pool's)."]
+              "between: with `min_dynamic_shared_memory = 0` (PostgreSQL's default) and with "
+              "8MB (what a server started in pool mode gets by default), so that each "
+              "Gather's parallel context is carved from preallocated shared memory instead "
+              "of a new segment (the same for PostgreSQL's workers and the pool's)."]
     for variant, latency in meta["latency"].items():
         lines += ["", f"### {variant}", "",
                   "| query | way | median ms | p10 | p90 | p99 | n | median vs no workers | "
@@ -387,24 +406,33 @@ def report(meta: dict) -> list:
     if meta.get("clients"):
         lines += ["", "## Clients, shipped settings", "",
                   "The server restarted with only `" + "`, `".join(CLIENT_SETTINGS) + "` (CPU "
-                  "slots = CPUs, the pool's caps from max_worker_processes); each way is a login "
+                  "slots = CPUs, the pool's caps from max_worker_processes, "
+                  "`min_dynamic_shared_memory` at pool mode's default); each way is a login "
                   "role of its own, chosen with ALTER ROLE … SET (" + ", ".join(
                       f"{w}: `{s}`" for w, (_, s) in CLIENT_ROLES.items()) + "), session options "
-                  f"`{PARALLEL}`. `count(*)` over 100k rows, closed loop; {CLIENT_ROUNDS} rounds "
-                  "per client count, the ways in a rotating order.", "",
-                  "| clients | way | median ms | p90 | p99 | n | tps (median of rounds) | "
-                  "no workers ÷ way (medians) |", "|---|---|---|---|---|---|---|---|"]
-        for clients, v in meta["clients"].items():
-            ms = v["ms"]
-            for w in CLIENT_ROLES:
-                st = ms[w]
-                lines.append(f"| {clients} | {w} | {st['p50']:.3f} | {st['p90']:.3f} | "
-                             f"{st['p99']:.3f} | {st['n']} | {st['tps_median']:.0f} | "
-                             f"{ms['no workers']['p50'] / st['p50']:.2f} |")
-            pool = v["pool"]
-            lines += ["", f"{clients} client(s): {pool.get('gathers_pooled', 0)} Gathers pooled, "
-                      + (", ".join(f"{k[10:]} {n}" for k, n in pool.items() if k.startswith("fallback: "))
-                         or "no fallbacks") + ".", ""]
+                  f"`{PARALLEL}`. `count(*)` over tables of 25k, 50k and 100k rows, closed "
+                  f"loop; {CLIENT_ROUNDS} rounds per table and client count, the ways in a "
+                  "rotating order.", "",
+                  "| table | clients | way | median ms | p90 | p99 | n | tps (median of rounds) | "
+                  "no workers ÷ way (medians) | native ÷ way (medians) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        notes = []
+        for table, by_clients in meta["clients"].items():
+            for clients, v in by_clients.items():
+                ms = v["ms"]
+                for w in CLIENT_ROLES:
+                    st = ms[w]
+                    lines.append(f"| {table} | {clients} | {w} | {st['p50']:.3f} | "
+                                 f"{st['p90']:.3f} | {st['p99']:.3f} | {st['n']} | "
+                                 f"{st['tps_median']:.0f} | "
+                                 f"{ms['no workers']['p50'] / st['p50']:.2f} | "
+                                 f"{ms['native']['p50'] / st['p50']:.2f} |")
+                pool = v["pool"]
+                notes.append(f"{table}, {clients} client(s): {pool.get('gathers_pooled', 0)} "
+                             "Gathers pooled, " + (", ".join(
+                                 f"{k[10:]} {n}" for k, n in pool.items()
+                                 if k.startswith("fallback: ")) or "no fallbacks") + ".")
+        lines += [""] + [f"- {n}" for n in notes] + [""]
     lines += ["", "## Plans", "", "EXPLAIN ANALYZE of each latency query, per way (first "
               "server variant)", ""]
     for label, v in next(iter(meta["latency"].values())).items():

@@ -38,6 +38,7 @@ mod stride_gather;
 mod tickets;
 mod worker;
 mod worker_row;
+mod worker_settings;
 
 pub use worker_row::WorkerRow;
 
@@ -53,9 +54,21 @@ pub use tickets::transaction_ended;
 /// The pool's shared memory, which `_PG_init` gives to `shmem::install`.
 pub const SHMEM_BLOCKS: &[crate::shmem::Block] = &[shared::SHMEM_BLOCK];
 
-/// Registers the pool's custom scans. Called from `_PG_init`.
+/// Dynamic shared memory set aside at start for a server started in pool mode whose
+/// configuration leaves `min_dynamic_shared_memory` alone. A Gather's parallel context
+/// is then carved from memory every process has mapped, instead of a new segment that
+/// the leader creates and each pool worker maps and unmaps: that is most of what a
+/// pooled Gather costs beyond its work. A context that does not fit gets a segment of
+/// its own, as without it.
+const DYNAMIC_SHARED_MEMORY: &std::ffi::CStr = c"8MB";
+
+/// Registers the pool's custom scans and, in pool mode, its default for
+/// `min_dynamic_shared_memory`. Called from `_PG_init`, after the settings.
 pub fn install() {
     stride_gather::register();
+    if parallel::pool_mode() {
+        pg::set_dynamic_default(c"min_dynamic_shared_memory", DYNAMIC_SHARED_MEMORY);
+    }
 }
 
 /// Whether the plans this backend makes now are made for the pool: their Gathers

@@ -158,9 +158,12 @@ pub enum Counter {
     RetiredForSettings,
     /// Gathers that found no idle worker and waited for one being started.
     WaitedForStart,
+    /// Fragments that restored their leader's settings: those not already in force
+    /// (worker_settings.rs).
+    SettingsRestored,
     // Summed phase times of the fragments that ran (ns): posted → taken, taken →
     // ParallelQueryMain, ParallelQueryMain, → 'X' sent, → out of the lock group (the
-    // ticket done), → own settings restored (idle again).
+    // ticket done), → own identity back (idle again).
     NsWake,
     NsRestore,
     NsRun,
@@ -168,7 +171,7 @@ pub enum Counter {
     NsUntilReleased,
     NsOwnRestore,
 }
-pub const COUNTER_NAMES: [&str; 21] = [
+pub const COUNTER_NAMES: [&str; 22] = [
     "gathers_pooled",
     "tickets_posted",
     "tickets_short",
@@ -184,6 +187,7 @@ pub const COUNTER_NAMES: [&str; 21] = [
     "sigterm_escalations",
     "workers_retired_for_settings",
     "gathers_waited_for_start",
+    "leader_settings_restored",
     "ns_wake",
     "ns_restore",
     "ns_run",

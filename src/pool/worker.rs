@@ -9,7 +9,7 @@
 use super::ffi::*;
 use super::port::*;
 use super::shared::{self, pack, set_latch_of, Counter, Slot, State, MAX_TICKETS};
-use super::{identity, lifecycle, messages, settings};
+use super::{identity, lifecycle, messages, settings, worker_settings};
 use crate::{cpu, shmem};
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
@@ -24,6 +24,9 @@ struct Frag {
     leader: *mut pg_sys::PGPROC,
     leader_pid: i32,
     leader_procno: i32,
+    /// The leader's serialized settings, when this fragment restored them (not already in
+    /// force).
+    settings: *mut c_char,
     redirected: bool,
     joined: bool,
     session: bool,
@@ -43,6 +46,7 @@ const NO_FRAG: Frag = Frag {
     leader: std::ptr::null_mut(),
     leader_pid: 0,
     leader_procno: -1,
+    settings: std::ptr::null_mut(),
     redirected: false,
     joined: false,
     session: false,
@@ -60,13 +64,8 @@ const NO_FRAG: Frag = Frag {
 // Rust frames).
 static mut FRAG: Frag = NO_FRAG;
 static mut SLOT: usize = usize::MAX;
-static mut BASELINE_GUC: *mut c_char = std::ptr::null_mut();
-static mut OWN_LIBRARIES: *mut c_char = std::ptr::null_mut();
 static mut FRAGMENT_CONTEXT: pg_sys::MemoryContext = std::ptr::null_mut();
 static mut OWN: Option<identity::Own> = None;
-/// Settings and placeholders this process had at its baseline (GetNumConfigOptions):
-/// a fragment whose leader's settings added a placeholder leaves it behind.
-static mut BASELINE_OPTIONS: c_int = 0;
 /// When this worker last finished a fragment, or started (ms, CLOCK_MONOTONIC).
 static mut LAST_USED_MS: i64 = 0;
 
@@ -102,75 +101,6 @@ unsafe extern "C-unwind" fn on_exit(_code: c_int, arg: pg_sys::Datum) {
         State::Reserved | State::Posted | State::Running | State::Cancel
     ) {
         set_latch_of(slot.t_leader_procno.load(Ordering::Acquire));
-    }
-}
-
-/// Serialises this process's own GUC values and loaded libraries: the state each
-/// fragment's teardown goes back to, and the libraries it has (a leader's others are
-/// loaded before its fragment runs).
-unsafe fn take_baseline() {
-    // SAFETY: called outside a fragment's transaction, in one it starts; the buffers live
-    // in TopMemoryContext until replaced.
-    unsafe {
-        StartTransactionCommand();
-        let previous = pg_sys::CurrentMemoryContext;
-        pg_sys::CurrentMemoryContext = pg_sys::TopMemoryContext;
-        if !BASELINE_GUC.is_null() {
-            pfree(BASELINE_GUC.cast());
-        }
-        let size = EstimateGUCStateSpace();
-        BASELINE_GUC = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
-        SerializeGUCState(size, BASELINE_GUC);
-        if !OWN_LIBRARIES.is_null() {
-            pfree(OWN_LIBRARIES.cast());
-        }
-        let size = EstimateLibraryStateSpace();
-        OWN_LIBRARIES = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
-        SerializeLibraryState(size, OWN_LIBRARIES);
-        BASELINE_OPTIONS = config_option_count();
-        pg_sys::CurrentMemoryContext = previous;
-        CommitTransactionCommand();
-    }
-}
-
-/// How many settings (placeholders included) this process knows.
-fn config_option_count() -> c_int {
-    #[cfg(feature = "pg15")]
-    // SAFETY: a plain read of guc.c's count of its variables.
-    unsafe {
-        pg_sys::GetNumConfigOptions()
-    }
-    #[cfg(not(feature = "pg15"))]
-    // SAFETY: guc.c's array of its variables and their count; only the count is read.
-    unsafe {
-        let mut n: c_int = 0;
-        pg_sys::get_guc_variables(&mut n);
-        n
-    }
-}
-
-/// Whether every library of the leader's list (SerializeLibraryState's format: names
-/// each ended by NUL, then an empty name) is loaded here.
-unsafe fn libraries_loaded(leader: *const c_char) -> bool {
-    // SAFETY: both lists are in SerializeLibraryState's format.
-    unsafe {
-        let mut p = leader;
-        while *p != 0 {
-            let mut q = OWN_LIBRARIES.cast_const();
-            let mut found = false;
-            while *q != 0 {
-                if libc::strcmp(p, q) == 0 {
-                    found = true;
-                    break;
-                }
-                q = q.add(libc::strlen(q) + 1);
-            }
-            if !found {
-                return false;
-            }
-            p = p.add(libc::strlen(p) + 1);
-        }
-        true
     }
 }
 
@@ -219,7 +149,7 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
             pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
             pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
         );
-        take_baseline();
+        worker_settings::take_baseline();
         OWN = Some(identity::own());
         LAST_USED_MS = shared::now_ms();
         pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null());
@@ -257,8 +187,9 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
             check_for_interrupts();
             if pg_sys::ConfigReloadPending != 0 {
                 pg_sys::ConfigReloadPending = 0;
+                worker_settings::back_to_baseline();
                 ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
-                take_baseline();
+                worker_settings::take_baseline();
             }
             let idle_timeout = settings::idle_timeout_ms();
             if idle_timeout > 0
@@ -359,14 +290,8 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
             FRAG.declined = true;
             return;
         }
-        if !libraries_loaded(libraries) {
-            // A library the leader loaded (plpgsql, say) is loaded here too, for good, as
-            // ParallelWorkerMain's RestoreLibraryState would; the baseline then includes
-            // the settings it defined.
-            StartTransactionCommand();
-            RestoreLibraryState(libraries);
-            CommitTransactionCommand();
-            take_baseline();
+        // A library the leader loaded (plpgsql, say) is loaded here too, for good.
+        if worker_settings::load_libraries(libraries) {
             pool.count(Counter::LibrariesLoaded);
         }
         FRAG.leader = (*fps).parallel_leader_pgproc;
@@ -395,11 +320,19 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         // RestoreLibraryState is replaced by the check above: nothing gets loaded.
         // Up to 17 the settings come first, in a transaction of their own; 18 restores
         // them inside the worker's transaction, once the snapshot is there, and the
-        // pending syncs, relation map and reindex state before the combo CIDs.
+        // pending syncs, relation map and reindex state before the combo CIDs. Settings
+        // already in force are not restored again (worker_settings.rs).
+        let settings = shm_toc_lookup(toc, PARALLEL_KEY_GUC, false).cast::<c_char>();
+        if !worker_settings::in_force(settings) {
+            FRAG.settings = settings;
+        }
+        if !FRAG.settings.is_null() {
+            pool.count(Counter::SettingsRestored);
+        }
         #[cfg(not(feature = "pg18"))]
-        {
+        if !FRAG.settings.is_null() {
             StartTransactionCommand();
-            RestoreGUCState(shm_toc_lookup(toc, PARALLEL_KEY_GUC, false));
+            worker_settings::restore_leader(settings);
             CommitTransactionCommand();
         }
         StartParallelWorkerTransaction(
@@ -422,7 +355,9 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         RestoreTransactionSnapshot(tsnapshot, (*fps).parallel_leader_pgproc.cast());
         PushActiveSnapshot(asnapshot);
         #[cfg(feature = "pg18")]
-        RestoreGUCState(shm_toc_lookup(toc, PARALLEL_KEY_GUC, false));
+        if !FRAG.settings.is_null() {
+            worker_settings::restore_leader(settings);
+        }
         // No InvalidateSystemCaches (ParallelWorkerMain's): the leader has no XID
         // (checked before posting), hence no uncommitted catalog rows to see, and the
         // transaction start above took in every committed change; the caches stay warm.
@@ -483,6 +418,13 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
     // SAFETY: see the function comment; each step undoes one of fragment()'s.
     unsafe {
         pg_sys::InitializingParallelWorker = false;
+        // A fragment that ended well leaves its leader's settings in force
+        // (worker_settings.rs). 18 restored them inside the fragment's transaction, whose
+        // abort would undo them: they outlive it, as at a commit.
+        #[cfg(feature = "pg18")]
+        if FRAG.ok && !FRAG.settings.is_null() {
+            pg_sys::AtEOXact_GUC(true, 1);
+        }
         // Never a commit (docs/design.md §6): CommitTransaction would report XactLastRecEnd
         // through parallel.c's MyFixedParallelState, NULL in this process.
         AbortOutOfAnyTransaction();
@@ -514,6 +456,9 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         }
         if FRAG.redirected {
             messages::restore();
+        }
+        if FRAG.ok && !FRAG.settings.is_null() {
+            worker_settings::keep(FRAG.settings);
         }
         if !FRAG.seg.is_null() {
             dsm_detach(FRAG.seg);
@@ -554,12 +499,9 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             }
             pg_sys::QueryCancelPending = 0;
         }
-        // Back to this process's own settings and identity.
-        pg_sys::InitializingParallelWorker = true;
-        StartTransactionCommand();
-        RestoreGUCState(BASELINE_GUC.cast());
-        CommitTransactionCommand();
-        pg_sys::InitializingParallelWorker = false;
+        // Back to this process's own identity, and to its own settings unless the
+        // leader's are known to be in force.
+        worker_settings::settle();
         if let Some(own) = OWN {
             identity::restore_own(&own);
         }
@@ -569,7 +511,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         // Placeholders the leader's settings created (`SET app.tenant`) cannot be
         // removed: RestoreGUCState keeps them, reset to an empty string, and another
         // leader's fragment would read '' where its own backend reads NULL.
-        if config_option_count() != BASELINE_OPTIONS {
+        if worker_settings::added_placeholders() {
             FRAG.retire = true;
             pool.count(Counter::RetiredForSettings);
         }
