@@ -8,6 +8,8 @@
 //!
 //! * [`shared`]: the slots and counters in shared memory;
 //! * [`worker`]: the pool worker (restores a fragment's state, runs it, undoes it);
+//! * [`worker_settings`]: which settings a pool worker has in force: its own, or those
+//!   of the leader it last served;
 //! * [`leader`]: the Gather's ExecProcNode, its rounds and its tuples;
 //! * [`tickets`]: the leader's side of the hand-off: posting tickets, reading the
 //!   workers' queues, ending a round on every path;
