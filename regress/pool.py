@@ -279,7 +279,8 @@ def an_error_in_a_gather_merge_fragment_reaches_the_leader(s):
 def a_pool_worker_keeps_a_leaders_settings_only_while_they_are_the_leaders(s):
     """A pool worker keeps the settings of the leader it last served: the same session
     running again restores none, and each change (SET, a function's SET clause, a
-    fragment's ERROR) still reaches the next fragment."""
+    fragment's ERROR, another session's fragment failing after its restore, a read-only
+    transaction) still reaches the next fragment."""
     pids = full_pool(s)
     x, sql, expected = session_going_on_after_errors(s, 0)
     role, path, _ = SESSIONS[0]
@@ -306,11 +307,32 @@ def a_pool_worker_keeps_a_leaders_settings_only_while_they_are_the_leaders(s):
         assert x.run(changed) == serial
         x.send("SELECT sum(1 / (a % 50000)) FROM s1.t")
         assert x.run(changed) == serial
+    # Another session's fragments restore its settings, then fail.
+    y, _, _ = session_going_on_after_errors(s, 1)
+    before = counters(s)
+    for _ in range(5):
+        y.send("SELECT sum(1 / (a % 50000)) FROM s1.t")
+        assert y.run("SELECT 'after'") == ["after"]
+        assert x.run(changed) == serial
+    assert counted(s, before, "leader_settings_restored") >= 5, counters(s)
+    y.close()
+    # A read-only transaction: from 18 on, a parallel worker restores the leader's
+    # settings inside its transaction, so every fragment in it sees transaction_read_only
+    # on (up to 17 a parallel worker's transaction takes default_transaction_read_only).
+    if int(s.sql("SHOW server_version_num")) >= 180000:
+        read_only = ("SELECT sum((current_setting('transaction_read_only') = 'on')::int) "
+                     "FROM s1.t")
+        x.run("BEGIN READ ONLY; SELECT 1")
+        for _ in range(5):
+            assert x.run(read_only) == [total]
+        x.run("COMMIT; SELECT 1")
+        assert x.run(changed) == serial
     err = x.close()[2].decode()
     assert err.count("division by zero") == 5, err
     assert_pool_clean(s, pids)
     print(f"    {ran} fragments of one session restored its settings {restored} times "
-          f"({POOL_SIZE} workers); a SET, a SET clause and an ERROR each reached the next")
+          f"({POOL_SIZE} workers); a SET, a SET clause, an ERROR, another session's failed "
+          "fragments and a read-only transaction each reached the next")
 
 
 @check

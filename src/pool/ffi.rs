@@ -249,6 +249,9 @@ extern "C-unwind" {
     pub fn pgstat_report_activity(state: pg_sys::BackendState::Type, cmd: *const c_char);
     pub fn MemoryContextReset(context: pg_sys::MemoryContext);
     pub fn MemoryContextAllocZero(context: pg_sys::MemoryContext, size: usize) -> *mut c_void;
+    pub fn MemoryContextAlloc(context: pg_sys::MemoryContext, size: usize) -> *mut c_void;
+    #[cfg(feature = "pg18")]
+    pub fn AtEOXact_GUC(is_commit: bool, nest_level: c_int);
     pub fn pfree(pointer: *mut c_void);
     pub fn SetClientEncoding(encoding: c_int) -> c_int;
     pub fn GetDatabaseEncoding() -> c_int;

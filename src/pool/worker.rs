@@ -326,14 +326,12 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         if !worker_settings::in_force(settings) {
             FRAG.settings = settings;
         }
-        if !FRAG.settings.is_null() {
-            pool.count(Counter::SettingsRestored);
-        }
         #[cfg(not(feature = "pg18"))]
         if !FRAG.settings.is_null() {
             StartTransactionCommand();
             worker_settings::restore_leader(settings);
             CommitTransactionCommand();
+            pool.count(Counter::SettingsRestored);
         }
         StartParallelWorkerTransaction(
             shm_toc_lookup(toc, PARALLEL_KEY_TRANSACTION_STATE, false).cast(),
@@ -357,6 +355,7 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         #[cfg(feature = "pg18")]
         if !FRAG.settings.is_null() {
             worker_settings::restore_leader(settings);
+            pool.count(Counter::SettingsRestored);
         }
         // No InvalidateSystemCaches (ParallelWorkerMain's): the leader has no XID
         // (checked before posting), hence no uncommitted catalog rows to see, and the
@@ -418,12 +417,21 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
     // SAFETY: see the function comment; each step undoes one of fragment()'s.
     unsafe {
         pg_sys::InitializingParallelWorker = false;
-        // A fragment that ended well leaves its leader's settings in force
+        // A fragment that ended well leaves the leader's settings it restored in force
         // (worker_settings.rs). 18 restored them inside the fragment's transaction, whose
-        // abort would undo them: they outlive it, as at a commit.
+        // abort would undo them: they outlive it, as at a commit. There they also set the
+        // transaction's read-only flag, which a fragment that skips them takes from
+        // default_transaction_read_only instead: settings that made it differ (BEGIN
+        // READ ONLY) are not kept.
+        #[cfg(not(feature = "pg18"))]
+        let keep = FRAG.ok && !FRAG.settings.is_null();
         #[cfg(feature = "pg18")]
-        if FRAG.ok && !FRAG.settings.is_null() {
-            pg_sys::AtEOXact_GUC(true, 1);
+        let keep = FRAG.ok
+            && !FRAG.settings.is_null()
+            && pg_sys::XactReadOnly == pg_sys::DefaultXactReadOnly;
+        #[cfg(feature = "pg18")]
+        if keep {
+            AtEOXact_GUC(true, 1);
         }
         // Never a commit (docs/design.md §6): CommitTransaction would report XactLastRecEnd
         // through parallel.c's MyFixedParallelState, NULL in this process.
@@ -457,7 +465,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         if FRAG.redirected {
             messages::restore();
         }
-        if FRAG.ok && !FRAG.settings.is_null() {
+        if keep {
             worker_settings::keep(FRAG.settings);
         }
         if !FRAG.seg.is_null() {

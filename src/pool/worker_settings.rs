@@ -72,7 +72,6 @@ pub(super) unsafe fn restore_leader(state: *mut c_char) {
     // SAFETY: the caller's promise.
     unsafe {
         forget_leader();
-        IN_FORCE = InForce::Unknown;
         RestoreGUCState(state.cast::<c_void>());
     }
 }
@@ -85,26 +84,30 @@ pub(super) unsafe fn keep(state: *const c_char) {
     // SAFETY: the caller's promise; the copy lives in TopMemoryContext until replaced.
     unsafe {
         let len = serialized_len(state);
-        let copy = pg_sys::MemoryContextAlloc(pg_sys::TopMemoryContext, len).cast::<c_char>();
+        let copy = MemoryContextAlloc(pg_sys::TopMemoryContext, len).cast::<c_char>();
         std::ptr::copy_nonoverlapping(state, copy, len);
         IN_FORCE = InForce::Leader(copy);
     }
 }
 
-/// Frees the copy of a leader's settings, if there is one.
+/// Frees the copy of a leader's settings, if there is one; what is in force is then
+/// unknown until the caller says.
 unsafe fn forget_leader() {
     // SAFETY: the copy was allocated by `keep` and nothing else points to it.
     unsafe {
         if let InForce::Leader(kept) = IN_FORCE {
-            pg_sys::pfree(kept.cast());
+            pfree(kept.cast());
         }
+        IN_FORCE = InForce::Unknown;
     }
 }
 
-/// Puts this process's own settings back in force, unless they are.
+/// Puts this process's own settings back in force, unless they are. Until it returns,
+/// what is in force is unknown (an ERROR in a fragment's sigsetjmp leaves it so).
 ///
 /// # Safety
-/// In a pool worker outside any transaction; an ERROR here ends the process.
+/// In a pool worker outside any transaction; the caller catches an ERROR, or it ends
+/// the process.
 pub(super) unsafe fn back_to_baseline() {
     // SAFETY: the caller's promise; as in ParallelWorkerMain, the restore runs in a
     // transaction with InitializingParallelWorker set, so that the identity settings are
@@ -150,16 +153,16 @@ pub(super) unsafe fn take_baseline() {
         let previous = pg_sys::CurrentMemoryContext;
         pg_sys::CurrentMemoryContext = pg_sys::TopMemoryContext;
         if !BASELINE_GUC.is_null() {
-            pg_sys::pfree(BASELINE_GUC.cast());
+            pfree(BASELINE_GUC.cast());
         }
         let size = EstimateGUCStateSpace();
-        BASELINE_GUC = pg_sys::MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
+        BASELINE_GUC = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
         SerializeGUCState(size, BASELINE_GUC);
         if !OWN_LIBRARIES.is_null() {
-            pg_sys::pfree(OWN_LIBRARIES.cast());
+            pfree(OWN_LIBRARIES.cast());
         }
         let size = EstimateLibraryStateSpace();
-        OWN_LIBRARIES = pg_sys::MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
+        OWN_LIBRARIES = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
         SerializeLibraryState(size, OWN_LIBRARIES);
         BASELINE_OPTIONS = config_option_count();
         pg_sys::CurrentMemoryContext = previous;
