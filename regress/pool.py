@@ -279,8 +279,9 @@ def an_error_in_a_gather_merge_fragment_reaches_the_leader(s):
 def a_pool_worker_keeps_a_leaders_settings_only_while_they_are_the_leaders(s):
     """A pool worker keeps the settings of the leader it last served: the same session
     running again restores none, and each change (SET, a function's SET clause, a
-    fragment's ERROR, another session's fragment failing after its restore, a read-only
-    transaction) still reaches the next fragment."""
+    fragment's ERROR, another session's settings and role, another session's fragment
+    failing after its restore, a read-only transaction on 18) still reaches the next
+    fragment."""
     pids = full_pool(s)
     x, sql, expected = session_going_on_after_errors(s, 0)
     role, path, _ = SESSIONS[0]
@@ -307,8 +308,14 @@ def a_pool_worker_keeps_a_leaders_settings_only_while_they_are_the_leaders(s):
         assert x.run(changed) == serial
         x.send("SELECT sum(1 / (a % 50000)) FROM s1.t")
         assert x.run(changed) == serial
+    # Another session's settings in force, each session's role (SET ROLE) is its own.
+    y, ysql, yexpected = session_going_on_after_errors(s, 1)
+    role_seen = "SELECT sum((current_setting('role') = '{}')::int) FROM s1.t"
+    for _ in range(5):
+        assert y.run(ysql) == yexpected
+        assert x.run(role_seen.format(role)) == [total]
+        assert y.run(role_seen.format(SESSIONS[1][0])) == [total]
     # Another session's fragments restore its settings, then fail.
-    y, _, _ = session_going_on_after_errors(s, 1)
     before = counters(s)
     for _ in range(5):
         y.send("SELECT sum(1 / (a % 50000)) FROM s1.t")
@@ -331,8 +338,9 @@ def a_pool_worker_keeps_a_leaders_settings_only_while_they_are_the_leaders(s):
     assert err.count("division by zero") == 5, err
     assert_pool_clean(s, pids)
     print(f"    {ran} fragments of one session restored its settings {restored} times "
-          f"({POOL_SIZE} workers); a SET, a SET clause, an ERROR, another session's failed "
-          "fragments and a read-only transaction each reached the next")
+          f"({POOL_SIZE} workers); a SET, a SET clause, an ERROR, another session's "
+          "settings and role, its failed fragments (and on 18 a read-only transaction) "
+          "each reached the next")
 
 
 @check

@@ -315,17 +315,23 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         }
         FRAG.joined = true;
         SetParallelStartTimestamps((*fps).xact_ts, (*fps).stmt_ts);
+        // Settings already in force are not restored again (worker_settings.rs). Others
+        // are restored from the baseline, as a fresh parallel worker restores them, and
+        // the baseline comes back before the identity is taken: restoring over another
+        // leader's settings resets its `role`, whose assign hook clears the current role,
+        // and the leader's `role` then takes the cleared one (its check hook copies the
+        // current role while InitializingParallelWorker).
+        let settings = shm_toc_lookup(toc, PARALLEL_KEY_GUC, false).cast::<c_char>();
+        if !worker_settings::in_force(settings) {
+            worker_settings::back_to_baseline();
+            FRAG.settings = settings;
+        }
         identity::adopt_users(fps);
 
         // RestoreLibraryState is replaced by the check above: nothing gets loaded.
         // Up to 17 the settings come first, in a transaction of their own; 18 restores
         // them inside the worker's transaction, once the snapshot is there, and the
-        // pending syncs, relation map and reindex state before the combo CIDs. Settings
-        // already in force are not restored again (worker_settings.rs).
-        let settings = shm_toc_lookup(toc, PARALLEL_KEY_GUC, false).cast::<c_char>();
-        if !worker_settings::in_force(settings) {
-            FRAG.settings = settings;
-        }
+        // pending syncs, relation map and reindex state before the combo CIDs.
         #[cfg(not(feature = "pg18"))]
         if !FRAG.settings.is_null() {
             StartTransactionCommand();
