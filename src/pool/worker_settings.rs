@@ -12,7 +12,9 @@
 //!
 //! The baseline comes back before anything that reads this process's own settings: a
 //! configuration reload, loading a library a leader has, and whenever a fragment that
-//! began a restore did not end well (the state is then not known).
+//! began a restore did not end well (the state is then not known). A leader's settings
+//! that are not in force are restored from the baseline, as a fresh parallel worker
+//! restores them (worker.rs says why, for `role`).
 
 use super::ffi::*;
 use pgrx::pg_sys;
