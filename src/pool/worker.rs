@@ -27,6 +27,8 @@ struct Frag {
     /// The leader's serialized settings, when this fragment restored them (not already in
     /// force).
     settings: *mut c_char,
+    /// The leader's users, which settings kept in force are kept for.
+    users: worker_settings::Users,
     redirected: bool,
     joined: bool,
     session: bool,
@@ -47,6 +49,7 @@ const NO_FRAG: Frag = Frag {
     leader_pid: 0,
     leader_procno: -1,
     settings: std::ptr::null_mut(),
+    users: worker_settings::NO_USERS,
     redirected: false,
     joined: false,
     session: false,
@@ -322,7 +325,13 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         // and the leader's `role` then takes the cleared one (its check hook copies the
         // current role while InitializingParallelWorker).
         let settings = shm_toc_lookup(toc, PARALLEL_KEY_GUC, false).cast::<c_char>();
-        if !worker_settings::in_force(settings) {
+        FRAG.users = worker_settings::Users {
+            session_user: (*fps).session_user_id,
+            session_user_is_superuser: (*fps).session_user_is_superuser,
+            outer_user: (*fps).outer_user_id,
+            role_is_superuser: (*fps).role_is_superuser,
+        };
+        if !worker_settings::in_force(settings, FRAG.users) {
             worker_settings::back_to_baseline();
             FRAG.settings = settings;
         }
@@ -472,7 +481,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             messages::restore();
         }
         if keep {
-            worker_settings::keep(FRAG.settings);
+            worker_settings::keep(FRAG.settings, FRAG.users);
         }
         if !FRAG.seg.is_null() {
             dsm_detach(FRAG.seg);

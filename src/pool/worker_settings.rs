@@ -20,13 +20,35 @@ use super::ffi::*;
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int, c_void};
 
+/// The leader's users a restore records besides the settings: while a parallel worker
+/// initializes, the check hooks of `session_authorization` and `role` copy the session
+/// user and the current role, with their superuser flags, into what they keep for the
+/// setting (used again when a function's SET clause of either ends). Two leaders can
+/// ship the same bytes with other users behind the names (a role renamed, or made
+/// superuser, between their logins).
+#[derive(Clone, Copy, PartialEq)]
+pub(super) struct Users {
+    pub session_user: pg_sys::Oid,
+    pub session_user_is_superuser: bool,
+    pub outer_user: pg_sys::Oid,
+    pub role_is_superuser: bool,
+}
+
+/// Users of no leader, before a fragment has any.
+pub(super) const NO_USERS: Users = Users {
+    session_user: pg_sys::InvalidOid,
+    session_user_is_superuser: false,
+    outer_user: pg_sys::InvalidOid,
+    role_is_superuser: false,
+};
+
 /// What is in force, besides the settings every worker has.
 #[derive(Clone, Copy, PartialEq)]
 enum InForce {
     Baseline,
     /// A leader's settings, with a copy (in TopMemoryContext) of the serialized state
-    /// they were restored from.
-    Leader(*mut c_char),
+    /// they were restored from and the users they were restored for.
+    Leader(*mut c_char, Users),
     /// A restore began and its fragment has not yet ended well.
     Unknown,
 }
@@ -50,16 +72,19 @@ unsafe fn serialized_len(state: *const c_char) -> usize {
     std::mem::size_of::<usize>() + len
 }
 
-/// Whether the settings `state` would restore are the ones in force.
+/// Whether the settings `state` would restore for `users` are the ones in force.
 ///
 /// # Safety
 /// `state` is a leader's serialized settings.
-pub(super) unsafe fn in_force(state: *const c_char) -> bool {
+pub(super) unsafe fn in_force(state: *const c_char, users: Users) -> bool {
     // SAFETY: the caller's promise; the kept copy is a whole serialized state.
     unsafe {
-        let InForce::Leader(kept) = IN_FORCE else {
+        let InForce::Leader(kept, kept_users) = IN_FORCE else {
             return false;
         };
+        if kept_users != users {
+            return false;
+        }
         let len = serialized_len(state);
         len == serialized_len(kept) && libc::memcmp(state.cast(), kept.cast(), len) == 0
     }
@@ -78,17 +103,18 @@ pub(super) unsafe fn restore_leader(state: *mut c_char) {
     }
 }
 
-/// After a fragment that ended well and restored `state`: its settings stay in force.
+/// After a fragment that ended well and restored `state` for `users`: its settings stay
+/// in force.
 ///
 /// # Safety
 /// `state` is the fragment's serialized settings, still mapped.
-pub(super) unsafe fn keep(state: *const c_char) {
+pub(super) unsafe fn keep(state: *const c_char, users: Users) {
     // SAFETY: the caller's promise; the copy lives in TopMemoryContext until replaced.
     unsafe {
         let len = serialized_len(state);
         let copy = MemoryContextAlloc(pg_sys::TopMemoryContext, len).cast::<c_char>();
         std::ptr::copy_nonoverlapping(state, copy, len);
-        IN_FORCE = InForce::Leader(copy);
+        IN_FORCE = InForce::Leader(copy, users);
     }
 }
 
@@ -97,7 +123,7 @@ pub(super) unsafe fn keep(state: *const c_char) {
 unsafe fn forget_leader() {
     // SAFETY: the copy was allocated by `keep` and nothing else points to it.
     unsafe {
-        if let InForce::Leader(kept) = IN_FORCE {
+        if let InForce::Leader(kept, _) = IN_FORCE {
             pfree(kept.cast());
         }
         IN_FORCE = InForce::Unknown;
@@ -151,21 +177,24 @@ pub(super) unsafe fn settle() {
 pub(super) unsafe fn take_baseline() {
     // SAFETY: the caller's promise; the buffers live in TopMemoryContext until replaced.
     unsafe {
+        // The new buffers are filled before the old ones are freed: an ERROR in between
+        // leaves the old baseline whole.
         StartTransactionCommand();
         let previous = pg_sys::CurrentMemoryContext;
         pg_sys::CurrentMemoryContext = pg_sys::TopMemoryContext;
-        if !BASELINE_GUC.is_null() {
-            pfree(BASELINE_GUC.cast());
-        }
         let size = EstimateGUCStateSpace();
-        BASELINE_GUC = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
-        SerializeGUCState(size, BASELINE_GUC);
-        if !OWN_LIBRARIES.is_null() {
-            pfree(OWN_LIBRARIES.cast());
-        }
+        let settings = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
+        SerializeGUCState(size, settings);
         let size = EstimateLibraryStateSpace();
-        OWN_LIBRARIES = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
-        SerializeLibraryState(size, OWN_LIBRARIES);
+        let libraries = MemoryContextAllocZero(pg_sys::TopMemoryContext, size).cast();
+        SerializeLibraryState(size, libraries);
+        for old in [BASELINE_GUC, OWN_LIBRARIES] {
+            if !old.is_null() {
+                pfree(old.cast());
+            }
+        }
+        BASELINE_GUC = settings;
+        OWN_LIBRARIES = libraries;
         BASELINE_OPTIONS = config_option_count();
         pg_sys::CurrentMemoryContext = previous;
         CommitTransactionCommand();
