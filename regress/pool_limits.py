@@ -6,7 +6,7 @@
   database and for PostgreSQL's own parallel workers; the pool of pg_stride.database
   is started with the server, before any query; one client looping a small parallel
   query on two CPU slots gets its workers (the hint does not count the client's own
-  slot against it);
+  slot against it), four such clients get none;
 - an unchecked server release (simulated in the debug build through
   PG_STRIDE_TEST_SERVER_VERSION_NUM): Gathers run with PostgreSQL's own workers, the
   fallback is counted under its reason, and the server log has the WARNING once;
@@ -21,6 +21,7 @@ Prints one line per check, then "pool_limits: N passed, N failed".
 
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -159,6 +160,33 @@ max_parallel_workers = 8
             assert pooled >= 240, (before, after)
         checks.append(("one_client_looping_a_small_parallel_query_gets_its_workers",
                        one_client_gets_its_workers, None))
+
+        def four_clients_get_none():
+            # Four clients on the two slots: the hint's samples see more statements than
+            # slots, so no Gather gets a worker, not even at a moment between two
+            # statements when a slot is idle (the grant counted those once: about 4 % of
+            # the Gathers ran in the pool, and cost the other clients more than that).
+            script = s.script("small.sql", FORCE.replace("; ", ";\n") + "SELECT count(*) FROM t;\n")
+            bench = subprocess.Popen(
+                AS_POSTGRES + [f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(s.port), "-U",
+                               APP, "-c", "4", "-j", "4", "-T", "8", "-f", script, "postgres"],
+                env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                s.wait_until("SELECT hint < 1 FROM pg_stride.scheduler", "t", timeout=5)
+                before = counters(s)
+                commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = 'postgres'"
+                xacts = int(s.sql(commits))
+                time.sleep(4)
+                pooled = counters(s)["gathers_pooled"] - before["gathers_pooled"]
+                xacts = int(s.sql(commits)) - xacts
+            finally:
+                out, err = bench.communicate(timeout=60)
+            assert bench.returncode == 0, err
+            print(f"    4 clients: {pooled} Gathers pooled in 4 s, {xacts} transactions")
+            assert xacts > 100, out
+            assert pooled <= 5, (pooled, xacts)
+        checks.append(("four_clients_on_two_slots_run_their_gathers_without_workers",
+                       four_clients_get_none, None))
         return run(s, checks)
     finally:
         s.stop()

@@ -142,6 +142,13 @@ pub fn apply(desc: *mut pg_sys::QueryDesc, reservation: Reservation) {
     }
 }
 
+/// Whether the Gathers of a parallel plan granted `grant` may launch workers: those
+/// granted, or as planned with `parallel_mode = off`. A plan granted none runs as a
+/// serial one, its leader alone.
+pub fn may_launch_workers(grant: Grant) -> bool {
+    grant.granted > 0 || PARALLEL_MODE.get() == ParallelMode::Off
+}
+
 /// Gives back the workers a statement of group slot `group` reserved.
 pub fn return_workers(shared: &shmem::Shared, group: usize, grant: Grant) {
     if let Some(sched) = shared.sched().filter(|_| grant.granted > 0) {

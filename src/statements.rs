@@ -285,10 +285,13 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
     let registered = REGISTERED.with_borrow_mut(|list| {
         let r = list.iter_mut().find(|r| r.desc == desc)?;
         r.stage = Stage::Joined;
-        Some((r.group, r.arrival))
+        Some((r.group, r.arrival, r.workers))
     });
-    if let Some((group, arrival)) = registered {
-        cpu::start_statement(shared, desc, group, arrival);
+    if let Some((group, arrival, workers)) = registered {
+        // SAFETY: ExecutorStart's QueryDesc holds its PlannedStmt.
+        let parallel = unsafe { (*(*desc).plannedstmt).parallelModeNeeded };
+        let with_workers = parallel && parallel::may_launch_workers(workers);
+        cpu::start_statement(shared, desc, group, arrival, with_workers);
         // This backend runs statements worth scheduling: from its next one on, they
         // carry query identifiers for their prediction and the trace (see `install`).
         // Asked at every such statement, since a `compute_query_id = off` in force the

@@ -15,8 +15,8 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from stride_bench import (analysis, cli, common, hugepages, oltp, pgserver, queries, report,
-                          simgap, workload)
+from stride_bench import (analysis, cli, common, hugepages, oltp, pgserver, pool, queries,
+                          report, simgap, workload)
 
 
 def line(client, no, lat_us, script, end_s, lag_us=None):
@@ -1049,6 +1049,22 @@ class AppPoolTest(unittest.TestCase):
         st = {"classes": {"short": {"slowdown": {"mean": 1.5, "p99": 4.0}},
                           "long": {"throughput_qps": 0.5}}}
         self.assertEqual(report.app_pool_phrase(st), "short 1.50 / 4.00, long 0.500 q/s")
+
+
+class PoolClientsTest(unittest.TestCase):
+    def test_a_rounds_first_statements_are_left_out(self):
+        # Arrivals 0.0, 0.2, ..., 1.8 s, each taking 0.1 s: with 0.5 s left out, the
+        # seven from 0.6 s on count, over the 1.4 s from 0.5 s to the last end (1.9 s).
+        txns = [analysis.Txn(client=0, script=0, latency_s=0.1, end_s=100.0 + 0.2 * i + 0.1,
+                             lag_s=0.0) for i in range(10)]
+        lats, tps = pool.steady(txns, 0.5)
+        self.assertEqual(len(lats), 7)
+        self.assertAlmostEqual(tps, 7 / 1.4)
+
+    def test_a_round_shorter_than_its_warm_up_is_an_error(self):
+        txns = [analysis.Txn(client=0, script=0, latency_s=0.1, end_s=100.1, lag_s=0.0)]
+        with self.assertRaises(RuntimeError):
+            pool.steady(txns, 0.5)
 
 
 class OltpTest(unittest.TestCase):

@@ -31,21 +31,21 @@ pub fn next_hint(previous: f64, free: u32, slots: u32, alpha: f64) -> f64 {
     }
 }
 
-/// The grant rule for one Gather: the workers it planned, limited by the hint, by the
-/// slots free right now (`free_now`: not counting the asking statement, which holds
-/// none at ExecutorStart, less the one its leader takes when it scans beside its
-/// workers) and by what is left of its group's parallel-worker cap.
+/// The grant rule for one Gather: the workers it planned, limited by the hint's whole
+/// free slots, by the slots free right now (`free_now`: not counting the asking
+/// statement, which holds none at ExecutorStart, less the one its leader takes when it
+/// scans beside its workers) and by what is left of its group's parallel-worker cap.
 ///
-/// The hint's samples counted the asking client's own earlier statements as busy
-/// slots: a client that sends statements back to back holds a slot at most samples, so
-/// on a server where it is alone the hint reads one slot fewer than it has free for
-/// it. A statement is therefore granted one more than the hint's whole free slots, up
-/// to the slots free now; under load both are 0 and the grant is too.
+/// The hint counts statements, not processes (see `SchedShared::sample_hint`): its
+/// samples counted the asking client's own earlier statements, one slot each, and none
+/// of their workers. A client alone on two slots therefore reads one free, the slot
+/// beside its own, and gets a worker for it; on a server where statements outnumber
+/// the slots, the hint stays below 1 and no Gather gets a worker, even in the moments
+/// between statements when slots are free: parallel workers then only take CPU from
+/// other statements, and cost their start-up.
 pub fn grant_workers(requested: u32, hint: f64, free_now: u32, group_room: u32) -> u32 {
     let by_hint = if hint.is_finite() && hint > 0.0 {
-        (hint.floor().min(u32::MAX as f64) as u32).saturating_add(1)
-    } else if hint.is_finite() {
-        1
+        hint.floor().min(u32::MAX as f64) as u32
     } else {
         0
     };
@@ -79,7 +79,7 @@ mod tests {
     #[test]
     fn grant_is_the_minimum_of_plan_hint_free_slots_and_cap() {
         assert_eq!(grant_workers(4, 6.7, 16, 10), 4);
-        assert_eq!(grant_workers(8, 6.7, 16, 10), 7);
+        assert_eq!(grant_workers(8, 6.7, 16, 10), 6);
         assert_eq!(grant_workers(8, 6.7, 16, 2), 2);
         assert_eq!(grant_workers(8, 6.7, 3, 10), 3);
         assert_eq!(grant_workers(8, f64::NAN, 16, 10), 0);
@@ -87,11 +87,26 @@ mod tests {
 
     #[test]
     fn a_lone_client_is_not_refused_for_its_own_slot() {
-        // Two slots, one client looping a parallel query: the samples see its leader
-        // busy, so the hint hovers below 1; both slots are free when it asks.
-        assert_eq!(grant_workers(1, 0.6, 2, 10), 1);
-        assert_eq!(grant_workers(2, 0.9, 2, 10), 1);
-        assert_eq!(grant_workers(2, 1.0, 2, 10), 2);
+        // Two slots, one client looping a parallel query: the samples see its
+        // statement, one slot, and not its workers; the hint stays between 1 and 2.
+        let mut h = 2.0;
+        for busy in [true, true, false, true, true, true, false, true] {
+            h = next_hint(h, if busy { 1 } else { 2 }, 2, HINT_ALPHA);
+            assert!(grant_workers(2, h, 1, 10) == 1, "hint {h}");
+        }
+    }
+
+    #[test]
+    fn more_statements_than_slots_get_no_workers() {
+        // Four clients on two slots: every sample reads no slot free, and a Gather gets
+        // no worker even at a moment when a slot happens to be free.
+        let mut h = 2.0;
+        for _ in 0..10 {
+            h = next_hint(h, 0, 2, HINT_ALPHA);
+        }
+        assert!(h < 0.01);
+        assert_eq!(grant_workers(2, h, 1, 10), 0);
+        assert_eq!(grant_workers(2, 0.0, 2, 10), 0);
     }
 
     #[test]

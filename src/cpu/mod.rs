@@ -11,7 +11,8 @@
 //!   a statement that ends sooner — an index lookup, most of OLTP — is too short to be
 //!   worth scheduling and costs the scheduler nothing (no entry, no slot, no clock
 //!   read). One whose plan is estimated tiny does not even get yield points
-//!   (`tiny.rs`). A parallel plan joins at once, so that its workers find the entry;
+//!   (`tiny.rs`). A plan that may launch workers joins at once, so that they find the
+//!   entry;
 //! * a process takes a slot when ExecutorRun starts and gives it back when it ends, so
 //!   a cursor between FETCHes, or a session idle in a transaction, holds none;
 //! * the leaf scan nodes are wrapped with a *yield point*: every N tuples (N from the
@@ -106,22 +107,21 @@ pub fn configure_group(sched: &SchedShared, slot: usize, settings: &GroupSetting
 /// A top-level read-only statement of this backend starts running in group slot
 /// `group`: becomes (or stays, with its open cursors) a member of CPU scheduling and
 /// wraps the statement's scans with yield points. The query entry is registered at the
-/// first check-in, or now for a parallel plan. Call after ExecutorStart.
+/// first check-in, or now for a plan whose Gathers may launch workers (`with_workers`),
+/// so that they find it. Call after ExecutorStart.
 pub fn start_statement(
     shared: &shmem::Shared,
     desc: *const pg_sys::QueryDesc,
     group: usize,
     arrival: Arrival,
+    with_workers: bool,
 ) {
     let Some(sched) = shared.sched() else { return };
     let Some(procno) = pg::my_procno() else {
         return;
     };
     // SAFETY: ExecutorStart gives a valid QueryDesc with its PlannedStmt.
-    let (parallel, (query_id, plan_cost)) = unsafe {
-        let stmt = (*desc).plannedstmt;
-        ((*stmt).parallelModeNeeded, pg::query_id_and_cost(stmt))
-    };
+    let (query_id, plan_cost) = unsafe { pg::query_id_and_cost((*desc).plannedstmt) };
     let procs = 1 + shared
         .my_entry()
         .map_or(0, |e| e.workers_granted.load(Ordering::Relaxed));
@@ -139,7 +139,7 @@ pub fn start_statement(
             *member = Some(m);
         }
     });
-    if parallel && !join_query(shared, sched) {
+    if with_workers && !join_query(shared, sched) {
         return;
     }
     wrap_scans(desc);

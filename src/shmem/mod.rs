@@ -173,12 +173,17 @@ impl Shared {
     /// without a lock: a moment old at worst. For the worker grant, which asks it only
     /// for plans with a Gather.
     pub fn statements_elsewhere(&self) -> u32 {
-        let me = pg::my_procno();
+        self.statements_wanting_cpu(pg::my_procno())
+    }
+
+    /// Statements of all processes but `except` that want CPU now, as
+    /// [`Shared::statements_elsewhere`] counts them: the concurrency hint's samples.
+    pub fn statements_wanting_cpu(&self, except: Option<usize>) -> u32 {
         self.procs()
             .iter()
             .enumerate()
             .filter(|&(procno, entry)| {
-                Some(procno) != me
+                Some(procno) != except
                     && ((entry.running.load(Ordering::Relaxed) > 0 && !entry.lease.is_lent())
                         || entry.queued.load(Ordering::Relaxed) > 0)
                     && self.is_live(procno)
@@ -186,6 +191,7 @@ impl Shared {
             .count() as u32
     }
 
+    /// This process's entry, if it is a process that can run queries.
     pub fn my_entry(&self) -> Option<&ProcEntry> {
         self.procs().get(pg::my_procno()?)
     }

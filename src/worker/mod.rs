@@ -140,7 +140,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
             Duration::from_millis(hint::HINT_INTERVAL_MS),
         ) {
             if let Some(sched) = shared.sched() {
-                sched.sample_hint(hint::HINT_ALPHA);
+                sched.sample_hint(hint::HINT_ALPHA, shared.statements_wanting_cpu(None));
                 sched.sample_node_util();
             }
         }

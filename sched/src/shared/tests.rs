@@ -498,10 +498,10 @@ fn worker_grants_follow_hint_and_cap() {
         query_with(&s, 0, p);
         assert_eq!(s.acquire(ProcId(p)), RUN);
     }
-    // 2 free slots: 0.5·2 + 0.5·8 = 5, then 3.5, 2.75.
-    assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA), 5.0);
-    assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA), 3.5);
-    assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA), 2.75);
+    // Six statements, 2 free slots: 0.5·2 + 0.5·8 = 5, then 3.5, 2.75.
+    assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA, 6), 5.0);
+    assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA, 6), 3.5);
+    assert_eq!(s.sample_hint(crate::hint::HINT_ALPHA, 6), 2.75);
     assert_eq!(s.reserve_workers(GroupId(1), 4, Demand::default()), 2);
     assert_eq!(s.reserve_workers(GroupId(1), 4, Demand::default()), 2);
     assert_eq!(s.reserve_workers(GroupId(1), 4, Demand::default()), 1); // the cap: 5

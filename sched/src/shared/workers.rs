@@ -25,11 +25,19 @@ pub struct Demand {
 
 impl SchedShared {
     /// Folds the current number of free slots into the hint with weight `alpha` (the
-    /// paper's `a`, [`crate::hint::HINT_ALPHA`]). The scheduler worker calls this every
+    /// paper's `a`, [`crate::hint::HINT_ALPHA`]), `statements` being the number of
+    /// statements executing or queued now. The scheduler worker calls this every
     /// [`crate::hint::HINT_INTERVAL_MS`]; only it writes the hint.
-    pub fn sample_hint(&self, alpha: f64) -> f64 {
+    ///
+    /// A slot is free when no statement wants it: the parallel workers a statement was
+    /// granted are not counted against it, so that a client alone on the server finds
+    /// the slots beside its own statement free, however many workers its previous
+    /// statements ran with; and a server with more statements than slots reads none free,
+    /// however briefly its slots look free between two statements. The grant bounds the
+    /// workers by the slots held at that moment as well ([`Demand`]).
+    pub fn sample_hint(&self, alpha: f64, statements: u32) -> f64 {
         let slots = self.cpu_slots();
-        let free = slots.saturating_sub(self.running());
+        let free = slots.saturating_sub(statements);
         let hint = next_hint(self.hint(), free, slots, alpha);
         self.hint_bits.store(hint.to_bits(), Relaxed);
         hint
