@@ -10,7 +10,8 @@ latency counts from the hand-over, not from the pause; the receiver of a slot th
 statement ending its run hands over wakes as SCHED_BATCH, so that the statement finishes
 first, and no backend stays so; a scan sharing its CPU with a
 CPU-bound process records its run delay; a parallel scan records
-its workers (processes, planned workers, their start-up CPU outside the slots); a sort,
+its workers (processes, planned workers, their start-up CPU outside the slots), and one
+granted no worker joins at its first check-in, as a serial plan does; a sort,
 whose sorting has no yield point, shows up as CPU in slices beyond twice the target, a
 plain scan does not, nor does a Materialize's output, which has no scan below it; the
 scans of an InitPlan are yield points; a statement that fails is recorded as failed; a
@@ -331,6 +332,28 @@ def a_parallel_scan_records_its_workers(s):
 
 
 @check
+def a_parallel_plan_granted_no_worker_joins_at_its_first_check_in(s):
+    # The same one-row parallel scan: given its worker on an idle server, it joins CPU
+    # scheduling at ExecutorStart, so that the worker finds its entry, and is recorded;
+    # in a group whose max_parallel_workers is 0 it runs as a serial plan does, joining
+    # at its scans' first chunk, which it never reaches: no record.
+    settings = ("SET pg_stride.trace = on; SET max_parallel_workers_per_gather = 2; "
+                "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; "
+                "SET min_parallel_table_scan_size = 0;")
+    sql = "SELECT count(*) FROM one_row"
+    s.wait_until("SELECT hint >= cpu_slots - 0.1 FROM pg_stride.scheduler", "t")
+    results, with_worker = traced(s, sql, settings=settings)
+    assert results[0][0] == 0, results
+    results, without = traced(
+        s, sql, settings=settings + "SET pg_stride.resource_group = 'no_workers';")
+    assert results[0][0] == 0, results
+    print(f"    records: with a worker {[r['processes'] for r in with_worker]} (processes), "
+          f"granted none {len(without)}")
+    assert len(with_worker) == 1 and with_worker[0]["processes"] >= 2, with_worker
+    assert without == [], without
+
+
+@check
 def work_without_yield_points_shows_as_long_slices(s):
     settings = "SET pg_stride.trace = on; SET work_mem = '512MB';"
     _, plain = traced(s, "SELECT count(*) FROM big", settings=settings)
@@ -526,6 +549,9 @@ def setup(s):
           "ALTER ROLE regress_writer SET compute_query_id = on")
     s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 3000000) g")
     s.sql("VACUUM ANALYZE big")
+    s.sql("CREATE TABLE one_row AS SELECT 1 AS a; ALTER TABLE one_row SET (parallel_workers = 2); "
+          "GRANT SELECT ON one_row TO PUBLIC")
+    s.sql("SELECT pg_stride.create_group('no_workers', max_parallel_workers => 0)")
     s.sql("GRANT SELECT ON big TO regress_writer, regress_other")
     s.sql("CREATE FUNCTION few() RETURNS SETOF int LANGUAGE plpgsql ROWS 1 "
           "AS 'BEGIN RETURN QUERY SELECT generate_series(1, 2000000); END'")

@@ -167,7 +167,6 @@ impl Shared {
         })
     }
 
-    /// This process's entry, if it is a process that can run queries.
     /// Statements of other processes that want CPU now: admitted and executing, not
     /// lent (a lent one waits on a lock or its client), or waiting for admission. Read
     /// without a lock: a moment old at worst. For the worker grant, which asks it only
