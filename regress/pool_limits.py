@@ -189,7 +189,9 @@ max_parallel_workers = 8
             print(f"    4 clients: {pooled} Gathers pooled and {native} given native workers "
                   f"in 4 s, {xacts} transactions")
             assert xacts > 100, out
-            assert pooled + native <= 2, (pooled, native, xacts)
+            # At most one in a thousand (the rule gave 0 and 3 of about 8,000; with the
+            # old one, about 40 in a thousand in a release build, 9 of 6,925 in a debug one).
+            assert pooled + native <= max(2, xacts // 1000), (pooled, native, xacts)
         checks.append(("four_clients_on_two_slots_run_their_gathers_without_workers",
                        four_clients_get_none, None))
         return run(s, checks)

@@ -31,8 +31,11 @@ pub fn next_hint(previous: f64, free: u32, slots: u32, alpha: f64) -> f64 {
     }
 }
 
-/// The grant rule for one Gather: the workers it planned, limited by the hint rounded to
-/// whole slots, by the slots free right now (`free_now`: not counting the asking
+/// What [`grant_workers`] adds to the hint before truncating it to whole slots.
+pub const GRANT_ROUNDING: f64 = 0.25;
+
+/// The grant rule for one Gather: the workers it planned, limited by the hint in whole
+/// slots (rounded up from three quarters), by the slots free right now (`free_now`: not counting the asking
 /// statement, which holds none at ExecutorStart, less the one its leader takes when it
 /// scans beside its workers) and by what is left of its group's parallel-worker cap.
 ///
@@ -42,13 +45,15 @@ pub fn next_hint(previous: f64, free: u32, slots: u32, alpha: f64) -> f64 {
 /// beside its own, and gets a worker for it; on a server where statements outnumber
 /// the slots, the hint stays below 1 and no Gather gets a worker, even in the moments
 /// between statements when slots are free: parallel workers then only take CPU from
-/// other statements, and cost their start-up. Rounded, not truncated: the average only
-/// comes back to a whole number from below, and truncated, one sample that caught
-/// another statement would cost a client alone a worker for the 53 samples (2.6 s)
-/// the average takes to climb back.
+/// other statements, and cost their start-up. Not truncated: the average only comes
+/// back to a whole number from below, and truncated, one sample that caught another
+/// statement would cost a client alone a worker for the 53 samples (2.6 s) the average
+/// takes to climb back; it is back above three quarters after the next sample. Not
+/// rounded from one half either: under four clients on two slots, one sample that
+/// caught three of them between statements would open a 50-ms window of grants.
 pub fn grant_workers(requested: u32, hint: f64, free_now: u32, group_room: u32) -> u32 {
     let by_hint = if hint.is_finite() && hint > 0.0 {
-        hint.round().min(u32::MAX as f64) as u32
+        (hint + GRANT_ROUNDING).floor().min(u32::MAX as f64) as u32
     } else {
         0
     };
@@ -82,7 +87,8 @@ mod tests {
     #[test]
     fn grant_is_the_minimum_of_plan_hint_free_slots_and_cap() {
         assert_eq!(grant_workers(4, 6.7, 16, 10), 4);
-        assert_eq!(grant_workers(8, 6.7, 16, 10), 7);
+        assert_eq!(grant_workers(8, 6.7, 16, 10), 6);
+        assert_eq!(grant_workers(8, 6.8, 16, 10), 7);
         assert_eq!(grant_workers(8, 6.7, 16, 2), 2);
         assert_eq!(grant_workers(8, 6.7, 3, 10), 3);
         assert_eq!(grant_workers(8, f64::NAN, 16, 10), 0);
@@ -102,13 +108,15 @@ mod tests {
     #[test]
     fn one_sample_of_another_statement_costs_a_lone_client_one_grant_at_most() {
         // A client alone on two slots, always executing (long statements back to back):
-        // one sample also catches another statement; the next one gives the worker back.
+        // one sample also catches another statement, and the next one gives the worker
+        // back.
         let mut h = next_hint(1.0, 0, 2, HINT_ALPHA);
-        assert_eq!(grant_workers(2, h, 1, 10), 1, "hint {h}");
+        assert_eq!(grant_workers(2, h, 1, 10), 0, "hint {h}");
         h = next_hint(h, 1, 2, HINT_ALPHA);
         assert_eq!(grant_workers(2, h, 1, 10), 1, "hint {h}");
-        // Two in a row leave it without one until the average is back above one half.
+        // Two in a row: two samples to get it back.
         h = next_hint(next_hint(1.0, 0, 2, HINT_ALPHA), 0, 2, HINT_ALPHA);
+        h = next_hint(h, 1, 2, HINT_ALPHA);
         assert_eq!(grant_workers(2, h, 1, 10), 0, "hint {h}");
         h = next_hint(h, 1, 2, HINT_ALPHA);
         assert_eq!(grant_workers(2, h, 1, 10), 1, "hint {h}");
@@ -124,6 +132,8 @@ mod tests {
         }
         assert!(h < 0.01);
         assert_eq!(grant_workers(2, h, 1, 10), 0);
+        // One sample that caught three of them between statements opens no window.
+        assert_eq!(grant_workers(2, next_hint(h, 1, 2, HINT_ALPHA), 1, 10), 0);
         assert_eq!(grant_workers(2, 0.0, 2, 10), 0);
     }
 
