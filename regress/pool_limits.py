@@ -144,13 +144,15 @@ max_parallel_workers = 8
         checks.append(("pooled_queries_leave_worker_slots_to_other_databases_and_native_workers",
                        slots_stay_for_others, None))
 
+        # One small parallel query, looped by one client and by four.
+        small = s.script("small.sql", FORCE.replace("; ", ";\n") + "SELECT count(*) FROM t;\n")
+
         def one_client_gets_its_workers():
             concurrency.set_server(s, "pg_stride.cpu_slots", 2)
-            script = s.script("small.sql", FORCE.replace("; ", ";\n") + "SELECT count(*) FROM t;\n")
             in_database(s, "postgres", FORCE + "SELECT count(*) FROM t")
             before = counters(s)
             out = s.run(f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(s.port), "-U", APP,
-                        "-c", "1", "-t", "300", "-f", script, "postgres",
+                        "-c", "1", "-t", "300", "-f", small, "postgres",
                         capture_output=True, text=True)
             assert out.returncode == 0, out.stderr
             after = counters(s)
@@ -167,11 +169,10 @@ max_parallel_workers = 8
             # statements when a slot is idle (the grant counted those once: about 4 % of
             # the Gathers ran in the pool, and cost the other clients more than that).
             concurrency.set_server(s, "pg_stride.cpu_slots", 2)
-            script = s.script("small.sql", FORCE.replace("; ", ";\n") + "SELECT count(*) FROM t;\n")
             fallbacks = "SELECT coalesce(sum(gathers), 0) FROM pg_stride.pool_fallbacks"
             bench = subprocess.Popen(
                 AS_POSTGRES + [f"{PGBIN}/pgbench", "-n", "-h", s.dir, "-p", str(s.port), "-U",
-                               APP, "-c", "4", "-j", "4", "-T", "8", "-f", script, "postgres"],
+                               APP, "-c", "4", "-j", "4", "-T", "8", "-f", small, "postgres"],
                 env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
                 s.wait_until("SELECT hint < 1 FROM pg_stride.scheduler", "t", timeout=5)

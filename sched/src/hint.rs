@@ -35,9 +35,10 @@ pub fn next_hint(previous: f64, free: u32, slots: u32, alpha: f64) -> f64 {
 pub const GRANT_ROUNDING: f64 = 0.25;
 
 /// The grant rule for one Gather: the workers it planned, limited by the hint in whole
-/// slots (rounded up from three quarters), by the slots free right now (`free_now`: not counting the asking
-/// statement, which holds none at ExecutorStart, less the one its leader takes when it
-/// scans beside its workers) and by what is left of its group's parallel-worker cap.
+/// slots (rounded up from three quarters), by the slots free right now (`free_now`: not
+/// counting the asking statement, which holds none at ExecutorStart, less the one its
+/// leader takes when it scans beside its workers) and by what is left of its group's
+/// parallel-worker cap.
 ///
 /// The hint counts statements, not processes (see `SchedShared::sample_hint`): its
 /// samples counted the asking client's own earlier statements, one slot each, and none
