@@ -41,6 +41,7 @@ import tempfile
 import time
 
 from scheduling import ENV, PGBIN, Server, write_report
+from stride_bench import analysis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 10
@@ -53,10 +54,6 @@ SLOT_S = 1.0
 WARMUP_S = 3.0
 STOCK = ["huge_pages = try"]
 LOADED = STOCK + ["shared_preload_libraries = 'pg_stride'", "pg_stride.exempt_superuser = off"]
-# Two-sided 95 % quantiles of Student's t by degrees of freedom (the rounds' count - 1).
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
-       11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09}
-
 
 def prepare(server):
     server.restart(STOCK)
@@ -155,10 +152,8 @@ def series(servers, rounds, name, variant, workload):
 def summary(ratios):
     """Geometric mean with its 95 % confidence interval (t on the log ratios), median,
     range."""
-    logs = [math.log(r) for r in ratios]
-    mean = statistics.fmean(logs)
-    half = T95.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return (f"geometric mean {math.exp(mean):.3f} (95 % CI {math.exp(mean - half):.3f}–{math.exp(mean + half):.3f}), "
+    mean, low, high = analysis.ratio_interval(ratios)
+    return (f"geometric mean {mean:.3f} (95 % CI {low:.3f}–{high:.3f}), "
             f"median {statistics.median(ratios):.3f}, range {min(ratios):.3f}–{max(ratios):.3f}")
 
 

@@ -93,6 +93,27 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in xs) / len(xs))
 
 
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (pairs - 1); 2.0 beyond.
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+       11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09}
+
+
+def ratio_interval(ratios) -> tuple:
+    """Paired ratios (one per round, both sides measured in it): their geometric mean and
+    its 95 % confidence interval, Student's t on the log ratios, as (mean, low, high).
+    Rounds move together on a shared machine, so the ratio within a round is what is
+    compared; the interval is NaN with fewer than two ratios."""
+    logs = [math.log(r) for r in ratios]
+    if not logs:
+        return (float("nan"),) * 3
+    mean = sum(logs) / len(logs)
+    if len(logs) < 2:
+        return (math.exp(mean), float("nan"), float("nan"))
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    half = T95.get(len(logs) - 1, 2.0) * sd / math.sqrt(len(logs))
+    return (math.exp(mean), math.exp(mean - half), math.exp(mean + half))
+
+
 def isolated_latency(rounds, skip_first: int = 1) -> dict:
     """Isolated latency from single-client runs (`rounds`: one list of transactions per
     run, each on a connection of its own): median of the executions after each run's

@@ -303,7 +303,7 @@ class PoolBench:
                                                  cdir / f"{script.stem}_c{clients}_{way[:2]}_{rnd}")
                     lat[way] += lats
                     tps[way].append(rate)
-            res = {w: {**stats([x * 1000 for x in lat[w]]),
+            res = {w: {**stats([x * 1000 for x in lat[w]]), "tps_rounds": tps[w],
                        "tps_median": analysis.percentile(tps[w], 50)} for w in CLIENT_ROLES}
             out[str(clients)] = {"ms": res, "pool": self.delta(self.counters(), before)}
             log(f"  {script.stem}, {clients} client(s): median " + ", ".join(
@@ -376,6 +376,17 @@ def stats(xs: list) -> dict:
     return {"n": len(xs), **{f"p{p}": analysis.percentile(xs, p) for p in (10, 50, 90, 99)}}
 
 
+def paired_tps(way: dict, base: dict) -> str:
+    """A way's throughput against the base way's, round by round (each round runs every
+    way, in a rotating order): the ratios' geometric mean and 95 % confidence interval.
+    Blank for the base itself and for a run that kept no rounds' rates."""
+    if way is base or "tps_rounds" not in way:
+        return ""
+    mean, low, high = analysis.ratio_interval(
+        [a / b for a, b in zip(way["tps_rounds"], base["tps_rounds"])])
+    return f"{mean:.3f} [{low:.3f}–{high:.3f}]"
+
+
 def report(meta: dict) -> list:
     lines = ["# The pool against PostgreSQL's parallel workers", "",
              f"Written by `bench/run --pool` on {meta['finished']} against {meta['server']}, "
@@ -446,8 +457,9 @@ def report(meta: dict) -> list:
                   "server between rounds then; an application under steady load has no such "
                   "gaps).", "",
                   "| table | clients | way | median ms | p90 | p99 | n | tps (median of rounds) | "
-                  "no workers ÷ way (medians) | native ÷ way (medians) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "no workers ÷ way (medians) | native ÷ way (medians) | tps ÷ no workers' in "
+                  "the same round (geometric mean, 95 % CI) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         notes = []
         for table, by_clients in meta["clients"].items():
             for clients, v in by_clients.items():
@@ -458,7 +470,8 @@ def report(meta: dict) -> list:
                                  f"{st['p90']:.3f} | {st['p99']:.3f} | {st['n']} | "
                                  f"{st['tps_median']:.0f} | "
                                  f"{ms['no workers']['p50'] / st['p50']:.2f} | "
-                                 f"{ms['native']['p50'] / st['p50']:.2f} |")
+                                 f"{ms['native']['p50'] / st['p50']:.2f} | "
+                                 f"{paired_tps(st, ms['no workers'])} |")
                 pool = v["pool"]
                 notes.append(f"{table}, {clients} client(s): {pool.get('gathers_pooled', 0)} "
                              "Gathers pooled, " + (", ".join(

@@ -133,6 +133,18 @@ class StatsTest(unittest.TestCase):
         self.assertEqual(analysis.percentile([7], 95), 7)
         self.assertTrue(math.isnan(analysis.percentile([], 50)))
 
+    def test_ratio_interval(self):
+        mean, low, high = analysis.ratio_interval([0.9, 1.0, 1.1, 1.0])
+        self.assertAlmostEqual(mean, math.exp(sum(map(math.log, [0.9, 1.0, 1.1, 1.0])) / 4))
+        # t with 3 degrees of freedom (3.18) on the log ratios' standard error
+        logs = [math.log(x) for x in (0.9, 1.0, 1.1, 1.0)]
+        m = sum(logs) / 4
+        se = math.sqrt(sum((x - m) ** 2 for x in logs) / 3) / 2
+        self.assertAlmostEqual(low, math.exp(m - 3.18 * se))
+        self.assertAlmostEqual(high, math.exp(m + 3.18 * se))
+        self.assertTrue(math.isnan(analysis.ratio_interval([1.2])[1]))
+        self.assertTrue(math.isnan(analysis.ratio_interval([])[0]))
+
     def test_summarize_and_geomean(self):
         s = analysis.summarize(range(1, 101))
         self.assertEqual(s["n"], 100)
@@ -1060,6 +1072,16 @@ class PoolClientsTest(unittest.TestCase):
         lats, tps = pool.steady(txns, 0.5)
         self.assertEqual(len(lats), 7)
         self.assertAlmostEqual(tps, 7 / 1.4)
+
+    def test_ways_are_compared_round_by_round(self):
+        # Rounds whose speed moves (the machine) with the pool 10 % ahead in each: the
+        # paired ratio is 1.1 exactly, with a zero-width interval, where the medians of the
+        # rounds' rates would compare different rounds.
+        base = {"tps_rounds": [1000.0, 500.0, 2000.0]}
+        way = {"tps_rounds": [1100.0, 550.0, 2200.0]}
+        self.assertEqual(pool.paired_tps(way, base), "1.100 [1.100–1.100]")
+        self.assertEqual(pool.paired_tps(base, base), "")
+        self.assertEqual(pool.paired_tps({"p50": 1.0}, base), "")
 
     def test_a_round_shorter_than_its_warm_up_is_an_error(self):
         txns = [analysis.Txn(client=0, script=0, latency_s=0.1, end_s=100.1, lag_s=0.0)]
