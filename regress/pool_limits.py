@@ -195,6 +195,32 @@ max_parallel_workers = 8
             assert pooled + native <= max(2, xacts // 1000), (pooled, native, xacts)
         checks.append(("four_clients_on_two_slots_run_their_gathers_without_workers",
                        four_clients_get_none, None))
+
+        def lowered_size_frees_slots():
+            # Idle workers would otherwise keep their worker slots until the idle
+            # timeout (5 minutes by default), busy ones for good.
+            assert pool_workers(s) > 0, s.sql("SELECT * FROM pg_stride.pool")
+            concurrency.set_server(s, "pg_stride.pool_size", 0)
+            try:
+                s.wait_until("SELECT count(*) FROM pg_stride.pool", "0", timeout=5)
+                before = counters(s)
+                # The Gather falls back to PostgreSQL's own workers.
+                native = launched(s, "postgres", "SELECT count(*) FROM t")
+                assert counters(s)["gathers_pooled"] == before["gathers_pooled"], (before, counters(s))
+                assert native >= 1, native
+            finally:
+                concurrency.set_server(s, "pg_stride.pool_size", None)
+            # Back at its size, the pool serves again once a Gather has started it.
+            deadline = time.monotonic() + 10
+            while True:
+                mid = counters(s)["gathers_pooled"]
+                launched(s, "postgres", "SELECT count(*) FROM t")
+                if counters(s)["gathers_pooled"] > mid:
+                    break
+                assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+                time.sleep(0.2)
+        checks.append(("a_lowered_pool_size_retires_the_workers_above_it_at_once",
+                       lowered_size_frees_slots, None))
         return run(s, checks)
     finally:
         s.stop()

@@ -128,10 +128,25 @@ fn make_room(pool: &PoolShared, others: &[(u32, u32)], share: u32) {
     }
 }
 
+/// Whether the pool worker in slot `index`, of `database`, is above the caps in force
+/// (lowered by a reload since it started): it then retires, as the lowest slots of its
+/// database stay ([`PoolCaps::keeps`]).
+pub fn above_caps(pool: &PoolShared, index: usize, database: pg_sys::Oid) -> bool {
+    let database = u32::from(database);
+    let rank = pool.slots[..index]
+        .iter()
+        .filter(|slot| {
+            slot.load().1 != State::Free && slot.database.load(Ordering::Acquire) == database
+        })
+        .count();
+    !caps().keeps(rank as u32)
+}
+
 /// Starts the pool of the database this process is connected to, up to a database's
 /// share of the caps, if `parallel_mode` is `pool` for the whole server: the first
-/// Gathers there then find idle workers instead of falling back while the pool starts. Called by the groups worker, which
-/// is connected to `pg_stride.database`, at its start and after each reload.
+/// Gathers there then find idle workers instead of falling back while the pool starts.
+/// Called by the groups worker, which is connected to `pg_stride.database`, at its start
+/// and after each reload.
 pub fn prestart() {
     if let Some(pool) = super::shared::shared().filter(|_| parallel::pool_mode() && gucs::enabled())
     {

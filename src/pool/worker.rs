@@ -179,6 +179,7 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
             continue;
         }
         if slot.retire.load(Ordering::Acquire) {
+            pool.count(Counter::WorkersRetired);
             // SAFETY: exits the process; on_exit frees the slot.
             unsafe { proc_exit(0) };
         }
@@ -193,6 +194,13 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
                 worker_settings::back_to_baseline();
                 ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
                 worker_settings::take_baseline();
+                // A lowered pool_size frees the worker slots above it at once, not at
+                // the idle timeout (never, for a pool that stays busy): marked retiring,
+                // the slot is reserved by no new Gather, and the loop's top serves a
+                // ticket posted meanwhile before it exits.
+                if lifecycle::above_caps(pool, SLOT, pg_sys::MyDatabaseId) {
+                    slot.retire.store(true, Ordering::Release);
+                }
             }
             let idle_timeout = settings::idle_timeout_ms();
             if idle_timeout > 0

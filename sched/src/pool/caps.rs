@@ -60,12 +60,37 @@ impl PoolCaps {
         };
         in_db < db_cap && in_server < self.server
     }
+
+    /// Whether a running pool worker stays after the caps were lowered (a reload of
+    /// `pool_size` or `max_parallel_workers`): `rank` is the number of its database's
+    /// pool workers in lower slots. The lowest slots stay, so that the workers above a
+    /// lowered cap each see the same answer and retire, without agreeing on anything.
+    /// Sharing with other databases is left to the start of their workers (they make
+    /// room as they need it).
+    pub fn keeps(&self, rank: u32) -> bool {
+        rank < self.alone
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_lowered_pool_size_keeps_the_lowest_slots() {
+        // pool_size lowered from 4 to 1 with PostgreSQL's defaults: of a database's
+        // workers the one in the lowest slot stays, the others retire; to 0, none stays.
+        let caps = pool_caps(8, 8, 3, 1);
+        assert_eq!(
+            (0..4).map(|rank| caps.keeps(rank)).collect::<Vec<_>>(),
+            [true, false, false, false]
+        );
+        assert!(!pool_caps(8, 8, 3, 0).keeps(0));
+        // Within the caps the pool keeps whatever it started.
+        let caps = pool_caps(8, 8, 3, 10);
+        assert!((0..caps.alone).all(|rank| caps.keeps(rank)));
+    }
 
     #[test]
     fn postgresql_defaults_leave_half_for_native_workers() {
