@@ -416,6 +416,7 @@ def a_terminated_paused_backend_leaves_no_slot_behind(s):
 
 @check
 def writes_are_never_paused(s):
+    s.sql(f"INSERT INTO scratch VALUES (1); GRANT SELECT, UPDATE ON scratch TO {ROLE}")
     set_server(s, "pg_stride.cpu_slots", 1)
     try:
         readers = [s.client("holder", LONG) for _ in range(2)]
@@ -429,6 +430,13 @@ def writes_are_never_paused(s):
             # So does a cursor opened before the transaction wrote, fetched after.
             s.client("holder", f"SET application_name = 'writer'; BEGIN; DECLARE c CURSOR FOR {LONG}; "
                                "INSERT INTO scratch VALUES (0); FETCH ALL FROM c; COMMIT"),
+            # A SELECT that locks rows, and one with a data-modifying WITH, are writes
+            # from their start, though they lock or insert only after a long scan (and
+            # have no transaction id until then).
+            s.client("holder", f"SET application_name = 'writer'; SELECT s.v FROM scratch s, ({LONG}) x "
+                               "WHERE s.v = 1 FOR UPDATE OF s"),
+            s.client("holder", "SET application_name = 'writer'; WITH w AS (INSERT INTO scratch "
+                               f"{LONG.replace('count(*)', '-count(*)')} RETURNING 1) SELECT count(*) FROM w"),
         ]
         seen = set()
         while any(w.poll() is None for w in writers):
