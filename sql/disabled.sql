@@ -1,5 +1,7 @@
 -- pg_stride.enabled = off in postgresql.conf: the library is loaded, its view works,
--- and no statement is registered.
+-- no statement is registered, and plans run as PostgreSQL made them. (PostgreSQL 18
+-- prints actual row counts with two decimals: expected/disabled_1.out differs from
+-- disabled.out only there.)
 CREATE EXTENSION pg_stride;
 SHOW pg_stride.enabled;
 SELECT running, queued, enabled FROM pg_stride.scheduler;
@@ -7,3 +9,24 @@ BEGIN;
 DECLARE c CURSOR FOR SELECT 1;
 SELECT running FROM pg_stride.scheduler;
 COMMIT;
+
+-- Off means pass-through (docs/design.md §4 rule 7): a group that allows no parallel
+-- workers, and the pool's parallel mode, change nothing. The Gather is PostgreSQL's,
+-- with the workers it was planned with (EXPLAIN ANALYZE shows the plan that ran).
+-- Groups live in pg_stride.database's database.
+\c postgres
+CREATE EXTENSION pg_stride;
+SELECT pg_stride.create_group('no_workers', max_parallel_workers => 0);
+CREATE TABLE numbers AS SELECT g AS n FROM generate_series(1, 100000) g;
+ANALYZE numbers;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+SET parallel_leader_participation = off;
+SET pg_stride.resource_group = 'no_workers';
+SET pg_stride.parallel_mode = pool;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF, BUFFERS OFF) SELECT count(*) FROM numbers;
+SELECT count(*) FROM numbers;
+RESET ALL;
+DROP TABLE numbers;
