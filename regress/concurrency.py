@@ -57,11 +57,15 @@ pg_stride.bypass_monitoring = off
 """)
         super().start()
 
-    def client(self, group, sql, settings=""):
+    def client(self, group, sql, settings="", verbose=False):
         """Starts, in the background, a session of an ordinary role in `group`, after
-        the superuser-only `settings` (SQL) are made."""
+        the superuser-only `settings` (SQL) are made; `verbose` errors carry their
+        SQLSTATE."""
         script = f"SET pg_stride.resource_group = '{group}'; {settings} SET ROLE {ROLE}; {sql}"
-        return subprocess.Popen(self.psql_args(script), env=ENV, text=True,
+        args = self.psql_args(script)
+        if verbose:
+            args[args.index("-c"):args.index("-c")] = ["-v", "VERBOSITY=verbose"]
+        return subprocess.Popen(args, env=ENV, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def force_parallel_guc(self):
@@ -528,12 +532,14 @@ def timeouts_end_a_queued_wait_with_a_clear_error(s):
     # a Rust backtrace although the server's environment asks for them.
     s.sql("SELECT pg_stride.reset_stats()")
     holder = holder_running(s, 3)
-    rc, out, err = finish(s.client("pair", "SELECT 'admitted'", "SET statement_timeout = '200ms';"))
-    assert rc != 0 and "canceling statement due to statement timeout" in err, (rc, out, err)
+    rc, out, err = finish(s.client("pair", "SELECT 'admitted'", "SET statement_timeout = '200ms';",
+                                   verbose=True))
+    assert rc != 0 and "57014: canceling statement due to statement timeout" in err, (rc, out, err)
     assert no_backtrace(err), err
-    rc, out, err = finish(s.client("pair", "SELECT 'admitted'", "SET pg_stride.queue_timeout = '200ms';"))
-    assert rc != 0 and 'canceling statement after waiting 200 ms for admission in resource group "pair"' in err \
-        and "HINT:" in err, (rc, out, err)
+    rc, out, err = finish(s.client("pair", "SELECT 'admitted'", "SET pg_stride.queue_timeout = '200ms';",
+                                   verbose=True))
+    assert rc != 0 and "53000: canceling statement after waiting 200 ms for admission in resource " \
+        'group "pair"' in err and "HINT:" in err, (rc, out, err)
     assert no_backtrace(err), err
     assert s.sql("SELECT timed_out_total FROM pg_stride.groups WHERE name = 'pair'") == "1"
     assert s.group_state("pair") == "1 0", s.group_state("pair")
@@ -813,10 +819,7 @@ def a_full_queue_turns_statements_away_at_once(s):
     waiter = s.client("bounded", "SELECT 'admitted'")
     s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'bounded'", "1")
     started = time.monotonic()
-    args = s.psql_args(f"SET pg_stride.resource_group = 'bounded'; SET ROLE {ROLE}; SELECT 'admitted'")
-    args[args.index("-c"):args.index("-c")] = ["-v", "VERBOSITY=verbose"]
-    rc, out, err = finish(subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
-                                           stderr=subprocess.PIPE))
+    rc, out, err = finish(s.client("bounded", "SELECT 'admitted'", verbose=True))
     took = time.monotonic() - started
     assert rc != 0 and 'too many statements waiting for admission in resource group "bounded"' in err \
         and "53000" in err and "max_queued of group" in err, (rc, out, err)
