@@ -419,6 +419,40 @@ def a_terminated_paused_backend_leaves_no_slot_behind(s):
 
 
 @check
+def a_statement_timeout_ends_a_paused_query_at_once(s):
+    """statement_timeout fires while a query waits for the only CPU slot: the wait ends
+    then, with PostgreSQL's own error, and not once the slot comes back. The holder's
+    group outweighs the waiter's 10000 to 1, so the waiter, after a first slice, waits
+    out its timeout (docs/design.md §4 rule 3)."""
+    s.sql("SELECT pg_stride.create_group('slot_hog', weight => 10000, pinned => true); "
+          "SELECT pg_stride.create_group('slot_starved', weight => 1)")
+    s.wait_until("SELECT count(*) FROM pg_stride.groups WHERE name IN ('slot_hog', 'slot_starved')", "2")
+    set_server(s, "pg_stride.cpu_slots", 1)
+    try:
+        # Statements of the heavy group that still run when the waiter's timeout fires
+        # (40 million rows each, seconds in a debug build).
+        hog = "SELECT count(*) FROM big a, generate_series(1, 40) g WHERE a.v + g >= 0"
+        hogs = [s.client("slot_hog", hog) for _ in range(2)]
+        s.wait_until("SELECT count(*) > 0 FROM pg_stride.activity WHERE state = 'running'", "t")
+        started = time.monotonic()
+        victim = s.client("slot_starved", f"SET application_name = 'victim'; {LONG}",
+                          "SET statement_timeout = '1s';", verbose=True)
+        s.wait_until("SELECT a.state FROM pg_stride.activity a JOIN pg_stat_activity p USING (pid) "
+                     "WHERE p.application_name = 'victim'", "paused", timeout=5)
+        rc, out, err = finish(victim, timeout=120)
+        took = time.monotonic() - started
+        hogs_left = sum(h.poll() is None for h in hogs)
+        assert rc != 0 and "57014: canceling statement due to statement timeout" in err, (rc, out, err)
+        assert hogs_left > 0 and took < 3, f"failed after {took:.1f} s, {hogs_left} holders left"
+        assert all(finish(h, timeout=120)[0] == 0 for h in hogs)
+        state = s.sql("SELECT slots_in_use || ' ' || paused FROM pg_stride.scheduler")
+        assert state == "0 0", state
+    finally:
+        set_server(s, "pg_stride.cpu_slots", 0)
+        s.sql("SELECT pg_stride.drop_group('slot_hog'); SELECT pg_stride.drop_group('slot_starved')")
+
+
+@check
 def writes_are_never_paused(s):
     s.sql(f"INSERT INTO scratch VALUES (1); GRANT SELECT, UPDATE ON scratch TO {ROLE}")
     set_server(s, "pg_stride.cpu_slots", 1)
