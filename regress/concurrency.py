@@ -662,7 +662,7 @@ def advisory_lock_waiter(s, holder, group, key, settings=""):
     is admitted and waits for it, then unlocks."""
     holder.run(f"{settings}SET ROLE {ROLE}; SELECT pg_advisory_lock({key}) IS NOT NULL")
     waiter = s.client(group, f"SELECT pg_advisory_lock({key}) IS NOT NULL; SELECT pg_advisory_unlock({key})")
-    s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", "1")
+    s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'", "1")
     return waiter
 
 
@@ -1002,40 +1002,80 @@ def a_cpu_slots_reload_takes_effect(s):
     s.wait_until("SELECT cpu_slots FROM pg_stride.scheduler", "1")
 
 
-@without_database
-def an_admission_lock_cycle_resolves(s):
-    # S2 holds a lock, idle; S1, admitted under the limit of 1, waits for it; S2's next
-    # statement must get in (default queue_timeout 0: a hang otherwise).
+def lock_cycle_resolves(s, group):
+    # S2 holds a lock, idle; S1, admitted under `group`'s limit of 1, waits for it; S2's
+    # next statement must get in (default queue_timeout 0: a hang otherwise).
     s2 = Session(s)
     try:
-        s1 = advisory_lock_waiter(s, s2, "default", 3)
+        s1 = advisory_lock_waiter(s, s2, group, 3)
         assert s2.run("SELECT pg_advisory_unlock(3)", timeout=10) == ["t"]
         assert finish(s1)[0] == 0
     finally:
         s2.close()
 
 
-@without_database
-def a_parallel_query_with_one_slot_finishes(s):
-    # One CPU slot (set above): the leader and its workers take turns; slot dispatch
-    # and the watchdog run without the database.
-    rc, out, err = finish(s.client("default", "SELECT count(*) FROM big WHERE v >= 0",
+def parallel_query_with_one_slot_finishes(s, group):
+    # One CPU slot: the leader and its workers take turns through slot dispatch and the
+    # watchdog.
+    rc, out, err = finish(s.client(group, "SELECT count(*) FROM big WHERE v >= 0",
                                    "SET parallel_setup_cost = 0; SET min_parallel_table_scan_size = 0;"),
                           timeout=120)
     assert (rc, out) == (0, "1000000"), (rc, out, err)
     s.wait_until("SELECT slots_in_use FROM pg_stride.scheduler", "0")
 
 
-@without_database
-def a_terminated_backend_leaves_nothing_behind(s):
-    holder = s.client("default", "SET application_name = 'holder'; SELECT pg_sleep(60)")
+def terminated_backend_leaves_nothing(s, group):
+    holder = s.client(group, "SET application_name = 'holder'; SELECT pg_sleep(60)")
     s.wait_until("SELECT count(*) FROM pg_stride.activity s JOIN pg_stat_activity a USING (pid) "
                  "WHERE s.state = 'running' AND a.application_name = 'holder'", "1")
     s.sql("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = 'holder'")
     assert finish(holder)[0] != 0
     s.wait_until("SELECT count(*) FROM pg_stride.activity s JOIN pg_stat_activity a USING (pid) "
                  "WHERE a.application_name = 'holder'", "0")
-    admitted_within(s, 3, group="default")
+    admitted_within(s, 3, group=group)
+
+
+@without_database
+def an_admission_lock_cycle_resolves(s):
+    lock_cycle_resolves(s, "default")
+
+
+@without_database
+def a_parallel_query_with_one_slot_finishes(s):
+    # One CPU slot, set above.
+    parallel_query_with_one_slot_finishes(s, "default")
+
+
+@without_database
+def a_terminated_backend_leaves_nothing_behind(s):
+    terminated_backend_leaves_nothing(s, "default")
+
+
+@check
+def the_safety_net_runs_while_the_groups_table_is_locked(s):
+    # docs/design.md §4 rule 9 for a database that is there but locked: the groups
+    # loader, restarted while a session holds its table, waits for the lock; admission
+    # cycles, slot dispatch and reclaiming a terminated backend's entry go on.
+    locker = Session(s)
+    try:
+        locker.run("BEGIN; LOCK pg_stride.resource_groups IN ACCESS EXCLUSIVE MODE; SELECT 1")
+        s.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'pg_stride groups'")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_stride groups' "
+                     "AND wait_event_type = 'Lock'", "1", timeout=30)
+        set_server(s, "pg_stride.cpu_slots", 1)
+        try:
+            lock_cycle_resolves(s, "pair")
+            parallel_query_with_one_slot_finishes(s, "pair")
+            terminated_backend_leaves_nothing(s, "pair")
+        finally:
+            set_server(s, "pg_stride.cpu_slots", 0)
+        assert s.sql("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_stride groups' "
+                     "AND wait_event_type = 'Lock'") == "1", "the loader was not waiting throughout"
+    finally:
+        locker.run("ROLLBACK; SELECT 1")
+        locker.close()
+    s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_stride groups' "
+                 "AND wait_event_type = 'Lock'", "0")
 
 
 def setup_without_database(s):
