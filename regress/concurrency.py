@@ -915,6 +915,40 @@ def utilities_run_their_internal_queries_nested(s):
 
 
 @check
+def autovacuum_is_never_queued(s):
+    # docs/design.md §4 rule 4: while a statement holds group "default"'s only admission,
+    # with superusers scheduled, autovacuum (a superuser in group "default") analyzes a
+    # table whose expression index calls a PL/pgSQL function: a query of the worker's
+    # for each sampled row (one with a FROM, which PL/pgSQL runs through the executor),
+    # which admission must never see.
+    s.sql("CREATE TABLE av (v int) WITH (autovacuum_analyze_threshold = 1, "
+          "autovacuum_analyze_scale_factor = 0); "
+          "CREATE FUNCTION av_plus(int) RETURNS int LANGUAGE plpgsql IMMUTABLE "
+          "AS 'BEGIN RETURN (SELECT $1 + count(*)::int FROM (VALUES (1)) AS one (x)); END'; "
+          "CREATE INDEX ON av (av_plus(v)); INSERT INTO av SELECT generate_series(1, 1000)")
+    set_server(s, "pg_stride.exempt_superuser", "off")
+    set_server(s, "autovacuum_naptime", 1)
+    s.sql("SELECT pg_stride.alter_group('default', max_concurrency => 1)")
+    s.wait_until("SELECT max_concurrency FROM pg_stride.groups WHERE name = 'default'", "1")
+    # The checks' own statements run in another group.
+    light = "SET pg_stride.resource_group = 'light'; "
+    try:
+        holder = s.client("default", "SELECT pg_sleep(30)")
+        s.wait_until(light + "SELECT active FROM pg_stride.groups WHERE name = 'default'", "1")
+        s.wait_until(light + "SELECT last_autoanalyze IS NOT NULL FROM pg_stat_user_tables "
+                     "WHERE relname = 'av'", "t", timeout=20)
+        assert s.sql(light + "SELECT active FROM pg_stride.groups WHERE name = 'default'") == "1"
+        s.sql(light + "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+              "WHERE query LIKE '%pg_sleep(30)' AND pid <> pg_backend_pid()")
+        finish(holder)
+    finally:
+        s.sql(light + "SELECT pg_stride.alter_group('default', max_concurrency => 0)")
+        set_server(s, "autovacuum_naptime", None)
+        set_server(s, "pg_stride.exempt_superuser", None)
+        s.sql("DROP TABLE av; DROP FUNCTION av_plus(int)")
+
+
+@check
 def a_session_that_survives_a_cancelled_pause_is_not_shown_paused(s):
     # One slot and 1-s slices: the two queries take turns for a second each, so the
     # victim is cancelled while it is paused; its session stays connected, and must not
