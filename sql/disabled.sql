@@ -17,13 +17,7 @@ COMMIT;
 \c postgres
 CREATE EXTENSION pg_stride;
 SELECT pg_stride.create_group('no_workers', max_parallel_workers => 0);
-CREATE TABLE numbers AS SELECT g AS n FROM generate_series(1, 100000) g;
-ANALYZE numbers;
-SET parallel_setup_cost = 0;
-SET parallel_tuple_cost = 0;
-SET min_parallel_table_scan_size = 0;
-SET max_parallel_workers_per_gather = 2;
-SET parallel_leader_participation = off;
+\i sql/forced_parallel.psql
 SET pg_stride.resource_group = 'no_workers';
 SET pg_stride.parallel_mode = pool;
 EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF, BUFFERS OFF) SELECT count(*) FROM numbers;

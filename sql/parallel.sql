@@ -7,15 +7,7 @@
 \c postgres
 CREATE EXTENSION pg_stride;
 SELECT pg_stride.create_group('narrow', max_parallel_workers => 1);
-
-CREATE TABLE numbers AS SELECT g AS n FROM generate_series(1, 100000) g;
-ANALYZE numbers;
--- Make a parallel plan with two workers the planner's choice, whatever the table size.
-SET parallel_setup_cost = 0;
-SET parallel_tuple_cost = 0;
-SET min_parallel_table_scan_size = 0;
-SET max_parallel_workers_per_gather = 2;
-SET parallel_leader_participation = off;
+\i sql/forced_parallel.psql
 
 -- The planner asks for two workers.
 EXPLAIN (COSTS OFF) SELECT count(*) FROM numbers;
