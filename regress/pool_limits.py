@@ -283,6 +283,40 @@ def declined_ticket():
         "a_ticket_a_worker_declines_is_done_by_the_leader", the_leader_does_a_declined_part)
 
 
+def lowered_size_keeps_the_lowest_slots(s):
+    # Pools in two databases (pg_stride.database's, started with the server, and
+    # regress_db1's), at their shares of the server's cap; pool_size 4 -> 1 at a reload.
+    deadline = time.monotonic() + 15
+    while pool_workers(s, "regress_db1") < 3 or pool_workers(s, "postgres") < 3:
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        launched(s, "regress_db1", "SELECT count(*) FROM t")
+        time.sleep(0.2)
+    pids = "SELECT datname, string_agg(pid::text, ',') FROM pg_stride.pool GROUP BY 1 ORDER BY 1"
+    before_pids = dict(line.split("|") for line in s.sql(pids).splitlines())
+    before = counters(s)["workers_retired"]
+    concurrency.set_server(s, "pg_stride.pool_size", 1)
+    s.wait_until("SELECT count(*) FROM pg_stride.pool", "2", timeout=5)
+    after_pids = dict(line.split("|") for line in s.sql(pids).splitlines())
+    retired = counters(s)["workers_retired"] - before
+    print(f"    pools {before_pids} -> {after_pids}, {retired} retired")
+    # One worker left in each database, one that was there before (the lowest slot's:
+    # every worker above it retired, none was started again).
+    assert sorted(after_pids) == ["postgres", "regress_db1"], after_pids
+    for database, pid in after_pids.items():
+        assert pid in before_pids[database].split(","), (database, before_pids, after_pids)
+    assert retired == sum(len(p.split(",")) for p in before_pids.values()) - 2, retired
+    # The pool of one still serves its database.
+    mid = counters(s)["gathers_pooled"]
+    launched(s, "regress_db1", "SELECT count(*) FROM t")
+    assert counters(s)["gathers_pooled"] > mid
+
+
+def lowered_pool_size():
+    return one_check_on_its_server(
+        concurrency.PORT + 18, "pg_stride.pool_size = 4\n", None,
+        "a_lowered_pool_size_keeps_each_databases_lowest_slot", lowered_size_keeps_the_lowest_slots)
+
+
 DSM_SETTING = ("SELECT setting || unit || ' ' || source FROM pg_settings "
                "WHERE name = 'min_dynamic_shared_memory'")
 
@@ -319,7 +353,7 @@ def run(s, checks):
 def main():
     passed = failed = 0
     for part in (caps_and_reach, unchecked_release, declined_ticket,
-                 configured_dynamic_shared_memory):
+                 configured_dynamic_shared_memory, lowered_pool_size):
         try:
             p, f = part()
         except Exception as e:  # noqa: BLE001 - a server that did not start

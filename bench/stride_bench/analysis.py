@@ -93,9 +93,17 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in xs) / len(xs))
 
 
-# Two-sided 95 % quantiles of Student's t by degrees of freedom (pairs - 1); 2.0 beyond.
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (pairs - 1); between two
+# entries the lower one's (the wider interval), 1.96 beyond the last.
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
-       11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09}
+       11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09,
+       20: 2.09, 25: 2.06, 30: 2.04, 40: 2.02, 60: 2.00, 120: 1.98}
+
+
+def t95(df: int) -> float:
+    """Student's t two-sided 95 % quantile for `df` degrees of freedom (df >= 1)."""
+    below = [k for k in T95 if k <= df]
+    return T95[max(below)] if df <= 120 else 1.96
 
 
 def ratio_interval(ratios) -> tuple:
@@ -110,7 +118,7 @@ def ratio_interval(ratios) -> tuple:
     if len(logs) < 2:
         return (math.exp(mean), float("nan"), float("nan"))
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-    half = T95.get(len(logs) - 1, 2.0) * sd / math.sqrt(len(logs))
+    half = t95(len(logs) - 1) * sd / math.sqrt(len(logs))
     return (math.exp(mean), math.exp(mean - half), math.exp(mean + half))
 
 

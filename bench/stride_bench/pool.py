@@ -382,6 +382,7 @@ def paired_tps(way: dict, base: dict) -> str:
     Blank for the base itself and for a run that kept no rounds' rates."""
     if way is base or "tps_rounds" not in way:
         return ""
+    assert len(way["tps_rounds"]) == len(base["tps_rounds"]), (way, base)
     mean, low, high = analysis.ratio_interval(
         [a / b for a, b in zip(way["tps_rounds"], base["tps_rounds"])])
     return f"{mean:.3f} [{low:.3f}–{high:.3f}]"

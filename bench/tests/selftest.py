@@ -143,6 +143,8 @@ class StatsTest(unittest.TestCase):
         self.assertAlmostEqual(low, math.exp(m - 3.18 * se))
         self.assertAlmostEqual(high, math.exp(m + 3.18 * se))
         self.assertTrue(math.isnan(analysis.ratio_interval([1.2])[1]))
+        # between two entries of the table, the lower one's; the normal's far out
+        self.assertEqual((analysis.t95(22), analysis.t95(35), analysis.t95(500)), (2.09, 2.04, 1.96))
         self.assertTrue(math.isnan(analysis.ratio_interval([])[0]))
 
     def test_summarize_and_geomean(self):

@@ -35,14 +35,32 @@ const STATIC_WORKERS: u32 = 3;
 /// The caps in force, from the server's settings.
 pub fn caps() -> PoolCaps {
     // SAFETY: plain reads of PostgreSQL's settings.
-    let (processes, parallel) =
+    let (processes, own_parallel) =
         unsafe { (pg_sys::max_worker_processes, pg_sys::max_parallel_workers) };
+    // max_parallel_workers is a user setting: a session's SET (or a role's or a
+    // database's) must not move the caps, which every process computes alike.
+    let parallel = super::shared::shared()
+        .map(|pool| pool.server_parallel_workers.load(Ordering::Acquire) - 1)
+        .filter(|&n| n >= 0)
+        .unwrap_or(own_parallel);
     pool_caps(
         processes.max(0) as u32,
         parallel.max(0) as u32,
         STATIC_WORKERS,
         super::settings::pool_size() as u32,
     )
+}
+
+/// Records the server's `max_parallel_workers` for [`caps`]. The scheduler worker calls
+/// it at its start and after each reload: connected to no database, it reads the value
+/// of the configuration files alone.
+pub fn publish_server_settings() {
+    if let Some(pool) = super::shared::shared() {
+        // SAFETY: a plain read of PostgreSQL's setting.
+        let parallel = unsafe { pg_sys::max_parallel_workers };
+        pool.server_parallel_workers
+            .store(parallel.saturating_add(1), Ordering::Release);
+    }
 }
 
 /// Starts pool workers for `database` up to its cap (counting those starting or
@@ -129,14 +147,17 @@ fn make_room(pool: &PoolShared, others: &[(u32, u32)], share: u32) {
 }
 
 /// Whether the pool worker in slot `index`, of `database`, is above the caps in force
-/// (lowered by a reload since it started): it then retires, as the lowest slots of its
-/// database stay ([`PoolCaps::keeps`]).
+/// (lowered by a reload since it started, or started by a process that had not seen the
+/// reload yet): it then retires, as the lowest slots of its database stay
+/// ([`PoolCaps::keeps`]); those already leaving do not count.
 pub fn above_caps(pool: &PoolShared, index: usize, database: pg_sys::Oid) -> bool {
     let database = u32::from(database);
     let rank = pool.slots[..index]
         .iter()
         .filter(|slot| {
-            slot.load().1 != State::Free && slot.database.load(Ordering::Acquire) == database
+            !matches!(slot.load().1, State::Free | State::Retiring)
+                && !slot.retire.load(Ordering::Acquire)
+                && slot.database.load(Ordering::Acquire) == database
         })
         .count();
     !caps().keeps(rank as u32)

@@ -47,7 +47,7 @@ pub use worker_row::WorkerRow;
 use crate::{gucs, parallel, pg};
 use pgrx::pg_sys;
 
-pub use lifecycle::{prestart, release_database};
+pub use lifecycle::{prestart, publish_server_settings, release_database};
 pub use settings::register_settings;
 use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;
@@ -115,6 +115,7 @@ pub fn workers() -> Vec<WorkerRow> {
             let (_, state) = slot.load();
             let state = match state {
                 State::Free => return None,
+                State::Retiring => "retiring",
                 _ if slot.retire.load(Ordering::Acquire) => "retiring",
                 State::Starting | State::Connecting => "starting",
                 State::Idle | State::Reserved => "idle",

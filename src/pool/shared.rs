@@ -54,6 +54,8 @@ pub enum State {
     Running = 6,
     Cancel = 7,
     Restoring = 8,
+    /// The worker exits: leaders, which reserve idle slots only, pass it over.
+    Retiring = 9,
 }
 
 impl State {
@@ -67,6 +69,7 @@ impl State {
             6 => State::Running,
             7 => State::Cancel,
             8 => State::Restoring,
+            9 => State::Retiring,
             _ => State::Free,
         }
     }
@@ -245,6 +248,9 @@ pub struct PoolShared {
     pub other_databases: DatabaseFallbacks,
     /// The WARNING that this server cannot run the pool was logged (once per server).
     pub unavailable_warned: AtomicBool,
+    /// The server's `max_parallel_workers` plus one (0: not read yet), for the caps
+    /// (lifecycle::publish_server_settings).
+    pub server_parallel_workers: AtomicI32,
 }
 
 impl PoolShared {

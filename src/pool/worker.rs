@@ -178,10 +178,35 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
             }
             continue;
         }
-        if slot.retire.load(Ordering::Acquire) {
-            pool.count(Counter::WorkersRetired);
-            // SAFETY: exits the process; on_exit frees the slot.
-            unsafe { proc_exit(0) };
+        // A reload that came during a fragment: its latch was taken by the fragment's
+        // waits.
+        // SAFETY: ProcessConfigFile in a background worker, holding no LWLock.
+        unsafe { reload_config_if_pending() };
+        // Above the caps (lowered by a reload, or this worker started by a process that
+        // had not seen it yet): retire now, not at the idle timeout (never, for a pool
+        // that stays busy).
+        // SAFETY: process-local globals, set at the worker's start.
+        let (index, database) = unsafe { (SLOT, pg_sys::MyDatabaseId) };
+        if lifecycle::above_caps(pool, index, database) {
+            slot.retire.store(true, Ordering::Release);
+        }
+        let idle_timeout = settings::idle_timeout_ms();
+        let timed_out = idle_timeout > 0
+            // SAFETY: a process-local global.
+            && shared::now_ms().saturating_sub(unsafe { LAST_USED_MS }) >= i64::from(idle_timeout);
+        if slot.retire.load(Ordering::Acquire) || timed_out {
+            // Leaders reserve idle slots only: once the slot is retiring none can post
+            // to it. A leader that reserved it first is served first (it sets the latch
+            // when its ticket is posted).
+            if slot.cas((gen, State::Idle), (gen, State::Retiring)) {
+                pool.count(if timed_out {
+                    Counter::WorkersIdleExited
+                } else {
+                    Counter::WorkersRetired
+                });
+                // SAFETY: exits the process; on_exit frees the slot.
+                unsafe { proc_exit(0) };
+            }
         }
         // SAFETY: the latch wait of a background worker; a stray cancel while idle is
         // ignored, anything else (die, barriers, sinval catch-up) is served.
@@ -189,32 +214,29 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
             let rc = wait_latch(Some(1000), pg_sys::PG_WAIT_EXTENSION);
             pg_sys::QueryCancelPending = 0;
             check_for_interrupts();
-            if pg_sys::ConfigReloadPending != 0 {
-                pg_sys::ConfigReloadPending = 0;
-                worker_settings::back_to_baseline();
-                ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
-                worker_settings::take_baseline();
-                // A lowered pool_size frees the worker slots above it at once, not at
-                // the idle timeout (never, for a pool that stays busy): marked retiring,
-                // the slot is reserved by no new Gather, and the loop's top serves a
-                // ticket posted meanwhile before it exits.
-                if lifecycle::above_caps(pool, SLOT, pg_sys::MyDatabaseId) {
-                    slot.retire.store(true, Ordering::Release);
-                }
-            }
-            let idle_timeout = settings::idle_timeout_ms();
-            if idle_timeout > 0
-                && shared::now_ms().saturating_sub(LAST_USED_MS) >= i64::from(idle_timeout)
-            {
-                pool.count(Counter::WorkersIdleExited);
-                proc_exit(0);
-            }
             if rc & pg_sys::WL_TIMEOUT as c_int != 0 {
                 // Keeps up with the invalidation queue while idle, so that the caches
                 // stay warm instead of being reset (docs/design.md §6, Operations).
                 StartTransactionCommand();
                 CommitTransactionCommand();
             }
+        }
+    }
+}
+
+/// Reloads the configuration if a SIGHUP asked for it, around the baseline of settings
+/// that fragments restore from.
+///
+/// # Safety
+/// In the idle loop, holding no LWLock.
+unsafe fn reload_config_if_pending() {
+    // SAFETY: the caller's promise; ConfigReloadPending is set by the signal handler.
+    unsafe {
+        if pg_sys::ConfigReloadPending != 0 {
+            pg_sys::ConfigReloadPending = 0;
+            worker_settings::back_to_baseline();
+            ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+            worker_settings::take_baseline();
         }
     }
 }

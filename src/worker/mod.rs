@@ -119,6 +119,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     };
     shared.scheduler_pid.store(pg::my_pid(), Ordering::Release);
     config::apply(shared);
+    pool::publish_server_settings();
     let mut cpu_seen = Vec::new();
     let mut admission_waits = Vec::new();
     let mut stalled_before = Vec::new();
@@ -128,6 +129,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
     while BackgroundWorker::wait_latch(Some(timers.sleep())) {
         if reload_config_if_signalled() {
             config::apply(shared);
+            pool::publish_server_settings();
             timers = Timers::due_now();
         }
         if Timers::take(&mut timers.watchdog, WATCHDOG_INTERVAL) {
@@ -208,11 +210,11 @@ fn reload_groups(shared: &shmem::Shared) {
 /// applied to admission): an admitted statement that waits for its client at two
 /// consecutive rounds, where lending cannot let it go on beyond the limits
 /// ([`lendable_client_wait`]), has its admission lent out, so that a statement the
-/// client may be waiting for can be admitted. A lent statement seen running counts again if it can do
-/// so within the limits; otherwise its process takes the admission back through the
-/// queue at its next yield point or ExecutorRun. A statement waiting on a lock keeps its
-/// admission (it could not be stopped when the lock is granted), unless that is needed
-/// to break a cycle (`break_admission_cycles`).
+/// client may be waiting for can be admitted. A lent statement seen running counts
+/// again if it can do so within the limits; otherwise its process takes the admission
+/// back through the queue at its next yield point or ExecutorRun. A statement waiting
+/// on a lock keeps its admission (it could not be stopped when the lock is granted),
+/// unless that is needed to break a cycle (`break_admission_cycles`).
 /// `waited_before` carries, per entry, the statement seen waiting at the previous round.
 ///
 /// The entry's statement count is read around each look, because a backend between two
