@@ -291,6 +291,7 @@ def lowered_size_keeps_the_lowest_slots(s):
         assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
         launched(s, "regress_db1", "SELECT count(*) FROM t")
         time.sleep(0.2)
+    s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE state = 'starting' OR pid = 0", "0")
     pids = "SELECT datname, string_agg(pid::text, ',') FROM pg_stride.pool GROUP BY 1 ORDER BY 1"
     before_pids = dict(line.split("|") for line in s.sql(pids).splitlines())
     before = counters(s)["workers_retired"]

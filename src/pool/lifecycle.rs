@@ -23,7 +23,7 @@ use crate::{gucs, parallel};
 use pg_stride_sched::pool::caps::{pool_caps, PoolCaps};
 use pgrx::pg_sys;
 use std::ffi::c_char;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// A slot STARTING for longer than this was never started by the postmaster.
@@ -32,34 +32,37 @@ const START_TIMEOUT_MS: i64 = 10_000;
 /// pg_stride's own static background workers (scheduler, groups loader, tuner).
 const STATIC_WORKERS: u32 = 3;
 
-/// The caps in force, from the server's settings.
+/// The caps in force, from the server's settings as the scheduler worker last read
+/// them ([`publish_server_settings`]), or this process's own before it did.
 pub fn caps() -> PoolCaps {
+    let pool = super::shared::shared();
+    // A published value is stored plus one: 0 (zeroed shared memory) is none yet.
+    let published = |field: fn(&PoolShared) -> &AtomicI32| {
+        pool.and_then(|p| u32::try_from(field(p).load(Ordering::Acquire) - 1).ok())
+    };
     // SAFETY: plain reads of PostgreSQL's settings.
     let (processes, own_parallel) =
         unsafe { (pg_sys::max_worker_processes, pg_sys::max_parallel_workers) };
-    // max_parallel_workers is a user setting: a session's SET (or a role's or a
-    // database's) must not move the caps, which every process computes alike.
-    let parallel = super::shared::shared()
-        .map(|pool| pool.server_parallel_workers.load(Ordering::Acquire) - 1)
-        .filter(|&n| n >= 0)
-        .unwrap_or(own_parallel);
-    pool_caps(
-        processes.max(0) as u32,
-        parallel.max(0) as u32,
-        STATIC_WORKERS,
-        super::settings::pool_size() as u32,
-    )
+    let parallel = published(|p| &p.server_parallel_workers).unwrap_or(own_parallel.max(0) as u32);
+    let size = published(|p| &p.server_pool_size).unwrap_or(super::settings::pool_size() as u32);
+    pool_caps(processes.max(0) as u32, parallel, STATIC_WORKERS, size)
 }
 
-/// Records the server's `max_parallel_workers` for [`caps`]. The scheduler worker calls
-/// it at its start and after each reload: connected to no database, it reads the value
-/// of the configuration files alone.
+/// Records the server's `max_parallel_workers` and pool size for [`caps`], which every
+/// process then computes alike: `max_parallel_workers` is a user setting that a session
+/// (or a role, or a database) may set otherwise, and a backend in a long statement, or a
+/// pool worker, applies a reload of `pool_size` only later. The scheduler worker calls
+/// it at its start and after each reload: connected to no database, it reads the
+/// configuration files' values alone.
 pub fn publish_server_settings() {
     if let Some(pool) = super::shared::shared() {
         // SAFETY: a plain read of PostgreSQL's setting.
         let parallel = unsafe { pg_sys::max_parallel_workers };
         pool.server_parallel_workers
             .store(parallel.saturating_add(1), Ordering::Release);
+        let size = i32::try_from(super::settings::pool_size()).unwrap_or(i32::MAX);
+        pool.server_pool_size
+            .store(size.saturating_add(1), Ordering::Release);
     }
 }
 

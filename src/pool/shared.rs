@@ -10,6 +10,7 @@
 //! POSTED ─worker: take─▶ RUNNING     POSTED ─leader: revoke─▶ IDLE
 //! RUNNING ─leader: cancel (then SIGINT)─▶ CANCEL
 //! RUNNING|CANCEL ─worker: left the lock group─▶ RESTORING ─▶ IDLE
+//! IDLE ─worker: retires or times out─▶ RETIRING (no leader reserves it) ─▶ exits
 //! any ─worker exits (on_shmem_exit, after its locks and DSM are gone)─▶ FREE
 //! ```
 //!
@@ -248,9 +249,10 @@ pub struct PoolShared {
     pub other_databases: DatabaseFallbacks,
     /// The WARNING that this server cannot run the pool was logged (once per server).
     pub unavailable_warned: AtomicBool,
-    /// The server's `max_parallel_workers` plus one (0: not read yet), for the caps
-    /// (lifecycle::publish_server_settings).
+    /// The server's `max_parallel_workers` and pool size, each plus one (0: not read
+    /// yet), for the caps (lifecycle::publish_server_settings).
     pub server_parallel_workers: AtomicI32,
+    pub server_pool_size: AtomicI32,
 }
 
 impl PoolShared {

@@ -194,15 +194,16 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
         let timed_out = idle_timeout > 0
             // SAFETY: a process-local global.
             && shared::now_ms().saturating_sub(unsafe { LAST_USED_MS }) >= i64::from(idle_timeout);
-        if slot.retire.load(Ordering::Acquire) || timed_out {
+        let retiring = slot.retire.load(Ordering::Acquire);
+        if retiring || timed_out {
             // Leaders reserve idle slots only: once the slot is retiring none can post
             // to it. A leader that reserved it first is served first (it sets the latch
             // when its ticket is posted).
             if slot.cas((gen, State::Idle), (gen, State::Retiring)) {
-                pool.count(if timed_out {
-                    Counter::WorkersIdleExited
-                } else {
+                pool.count(if retiring {
                     Counter::WorkersRetired
+                } else {
+                    Counter::WorkersIdleExited
                 });
                 // SAFETY: exits the process; on_exit frees the slot.
                 unsafe { proc_exit(0) };
