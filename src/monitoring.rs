@@ -1,6 +1,7 @@
 //! Monitoring queries, which `pg_stride.bypass_monitoring` keeps out of admission and
 //! CPU scheduling, so that a DBA can look at a saturated server: told apart from the
-//! plan (`plan_tree::is_monitoring_query`), with the catalog lookups that needs.
+//! plan ([`bypasses_scheduling`], with `plan_tree`'s readings of it), with the catalog
+//! lookups that needs.
 //!
 //! The lookups' caches here are process-local and cleared by syscache callbacks: a
 //! change of a schema or a relation can change an answer (a table moved into or out of
@@ -27,7 +28,69 @@ pub unsafe fn bypasses_scheduling(desc: *const pg_sys::QueryDesc) -> bool {
     }
     // SAFETY: ExecutorStart's QueryDesc has its PlannedStmt; a guarded function may look
     // up the catalogs.
-    unsafe { plan_tree::is_monitoring_query((*desc).plannedstmt, own_schema, relation_schema) }
+    unsafe {
+        let stmt = (*desc).plannedstmt;
+        // A write, most of an OLTP application's statements, is told by this inlined
+        // first test, without a call.
+        plan_tree::reads_only(stmt) && reads_only_monitoring(stmt)
+    }
+}
+
+/// Whether `stmt`, a statement that only reads, is a monitoring query (docs/design.md §4
+/// rule 4): a plain SELECT without FROM that calls monitoring built-ins
+/// (`plan_tree::is_monitoring_built_in`) of constants, or one that reads at least one
+/// relation or function and only these — relations of the system catalogs (views such as
+/// `pg_stat_activity` included) or of schema `pg_stride` (its views and groups table),
+/// monitoring built-ins, functions of schema `pg_stride` — and that calls no other
+/// user-defined function anywhere in the plan.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt; inside a guarded function (catalog lookups).
+#[inline(never)]
+unsafe fn reads_only_monitoring(stmt: *const pg_sys::PlannedStmt) -> bool {
+    use plan_tree::FromItem;
+    // Objects created by initdb (the catalogs, their views and built-in functions) have
+    // OIDs below this; CREATE EXTENSION's above.
+    let built_in = |oid: pg_sys::Oid| u32::from(oid) < pg_sys::FirstNormalObjectId;
+    // Asked only when a relation or function is not a built-in one.
+    let in_own_schema =
+        |namespace: pg_sys::Oid| namespace != pg_sys::InvalidOid && namespace == own_schema();
+    let mut reads = false;
+    // SAFETY: the caller's promises; lsyscache lookups return InvalidOid or NULL for what
+    // is missing.
+    unsafe {
+        for item in plan_tree::from_items(stmt) {
+            match item {
+                FromItem::Relation(relid) => {
+                    if !built_in(relid) && !in_own_schema(relation_schema(relid)) {
+                        return false;
+                    }
+                    reads = true;
+                }
+                FromItem::Functions => reads = true,
+                FromItem::Excluded => return false,
+            }
+        }
+        if !reads {
+            // No relation and no function in FROM: a monitoring call such as
+            // `SELECT pg_is_in_recovery()` or `SELECT pg_current_wal_lsn()`.
+            return plan_tree::calls_only_monitoring_functions((*stmt).planTree);
+        }
+        let Some(functions) = plan_tree::from_functions(stmt) else {
+            return false;
+        };
+        // Functions of pg_stride's schema may be called in the plan too; any other
+        // user-defined function may not.
+        let mut own_functions = Vec::new();
+        for f in functions {
+            if in_own_schema(pg_sys::get_func_namespace(f)) {
+                own_functions.push(f);
+            } else if !plan_tree::is_monitoring_built_in(f) {
+                return false;
+            }
+        }
+        plan_tree::calls_no_function_but(stmt, &own_functions)
+    }
 }
 
 /// The OID of schema `pg_stride` in this database (InvalidOid without the extension),

@@ -259,7 +259,10 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         }
         // Parallel workers leave before the leader's ExecutorEnd; after an error they
         // may not have yet, and the scheduler worker frees the entry once they have.
-        let freed = shared.with_admission(|_, _| sched.unregister_query(query));
+        let freed = {
+            let _lock = shared.registration_lock();
+            sched.unregister_query(query)
+        };
         match (freed, snapshot) {
             (Ok(()), Some(s)) => shared.groups.add_cpu(s.group.0 as usize, s.cpu_ns),
             (Ok(()), None) => {}
@@ -276,9 +279,10 @@ pub fn reclaim(shared: &shmem::Shared) {
     let Some(sched) = shared.sched() else { return };
     shared.free_orphans(|query| {
         let snapshot = sched.query_snapshot(query);
-        let freed = shared
-            .with_admission(|_, _| sched.unregister_query(query))
-            .is_ok();
+        let freed = {
+            let _lock = shared.registration_lock();
+            sched.unregister_query(query).is_ok()
+        };
         if let (true, Some(s)) = (freed, snapshot) {
             shared.groups.add_cpu(s.group.0 as usize, s.cpu_ns);
         }

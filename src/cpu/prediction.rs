@@ -54,7 +54,7 @@ pub(super) fn record(
     let cpu_us = snapshot.cpu_ns as f64 / 1000.0;
     let short_us = sched.short_threshold_us(snapshot.group.0 as usize);
     let now = pg::now_timestamp().max(0) as u64;
-    shared.histories.write(|table| {
-        table.record(query_id, plan_cost, cpu_us, now, prediction, short_us)
-    });
+    shared
+        .histories
+        .record(query_id, plan_cost, cpu_us, now, prediction, short_us);
 }

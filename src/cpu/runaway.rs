@@ -96,9 +96,11 @@ pub(super) fn move_if_a_rule_says_so(shared: &shmem::Shared, sched: &SchedShared
         let query = m.query.filter(|_| sched.is_running(m.proc))?;
         let pinned = shared.groups.settings_of(slot).filter(|s| s.pinned);
         let pinned_priority = pinned.map(|s| priority_range(&s).p0);
-        shared
-            .with_admission(|_, _| sched.move_query(query, GroupId(slot as u32), pinned_priority))
-            .ok()?;
+        {
+            let _lock = shared.registration_lock();
+            sched.move_query(query, GroupId(slot as u32), pinned_priority)
+        }
+        .ok()?;
         m.group = slot;
         m.pinned_priority = pinned_priority;
         Some(())

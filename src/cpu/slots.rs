@@ -52,20 +52,24 @@ pub(super) fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
         m.prediction = predicted.map(|(p, _)| p);
         // The home is chosen under the registration lock, so that statements registering
         // at once see each other's homes (`numa = bind`).
-        let registered = shared.with_admission(|_, _| {
+        let registered = {
+            let _lock = shared.registration_lock();
             let options = QueryOptions {
                 pinned_priority,
                 home: sched.choose_home(),
                 start: predicted.and_then(|(_, start)| start),
             };
             sched.register_query(group, options)
-        });
+        };
         let Ok(query) = registered else {
             *member = None;
             return false;
         };
         if sched.join(m.proc, query).is_err() {
-            let _ = shared.with_admission(|_, _| sched.unregister_query(query));
+            {
+                let _lock = shared.registration_lock();
+                let _ = sched.unregister_query(query);
+            }
             *member = None;
             return false;
         }

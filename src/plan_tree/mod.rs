@@ -8,5 +8,8 @@ mod monitoring;
 mod walk;
 
 pub use memory::need_kb as memory_need_kb;
-pub use monitoring::{is_monitoring_query, reads_only};
+pub use monitoring::{
+    calls_no_function_but, calls_only_monitoring_functions, from_functions, from_items,
+    is_monitoring_built_in, reads_only, FromItem,
+};
 pub use walk::{for_each_plan, list_ptrs, stride_gather_inner, STRIDE_GATHER, STRIDE_GATHER_MERGE};

@@ -1,5 +1,6 @@
-//! Which statements are monitoring queries, never queued nor paused (docs/design.md §4
-//! rule 4).
+//! What a plan reads and calls, as the monitoring check needs it (`src/monitoring.rs`
+//! composes the rule, docs/design.md §4 rule 4, with its catalog lookups), and whether a
+//! statement only reads (rule 2).
 
 use super::walk::{for_each_plan, list_ptrs};
 use pgrx::pg_sys;
@@ -20,102 +21,90 @@ pub unsafe fn reads_only(stmt: *const pg_sys::PlannedStmt) -> bool {
     }
 }
 
-/// Whether `stmt` is a monitoring query, which pg_stride never queues nor pauses
-/// (docs/design.md §4 rule 4): a plain SELECT without FROM that calls monitoring
-/// built-ins ([`is_monitoring_built_in`]) of constants, or one that reads at least one
-/// relation or function and only these — relations of the system catalogs (views such
-/// as `pg_stat_activity` included) or of schema `own_schema` (pg_stride's views and
-/// groups table), monitoring built-ins, functions of `own_schema` — and that calls no
-/// other user-defined function anywhere in the plan (the planner records a dependency on
-/// each one it calls, `PlannedStmt.invalItems`). `own_schema` gives pg_stride's schema
-/// and is asked whenever a relation or function is not a built-in one, so it should be
-/// cheap (`src/monitoring.rs` keeps it); `relation_schema` gives a relation's schema
-/// (InvalidOid for one that is gone).
-///
-/// # Safety
-/// `stmt` is a valid PlannedStmt. Catalog lookups may raise an ERROR: call it inside a
-/// guarded function.
-#[inline]
-pub unsafe fn is_monitoring_query(
-    stmt: *const pg_sys::PlannedStmt,
-    own_schema: impl Fn() -> pg_sys::Oid,
-    relation_schema: impl Fn(pg_sys::Oid) -> pg_sys::Oid,
-) -> bool {
-    // Split so that a write, most of an OLTP application's statements, is told by the
-    // caller's inlined first test, without a call.
-    // SAFETY: the caller's promise.
-    unsafe { reads_only(stmt) && reads_only_monitoring(stmt, own_schema, relation_schema) }
+/// One entry of a read-only statement's range table, as the monitoring check sees it
+/// (`src/monitoring.rs`).
+pub enum FromItem {
+    /// A relation (a table, a view, a catalog), by OID.
+    Relation(pg_sys::Oid),
+    /// Functions in FROM; they are in the plan's Function Scans ([`from_functions`]).
+    Functions,
+    /// A table function or a named tuplestore: never part of a monitoring query.
+    Excluded,
 }
 
-/// [`is_monitoring_query`] for a statement that [`reads_only`].
+/// The entries of `stmt`'s range table that the monitoring check looks at, in order;
+/// the other kinds (joins, subqueries, values, CTEs, …) are left out, since their
+/// relations and functions have entries of their own.
 ///
 /// # Safety
-/// As [`is_monitoring_query`].
-#[inline(never)]
-unsafe fn reads_only_monitoring(
-    stmt: *const pg_sys::PlannedStmt,
-    own_schema: impl Fn() -> pg_sys::Oid,
-    relation_schema: impl Fn(pg_sys::Oid) -> pg_sys::Oid,
-) -> bool {
+/// `stmt` is a valid PlannedStmt, which outlives the iterator.
+pub unsafe fn from_items(stmt: *const pg_sys::PlannedStmt) -> impl Iterator<Item = FromItem> {
     use pg_sys::RTEKind::*;
-    // Objects created by initdb (the catalogs, their views and built-in functions) have
-    // OIDs below this; CREATE EXTENSION's above.
-    let built_in = |oid: pg_sys::Oid| u32::from(oid) < pg_sys::FirstNormalObjectId;
-    // SAFETY: the caller's promise; a PlannedStmt's rtable is a List of RangeTblEntry,
-    // an RTE_FUNCTION's functions a List of RangeTblFunction, invalItems a List of
-    // PlanInvalItem; lsyscache lookups return InvalidOid or NULL for what is missing.
+    // SAFETY: the caller's promise; a PlannedStmt's rtable is a List of RangeTblEntry.
     unsafe {
-        // Asked only when a relation or function is not a built-in one (the caller
-        // keeps the answer between statements).
-        let in_own_schema =
-            |namespace: pg_sys::Oid| namespace != pg_sys::InvalidOid && namespace == own_schema();
-        let mut reads = false;
-        let mut own_functions: Vec<pg_sys::Oid> = Vec::new();
-        for rte in list_ptrs::<pg_sys::RangeTblEntry>((*stmt).rtable) {
+        list_ptrs::<pg_sys::RangeTblEntry>((*stmt).rtable).filter_map(|rte| {
             match (*rte).rtekind {
-                RTE_RELATION => {
-                    let relid = (*rte).relid;
-                    if !built_in(relid) && !in_own_schema(relation_schema(relid)) {
-                        return false;
-                    }
-                    reads = true;
-                }
+                RTE_RELATION => Some(FromItem::Relation((*rte).relid)),
                 // Its functions are in its Function Scan (the flat rtable drops them).
-                RTE_FUNCTION => reads = true,
-                RTE_TABLEFUNC | RTE_NAMEDTUPLESTORE => return false,
-                _ => {}
+                RTE_FUNCTION => Some(FromItem::Functions),
+                RTE_TABLEFUNC | RTE_NAMEDTUPLESTORE => Some(FromItem::Excluded),
+                _ => None,
             }
-        }
-        if !reads {
-            // No relation and no function in FROM: a monitoring call such as
-            // `SELECT pg_is_in_recovery()` or `SELECT pg_current_wal_lsn()`.
-            return calls_only_monitoring_functions((*stmt).planTree);
-        }
-        let mut scans_allowed = true;
+        })
+    }
+}
+
+/// The functions that `stmt`'s Function Scans call, or `None` if one of them calls
+/// something other than a plain function (a ROWS FROM of an expression) or the plan has
+/// a Table Function Scan.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+pub unsafe fn from_functions(stmt: *const pg_sys::PlannedStmt) -> Option<Vec<pg_sys::Oid>> {
+    let mut functions = Vec::new();
+    let mut plain = true;
+    // SAFETY: the caller's promise; a Function Scan's functions are a List of
+    // RangeTblFunction, whose funcexpr is an expression node.
+    unsafe {
         for_each_plan(stmt.cast_mut(), &mut |plan| {
             let plan = *plan;
-            if plan.is_null() || !scans_allowed {
+            if plan.is_null() || !plain {
                 return;
             }
             match (*plan).type_ {
                 pg_sys::NodeTag::T_FunctionScan => {
                     let scan = plan.cast::<pg_sys::FunctionScan>();
                     for f in list_ptrs::<pg_sys::RangeTblFunction>((*scan).functions) {
-                        match monitoring_function((*f).funcexpr, &in_own_schema) {
-                            Some(Some(own)) => own_functions.push(own),
-                            Some(None) => {}
-                            None => scans_allowed = false,
+                        let expr = (*f).funcexpr;
+                        if expr.is_null() || (*expr).type_ != pg_sys::NodeTag::T_FuncExpr {
+                            plain = false;
+                        } else {
+                            functions.push((*expr.cast::<pg_sys::FuncExpr>()).funcid);
                         }
                     }
                 }
-                pg_sys::NodeTag::T_TableFuncScan => scans_allowed = false,
+                pg_sys::NodeTag::T_TableFuncScan => plain = false,
                 _ => {}
             }
         });
-        if !scans_allowed {
-            return false;
-        }
-        let allowed: Vec<u32> = own_functions
+    }
+    plain.then_some(functions)
+}
+
+/// Whether every function `stmt` calls anywhere in its plan is one of `allowed`, or a
+/// built-in one: the planner records a dependency on each user-defined function it
+/// calls (`PlannedStmt.invalItems`).
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+pub unsafe fn calls_no_function_but(
+    stmt: *const pg_sys::PlannedStmt,
+    allowed: &[pg_sys::Oid],
+) -> bool {
+    // SAFETY: the caller's promise; invalItems is a List of PlanInvalItem, whose hash
+    // values are the syscache's for the function's OID.
+    unsafe {
+        let allowed: Vec<u32> = allowed
             .iter()
             .map(|&f| {
                 pg_sys::GetSysCacheHashValue(
@@ -134,37 +123,12 @@ unsafe fn reads_only_monitoring(
     }
 }
 
-/// Whether `funcexpr`, a function in FROM, may be read by a monitoring query: one whose
-/// schema is pg_stride's (`in_own_schema`; `Some(Some(oid))`: its calls are allowed in the plan's
-/// dependencies), or a monitoring built-in (`Some(None)`, [`is_monitoring_built_in`]);
-/// `None` otherwise.
-///
-/// # Safety
-/// `funcexpr` is null or a valid expression node; inside a guarded function.
-unsafe fn monitoring_function(
-    funcexpr: *mut pg_sys::Node,
-    in_own_schema: &dyn Fn(pg_sys::Oid) -> bool,
-) -> Option<Option<pg_sys::Oid>> {
-    // SAFETY: the caller's promise; lsyscache lookups return InvalidOid for what is
-    // missing.
-    unsafe {
-        if funcexpr.is_null() || (*funcexpr).type_ != pg_sys::NodeTag::T_FuncExpr {
-            return None;
-        }
-        let funcid = (*funcexpr.cast::<pg_sys::FuncExpr>()).funcid;
-        if in_own_schema(pg_sys::get_func_namespace(funcid)) {
-            return Some(Some(funcid));
-        }
-        is_monitoring_built_in(funcid).then_some(None)
-    }
-}
-
 /// Whether `plan` is a Result that calls monitoring built-ins
 /// ([`is_monitoring_built_in`]) of constants and parameters, and computes nothing else.
 ///
 /// # Safety
 /// `plan` is a valid Plan; inside a guarded function (catalog lookups).
-unsafe fn calls_only_monitoring_functions(plan: *const pg_sys::Plan) -> bool {
+pub unsafe fn calls_only_monitoring_functions(plan: *const pg_sys::Plan) -> bool {
     // SAFETY: the caller's promise; a Result's targetlist is a List of TargetEntry.
     unsafe {
         if plan.is_null()
@@ -223,7 +187,7 @@ const MONITORING_BUILT_INS: [&[u8]; 1] = [b"version"];
 ///
 /// # Safety
 /// Inside a guarded function (a catalog lookup).
-unsafe fn is_monitoring_built_in(funcid: pg_sys::Oid) -> bool {
+pub unsafe fn is_monitoring_built_in(funcid: pg_sys::Oid) -> bool {
     if u32::from(funcid) >= pg_sys::FirstNormalObjectId {
         return false;
     }

@@ -50,17 +50,22 @@ impl Histories {
         self.read(|table| table.predict(key, cost))
     }
 
-    /// `f` over the table to record into, under the exclusive lock; `f` must not raise
-    /// an error (see [`Histories::read`]).
-    pub fn write<R>(&self, f: impl FnOnce(&mut Table<'_>) -> R) -> R {
+    /// Records an execution of fingerprint `key` under the exclusive lock
+    /// (`Table::record` says what the arguments are).
+    pub fn record(
+        &self,
+        key: u64,
+        cost: f64,
+        cpu_us: f64,
+        now: u64,
+        prediction: Option<Prediction>,
+        short_us: f64,
+    ) {
         let _guard = ShmemLock::exclusive(LockId::Histories);
         // SAFETY: the exclusive lock makes this process the only one touching the table.
         let parts = unsafe { &mut *self.parts.get() };
-        f(&mut Table::new(
-            &mut parts.slots,
-            &mut parts.model,
-            &mut parts.quality,
-        ))
+        Table::new(&mut parts.slots, &mut parts.model, &mut parts.quality)
+            .record(key, cost, cpu_us, now, prediction, short_us);
     }
 
     /// Zeroes the quality counts (`pg_stride.reset_stats()`); the histories and the cost

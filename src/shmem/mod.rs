@@ -135,6 +135,14 @@ impl Shared {
         }
     }
 
+    /// Holds the admission lock exclusively for as long as the guard lives, around a
+    /// change of the CPU scheduler's query table (register, move, unregister), which
+    /// that lock serialises with admission. Nothing that can raise an error runs while
+    /// it is held.
+    pub fn registration_lock(&self) -> ShmemLock {
+        ShmemLock::exclusive(LockId::Admission)
+    }
+
     /// Every per-process entry.
     pub fn procs(&self) -> &[ProcEntry] {
         // SAFETY: the region was sized by `Shared::size(self.nprocs)` and the entries
