@@ -52,7 +52,7 @@ unsafe fn reads_only_monitoring(stmt: *const pg_sys::PlannedStmt) -> bool {
     // Objects created by initdb (the catalogs, their views and built-in functions) have
     // OIDs below this; CREATE EXTENSION's above.
     let built_in = |oid: pg_sys::Oid| u32::from(oid) < pg_sys::FirstNormalObjectId;
-    // Asked only when a relation or function is not a built-in one.
+    // Asked for a relation that is not a built-in one, and for every function in FROM.
     let in_own_schema =
         |namespace: pg_sys::Oid| namespace != pg_sys::InvalidOid && namespace == own_schema();
     let mut reads = false;

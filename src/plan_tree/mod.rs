@@ -1,7 +1,8 @@
 //! Reading and changing a finished plan (a PlannedStmt), with no pg_stride state (layer 1
 //! of docs/design.md §7): the Gathers whose worker counts the concurrency hint lowers
-//! and that the pool replaces by a Stride Gather, whether a statement is a monitoring
-//! query, and the working memory its nodes may keep.
+//! and that the pool replaces by a Stride Gather, whether a statement only reads, what a
+//! plan reads and calls for the monitoring check (`src/monitoring.rs` composes that
+//! rule), and the working memory its nodes may keep.
 
 mod memory;
 mod monitoring;

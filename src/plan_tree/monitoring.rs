@@ -33,11 +33,12 @@ pub enum FromItem {
 }
 
 /// The entries of `stmt`'s range table that the monitoring check looks at, in order;
-/// the other kinds (joins, subqueries, values, CTEs, …) are left out, since their
-/// relations and functions have entries of their own.
+/// the other kinds (joins, subqueries, values, CTEs, …) are left out: the relations
+/// below them have entries of their own, and the user-defined functions they call are
+/// in the plan's dependencies ([`calls_no_function_but`]).
 ///
 /// # Safety
-/// `stmt` is a valid PlannedStmt, which outlives the iterator.
+/// `stmt` and its range table stay valid and unchanged while the iterator is used.
 pub unsafe fn from_items(stmt: *const pg_sys::PlannedStmt) -> impl Iterator<Item = FromItem> {
     use pg_sys::RTEKind::*;
     // SAFETY: the caller's promise; a PlannedStmt's rtable is a List of RangeTblEntry.
@@ -54,9 +55,9 @@ pub unsafe fn from_items(stmt: *const pg_sys::PlannedStmt) -> impl Iterator<Item
     }
 }
 
-/// The functions that `stmt`'s Function Scans call, or `None` if one of them calls
-/// something other than a plain function (a ROWS FROM of an expression) or the plan has
-/// a Table Function Scan.
+/// The functions that `stmt`'s Function Scans call, or `None` if one of them scans
+/// anything other than a plain function call (a `FuncExpr`: not a constant the planner
+/// folded it to, say) or the plan has a Table Function Scan.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt.

@@ -24,7 +24,8 @@
 //!   it a slot or a CPU, its parallel workers, the scheduler worker asking to cancel or
 //!   move its statement — and read, and cleared where it acted, by the process;
 //! * the admission queue and the per-process `Waiter`s: under [`LockId::Admission`],
-//!   exclusive ([`Shared::with_admission`]); the admission counts (`Counts`) beside them
+//!   exclusive ([`Shared::with_admission`]), and so are the CPU scheduler's query
+//!   registrations ([`Shared::registration_lock`]); the admission counts (`Counts`) beside them
 //!   are atomics, for the lock-free fast path;
 //! * the group directory: under [`LockId::Directory`], exclusive for the groups loader
 //!   and a transaction that changed the groups table, shared for readers; the decay
@@ -97,9 +98,9 @@ pub struct Shared {
     /// the server started.
     pub yield_requests: AtomicU64,
     /// CPU swaps of a holder with a holder of a higher priority kept off its CPU
-    /// (`cpu::pinning::serve_stalled`), since the server started; of those, swaps with
-    /// one that was not stalled but ran too little of its last slice
-    /// (`cpu::slice_share`).
+    /// (`serve_stalled`, src/cpu/pinning.rs), since the server started; of those, swaps
+    /// with one that was not stalled but ran too little of its last slice
+    /// (src/cpu/slice_share.rs).
     pub cpu_swaps: AtomicU64,
     pub cpu_share_swaps: AtomicU64,
 }
@@ -136,9 +137,11 @@ impl Shared {
     }
 
     /// Holds the admission lock exclusively for as long as the guard lives, around a
-    /// change of the CPU scheduler's query table (register, move, unregister), which
-    /// that lock serialises with admission. Nothing that can raise an error runs while
-    /// it is held.
+    /// change of the CPU scheduler's query table (register, move, unregister): that lock
+    /// serialises registrations with one another (a new query's NUMA home), with group
+    /// configuration and with admission. Callers run nothing that can raise an ERROR
+    /// while they hold it.
+    #[must_use = "the lock is released when the guard is dropped"]
     pub fn registration_lock(&self) -> ShmemLock {
         ShmemLock::exclusive(LockId::Admission)
     }
