@@ -2,7 +2,7 @@
 //! of a query (`Member`: slice clock, what it measured for the trace), the tuple
 //! countdown a yield point reads, and its request flag to end a slice early.
 
-use super::slice_share;
+use super::placement;
 use super::trace::{self, Arrival};
 use crate::backend_local::BackendLocal;
 use crate::os::{self, thread_cpu_ns};
@@ -156,7 +156,7 @@ impl Member {
     pub(super) fn restart_charging(&mut self) {
         let now = thread_cpu_ns();
         (self.chunk_start_ns, self.slice_start_ns) = (now, now);
-        slice_share::new_slot();
+        placement::new_slot();
     }
 }
 

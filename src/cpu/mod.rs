@@ -31,8 +31,9 @@
 //!
 //! Files: `slots.rs` the slot protocol (run, check-in, pause); `yield_points.rs` the
 //! wrapped scans; `member.rs` the process-local state; `placement.rs` where the kernel
-//! runs a process that gets or gives up a slot (`pinning.rs`: slots pinned to CPUs;
-//! `slice_share.rs`: how much of its slice a pinned holder ran); `trace.rs` the trace;
+//! runs a process that gets or gives up a slot, the slot protocol's one way there (its
+//! own submodules `pinning.rs`: slots pinned to CPUs, and `slice_share.rs`:
+//! how much of its slice a pinned holder ran); `trace.rs` the trace;
 //! `watchdog.rs` the scheduler worker's round over slot holders; `priority.rs` a
 //! group's priority range; `prediction.rs` the CPU a statement is predicted to use when
 //! it joins, which sets where its priority starts, and what it used, recorded when it
@@ -40,13 +41,11 @@
 //! statements and workers and ends them.
 
 mod member;
-mod pinning;
 mod placement;
 mod prediction;
 mod priority;
 mod runaway;
 mod settings;
-mod slice_share;
 mod slots;
 mod tiny;
 mod trace;
@@ -54,7 +53,6 @@ mod watchdog;
 mod yield_points;
 
 use member::{Member, MEMBER, WORKER_CPU_BASE};
-use placement::{hand_over, run_as_other};
 use priority::priority_range;
 use slots::{join_query, transaction_wrote};
 use yield_points::wrap_scans;
@@ -206,9 +204,7 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     let snapshot = sched.query_snapshot(query);
     m.left_slot();
     m.count_runqueue();
-    hand_over(Some(m.proc), sched.leave(m.proc), true);
-    run_as_other(shared);
-    pinning::leave(shared, m.proc);
+    placement::statement_left(shared, m.proc, sched.leave(m.proc));
     if let Some(leader) = m.leader {
         // A worker's CPU since its previous statement for a leader is this one's: for a
         // parallel worker of PostgreSQL's the whole process (the fork, attaching and

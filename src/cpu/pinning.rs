@@ -39,7 +39,7 @@ static MAY_LEAVE_IDLE: BackendLocal<Cell<Option<bool>>> = BackendLocal::new(Cell
 
 /// Whether slot holders are pinned: on, and the slots are not split by node.
 pub fn enabled(sched: &SchedShared) -> bool {
-    super::settings::pin_slots() && sched.node_count() == 1
+    crate::cpu::settings::pin_slots() && sched.node_count() == 1
 }
 
 /// This process holds a slot it took itself (or kept at a slice end): make sure it owns
@@ -119,7 +119,7 @@ pub fn pass(shared: &shmem::Shared, from: Option<ProcId>, to: Option<ProcId>) {
 /// CPU its giver leaves, only until it runs, keeps one holder per CPU across hand-offs as
 /// `pass` does, without binding any process to a CPU for longer than its wake-up.
 pub fn places_receivers(sched: &SchedShared) -> bool {
-    !super::settings::pin_slots() && sched.node_count() == 1
+    !crate::cpu::settings::pin_slots() && sched.node_count() == 1
 }
 
 /// This process handed its slot to `to` and leaves its CPU (`places_receivers`): pins

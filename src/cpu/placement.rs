@@ -1,8 +1,19 @@
 //! Where the kernel runs a process that gets or gives up a slot: the hand-over (the
 //! receiver woken on the giver's CPU, or as `SCHED_BATCH` until the giver sleeps), the
-//! pinning of slots to CPUs (`pinning.rs`) and the NUMA node of the slot.
+//! pinning of slots to CPUs (`pinning.rs`), the share of its slices a pinned holder ran
+//! (`slice_share.rs`) and the NUMA node of the slot. The slot protocol (`slots.rs`), the
+//! statement's end (`mod.rs`), the process-local state (`member.rs`) and the watchdog
+//! reach all of them through the functions here, one per event of a slot's life;
+//! `pinning` and `slice_share` are this module's own. (A statement's end also undoes a
+//! `numa = bind` binding directly, `numa::unbind`, whether or not it ever held a slot.)
 
-use super::pinning;
+#[path = "pinning.rs"]
+mod pinning;
+#[path = "slice_share.rs"]
+mod slice_share;
+
+pub(super) use slice_share::Ran;
+
 use crate::os;
 use crate::pg;
 use crate::{numa, shmem};
@@ -82,7 +93,7 @@ fn undo_batch(entry: &shmem::ProcEntry, to: ProcId) {
 }
 
 /// This process runs again: undo a `SCHED_BATCH` that a hand-over gave it.
-pub(super) fn run_as_other(shared: &shmem::Shared) {
+fn run_as_other(shared: &shmem::Shared) {
     if let Some(entry) = shared.my_entry() {
         if entry.inbox.woken_as_batch.load(Ordering::Acquire) == 1
             && entry.inbox.woken_as_batch.swap(0, Ordering::AcqRel) == 1
@@ -106,7 +117,7 @@ pub(super) fn dispatch_free_slots(sched: &SchedShared) {
 /// after a pause, and (for the pinning's cheap check) at a slice end that keeps it.
 /// Running with its slot, it also drops what its hand-over gave it to wake with: the
 /// `SCHED_BATCH` policy, and without pinning the pin to its giver's CPU.
-pub(super) fn follow_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
+fn follow_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
     run_as_other(shared);
     if sched.node_count() > 1 {
         // A wake-up on a giver's CPU from before `numa = bind` came into force.
@@ -123,4 +134,85 @@ pub(super) fn follow_slot(shared: &shmem::Shared, sched: &SchedShared, proc: Pro
             pinning::unpin(shared, proc);
         }
     }
+}
+
+/// This process holds a slot now, taken at once or after a pause: it runs where its slot
+/// says ([`follow_slot`]), and its first slice is measured from here, on that CPU.
+pub(super) fn slot_taken(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
+    follow_slot(shared, sched, proc);
+    slice_share::starts(shared);
+}
+
+/// This process is about to take a slot (again): the share it published for its last one
+/// no longer says anything.
+pub(super) fn new_slot() {
+    slice_share::new_slot();
+}
+
+/// This process gave its slot back at the end of an ExecutorRun, having used `used_ns`
+/// of CPU since its last check-in, and goes on without one; `to` was handed the slot.
+pub(super) fn slot_given_back(
+    shared: &shmem::Shared,
+    proc: ProcId,
+    to: Option<ProcId>,
+    used_ns: u64,
+) {
+    slice_share::publish(shared, None);
+    // Off its CPU's pinning before the receiver is queued there: widening the mask of a
+    // running process whose CPU has another one waiting lets that one run at once, and
+    // the statement's ExecutorEnd would wait out the receiver's time slice.
+    pinning::unpin(shared, proc);
+    hand_over(Some(proc), to, true);
+    numa::charge(shared, used_ns);
+}
+
+/// This process gave its slot up and waits for one.
+pub(super) fn pausing(shared: &shmem::Shared, proc: ProcId) {
+    pinning::pausing(shared, proc);
+}
+
+/// A slice of `used_ns` of CPU ends at a check-in: the share of its wall-clock time this
+/// process ran, if it was measured (`slice_share::ends`).
+pub(super) fn slice_ends(shared: &shmem::Shared, used_ns: u64) -> Option<Ran> {
+    slice_share::ends(shared, used_ns)
+}
+
+/// A slice starts now, at a check-in that may keep the slot.
+pub(super) fn slice_starts(shared: &shmem::Shared) {
+    slice_share::starts(shared);
+}
+
+/// The scheduler decided on the slice that ended, of `used_ns` of CPU: charges it to the
+/// node of the CPU it ran on (before a pause moves the process), and publishes the share
+/// it ran (`ran`; `None` withdraws the last one, as when the slot is given up).
+pub(super) fn slice_decided(shared: &shmem::Shared, used_ns: u64, ran: Option<Ran>) {
+    numa::charge(shared, used_ns);
+    slice_share::publish(shared, ran);
+}
+
+/// This process keeps its slot past a slice end that `ran` measured: it runs where its
+/// slot says, and a pinned holder swaps CPUs with a stalled one (`pinning::serve_stalled`).
+pub(super) fn slot_kept(
+    shared: &shmem::Shared,
+    sched: &SchedShared,
+    proc: ProcId,
+    ran: Option<Ran>,
+) {
+    follow_slot(shared, sched, proc);
+    if pinning::enabled(sched) {
+        pinning::serve_stalled(shared, sched, proc, ran.map(|r| r.permille));
+    }
+}
+
+/// This process's statement left its query; `to` was handed the slot it held: it runs
+/// with its own scheduling class and the postmaster's CPUs again.
+pub(super) fn statement_left(shared: &shmem::Shared, proc: ProcId, to: Option<ProcId>) {
+    hand_over(Some(proc), to, true);
+    run_as_other(shared);
+    pinning::leave(shared, proc);
+}
+
+/// The scheduler worker's round over the CPUs' owners (`pinning::sweep`).
+pub(super) fn sweep(shared: &shmem::Shared, sched: &SchedShared) {
+    pinning::sweep(shared, sched);
 }

@@ -50,7 +50,7 @@ const BELOW_SHARE_PERCENT: u32 = 67;
 
 /// Whether holders measure their shares: pinned slots.
 fn measured() -> bool {
-    super::settings::pin_slots()
+    crate::cpu::settings::pin_slots()
 }
 
 /// The CPU this process owns (+1; 0 = none).
@@ -75,7 +75,7 @@ pub fn starts(shared: &shmem::Shared) {
 
 /// The process is about to take a slot (again): a share it published before, of another
 /// slot and perhaps another CPU, no longer says anything. Its first slice is measured
-/// once it owns its CPU ([`starts`] after `follow_slot`).
+/// once it owns its CPU ([`starts`], from `placement::slot_taken`).
 pub fn new_slot() {
     if let Some(entry) = shmem::shared().and_then(|s| s.my_entry()) {
         withdraw(entry);
@@ -93,7 +93,7 @@ pub fn ends(shared: &shmem::Shared, used_ns: u64) -> Option<Ran> {
     let wall_ns = os::monotonic_ns().saturating_sub(start.at_ns);
     if os::thread_voluntary_switches() != start.blocks
         || own_cpu(shared) != start.cpu
-        || wall_ns < super::settings::slice_ns() / 2
+        || wall_ns < crate::cpu::settings::slice_ns() / 2
     {
         return None;
     }
@@ -155,5 +155,5 @@ pub fn published(entry: &shmem::ProcEntry) -> stall::Share {
 
 /// The rule: [`BELOW_SHARE_PERCENT`], and the slice target.
 pub fn rule() -> stall::ShareRule {
-    stall::ShareRule::new(BELOW_SHARE_PERCENT * 10, super::settings::slice_ns())
+    stall::ShareRule::new(BELOW_SHARE_PERCENT * 10, crate::cpu::settings::slice_ns())
 }

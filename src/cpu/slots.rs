@@ -6,9 +6,9 @@
 use super::member::{
     arm_countdown, disarm_countdown, take_yield_request, Member, COUNTDOWN, MEMBER, YIELD_FLAG,
 };
-use super::placement::{dispatch_free_slots, follow_slot, hand_over};
+use super::placement::{self, dispatch_free_slots, hand_over};
+use super::prediction;
 use super::priority::priority_range;
-use super::{pinning, prediction, slice_share};
 use crate::os::{self, thread_cpu_ns};
 use crate::pg::{self, interrupts_can_be_processed};
 use crate::{admission, numa, shmem};
@@ -117,9 +117,7 @@ fn take_slot(shared: &shmem::Shared, sched: &'static SchedShared, proc: ProcId) 
     if outcome.turn == Turn::Wait {
         pause(shared, sched, proc, None);
     } else {
-        follow_slot(shared, sched, proc);
-        // On the CPU it owns now: its first slice is measured from here.
-        slice_share::starts(shared);
+        placement::slot_taken(shared, sched, proc);
         count_check_in(shared);
         MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::holds_slot));
     }
@@ -143,13 +141,7 @@ pub fn end_run(shared: &shmem::Shared) {
     };
     if sched.is_running(proc) {
         let to = sched.release(proc, used);
-        slice_share::publish(shared, None);
-        // Off its CPU's pinning before the receiver is queued there: widening the mask
-        // of a running process whose CPU has another one waiting lets that one run at
-        // once, and the statement's ExecutorEnd would wait out the receiver's time slice.
-        pinning::unpin(shared, proc);
-        hand_over(Some(proc), to, true);
-        numa::charge(shared, used);
+        placement::slot_given_back(shared, proc, to, used);
     }
 }
 
@@ -170,7 +162,7 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
         "pg_stride pauses only where interrupts can be processed"
     );
     mark_paused(shared);
-    pinning::pausing(shared, proc);
+    placement::pausing(shared, proc);
     // Asks a holder of a lower priority to end its slice at its next tuple rather than
     // wait for the end of its slice: a statement arriving behind it then waits for one
     // tuple, not for the rest of a slice (bench/results/scheduling-policy/alpha095_preempt).
@@ -214,9 +206,9 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
             }
         }
     }
-    follow_slot(shared, sched, proc);
-    // On the CPU it owns now (`restart_charging` below withdraws the last share).
-    slice_share::starts(shared);
+    // Runs where its slot says and measures its first slice from there
+    // (`restart_charging` below withdraws the last share).
+    placement::slot_taken(shared, sched, proc);
     count_check_in(shared);
     let now = os::monotonic_ns();
     // When the slot was handed over. A note older than this pause is a previous
@@ -297,7 +289,7 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
             Checkpoint::SliceEnd { used_ns } => {
                 m.slice_start_ns = now;
                 m.slice_used(used_ns);
-                Some((m.proc, used_ns, slice_share::ends(shared, used_ns)))
+                Some((m.proc, used_ns, placement::slice_ends(shared, used_ns)))
             }
         }
     });
@@ -306,7 +298,7 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
     };
     // The next slice is measured from here, unless this process pauses: `pause` measures
     // it again from where it resumes, on the CPU of its new slot.
-    slice_share::starts(shared);
+    placement::slice_starts(shared);
     if !sched.is_running(proc) {
         return;
     }
@@ -326,15 +318,15 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
     // free until its next steal timeout or the watchdog's dispatch.
     let stealer = sched.away_from_home(proc);
     let outcome = sched.end_slice(proc, used_ns);
-    // Per node, on the CPU the slice ended on (before a pause moves the process).
-    numa::charge(shared, used_ns);
     let gave_up = (outcome.turn == Turn::Wait).then_some(proc);
     // Before the wake-up: from then on the receiver may have this CPU, and the time this
     // process still needs to get to its pause (the receiver may preempt it on their
     // shared CPU) is waiting for a slot, not holding one.
     let left_at =
         gave_up.and_then(|_| MEMBER.with_borrow_mut(|m| m.as_mut().map(Member::left_slot)));
-    slice_share::publish(shared, ran.filter(|_| gave_up.is_none()));
+    // Charged on the CPU the slice ended on, before a pause moves the process; its share
+    // is published only if it keeps its slot.
+    placement::slice_decided(shared, used_ns, ran.filter(|_| gave_up.is_none()));
     if gave_up.is_some() {
         // Paused before the wake-up: a receiver woken on this CPU (its slot's, or this
         // process's when slots are not pinned) preempts it there, and it then stays
@@ -350,10 +342,7 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
         }
         pause(shared, sched, proc, left_at);
     } else {
-        follow_slot(shared, sched, proc);
-        if pinning::enabled(sched) {
-            pinning::serve_stalled(shared, sched, proc, ran.map(|r| r.permille));
-        }
+        placement::slot_kept(shared, sched, proc, ran);
     }
 }
 

@@ -1,8 +1,7 @@
 //! The CPU watchdog, run by the scheduler worker (psaroudakis2013 §5): slot holders that
 //! wait count as inactive, and the slots they leave unused are lent to waiters.
 
-use super::pinning;
-use super::placement::dispatch_free_slots;
+use super::placement::{self, dispatch_free_slots};
 use crate::{numa, pg, shmem};
 use pg_stride_sched::ProcId;
 use std::sync::atomic::Ordering;
@@ -59,5 +58,5 @@ pub fn watchdog(shared: &shmem::Shared, before: &mut Vec<Seen>) {
         sched.set_node_slots(&slots);
     }
     dispatch_free_slots(sched);
-    pinning::sweep(shared, sched);
+    placement::sweep(shared, sched);
 }
