@@ -56,5 +56,6 @@ pub(super) fn record(
     let now = pg::now_timestamp().max(0) as u64;
     shared
         .histories
+        .locked()
         .record(query_id, plan_cost, cpu_us, now, prediction, short_us);
 }

@@ -50,22 +50,19 @@ impl Histories {
         self.read(|table| table.predict(key, cost))
     }
 
-    /// Records an execution of fingerprint `key` under the exclusive lock
-    /// (`Table::record` says what the arguments are).
-    pub fn record(
-        &self,
-        key: u64,
-        cost: f64,
-        cpu_us: f64,
-        now: u64,
-        prediction: Option<Prediction>,
-        short_us: f64,
-    ) {
-        let _guard = ShmemLock::exclusive(LockId::Histories);
-        // SAFETY: the exclusive lock makes this process the only one touching the table.
+    /// The table to record into, under the exclusive lock for as long as the guard
+    /// lives. Nothing that can raise an ERROR runs while it is held (see
+    /// [`Histories::read`]).
+    #[must_use = "the lock is released when the guard is dropped"]
+    pub fn locked(&self) -> LockedTable<'_> {
+        let lock = ShmemLock::exclusive(LockId::Histories);
+        // SAFETY: the exclusive lock, held by the guard as long as the table it returns,
+        // makes this process the only one touching the table.
         let parts = unsafe { &mut *self.parts.get() };
-        Table::new(&mut parts.slots, &mut parts.model, &mut parts.quality)
-            .record(key, cost, cpu_us, now, prediction, short_us);
+        LockedTable {
+            table: Table::new(&mut parts.slots, &mut parts.model, &mut parts.quality),
+            _lock: lock,
+        }
     }
 
     /// Zeroes the quality counts (`pg_stride.reset_stats()`); the histories and the cost
@@ -74,5 +71,25 @@ impl Histories {
         let _guard = ShmemLock::exclusive(LockId::Histories);
         // SAFETY: the exclusive lock makes this process the only one touching the table.
         unsafe { (*self.parts.get()).quality = Quality::default() };
+    }
+}
+
+/// The statement histories, writable while the exclusive lock that the guard holds lasts
+/// ([`Histories::locked`]).
+pub struct LockedTable<'a> {
+    table: Table<'a>,
+    _lock: ShmemLock,
+}
+
+impl<'a> std::ops::Deref for LockedTable<'a> {
+    type Target = Table<'a>;
+    fn deref(&self) -> &Table<'a> {
+        &self.table
+    }
+}
+
+impl<'a> std::ops::DerefMut for LockedTable<'a> {
+    fn deref_mut(&mut self) -> &mut Table<'a> {
+        &mut self.table
     }
 }
