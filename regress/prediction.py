@@ -118,7 +118,8 @@ def a_repeated_statement_starts_from_its_history(s):
     priority, predicted, cls = while_running(s, LONG)
     assert cls == "long" and abs(predicted - mean) < 0.01, (predicted, mean, cls)
     # start_policy: p0 · threshold / prediction, within [p_min, p0]
-    expected = max(100, min(P0, int(P0 * SHORT_MS / mean)))
+    p_min = int(s.sql("SHOW pg_stride.priority_min"))
+    expected = max(p_min, min(P0, int(P0 * SHORT_MS / mean)))
     assert abs(priority - expected) <= 1, (priority, expected, mean)
     assert history(s, qid)[0] == 4
     print(f"    mean {mean:.1f} ms over 3 runs: started at priority {priority} (p0 {P0})")
