@@ -258,12 +258,25 @@ def other_denominators(meta: dict, run_dir: Path, others: dict):
                     cls: {k: c[cls]["slowdown"][k] for k in ("mean", "p99")} for cls in c}
 
 
+def select_configs(configs: list, only: list | None) -> list:
+    """The configurations to run, in the order `only` names them (--configs), so that
+    repeated runs can alternate which one goes first; all of configs.toml's, in its
+    order, without `only`. A name configs.toml does not define raises ValueError."""
+    if not only:
+        return list(configs)
+    by_name = {c["name"]: c for c in configs}
+    unknown = [n for n in only if n not in by_name]
+    if unknown:
+        raise ValueError(f"no configuration named {', '.join(unknown)} in bench/configs.toml")
+    return [by_name[n] for n in dict.fromkeys(only)]
+
+
 class Runner:
     def __init__(self, plan: Plan, only: list | None, run_dir: Path):
         self.plan = plan
         self.cfgfile = load_configs()
         self.base = self.cfgfile["base"]["settings"]
-        self.configs = [c for c in self.cfgfile["config"] if not only or c["name"] in only]
+        self.configs = select_configs(self.cfgfile["config"], only)
         self.run_dir = run_dir
         self.server = Server()
         self.huge_pages = hugepages.Reservation()
@@ -842,7 +855,8 @@ def main(argv=None):
                    "workers: TPC-H results at both scales, latency of small parallel "
                    "queries; writes bench/results/POOL.md")
     g.add_argument("--report", metavar="RUN_DIR", help="rebuild the report of a finished run")
-    ap.add_argument("--configs", help="comma-separated configuration names (default: all)")
+    ap.add_argument("--configs", help="comma-separated configuration names, run in that order "
+                    "(default: all, in bench/configs.toml's order)")
     ap.add_argument("--parts", help="comma-separated subset of open,app-pool,mixed,overhead "
                     "(app-pool: the full run's default, not the quick run's)")
     ap.add_argument("--app-pool-clients", type=int, metavar="N",
@@ -959,6 +973,11 @@ def main(argv=None):
     if plan.mode == "oltp":
         from . import oltp
         only = only or oltp.DEFAULT_CONFIGS
+    try:
+        # An unknown name fails here, before a run directory or a server exists.
+        select_configs(load_configs()["config"], only)
+    except ValueError as e:
+        ap.error(str(e))
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = OUT / "runs" / f"{stamp}-{plan.mode}"

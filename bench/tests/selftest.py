@@ -373,6 +373,16 @@ class WorkloadTest(unittest.TestCase):
             for s in common.expand(c.get("settings", [])):
                 self.assertNotIn("@", s, c["name"])
 
+    def test_configs_run_in_the_order_given(self):
+        configs = [{"name": n} for n in ("stock", "a", "b", "c")]
+        pick = lambda only: [c["name"] for c in cli.select_configs(configs, only)]
+        self.assertEqual(pick(None), ["stock", "a", "b", "c"])
+        self.assertEqual(pick(["c", "a"]), ["c", "a"])
+        self.assertEqual(pick(["b", "stock", "b"]), ["b", "stock"])
+        with self.assertRaises(ValueError) as e:
+            pick(["a", "nope"])
+        self.assertIn("nope", str(e.exception))
+
     def test_a_configuration_extends_another(self):
         base = {"name": "a", "label": "A", "library": True, "settings": ["x = 1", "y = 1"],
                 "requires": ["x"], "class_groups": {"short": {}}}
