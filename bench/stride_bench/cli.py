@@ -267,8 +267,14 @@ def select_configs(configs: list, only: list | None) -> list:
     by_name = {c["name"]: c for c in configs}
     unknown = [n for n in only if n not in by_name]
     if unknown:
-        raise ValueError(f"no configuration named {', '.join(unknown)} in bench/configs.toml")
+        raise ValueError(f"no configuration named {', '.join(map(repr, unknown))} in bench/configs.toml")
     return [by_name[n] for n in dict.fromkeys(only)]
+
+
+def configs_named(arg: str | None) -> list | None:
+    """The names --configs gives, blanks around them dropped; None without it."""
+    names = [n.strip() for n in (arg or "").split(",") if n.strip()]
+    return names or None
 
 
 class Runner:
@@ -284,7 +290,9 @@ class Runner:
         self.current = None          # name of the configuration the server runs now
         self.meta = {"plan": asdict(plan), "started": dt.datetime.now().isoformat(
             timespec="seconds"), "machine": machine_info(), "configs": {}, "open_loop": {},
-            "mixed": {}, "overhead": {}, "seed": SEED}
+            "mixed": {}, "overhead": {}, "seed": SEED,
+            # the order the configurations run in at the first load point (--configs)
+            "order": [c["name"] for c in self.configs]}
 
     # ---- bookkeeping ------------------------------------------------------------
     def save(self):
@@ -848,7 +856,7 @@ def main(argv=None):
                    help="transactions beside analytics: TPC-B at a fixed rate (p99 latency) "
                    "and back to back (throughput), each beside two TPC-H clients, --reps "
                    "rounds (default 3) of --duration s per form (default 30), configurations "
-                   "rotating (default stock,stock-serial,pgbouncer,stride-defaults); writes "
+                   "rotating (default stock,pgbouncer,stock-serial,stride-defaults); writes "
                    "bench/results/OLTP.md")
     g.add_argument("--pool", action="store_true",
                    help="the pool (parallel_mode = pool) against PostgreSQL's workers and no "
@@ -914,6 +922,11 @@ def main(argv=None):
         return 0
 
     try:
+        # An unknown name fails here, before the lock, a run directory or a server.
+        select_configs(load_configs()["config"], configs_named(args.configs))
+    except ValueError as e:
+        ap.error(str(e))
+    try:
         # Held until this process exits.
         lock = claim_machine(OUT / "bench.lock")  # noqa: F841
     except MachineBusy as busy:
@@ -961,7 +974,7 @@ def main(argv=None):
         plan.reps = args.reps
     if args.prime is not None:
         plan.prime_s = args.prime
-    only = args.configs.split(",") if args.configs else None
+    only = configs_named(args.configs)
     if plan.mode == "full":
         only = only or load_configs()["full"]["configs"]
     if plan.mode == "phases":
@@ -973,12 +986,6 @@ def main(argv=None):
     if plan.mode == "oltp":
         from . import oltp
         only = only or oltp.DEFAULT_CONFIGS
-    try:
-        # An unknown name fails here, before a run directory or a server exists.
-        select_configs(load_configs()["config"], only)
-    except ValueError as e:
-        ap.error(str(e))
-
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = OUT / "runs" / f"{stamp}-{plan.mode}"
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ OPEN_CLIENTS = 8
 # The open form's rate, as a share of the transactions per second TPC-B alone sustains
 # on stock with CLOSED_CLIENTS clients.
 RATE_SHARE = 0.3
-DEFAULT_CONFIGS = ["stock", "stock-serial", "pgbouncer", "stride-defaults"]
+DEFAULT_CONFIGS = ["stock", "pgbouncer", "stock-serial", "stride-defaults"]
 # schedstat is read this long after the start and before the end of the open form
 MARGIN_S = 3.0
 

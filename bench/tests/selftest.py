@@ -382,6 +382,9 @@ class WorkloadTest(unittest.TestCase):
         with self.assertRaises(ValueError) as e:
             pick(["a", "nope"])
         self.assertIn("nope", str(e.exception))
+        self.assertEqual(cli.configs_named(" c, a ,,"), ["c", "a"])
+        self.assertIsNone(cli.configs_named(None))
+        self.assertIsNone(cli.configs_named(" , "))
 
     def test_a_configuration_extends_another(self):
         base = {"name": "a", "label": "A", "library": True, "settings": ["x = 1", "y = 1"],
