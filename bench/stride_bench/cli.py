@@ -921,9 +921,10 @@ def main(argv=None):
                      outdir=Path(args.out) if args.out else None)
         return 0
 
+    only = configs_named(args.configs)
     try:
         # An unknown name fails here, before the lock, a run directory or a server.
-        select_configs(load_configs()["config"], configs_named(args.configs))
+        select_configs(load_configs()["config"], only)
     except ValueError as e:
         ap.error(str(e))
     try:
@@ -974,7 +975,6 @@ def main(argv=None):
         plan.reps = args.reps
     if args.prime is not None:
         plan.prime_s = args.prime
-    only = configs_named(args.configs)
     if plan.mode == "full":
         only = only or load_configs()["full"]["configs"]
     if plan.mode == "phases":
@@ -986,6 +986,7 @@ def main(argv=None):
     if plan.mode == "oltp":
         from . import oltp
         only = only or oltp.DEFAULT_CONFIGS
+
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = OUT / "runs" / f"{stamp}-{plan.mode}"
     run_dir.mkdir(parents=True, exist_ok=True)
