@@ -86,12 +86,22 @@ def pool_pids(s, database="postgres"):
     return [int(p) for p in out.split()]
 
 
-def full_pool(s):
-    """Runs parallel statements until the pool of `postgres` has all its workers idle;
-    returns their pids."""
+def full_pool(s, role=None, fresh=True):
+    """Runs parallel statements, as the sessions of `role` do (SET ROLE; the superuser's
+    own without), until the pool of `postgres` has all its workers idle; returns their
+    pids. A pool worker serves the leaders of one identity only, the first it served
+    (docs/internals/pool.md): `fresh`, the pool's workers are replaced first, so that
+    none serves another identity than the check's."""
+    if fresh:
+        s.sql("SELECT pg_terminate_backend(pid) FROM pg_stride.pool WHERE datname = 'postgres'")
+        deadline = time.monotonic() + 10
+        while pool_pids(s):
+            assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+            time.sleep(0.05)
+    as_role = f"SET ROLE {role}; " if role else ""
     deadline = time.monotonic() + 30
     while True:
-        s.sql("SELECT count(*) FROM s1.t")
+        s.sql(as_role + "SELECT count(*) FROM s1.t")
         idle = s.sql("SELECT count(*) FROM pg_stride.pool WHERE datname = 'postgres' AND state = 'idle'")
         if int(idle) == POOL_SIZE:
             return pool_pids(s)
@@ -113,17 +123,19 @@ def assert_pool_clean(s, pids):
     assert groups == "0", groups
 
 
-def session(s, i):
-    role, path, work_mem = SESSIONS[i]
+def session(s, i, role=None):
+    """A session of SESSIONS[i] (as `role` if given), and its QUERY."""
+    own_role, path, work_mem = SESSIONS[i]
+    role = role or own_role
     x = concurrency.Session(s)
     x.run(f"SET ROLE {role}; SET search_path = {path}; SET work_mem = '{work_mem}'; SELECT 1")
     return x, QUERY.format(role=role, path=path, work_mem=work_mem)
 
 
-def session_going_on_after_errors(s, i):
+def session_going_on_after_errors(s, i, role=None):
     """session(), with psql going on after a failed statement (it prints the error on
     stderr); also returns the result of the session's query from a first run."""
-    x, sql = session(s, i)
+    x, sql = session(s, i, role)
     expected = x.run(sql)
     x.run("\\set ON_ERROR_STOP 0\nSELECT 1")
     return x, sql, expected
@@ -146,24 +158,37 @@ def serial_result(x, sql):
 
 @check
 def pooled_results_match_serial_ones_across_roles_and_search_paths(s):
-    pids = full_pool(s)
+    """Two roles' sessions, each with its search_path and work_mem, alternate: every
+    result is the serial one, and no pool worker runs fragments of both roles (each
+    serves one identity), while the pool keeps its workers."""
+    pids = full_pool(s, SESSIONS[0][0])
     before = counters(s)
     sessions = [session(s, i) for i in range(len(SESSIONS))]
+    leaders = [int(x.run("SELECT pg_backend_pid()")[0]) for x, _ in sessions]
     expected = [serial_result(x, sql) for x, sql in sessions]
     # Each table's own count in the last column: the fragment saw the session's state.
     assert expected[0] != expected[1], expected
     for exp in expected:
         count, _, matching = exp[0].split("|")
         assert count == matching, exp
+    # the leaders each pool worker served, as pg_stride.pool shows its last one
+    served = {}
     for _ in range(20):
         for (x, sql), exp in zip(sessions, expected):
             assert x.run(sql) == exp
+            for line in s.sql("SELECT pid, leader_pid FROM pg_stride.pool "
+                              "WHERE datname = 'postgres' AND leader_pid IS NOT NULL").split():
+                pid, leader = map(int, line.split("|"))
+                served.setdefault(pid, set()).add(leader)
     for x, _ in sessions:
         x.close()
     ran = counted(s, before, "fragments_ok")
     assert ran >= 20, counters(s)
+    assert all(len(seen) == 1 for seen in served.values()), (served, leaders)
+    assert {l for seen in served.values() for l in seen} == set(leaders), (served, leaders)
     assert_pool_clean(s, pids)
-    print(f"    40 of 40 results as serial, {ran} fragments in pool workers")
+    print(f"    40 of 40 results as serial, {ran} fragments in pool workers; "
+          f"{len(served)} workers, each serving one role's session")
 
 
 def ten_runs_as_serial_in_the_pool(s, pids, sql, serial_prefix, gathers):
@@ -257,7 +282,7 @@ def a_gather_merge_runs_in_the_pool_and_keeps_its_order(s):
 def an_error_in_a_gather_merge_fragment_reaches_the_leader(s):
     """A division by zero in a worker's part of a Gather Merge fails the statement with
     that error, and the pool serves on with the same workers."""
-    pids = full_pool(s)
+    pids = full_pool(s, SESSIONS[0][0])
     before = counters(s)
     x, sql, expected = session_going_on_after_errors(s, 0)
     failing = "SELECT a, 1 / (a % 50000) AS q FROM s1.t ORDER BY q, a"
@@ -279,10 +304,10 @@ def an_error_in_a_gather_merge_fragment_reaches_the_leader(s):
 def a_pool_worker_keeps_a_leaders_settings_only_while_they_are_the_leaders(s):
     """A pool worker keeps the settings of the leader it last served: the same session
     running again restores none, and each change (SET, a function's SET clause, a
-    fragment's ERROR, another session's settings and role, another session's fragment
-    failing after its restore, a read-only transaction on 18) still reaches the next
+    fragment's ERROR, another session's settings, another session's fragment failing
+    after its restore, a read-only transaction on 18) still reaches the next
     fragment."""
-    pids = full_pool(s)
+    pids = full_pool(s, SESSIONS[0][0])
     x, sql, _ = session_going_on_after_errors(s, 0)
     expected = serial_result(x, sql)
     role, path, _ = SESSIONS[0]
@@ -303,22 +328,21 @@ def a_pool_worker_keeps_a_leaders_settings_only_while_they_are_the_leaders(s):
     assert counted(s, before, "leader_settings_restored") > 0, counters(s)
     # A SET clause and an ERROR inside a fragment leave the session's settings as they were.
     own = "SELECT count(*) FROM s1.t WHERE s1.own_work_mem() = '9MB'"
-    total = s.sql("SELECT count(*) FROM s1.t")
+    total = s.sql("SET max_parallel_workers_per_gather = 0; SELECT count(*) FROM s1.t")
     for _ in range(5):
         assert x.run(own) == [total]
         assert x.run(changed) == serial
         x.send("SELECT sum(1 / (a % 50000)) FROM s1.t")
         assert x.run(changed) == serial
-    # Another session's settings in force, each session's role (SET ROLE) is its own.
-    y, ysql, _ = session_going_on_after_errors(s, 1)
+    # Another session of the same identity (a worker serves no other), with its own
+    # search_path and work_mem in force.
+    y, ysql, _ = session_going_on_after_errors(s, 1, role)
     yexpected = serial_result(y, ysql)
     count, _, matching = yexpected[0].split("|")
     assert count == matching, yexpected
-    role_seen = "SELECT sum((current_setting('role') = '{}')::int) FROM s1.t"
     for _ in range(5):
         assert y.run(ysql) == yexpected
-        assert x.run(role_seen.format(role)) == [total]
-        assert y.run(role_seen.format(SESSIONS[1][0])) == [total]
+        assert x.run(changed) == serial
     # Another session's fragments restore its settings, then fail.
     before = counters(s)
     for _ in range(5):
@@ -346,13 +370,13 @@ def a_pool_worker_keeps_a_leaders_settings_only_while_they_are_the_leaders(s):
     assert_pool_clean(s, pids)
     print(f"    {ran} fragments of one session restored its settings {restored} times "
           f"({POOL_SIZE} workers); a SET, a SET clause, an ERROR, another session's "
-          "settings and role, its failed fragments (and on 18 a read-only transaction) "
+          "settings, its failed fragments (and on 18 a read-only transaction) "
           "each reached the next")
 
 
 @check
 def an_error_in_a_fragment_reaches_the_leader_and_the_worker_serves_on(s):
-    pids = full_pool(s)
+    pids = full_pool(s, SESSIONS[0][0])
     before = counters(s)
     x, sql, expected = session_going_on_after_errors(s, 0)
     for _ in range(20):
@@ -373,7 +397,7 @@ def an_error_in_a_fragment_reaches_the_leader_and_the_worker_serves_on(s):
 
 @check
 def statement_timeout_and_cancel_stop_the_fragments(s):
-    pids = full_pool(s)
+    pids = full_pool(s, SESSIONS[1][0])
     before = counters(s)
     x, sql, expected = session_going_on_after_errors(s, 1)
     ok = 0
@@ -421,7 +445,7 @@ def terminated_pool_worker_fails_the_statement(s, sql, node):
     err = x.close()[2].decode()
     # The worker's FATAL reaches the leader as a parallel worker's ERROR (57P01).
     assert "due to administrator command" in err and "parallel worker" in err, err
-    after = full_pool(s)
+    after = full_pool(s, fresh=False)
     assert int(busy) not in after and len(after) == POOL_SIZE, (busy, after)
     assert len(set(after) & set(pids)) == POOL_SIZE - 1, (pids, after)
     print(f"    {node}: the leader's statement failed: {err.strip().splitlines()[0]!r}; "

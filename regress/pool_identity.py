@@ -17,8 +17,9 @@ must have launched PostgreSQL's workers.
 - a table with row-level security (`row_security` on);
 - a SECURITY DEFINER function of another role;
 - `current_user`, `session_user`, `system_user` (16 on), `has_table_privilege`;
-- a custom placeholder that another role's leader set (`SET app.tenant`) in the same pool
-  workers, read with `current_setting(…, true)`.
+- a custom placeholder that another session of hers set (`SET app.tenant`) in the same
+  pool workers, read with `current_setting(…, true)`;
+- bob's and her fragments never share a pool worker process.
 
 Also: the pool's own baseline does not leak into a fragment (the pool workers connect as
 the bootstrap superuser), and a command that fails its permission check leaves the pool
@@ -91,10 +92,10 @@ def in_three_ways(s, sql, user=ALICE, before=None):
     results = {}
     for mode in MODES:
         set_mode(s, user, mode)
-        if mode == "pool":
-            warm_pool(s, "postgres")
         if before:
             before(mode)
+        if mode == "pool":
+            warm_pool(s, "postgres", user=user)
         c0 = counters(s)
         results[mode] = run_as(s, user, sql, settings="" if mode != "serial" else
                                "SET max_parallel_workers_per_gather = 0;")
@@ -193,22 +194,48 @@ def identity_functions_answer_as_in_her_own_backend(s):
 
 @check
 def another_leaders_placeholder_does_not_reach_her_fragments(s):
-    """Bob's leader sets app.tenant and runs pooled statements in the same pool workers;
-    alice's fragments then read current_setting('app.tenant', true) as NULL, as in her
-    own backend."""
-    def bob_sets_a_placeholder(mode):
-        out, error = run_as(s, BOB, "SET app.tenant = 'bob-corp'; " + per_row(
-            "coalesce(current_setting('app.tenant', true), '<null>')", table="bob.t"))
-        assert error is None and out == ["bob-corp|2000"], (out, error)
+    """Another session of hers sets app.tenant and runs pooled statements; her next
+    session's fragments then read current_setting('app.tenant', true) as NULL, as in
+    its own backend."""
+    def she_sets_a_placeholder(mode):
+        if mode == "pool":
+            warm_pool(s, "postgres")
+        out, error = run_as(s, ALICE, "SET app.tenant = 'alice-corp'; " + per_row(
+            "coalesce(current_setting('app.tenant', true), '<null>')"))
+        assert error is None and out == ["alice-corp|2000"], (out, error)
     retired = counters(s)["workers_retired_for_settings"]
     rows, _ = same_in_three_ways(
         s, per_row("coalesce(current_setting('app.tenant', true), '<null>')"),
-        before=bob_sets_a_placeholder)
+        before=she_sets_a_placeholder)
     assert rows == ["<null>|2000"], rows
     retired = counters(s)["workers_retired_for_settings"] - retired
-    # The pool workers that ran bob's fragments kept his placeholder, and retired.
+    # The pool workers that ran the first session's fragments kept its placeholder,
+    # and retired.
     assert retired >= 1, retired
-    print(f"    {retired} pool workers retired after restoring bob's placeholder")
+    print(f"    {retired} pool workers retired after restoring her other session's placeholder")
+
+
+@check
+def a_pool_worker_serves_the_leaders_of_one_role_only(s):
+    """What a fragment leaves in a pool worker beyond identity and settings (PL/pgSQL
+    functions compiled under its leader's search_path, a temporary type they resolved
+    to, PL/Python's session data) must not reach another role's fragments: alternating
+    bob's and alice's pooled statements, each gets pool workers, and no process runs
+    fragments of both."""
+    ran = {ALICE: set(), BOB: set()}
+    retired = counters(s)["workers_retired"]
+    for _ in range(3):
+        for user, schema in ((BOB, "bob"), (ALICE, "alice")):
+            warm_pool(s, "postgres", user=user, table=f"{schema}.t")
+            out, error = run_as(s, user, f"SELECT DISTINCT {schema}.worker_pid(a) FROM {schema}.t")
+            assert error is None, error
+            pooled = {int(p) for p in out} & set(pool_pids(s, "postgres"))
+            assert pooled, (user, out, pool_pids(s, "postgres"))
+            ran[user] |= pooled
+    assert not ran[ALICE] & ran[BOB], ran
+    # The other role's idle workers made way.
+    assert counters(s)["workers_retired"] - retired >= 1, counters(s)
+    print(f"    bob's fragments ran in {sorted(ran[BOB])}, alice's in {sorted(ran[ALICE])}")
 
 
 @check
@@ -230,16 +257,20 @@ def pool_pids(s, database):
 
 
 def warm_pool(s, database, user=ALICE, table="alice.t"):
-    """Runs pooled statements in `database` until its pool has a worker; returns the pids."""
+    """Runs pooled statements of `user` in `database` until one ran in pool workers (a
+    worker serves the leaders of one role: another role's idle ones make way for fresh
+    workers) and the pool's workers are idle; returns their pids."""
     deadline = time.monotonic() + 20
     while True:
         args = s.psql_args(FORCE.replace("\\set VERBOSITY verbose\n", "") +
                            f"SELECT count(*) FROM {table}", user=user)
         args[args.index("-d") + 1] = database
+        entered = counters(s)["fragments_entered"]
         s.run(*args[len(concurrency.AS_POSTGRES):], capture_output=True, check=True)
+        entered = counters(s)["fragments_entered"] - entered
         pids = pool_pids(s, database)
-        if pids and s.sql(f"SELECT count(*) FROM pg_stride.pool WHERE datname = '{database}' "
-                          "AND state = 'idle'") == str(len(pids)):
+        if entered > 0 and s.sql(f"SELECT count(*) FROM pg_stride.pool WHERE datname = '{database}' "
+                                 "AND state = 'idle'") == str(len(pids)):
             return pids
         assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
         time.sleep(0.1)
@@ -311,6 +342,8 @@ def setup(s):
         "CREATE TABLE bob.secret AS SELECT g AS x FROM generate_series(1, 500) g",
         "CREATE TABLE bob.t AS SELECT g AS a FROM generate_series(1, 2000) g",
         "ANALYZE bob.secret; ANALYZE bob.t",
+        "CREATE FUNCTION bob.worker_pid(int) RETURNS int LANGUAGE plpgsql VOLATILE "
+        "PARALLEL SAFE AS 'BEGIN RETURN pg_backend_pid(); END'",
         "CREATE FUNCTION bob.definer_count(int) RETURNS bigint LANGUAGE sql STABLE "
         "PARALLEL SAFE SECURITY DEFINER AS 'SELECT count(*) FROM bob.secret'",
         f"GRANT EXECUTE ON FUNCTION bob.definer_count(int) TO {ALICE}",
@@ -321,6 +354,8 @@ def setup(s):
     alice = [
         "SET check_function_bodies = off",
         "CREATE TABLE alice.t AS SELECT g AS a FROM generate_series(1, 2000) g",
+        "CREATE FUNCTION alice.worker_pid(int) RETURNS int LANGUAGE plpgsql VOLATILE "
+        "PARALLEL SAFE AS 'BEGIN RETURN pg_backend_pid(); END'",
         "ANALYZE alice.t",
         "CREATE FUNCTION alice.as_postgres(int) RETURNS text LANGUAGE sql STABLE PARALLEL SAFE "
         "SET session_authorization = 'postgres' "

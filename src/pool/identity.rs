@@ -21,6 +21,16 @@
 //! `system_user` cannot be unset once set (PostgreSQL keeps it in a private static): a
 //! worker that served a leader with an authenticated identity is marked
 //! (`Slot::system_user_set`), and leaders without one do not post to it.
+//!
+//! A parallel worker exits after its one fragment; a pool worker lives on, and keeps
+//! what the fragment left in the process beyond identity and settings, which nothing
+//! can reset: PL/pgSQL functions compiled under the leader's search_path (a temporary
+//! type or function of the leader's session among the names they resolved), PL/Python's
+//! and PL/Perl's session data, `setseed`'s state. So a worker serves the leaders of one
+//! identity only — authenticated, session and outer user — the first it served
+//! (`Slot::served`, [`may_serve`]): what one role's fragment leaves there reaches no
+//! other role's. Leaders of another identity do not post to it, and a fragment that
+//! reaches it all the same is declined and the worker retires.
 
 use super::ffi::*;
 use pgrx::pg_sys;
@@ -93,6 +103,60 @@ pub(super) unsafe fn adopt_connection(toc: *mut pg_sys::shm_toc) -> bool {
             pfree(previous.cast_mut().cast());
         }
         true
+    }
+}
+
+/// A leader's identity as its parallel segment carries it: authenticated, session and
+/// outer user.
+pub(super) type Users = [pg_sys::Oid; 3];
+
+/// This backend's identity as a leader: what `InitializeParallelDSM` writes into its
+/// segment's FixedParallelState.
+pub(super) fn leader_users() -> Users {
+    // SAFETY: plain reads of the backend's process-local identity, set at connection.
+    unsafe {
+        [
+            pg_sys::GetAuthenticatedUserId(),
+            pg_sys::GetSessionUserId(),
+            pg_sys::GetCurrentRoleId(),
+        ]
+    }
+}
+
+/// The identity carried by a leader's FixedParallelState.
+///
+/// # Safety
+/// `fps` is a leader's FixedParallelState.
+pub(super) unsafe fn users_of(fps: *const FixedParallelState) -> Users {
+    // SAFETY: the caller's promise.
+    unsafe {
+        [
+            (*fps).authenticated_user_id,
+            (*fps).session_user_id,
+            (*fps).outer_user_id,
+        ]
+    }
+}
+
+/// Whether a worker that served `served` (InvalidOid: nobody yet) may serve `users`.
+pub(super) fn may_serve(served: &[std::sync::atomic::AtomicU32; 3], users: Users) -> bool {
+    use std::sync::atomic::Ordering;
+    !has_served(served)
+        || served
+            .iter()
+            .zip(users)
+            .all(|(s, u)| s.load(Ordering::Acquire) == u32::from(u))
+}
+
+/// Whether a worker serves some identity already (it ran a fragment since it started).
+pub(super) fn has_served(served: &[std::sync::atomic::AtomicU32; 3]) -> bool {
+    served[0].load(std::sync::atomic::Ordering::Acquire) != u32::from(pg_sys::InvalidOid)
+}
+
+/// Records that the worker serves `users` from now on.
+pub(super) fn mark_served(served: &[std::sync::atomic::AtomicU32; 3], users: Users) {
+    for (s, u) in served.iter().zip(users) {
+        s.store(u.into(), std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -115,6 +115,9 @@ fn start_workers(pool: &PoolShared, database: pg_sys::Oid, caps: PoolCaps) {
         slot.starting_since_ms.store(now, Ordering::Release);
         slot.retire.store(false, Ordering::Release);
         slot.system_user_set.store(false, Ordering::Release);
+        for user in &slot.served {
+            user.store(pg_sys::InvalidOid.into(), Ordering::Release);
+        }
         if spawn(index, database.into(), g) {
             in_db += 1;
             in_server += 1;

@@ -132,6 +132,7 @@ pub fn workers() -> Vec<WorkerRow> {
                 errors: slot.errors.load(Ordering::Relaxed) as i64,
                 last_setup_us: (fragments > 0)
                     .then(|| slot.last_setup_ns.load(Ordering::Relaxed) as f64 / 1e3),
+                serves: slot.served[0].load(Ordering::Acquire).into(),
             })
         })
         .collect()

@@ -112,6 +112,12 @@ pub struct Slot {
     /// The worker's `system_user` is set (by a leader with a client identity), which
     /// cannot be undone: leaders without one do not post to it (identity.rs).
     pub system_user_set: AtomicBool,
+    /// The authenticated, session and outer user of the leaders this worker served
+    /// (InvalidOid: none yet). A worker serves leaders of one identity only: what a
+    /// fragment leaves in the process — functions compiled under its search_path and
+    /// temporary types, procedural languages' session data — must not reach another
+    /// role's fragments (identity.rs).
+    pub served: [AtomicU32; 3],
 }
 
 impl Slot {

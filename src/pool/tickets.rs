@@ -240,12 +240,13 @@ pub(super) unsafe fn describe_pool_use(inner: *mut pg_sys::PlanState) -> *mut c_
 }
 
 /// Whether the pool worker of `slot` may run this backend's fragments: it is connected
-/// to this database, not retiring, and its `system_user` is unset unless this leader
-/// has one too (identity.rs).
+/// to this database, not retiring, has served no leader of another identity, and its
+/// `system_user` is unset unless this leader has one too (identity.rs).
 pub(super) fn serves_this_leader(slot: &Slot) -> bool {
     // SAFETY: a global set at connection.
     slot.database.load(Ordering::Acquire) == u32::from(unsafe { pg_sys::MyDatabaseId })
         && !slot.retire.load(Ordering::Acquire)
+        && identity::may_serve(&slot.served, identity::leader_users())
         && (identity::leader_has_system_user() || !slot.system_user_set.load(Ordering::Acquire))
 }
 
@@ -261,7 +262,12 @@ pub(super) unsafe fn post_tickets(
     unsafe {
         let handle = dsm_segment_handle(seg);
         let nworkers = (*(*(*pg).pei).pcxt).nworkers;
-        for (index, slot) in pool.slots.iter().enumerate() {
+        // Workers that serve this leader's identity first, then fresh ones, which are
+        // better kept for leaders of other identities (identity.rs).
+        let slots = pool.slots.iter().enumerate();
+        let (own, fresh): (Vec<_>, Vec<_>) =
+            slots.partition(|(_, slot)| identity::has_served(&slot.served));
+        for (index, slot) in own.into_iter().chain(fresh) {
             if (*pg).nslots >= want {
                 break;
             }

@@ -324,6 +324,15 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
             FRAG.declined = true;
             return;
         }
+        // A worker serves one identity's leaders (identity.rs): a leader of another
+        // posted before it saw the worker taken; the worker makes way for a fresh one.
+        let users = identity::users_of(fps);
+        if !identity::may_serve(&slot.served, users) {
+            FRAG.declined = true;
+            FRAG.retire = true;
+            return;
+        }
+        identity::mark_served(&slot.served, users);
         // A library the leader loaded (plpgsql, say) is loaded here too, for good.
         if worker_settings::load_libraries(libraries) {
             pool.count(Counter::LibrariesLoaded);

@@ -14,4 +14,7 @@ pub struct WorkerRow {
     pub errors: i64,
     /// The last fragment's set-up, ticket posted → plan fragment started (µs).
     pub last_setup_us: Option<f64>,
+    /// The authenticated user of the leaders it serves (InvalidOid: none yet): whose
+    /// statistics its leader, errors and set-up time are.
+    pub serves: pg_sys::Oid,
 }

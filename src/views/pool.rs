@@ -3,7 +3,10 @@
 
 use pgrx::prelude::*;
 
-/// One row per pool worker; the `pg_stride.pool` view.
+/// One row per pool worker; the `pg_stride.pool` view. Its leader, errors and set-up
+/// time are NULL to a role that may not read the statistics of the role the worker
+/// serves (pg::may_read_stats_of), as pg_stat_activity hides a parallel worker's
+/// leader.
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]
 fn pool_workers() -> TableIterator<
@@ -14,19 +17,20 @@ fn pool_workers() -> TableIterator<
         name!(state, &'static str),
         name!(leader_pid, Option<i32>),
         name!(fragments, i64),
-        name!(errors, i64),
+        name!(errors, Option<i64>),
         name!(last_setup_us, Option<f64>),
     ),
 > {
     TableIterator::new(crate::pool::workers().into_iter().map(|w| {
+        let visible = crate::pg::may_read_stats_of(w.serves);
         (
             w.pid,
             w.database,
             w.state,
-            w.leader_pid,
+            w.leader_pid.filter(|_| visible),
             w.fragments,
-            w.errors,
-            w.last_setup_us,
+            Some(w.errors).filter(|_| visible),
+            w.last_setup_us.filter(|_| visible),
         )
     }))
 }
