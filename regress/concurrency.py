@@ -97,14 +97,20 @@ check = collector(CHECKS)
 
 @check
 def waits_then_runs_when_the_slot_frees(s):
-    holder = s.client("pair", "SELECT pg_sleep(1.5)")
+    holder = s.client("pair", "SELECT pg_sleep(1.5)", "SET application_name = 'pair_holder';")
     s.wait_until("SELECT active FROM pg_stride.groups WHERE name = 'pair'", "1")
-    waiter = s.client("pair", "SELECT 'admitted'")
+    waiter = s.client("pair", "SELECT 'admitted'", "SET application_name = 'pair_waiter';")
     s.wait_until("SELECT state FROM pg_stride.activity WHERE \"group\" = 'pair' AND state = 'queued'", "queued")
     assert s.group_state("pair") == "1 1", s.group_state("pair")
-    # Query text follows pg_stat_activity's rules: hidden from an unrelated role.
-    texts = s.sql("SELECT DISTINCT query FROM pg_stride.activity WHERE \"group\" = 'pair'", user="regress_viewer")
-    assert texts == "<insufficient privilege>", texts
+    # pg_stat_activity's rules: an unrelated role sees that the two backends are there,
+    # not what they run, in which group, in which state or with what memory.
+    hidden = s.sql("SELECT count(*) || ' ' || count(\"group\") || ' ' || count(state) || ' ' "
+                   "|| count(statements) || ' ' || count(memory_kb) || ' ' || count(admission_lent) "
+                   "|| ' ' || string_agg(DISTINCT query, ',') FROM pg_stride.activity "
+                   "WHERE pid IN (SELECT pid FROM pg_stat_activity "
+                   "WHERE application_name IN ('pair_holder', 'pair_waiter'))",
+                   user="regress_viewer")
+    assert hidden == "2 0 0 0 0 0 <insufficient privilege>", hidden
     assert "pg_sleep" in s.sql("SELECT string_agg(query, ' ') FROM pg_stride.activity WHERE \"group\" = 'pair'")
     assert waiter.poll() is None, "the waiter finished while the slot was held"
     assert finish(holder)[0] == 0
@@ -713,10 +719,23 @@ def monitoring_queries_are_never_queued(s):
             took[sql] = time.monotonic() - started
         print("    answered in " + ", ".join(f"{t * 1000:.0f}" for t in took.values()) + " ms")
         assert max(took.values()) < 0.1, took
+        # Nor do catalog queries the planner estimates expensive (a cross join, a
+        # built-in asked for billions of rows), also where the session zeroed the
+        # planner's CPU costs so that their estimates say nothing.
+        zeroed = "SET cpu_tuple_cost = 0; SET cpu_operator_cost = 0; SET cpu_index_tuple_cost = 0; "
+        # ... or planned a prepared statement with them zeroed, which keeps its plan once
+        # they are put back (EXPLAIN plans it without running it).
+        cached = (zeroed + "PREPARE m AS SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_am c; "
+                  "EXPLAIN EXECUTE m; RESET cpu_tuple_cost; RESET cpu_operator_cost; "
+                  "RESET cpu_index_tuple_cost; EXECUTE m")
         for sql in ["SELECT count(*) FROM pg_class WHERE stride_lock_shared(0) = 1",
                     "SELECT count(*) FROM generate_series(1, 10)",
                     "SELECT pg_sleep(0.1)",
-                    "SELECT count(*) FROM big"]:
+                    "SELECT count(*) FROM big",
+                    "SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c",
+                    "SELECT sum(g) FROM (SELECT generate_series(1, 10000000000) g FROM pg_am) s",
+                    zeroed + "SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c",
+                    cached]:
             rc, out, err = finish(s.client("pair", sql, "SET pg_stride.bypass_monitoring = on; "
                                                         "SET pg_stride.queue_timeout = '300ms';"))
             assert rc != 0 and "waiting 300 ms for admission" in err, (sql, rc, out, err)
@@ -904,6 +923,19 @@ def utilities_run_their_internal_queries_nested(s):
         assert time.monotonic() - started < 1.5, "DETACH … CONCURRENTLY queued"
         tx.run("ALTER TABLE ranges ATTACH PARTITION ranges_1 FOR VALUES FROM (0) TO (10);\n"
                "\\echo attached", end="")
+        # COPY … FROM runs the foreign-key checks and the triggers' queries of each row
+        # it inserts: they run inside the command, not one admission per row.
+        copier = Session(s)
+        try:
+            copier.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.queue_timeout = '300ms'; "
+                       f"SET ROLE {ROLE}; \\echo ready", end="")
+            started = time.monotonic()
+            assert copier.run("COPY child_checked FROM STDIN;\n1\n1\n1\n\\.\n"
+                              "\\echo copied", end="") == ["copied"]
+            assert time.monotonic() - started < 1.5, "COPY FROM's row checks queued"
+        finally:
+            rc, out, err = copier.close()
+        assert rc == 0 and b"ERROR" not in err, (rc, out, err)
         # The queries that utilities run at the client's request are scheduled: they
         # queue like any statement (and time out here).
         for sql in ["EXPLAIN ANALYZE SELECT 1", "COPY (SELECT 1) TO STDOUT",
@@ -915,6 +947,143 @@ def utilities_run_their_internal_queries_nested(s):
     finally:
         tx.close()
         s.sql("ALTER TABLE child DROP CONSTRAINT IF EXISTS child_p_fkey")
+        s.sql("TRUNCATE child_checked, checked_log")
+
+
+@check
+def a_commit_inside_a_procedure_runs_its_deferred_checks_inside_the_call(s):
+    # The procedure inserts into a table with a deferred foreign key, sleeps (a statement
+    # of its own, admitted), then commits. A client queued meanwhile gets the group's only
+    # admission when the sleep ends; the COMMIT's deferred check (a trigger's query, run
+    # while the CALL's portal is active) must run inside the CALL, not queue behind it.
+    caller = Session(s)
+    waiter = None
+    try:
+        caller.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.queue_timeout = '1s'; "
+                   f"SET application_name = 'caller'; SET ROLE {ROLE}; \\echo ready", end="")
+        caller.send("CALL stride_commit_proc()")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'caller' "
+                     "AND wait_event = 'PgSleep'", "1")
+        waiter = s.client("pair", "SELECT pg_sleep(3)")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+        assert caller.run("\\echo called", end="", timeout=15) == ["called"]
+    finally:
+        rc, out, err = caller.close()
+        if waiter:
+            assert finish(waiter)[0] == 0
+        s.sql("DELETE FROM child_deferred")
+    assert rc == 0 and b"ERROR" not in err, (rc, out, err)
+
+
+@check
+def a_second_cursor_keeps_the_admission_when_the_first_closes(s):
+    # Two cursors of one backend run under one admission, which the first took. Closing
+    # the first leaves the second running under it: while the second's FETCH runs, the
+    # group (limit 1) shows it active and another client of the group waits.
+    before = over_limit(s)
+    s1 = Session(s)
+    other = None
+    try:
+        s1.run(f"SET pg_stride.resource_group = 'pair'; SET application_name = 'cursors'; "
+               f"SET ROLE {ROLE}; BEGIN; DECLARE a CURSOR FOR SELECT 1; "
+               "DECLARE b CURSOR FOR SELECT pg_sleep(2); CLOSE a; \\echo ready", end="")
+        s1.send("FETCH ALL FROM b")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cursors' "
+                     "AND wait_event = 'PgSleep'", "1")
+        assert s.group_state("pair") == "1 0", s.group_state("pair")
+        other = s.client("pair", "SELECT 'admitted'", "SET pg_stride.queue_timeout = '10s';")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+        assert s1.run("\\echo fetched", lines=2, end="", timeout=10)[-1] == "fetched"
+        assert finish(other)[:2] == (0, "admitted")
+        s1.run("COMMIT; \\echo done", end="")
+    finally:
+        s1.close()
+    assert over_limit(s) == before, over_limit(s) - before
+    s.wait_until("SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = 'pair'", "0 0")
+
+
+@check
+def a_monitoring_query_beside_a_lent_cursor_does_not_take_its_admission_back(s):
+    # A session's open cursor lent its admission to a statement that waited; the session
+    # then reads pg_stat_activity (a monitoring query, never queued): it must answer at
+    # once, not first take the cursor's admission back through the queue.
+    s1 = Session(s)
+    holder = None
+    try:
+        s1.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
+               f"SET pg_stride.queue_timeout = '300ms'; SET ROLE {ROLE}; BEGIN; "
+               "DECLARE c CURSOR FOR SELECT g FROM generate_series(1, 3) g; FETCH 1 FROM c")
+        holder = holder_running(s, 3)
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'holder' "
+                     "AND wait_event = 'PgSleep'", "1")
+        started = time.monotonic()
+        assert s1.run("SELECT count(*) > 0 FROM pg_stat_activity") == ["t"]
+        assert time.monotonic() - started < 0.25, "the monitoring query queued"
+        # The cursor's own FETCH takes the admission back: it waits for the holder.
+        assert s1.run("SET pg_stride.queue_timeout = '10s'; FETCH 1 FROM c", timeout=10) == ["2"]
+        s1.run("CLOSE c; COMMIT; \\echo closed", end="")
+    finally:
+        s1.close()
+        if holder:
+            assert finish(holder)[0] == 0
+
+
+@check
+def a_group_with_a_waiting_statement_cannot_be_dropped(s):
+    # A statement of group "doomed" waits for admission, the server's one admission
+    # held by another group's: the group is in use (55006) until it ran, as with a
+    # running statement; dropped meanwhile, its slot could go to a new group, which the
+    # waiter would then be admitted and counted in.
+    s.sql("SELECT pg_stride.create_group('doomed')")
+    holder = waiter = None
+    try:
+        set_server(s, "pg_stride.max_active_queries", 1)
+        holder = s.client("holder", "SET application_name = 'holder'; SELECT pg_sleep(3)")
+        s.wait_until("SELECT active FROM pg_stride.groups WHERE name = 'holder'", "1")
+        waiter = s.client("doomed", "SELECT 'admitted'", "SET pg_stride.queue_timeout = '10s';")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'doomed'", "1")
+        out = subprocess.run(s.psql_args(None), env=ENV, capture_output=True, text=True,
+                             input="\\set VERBOSITY verbose\nSELECT pg_stride.drop_group('doomed');\n")
+        assert out.returncode != 0 and "55006" in out.stderr and \
+            'resource group "doomed" is in use' in out.stderr, (out.returncode, out.stdout, out.stderr)
+        assert finish(holder)[0] == 0
+        assert finish(waiter)[:2] == (0, "admitted")
+    finally:
+        set_server(s, "pg_stride.max_active_queries", None)
+        for proc in (holder, waiter):
+            if proc and proc.poll() is None:
+                finish(proc)
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'doomed'", "0")
+        s.sql("SELECT pg_stride.drop_group('doomed')")
+
+
+@check
+def a_group_whose_admission_a_cursor_holds_cannot_be_dropped(s):
+    # A cursor opened in group "doomed" holds that group's admission; its session then
+    # changes group and runs a statement there. The group is still in use (55006) until
+    # the cursor is closed: dropped, its slot could go to a new group, which would then
+    # count the cursor's admission against its own limits. (The group is a superuser's
+    # setting: the session goes back to its superuser to change it.)
+    s.sql("SELECT pg_stride.create_group('doomed')")
+    x = Session(s)
+    try:
+        pid = x.run("SELECT pg_backend_pid()")[0]
+        x.run(f"SET pg_stride.resource_group = 'doomed'; SET ROLE {ROLE}; BEGIN; "
+              "DECLARE c CURSOR FOR SELECT g FROM generate_series(1, 100000) g "
+              "WHERE g % 7 = 0 AND pg_sleep(0) IS NOT NULL; FETCH 1 FROM c")
+        x.run(f"RESET ROLE; SET pg_stride.resource_group = 'default'; SET ROLE {ROLE}; "
+              "SELECT count(*) FROM big")
+        groups = s.sql(f"SELECT \"group\" || ' ' || statements FROM pg_stride.activity WHERE pid = {pid}")
+        assert groups == "default 1", groups
+        out = subprocess.run(s.psql_args(None), env=ENV, capture_output=True, text=True,
+                             input="\\set VERBOSITY verbose\nSELECT pg_stride.drop_group('doomed');\n")
+        assert out.returncode != 0 and "55006" in out.stderr and \
+            'resource group "doomed" is in use' in out.stderr, (out.returncode, out.stdout, out.stderr)
+        assert x.run("FETCH 1 FROM c") == ["14"]
+        x.run("CLOSE c; COMMIT; SELECT 1")
+    finally:
+        x.close()
+    s.sql("SELECT pg_stride.drop_group('doomed')")
 
 
 @check
@@ -1170,6 +1339,14 @@ def setup(s):
           "CREATE TABLE child_deferred (p int REFERENCES parent DEFERRABLE INITIALLY DEFERRED); "
           "CREATE MATERIALIZED VIEW parent_view AS SELECT * FROM parent; "
           "CREATE PROCEDURE stride_proc() LANGUAGE sql AS 'SELECT 1'; "
+          "CREATE PROCEDURE stride_commit_proc() LANGUAGE plpgsql AS "
+          "'BEGIN INSERT INTO child_deferred VALUES (1); PERFORM pg_sleep(2); COMMIT; END'; "
+          # Each row COPY … FROM inserts runs a foreign-key check and a trigger's query.
+          "CREATE TABLE checked_log (p int); "
+          "CREATE FUNCTION log_checked() RETURNS trigger LANGUAGE plpgsql AS "
+          "'BEGIN INSERT INTO checked_log SELECT count(*) FROM parent WHERE id = NEW.p; RETURN NEW; END'; "
+          "CREATE TABLE child_checked (p int REFERENCES parent); "
+          "CREATE TRIGGER log_checked BEFORE INSERT ON child_checked FOR EACH ROW EXECUTE FUNCTION log_checked(); "
           "CREATE FUNCTION stride_lock_shared(int) RETURNS int LANGUAGE plpgsql PARALLEL SAFE "
           "AS 'BEGIN PERFORM pg_advisory_xact_lock_shared($1); RETURN 1; END'")
     # DETACH … CONCURRENTLY of a referenced partitioned table checks the references
@@ -1180,7 +1357,7 @@ def setup(s):
           "INSERT INTO ranges VALUES (1), (11); "
           "CREATE TABLE ranges_ref (id int REFERENCES ranges); INSERT INTO ranges_ref VALUES (11)")
     for table in ["uniq", "parent", "child", "child_deferred", "parent_view", "ranges", "ranges_1",
-                  "ranges_2", "ranges_ref"]:
+                  "ranges_2", "ranges_ref", "child_checked", "checked_log"]:
         s.sql(f"ALTER TABLE {table} OWNER TO {ROLE}")
     s.sql(f"GRANT CREATE ON SCHEMA public TO {ROLE}")
 

@@ -198,6 +198,8 @@ def a_wait_for_memory_ends_on_the_queue_timeout_and_asks_no_more(s):
                      str(STATEMENT_KB), timeout=20)
         rc, out, err = finish(s.client_as(APP, HEAVY))
         assert rc != 0 and "waiting 500 ms for admission" in err, (rc, out, err)
+        # The HINT names the memory budget, which is what it waited for.
+        assert f"memory_budget (the statement reserves {STATEMENT_KB} kB" in err, err
         assert group_memory(s) == f"{STATEMENT_KB} 0", group_memory(s)
         rc, out, err = finish(first, timeout=120)
         assert rc == 0 and out == "1000000|", (rc, out, err)

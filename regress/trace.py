@@ -421,6 +421,20 @@ def a_statement_planned_tiny_is_scheduled_once_it_ran_long_twice(s):
     assert all(r["cpu_ms"] > 0 and not r["failed"] for r in rows), rows
 
 
+@check
+def a_session_that_zeroed_the_planners_costs_still_has_its_reads_scheduled(s):
+    # With the CPU costs at 0 (any role may set them) a count over big costs under the
+    # tiny bound; the bound is scaled alike, so the count is still scheduled (recorded).
+    zero = ("SET cpu_tuple_cost = 0; SET cpu_operator_cost = 0; SET cpu_index_tuple_cost = 0; "
+            "SET seq_page_cost = 0; SET random_page_cost = 0; ")
+    cost = float(s.sql(zero + "SELECT (regexp_match(e, 'cost=[0-9.]+\\.\\.([0-9.]+)'))[1] "
+                       "FROM plan_of('SELECT count(*) FROM big') AS e LIMIT 1"))
+    assert cost < 50, f"with the costs zeroed the count costs {cost}"
+    results, rows = traced(s, zero + "SELECT count(*) FROM big")
+    assert results[0][0] == 0, results
+    assert len(rows) == 1 and not rows[0]["failed"], rows
+
+
 # The plan of a statement the query-id checks prepare before their first scheduled one.
 EXPLAIN_EARLY = "EXPLAIN (VERBOSE, COSTS OFF) EXECUTE early(0);\n"
 

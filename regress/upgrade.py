@@ -81,9 +81,12 @@ def schema_dump(s, database):
 
 def blocks(sql):
     """A generated script's objects, in an order of their own (pgrx's is not stable), and
-    without the source locations it notes."""
-    return sorted(re.sub(r"^-- src/.*\n", "", block, flags=re.M).strip()
-                  for block in sql.split("/* <begin connected objects> */"))
+    without the source locations and Rust types it notes: a column whose Rust type becomes an
+    Option is the same SQL."""
+    def schema_of(block):
+        block = re.sub(r"^-- src/.*\n", "", block, flags=re.M)
+        return re.sub(r"[ \t]*/\* [^<][^*]*\*/", "", block).strip()
+    return sorted(schema_of(block) for block in sql.split("/* <begin connected objects> */"))
 
 
 def setup(s):

@@ -29,6 +29,8 @@ SELECT name, weight, max_concurrency, max_parallel_workers, priority_initial,
 SELECT pg_stride.create_group('reporting');
 SELECT pg_stride.create_group('');
 SELECT pg_stride.create_group(repeat('x', 64));
+SELECT pg_stride.create_group(' padded');
+SELECT pg_stride.create_group('a;b');
 SELECT pg_stride.create_group('x', weight => 0);
 SELECT pg_stride.create_group('x', weight => 10001);
 SELECT pg_stride.create_group('x', max_concurrency => -1);
@@ -227,4 +229,17 @@ DROP ROLE stride_user;
 
 SELECT pg_stride.drop_group('reporting');
 SELECT name FROM pg_stride.groups;
+
+-- Shared memory holds "default" and 63 other groups: a 64th is refused (54000), and
+-- once one is dropped there is room again.
+SELECT count(*) AS created
+  FROM (SELECT pg_stride.create_group('many_' || i) FROM generate_series(1, 63) i) c;
+SELECT pg_stride.create_group('one_too_many');
+\echo :LAST_ERROR_SQLSTATE
+SELECT pg_stride.drop_group('many_63');
+SELECT pg_stride.create_group('one_too_many');
+SELECT count(*) AS in_effect FROM pg_stride.groups;
+SELECT count(*) AS dropped
+  FROM (SELECT pg_stride.drop_group(name) FROM pg_stride.resource_groups
+         WHERE name <> 'default') d;
 DROP EXTENSION pg_stride;

@@ -64,7 +64,7 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize, need_kb: u
     };
     match arrive(shared, procno, group, need_kb, Some(bounds)) {
         Arrived::Admitted => admitted_at_once(entry),
-        Arrived::Queued => wait_in_queue(shared, entry, procno, group, true),
+        Arrived::Queued => wait_in_queue(shared, entry, procno, group, need_kb, true),
         Arrived::Full { group_bound } => turned_away(shared, group, group_bound, bounds),
     }
     entry.lease.hold(group);
@@ -177,7 +177,7 @@ fn reject(
 }
 
 /// Waits in the queue, where `arrive` left process `procno` with a statement of group
-/// slot `group`, until it is admitted or its wait ran out (the group's or the session's
+/// slot `group` that reserves `need_kb` of working memory, until it is admitted or its wait ran out (the group's or the session's
 /// queue timeout, `GroupSettings::queue_timeout_ms`); `count`
 /// records the admission and its wait in the group's statistics (a statement taking a
 /// lent admission back is not counted again, and shows queued from now rather than from
@@ -188,6 +188,7 @@ fn wait_in_queue(
     entry: &ProcEntry,
     procno: usize,
     group: usize,
+    need_kb: u64,
     count: bool,
 ) {
     let settings = shared.groups.settings_of(group).unwrap_or_default();
@@ -231,9 +232,17 @@ fn wait_in_queue(
                 "pg_stride admission",
             )
             .set_detail("The wait reached pg_stride.queue_timeout or the group's queue_timeout.")
-            .set_hint(format!(
-                "Retry later, or raise pg_stride.queue_timeout, the queue_timeout of group \"{group_name}\", pg_stride.max_active_queries or its max_concurrency."
-            ))
+            .set_hint(if need_kb > 0 {
+                // It may have waited for memory rather than for a place: the limits on
+                // statements would not help it.
+                format!(
+                    "Retry later, or raise pg_stride.queue_timeout, the queue_timeout of group \"{group_name}\", pg_stride.max_active_queries or its max_concurrency, or pg_stride.memory_budget or its memory_budget (the statement reserves {need_kb} kB of working memory)."
+                )
+            } else {
+                format!(
+                    "Retry later, or raise pg_stride.queue_timeout, the queue_timeout of group \"{group_name}\", pg_stride.max_active_queries or its max_concurrency."
+                )
+            })
             .report(PgLogLevel::ERROR);
             unreachable!("an ERROR report does not return")
         }
@@ -527,7 +536,7 @@ pub fn take_back(shared: &shmem::Shared) {
     }
     // Its memory stays reserved while its admission is lent: the statement keeps it.
     if arrive(shared, procno, group, 0, None) == Arrived::Queued {
-        wait_in_queue(shared, entry, procno, group, false);
+        wait_in_queue(shared, entry, procno, group, 0, false);
     }
     if entry.lease.returned(&shared.admission) {
         dispatch(shared);

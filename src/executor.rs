@@ -7,15 +7,17 @@
 //! * the statements a client sends, run by a portal of a client backend, at nesting
 //!   depth 0, cursors included;
 //! * the query that a utility runs at the client's request is one of them: EXPLAIN
-//!   ANALYZE, COPY (query) TO, CREATE TABLE AS / SELECT INTO / CREATE MATERIALIZED VIEW,
+//!   ANALYZE, COPY … TO, CREATE TABLE AS / SELECT INTO / CREATE MATERIALIZED VIEW,
 //!   DECLARE / FETCH / MOVE / CLOSE of a cursor, EXECUTE, and the statements of DO
 //!   blocks and procedures (CALL), each admitted and scheduled on its own;
 //! * everything else runs nested, never queued or paused: statements of functions and
 //!   triggers (inside ExecutorRun or ExecutorFinish of their statement), the queries
 //!   any other utility runs internally (the foreign-key check of ALTER TABLE … ADD
-//!   FOREIGN KEY, REFRESH MATERIALIZED VIEW), and the queries PostgreSQL runs by itself
-//!   when a transaction commits — deferred constraint triggers and foreign-key checks —,
-//!   which run with no portal active; the transaction holds its locks meanwhile.
+//!   FOREIGN KEY, REFRESH MATERIALIZED VIEW, the triggers and foreign-key checks of the
+//!   rows COPY … FROM inserts), and the queries PostgreSQL runs by itself when a
+//!   transaction commits — deferred constraint triggers and foreign-key checks —, which
+//!   run with no portal active, or, at a COMMIT inside a procedure or DO block, inside a
+//!   trigger (`pg::in_trigger`); the transaction holds its locks meanwhile.
 //!
 //! The nesting depth counts ExecutorRun, ExecutorFinish and the utilities of the last
 //! kind, like pg_stat_statements' nesting level (which counts every ProcessUtility).
@@ -39,7 +41,7 @@
 //! with saturating arithmetic, so that no hook can panic over it.
 
 use crate::backend_local::BackendLocal;
-use crate::{groups, gucs, monitoring, pg, pool, shmem, statements};
+use crate::{groups, gucs, monitoring, pg, plan_costs, pool, shmem, statements};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -153,9 +155,11 @@ fn runs_top_level(eflags: i32) -> bool {
 }
 
 /// Whether the statement the executor is starting is one pg_stride schedules (see the
-/// module comment): one a portal of a client backend runs at depth 0.
+/// module comment): one a portal of a client backend runs at depth 0, outside any
+/// trigger. The depth alone misses triggers PostgreSQL fires outside the executor's
+/// hooks while a portal runs: those of a COMMIT inside a procedure or DO block.
 fn is_scheduled(eflags: i32) -> bool {
-    pg::is_client_backend() && runs_top_level(eflags) && pg::portal_active()
+    pg::is_client_backend() && runs_top_level(eflags) && pg::portal_active() && !pg::in_trigger()
 }
 
 /// A parallel worker (PostgreSQL's own) running part of a statement: it joins its
@@ -173,17 +177,26 @@ unsafe fn utility_tag(stmt: *const pg_sys::Node) -> Option<pg_sys::NodeTag> {
     unsafe { stmt.as_ref() }.map(|n| n.type_)
 }
 
-/// Whether the queries a utility of type `tag` runs are the client's, scheduled like
-/// top-level statements (see the module comment), rather than nested.
-fn runs_client_queries(tag: Option<pg_sys::NodeTag>) -> bool {
+/// Whether the queries the utility `stmt`, of type `tag`, runs are the client's,
+/// scheduled like top-level statements (see the module comment), rather than nested.
+/// COPY … TO reads what the client asked for; COPY … FROM runs no query of the client's,
+/// only the triggers and foreign-key checks of the rows it inserts, which it fires
+/// itself, outside the executor's hooks: they run nested, inside the command.
+///
+/// # Safety
+/// `stmt` is the valid utility statement node whose type is `tag`.
+unsafe fn runs_client_queries(stmt: *const pg_sys::Node, tag: Option<pg_sys::NodeTag>) -> bool {
     use pg_sys::NodeTag::*;
     let Some(tag) = tag else {
         return false;
     };
+    if tag == T_CopyStmt {
+        // SAFETY: the caller's promise: a node of type T_CopyStmt is a CopyStmt.
+        return unsafe { !(*stmt.cast::<pg_sys::CopyStmt>()).is_from };
+    }
     matches!(
         tag,
         T_ExplainStmt
-            | T_CopyStmt
             | T_CreateTableAsStmt
             | T_DeclareCursorStmt
             | T_FetchStmt
@@ -201,6 +214,8 @@ unsafe extern "C-unwind" fn planner(
     cursor_options: i32,
     bound_params: pg_sys::ParamListInfo,
 ) -> *mut pg_sys::PlannedStmt {
+    // The cost settings the plan is made with, which a cached plan keeps.
+    plan_costs::planning();
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     let stmt = unsafe {
         PREV_PLANNER.unwrap_or(raw::standard_planner)(
@@ -278,7 +293,7 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
     // cleanup gives the slot back.
     let top_level = NESTING.get() == 0;
     let on_cpu = top_level && statements::runs_on_cpu_slots(desc);
-    if on_cpu || (top_level && statements::admission_lent()) {
+    if on_cpu || (top_level && statements::runs_on_lent_admission(desc)) {
         // SAFETY: a guarded function.
         unsafe { begin_run(on_cpu) };
     }
@@ -331,8 +346,9 @@ unsafe extern "C-unwind" fn process_utility(
     qc: *mut pg_sys::QueryCompletion,
 ) {
     // SAFETY: ProcessUtility's PlannedStmt wraps a valid utility statement.
-    let tag = unsafe { utility_tag((*pstmt).utilityStmt) };
-    let nested = !runs_client_queries(tag);
+    let (stmt, tag) = unsafe { ((*pstmt).utilityStmt, utility_tag((*pstmt).utilityStmt)) };
+    // SAFETY: `tag` is the type of `stmt`.
+    let nested = unsafe { !runs_client_queries(stmt, tag) };
     let drops_database = tag == Some(pg_sys::NodeTag::T_DropdbStmt);
     if drops_database {
         watch_object_drops();

@@ -201,6 +201,15 @@ mod functions {
         rules_dry_run: default!(Option<bool>, false),
     ) {
         let name = check_caller(name);
+        // A runaway rule names its `move` target up to a ';', trimmed: a name it could
+        // not spell is refused here.
+        if name.trim() != name || name.contains(';') {
+            pg::raise(
+                PgSqlErrorCode::ERRCODE_INVALID_NAME,
+                format!("invalid resource group name \"{name}\""),
+                Some("A new group's name has no ';' and no spaces at its ends."),
+            );
+        }
         let leave_out = "Leave the argument out for its default.";
         let settings = GroupSettings {
             weight: required(weight, "the weight", leave_out),
@@ -224,6 +233,32 @@ mod functions {
                 PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
                 format!("resource group \"{name}\" already exists"),
                 Some("Use pg_stride.alter_group() to change it."),
+            );
+        }
+        // Shared memory has a slot for `default` and MAX_GROUPS - 1 others; a group
+        // beyond them would never be in effect (config::reload_groups). The lock (which
+        // conflicts with itself and with writes) makes two sessions creating groups at
+        // once count one after the other.
+        Spi::run("LOCK TABLE pg_stride.resource_groups IN SHARE ROW EXCLUSIVE MODE")
+            .unwrap_or_else(|e| {
+                pg::raise(
+                    PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                    format!("pg_stride: cannot lock the resource groups table: {e}"),
+                    None,
+                )
+            });
+        let others = crate::groups::read_table()
+            .iter()
+            .filter(|g| g.name != DEFAULT_GROUP)
+            .count();
+        if others + 1 >= shmem::MAX_GROUPS {
+            pg::raise(
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!(
+                    "cannot create resource group \"{name}\": at most {} groups besides \"default\" fit in shared memory",
+                    shmem::MAX_GROUPS - 1
+                ),
+                Some("Drop a group that is not used, with pg_stride.drop_group(), to make room."),
             );
         }
         upsert(name, &settings);

@@ -18,6 +18,7 @@ mod pg;
 mod plan_tree;
 
 mod gucs;
+mod plan_costs;
 
 mod shmem;
 

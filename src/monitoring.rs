@@ -9,7 +9,7 @@
 
 use crate::backend_local::BackendLocal;
 use crate::gucs::Setting;
-use crate::plan_tree;
+use crate::{plan_costs, plan_tree};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
@@ -32,9 +32,18 @@ pub unsafe fn bypasses_scheduling(desc: *const pg_sys::QueryDesc) -> bool {
         let stmt = (*desc).plannedstmt;
         // A write, most of an OLTP application's statements, is told by this inlined
         // first test, without a call.
-        plan_tree::reads_only(stmt) && reads_only_monitoring(stmt)
+        plan_tree::reads_only(stmt)
+            && (*(*stmt).planTree).total_cost < MAX_COST * plan_costs::scale()
+            && reads_only_monitoring(stmt)
     }
 }
+
+/// The highest planner cost of a monitoring query (at PostgreSQL's default CPU costs;
+/// `plan_costs::scale`): a look at the catalogs and statistics views costs far
+/// less, even on a server with many thousand tables; a query over them that the planner
+/// puts above it (a cross join of catalogs, a built-in set-returning function asked for
+/// billions of rows) is scheduled like any other.
+const MAX_COST: f64 = 100_000.0;
 
 /// Whether `stmt`, a statement that only reads, is a monitoring query (docs/design.md §4
 /// rule 4): a plain SELECT without FROM that calls monitoring built-ins

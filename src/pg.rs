@@ -27,6 +27,13 @@ mod ffi {
         pub fn ExecSetExecProcNode(node: *mut pg_sys::PlanState, function: pg_sys::ExecProcNodeMtd);
     }
 
+    extern "C" {
+        /// The SQL function `pg_trigger_depth() RETURNS int4`: a read of trigger.c's
+        /// depth of trigger calls in progress, which ignores its argument and cannot
+        /// raise an ERROR.
+        pub fn pg_trigger_depth(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
+    }
+
     extern "C-unwind" {
         /// The SQL function `pg_blocking_pids(int4) RETURNS int4[]`; may raise an ERROR.
         pub fn pg_blocking_pids(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
@@ -426,6 +433,19 @@ pub fn is_client_backend() -> bool {
 pub fn portal_active() -> bool {
     // SAFETY: plain read of a process-local global.
     unsafe { !pg_sys::ActivePortal.is_null() }
+}
+
+/// Whether a trigger function is running in this backend (`pg_trigger_depth() > 0`):
+/// a query that starts now is one of its own, or of a foreign-key check, wherever
+/// PostgreSQL fired it from — inside a statement's ExecutorRun, a COPY … FROM, or the
+/// deferred triggers of a COMMIT that a procedure or DO block runs.
+pub fn in_trigger() -> bool {
+    // SAFETY: pg_trigger_depth reads a process-local counter and returns it; it does not
+    // look at its call info, given one with no arguments as SQL would call it.
+    unsafe {
+        let mut call: pg_sys::FunctionCallInfoBaseData = std::mem::zeroed();
+        ffi::pg_trigger_depth(&mut call).value() as i32 > 0
+    }
 }
 
 /// Whether the current role is a superuser.

@@ -348,11 +348,15 @@ pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
     });
 }
 
-/// Whether this backend's admission is lent out: a top-level ExecutorRun then calls
-/// [`resume`] first. Cannot panic: the executor hooks ask it outside pgrx's error
-/// boundary, so that a statement whose admission is its own enters no guarded function.
-pub fn admission_lent() -> bool {
+/// Whether this backend's admission is lent out and `desc` is one of its registered
+/// statements (a cursor's FETCH): its ExecutorRun then calls [`resume`] first. A query
+/// that is not registered — a monitoring query, one PostgreSQL runs at COMMIT — runs
+/// without taking the admission back, as it would run without one. Cannot panic: the
+/// executor hooks ask it outside pgrx's error boundary, so that a statement whose
+/// admission is its own enters no guarded function.
+pub fn runs_on_lent_admission(desc: *const pg_sys::QueryDesc) -> bool {
     shmem::shared().is_some_and(admission::is_lent)
+        && REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc)) == Some(true)
 }
 
 /// A top-level ExecutorRun begins: a statement whose admission was lent while its
@@ -449,6 +453,13 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
             }
         }
         parallel::return_workers(shared, r.group, r.workers);
+        // The backend's admission covers all its registered statements, whichever took
+        // it: while one is still registered (a second cursor, when the first is closed)
+        // it passes to that one, with its memory, so that the backend keeps running
+        // under it (docs/design.md §4 rule 12).
+        if r.admitted && pass_admission_on(r.reserved_memory) {
+            continue;
+        }
         if r.reserved_memory {
             if let Some(procno) = pg::my_procno() {
                 admission::release_memory(shared, procno);
@@ -459,6 +470,20 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
         }
     }
     count
+}
+
+/// The statement that held the backend's admission ended: the first statement still
+/// registered, if any, holds it now, with the memory it reserved. Returns whether there
+/// was one.
+fn pass_admission_on(reserved_memory: bool) -> bool {
+    REGISTERED.with_borrow_mut(|list| match list.first_mut() {
+        Some(next) => {
+            next.admitted = true;
+            next.reserved_memory |= reserved_memory;
+            true
+        }
+        None => false,
+    })
 }
 
 /// Makes this process the owner of its shared entry. An entry still naming another pid

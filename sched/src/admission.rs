@@ -289,6 +289,14 @@ impl Lease {
         (state != NO_LEASE && state & IN_USE == 0).then(|| group_of(state))
     }
 
+    /// Group of the statement that uses the lease (lent or not), if one does: it may be
+    /// other than the group of the process's latest statement (a cursor opened before a
+    /// change of `pg_stride.resource_group`).
+    pub fn group_in_use(&self) -> Option<usize> {
+        let state = self.0.load(SeqCst);
+        (state & IN_USE != 0).then(|| group_of(state))
+    }
+
     /// Whether a statement uses the lease and its admission is lent out.
     pub fn is_lent(&self) -> bool {
         self.0.load(SeqCst) & LENT != 0
@@ -981,8 +989,10 @@ mod tests {
     fn a_lease_keeps_the_admission_between_statements_while_nobody_waits() {
         let mut s = Server::new(1, 2);
         assert_eq!(s.arrive_leasing(0, 0), (Arrival::Admitted, true));
+        assert_eq!(s.l[0].group_in_use(), Some(0));
         assert!(s.finish_leased(0).is_empty());
         assert_eq!(s.l[0].idle_group(), Some(0));
+        assert_eq!(s.l[0].group_in_use(), None, "idle");
         assert_eq!(s.totals(), (1, 0), "the idle lease still counts");
         assert_eq!(s.arrive_leasing(0, 0), (Arrival::Admitted, true));
         assert_eq!(s.l[0].idle_group(), None, "in use");

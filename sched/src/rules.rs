@@ -282,14 +282,19 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
     let action = match action.trim() {
         "log" => Action::Log,
         "cancel" => Action::Cancel,
-        other => match other.strip_prefix("move").map(str::trim) {
-            Some(group) if !group.is_empty() && group.len() <= MAX_NAME_LEN => {
+        other => match other.strip_prefix("move") {
+            // "move" and its group are apart: "moved batch" is a typo, not a move to
+            // group "d batch".
+            Some(rest) if rest.is_empty() || rest.starts_with(char::is_whitespace) => {
+                let group = rest.trim();
+                if group.is_empty() || group.len() > MAX_NAME_LEN {
+                    return Err(bad("\"move\" takes a group name".into()));
+                }
                 target.bytes[..group.len()].copy_from_slice(group.as_bytes());
                 target.len = group.len() as u8;
                 Action::Move
             }
-            Some(_) => return Err(bad("\"move\" takes a group name".into())),
-            None => {
+            _ => {
                 return Err(bad(format!(
                     "unknown action \"{other}\" (log, cancel or move GROUP)"
                 )))
@@ -387,6 +392,8 @@ mod tests {
         assert!(err("elapsed > -1s: log").contains("not a whole number"));
         assert!(err("rows > 1: kill").contains("unknown action \"kill\""));
         assert!(err("rows > 1: move").contains("takes a group name"));
+        assert!(err("rows > 1: moved batch").contains("unknown action \"moved batch\""));
+        assert!(err("rows > 1: movebatch").contains("unknown action \"movebatch\""));
         assert!(err(&format!("rows > 1: move {}", "g".repeat(64))).contains("takes a group name"));
         assert!(err("temp_bytes > 99999999999TB: log").contains("too large"));
         assert!(

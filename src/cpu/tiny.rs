@@ -49,9 +49,11 @@ static ANY_SCHEDULED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(fal
 
 /// Whether a serial statement whose plan's total cost is `plan_cost` is too small to
 /// schedule. `fingerprint` gives the statement's fingerprint, asked for only once a
-/// fingerprint is scheduled in this backend.
+/// fingerprint is scheduled in this backend. The bound is for PostgreSQL's default CPU
+/// costs: a session that lowered them (to 0, say) lowers it alike
+/// (`plan_costs::scale`), and gets no unscheduled statements by it.
 pub fn is_tiny(plan_cost: f64, fingerprint: impl FnOnce() -> u64) -> bool {
-    plan_cost < COST_PER_SLICE_MS * super::settings::slice_ms()
+    plan_cost < COST_PER_SLICE_MS * super::settings::slice_ms() * crate::plan_costs::scale()
         && !(ANY_SCHEDULED.get() && {
             let fingerprint = fingerprint();
             RAN_LONG

@@ -169,11 +169,15 @@ impl Shared {
         pid != 0 && pg::proc_pid(procno) == pid
     }
 
-    /// Whether a live process runs a statement in group slot `slot`.
+    /// Whether a live process runs a statement in group slot `slot`, or waits for its
+    /// admission there, or uses an admission of that group (a cursor opened before its
+    /// session changed group).
     pub fn slot_has_statements(&self, slot: usize) -> bool {
         self.procs().iter().enumerate().any(|(procno, e)| {
-            e.group.load(Ordering::Acquire) as usize == slot
-                && e.running.load(Ordering::Acquire) > 0
+            ((e.group.load(Ordering::Acquire) as usize == slot
+                && (e.running.load(Ordering::Acquire) > 0
+                    || e.queued.load(Ordering::Acquire) > 0))
+                || e.lease.group_in_use() == Some(slot))
                 && self.is_live(procno)
         })
     }

@@ -8,18 +8,19 @@ use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
 
 /// One row per process that runs or waits to run a scheduled statement; the
-/// `pg_stride.activity` view adds what pg_stat_activity shows of it. Its times and
-/// its place in the schedule are NULL to a role that may not read the statistics
-/// of the process's role (pg::may_read_stats_of), as pg_stat_activity does.
+/// `pg_stride.activity` view adds what pg_stat_activity shows of it. Everything but
+/// its pid is NULL to a role that may not read the statistics of the process's role
+/// (pg::may_read_stats_of), as pg_stat_activity hides all but a backend's identity,
+/// except in the process's own row.
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]
 fn activity_state() -> TableIterator<
     'static,
     (
         name!(pid, i32),
-        name!(group_name, String),
-        name!(state, &'static str),
-        name!(statements, i32),
+        name!(group_name, Option<String>),
+        name!(state, Option<&'static str>),
+        name!(statements, Option<i32>),
         name!(queued_since_us, Option<i64>),
         name!(admitted_at_us, Option<i64>),
         name!(priority, Option<i32>),
@@ -27,10 +28,10 @@ fn activity_state() -> TableIterator<
         name!(cpu_time_ms, Option<f64>),
         name!(paused_time_ms, Option<f64>),
         name!(processes, Option<i32>),
-        name!(workers_planned, i32),
-        name!(workers_granted, i32),
-        name!(admission_lent, bool),
-        name!(memory_kb, i64),
+        name!(workers_planned, Option<i32>),
+        name!(workers_granted, Option<i32>),
+        name!(admission_lent, Option<bool>),
+        name!(memory_kb, Option<i64>),
         name!(cpu_group, Option<String>),
         name!(predicted_cpu_ms, Option<f64>),
         name!(class, Option<&'static str>),
@@ -68,7 +69,10 @@ fn activity_state() -> TableIterator<
                 .sched()
                 .and_then(|s| s.query_snapshot(pg_stride_sched::QueryId(q - 1))),
         };
-        let visible = crate::pg::may_read_stats_of(crate::pg::proc_role(procno));
+        // Its own backend is shown to a session whatever role it SET: the session
+        // may go back to the one it logged in as.
+        let visible = crate::pg::my_procno() == Some(procno)
+            || crate::pg::may_read_stats_of(crate::pg::proc_role(procno));
         let shown = |v: Option<i64>| v.filter(|_| visible);
         let query = query.filter(|_| visible);
         let prediction = entry.prediction().filter(|_| visible && query.is_some());
@@ -81,9 +85,9 @@ fn activity_state() -> TableIterator<
         };
         rows.push((
             entry.pid.load(Ordering::Acquire),
-            names.get(&slot).cloned().unwrap_or_default(),
-            state,
-            running as i32,
+            visible.then_some(names.get(&slot).cloned().unwrap_or_default()),
+            visible.then_some(state),
+            visible.then_some(running as i32),
             shown(if queued > 0 {
                 nonzero(entry.queued_since.load(Ordering::Relaxed))
             } else {
@@ -95,10 +99,10 @@ fn activity_state() -> TableIterator<
             query.map(|q| q.cpu_ns as f64 / 1e6),
             visible.then(|| entry.paused_us.load(Ordering::Relaxed) as f64 / 1e3),
             query.map(|q| q.members as i32),
-            entry.workers_planned.load(Ordering::Relaxed) as i32,
-            entry.workers_granted.load(Ordering::Relaxed) as i32,
-            entry.lease.is_lent(),
-            memory.get(procno).map_or(0, |&kb| kb as i64),
+            visible.then_some(entry.workers_planned.load(Ordering::Relaxed) as i32),
+            visible.then_some(entry.workers_granted.load(Ordering::Relaxed) as i32),
+            visible.then_some(entry.lease.is_lent()),
+            visible.then_some(memory.get(procno).map_or(0, |&kb| kb as i64)),
             query.and_then(|q| names.get(&(q.group.0 as usize)).cloned()),
             prediction.map(|(cpu_us, _)| cpu_us as f64 / 1e3),
             prediction.map(|(_, short)| if short { "short" } else { "long" }),
