@@ -238,7 +238,9 @@ mod functions {
         // Shared memory has a slot for `default` and MAX_GROUPS - 1 others; a group
         // beyond them would never be in effect (config::reload_groups). The lock (which
         // conflicts with itself and with writes) makes two sessions creating groups at
-        // once count one after the other.
+        // once count one after the other. (Under REPEATABLE READ the count reads the
+        // transaction's snapshot, taken before the lock: two such creations at once may
+        // pass it, and the groups loader then warns of the group left out.)
         Spi::run("LOCK TABLE pg_stride.resource_groups IN SHARE ROW EXCLUSIVE MODE")
             .unwrap_or_else(|e| {
                 pg::raise(

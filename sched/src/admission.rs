@@ -91,6 +91,14 @@ pub struct Waiter {
     pub reserved_group: u32,
 }
 
+/// Whether a statement of group `g` waits for admission, or was admitted while it waited
+/// and its process has not noticed yet.
+pub fn group_has_waiters(waiters: &[Waiter], g: usize) -> bool {
+    waiters
+        .iter()
+        .any(|w| w.state != WaitState::Idle && w.group as usize == g)
+}
+
 /// What happened to an arriving statement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrival {
@@ -970,6 +978,19 @@ mod tests {
         assert_eq!(s.c.active(), 1);
         s.finish(0);
         assert_eq!(s.totals(), (0, 0));
+    }
+
+    #[test]
+    fn a_group_has_waiters_from_its_arrival_in_the_queue_until_its_process_takes_the_admission() {
+        let mut s = Server::new(1, 3);
+        s.arrive(0, 0);
+        assert!(!group_has_waiters(&s.w, 0), "admitted at once");
+        assert_eq!(s.arrive(1, 2), Arrival::Queued);
+        assert!(group_has_waiters(&s.w, 2) && !group_has_waiters(&s.w, 0));
+        s.finish(0);
+        assert!(group_has_waiters(&s.w, 2), "admitted, not yet noticed");
+        assert!(s.q.take_admitted(&mut s.w, 1));
+        assert!(!group_has_waiters(&s.w, 2));
     }
 
     #[test]

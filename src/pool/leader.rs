@@ -20,7 +20,7 @@ use super::tickets::{
     drop_reader, end_of_tuples, finish_round, lookup, on_detach, plan_field, poll, post_tickets,
     remember, scan_locally, serves_this_leader, state_field, wait_round, GatherNode, PoolGather,
 };
-use super::{gather_merge, identity, stride_gather};
+use super::{gather_merge, stride_gather};
 use pgrx::pg_sys;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -275,25 +275,26 @@ fn idle_workers(pool: &PoolShared) -> usize {
 }
 
 /// This leader found no idle pool worker it may use, and none of its database is
-/// starting (ExecutorStart's `ensure_pool` found the pool at its cap): one idle worker of
-/// its database that serves another identity (identity.rs) retires, and a later Gather
-/// starts a fresh one in its place. One per declined Gather, so that a pool shared by
-/// several roles shifts between them at the pace of their Gathers rather than churn,
-/// and does not keep serving only the role that came first.
+/// starting (ExecutorStart's `ensure_pool` found the pool at its cap): one idle worker
+/// of its database that cannot serve it (one of another identity, or whose
+/// `system_user` is set while this leader has none: identity.rs) retires, and a later
+/// Gather starts a fresh one in its place. One per declined Gather, so that a pool
+/// shared by several roles shifts between them at the pace of their Gathers rather than
+/// churn, and does not keep serving only the role that came first.
 fn make_way_for_this_leader(pool: &PoolShared) {
     // SAFETY: a global set at connection.
     let database = u32::from(unsafe { pg_sys::MyDatabaseId });
-    let users = identity::leader_users();
     let of_database = |s: &&shared::Slot| s.database.load(Ordering::Acquire) == database;
-    if pool.slots.iter().filter(of_database).any(|s| {
-        matches!(s.load().1, State::Starting | State::Connecting)
-    }) {
+    if pool
+        .slots
+        .iter()
+        .filter(of_database)
+        .any(|s| matches!(s.load().1, State::Starting | State::Connecting))
+    {
         return;
     }
     let other = pool.slots.iter().filter(of_database).find(|s| {
-        s.load().1 == State::Idle
-            && !s.retire.load(Ordering::Acquire)
-            && !identity::may_serve(&s.served, users)
+        s.load().1 == State::Idle && !s.retire.load(Ordering::Acquire) && !serves_this_leader(s)
     });
     if let Some(slot) = other {
         slot.retire.store(true, Ordering::Release);

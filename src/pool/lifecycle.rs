@@ -118,6 +118,11 @@ fn start_workers(pool: &PoolShared, database: pg_sys::Oid, caps: PoolCaps) {
         for user in &slot.served {
             user.store(pg_sys::InvalidOid.into(), Ordering::Release);
         }
+        // What pg_stride.pool shows of a worker is its own, not the slot's last one's.
+        slot.fragments.store(0, Ordering::Release);
+        slot.errors.store(0, Ordering::Release);
+        slot.last_setup_ns.store(0, Ordering::Release);
+        slot.leader_pid.store(0, Ordering::Release);
         if spawn(index, database.into(), g) {
             in_db += 1;
             in_server += 1;

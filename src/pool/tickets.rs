@@ -263,11 +263,13 @@ pub(super) unsafe fn post_tickets(
         let handle = dsm_segment_handle(seg);
         let nworkers = (*(*(*pg).pei).pcxt).nworkers;
         // Workers that serve this leader's identity first, then fresh ones, which are
-        // better kept for leaders of other identities (identity.rs).
-        let slots = pool.slots.iter().enumerate();
-        let (own, fresh): (Vec<_>, Vec<_>) =
-            slots.partition(|(_, slot)| identity::has_served(&slot.served));
-        for (index, slot) in own.into_iter().chain(fresh) {
+        // better kept for leaders of other identities (identity.rs). Two passes, with
+        // nothing allocated: an ERROR would longjmp past a destructor.
+        let served = |fresh: bool| {
+            let slots = pool.slots.iter().enumerate();
+            slots.filter(move |(_, slot)| identity::has_served(&slot.served) != fresh)
+        };
+        for (index, slot) in served(false).chain(served(true)) {
             if (*pg).nslots >= want {
                 break;
             }

@@ -57,7 +57,7 @@ pub use tuner_state::{RefreshRow, TunerState};
 
 use crate::os;
 use crate::pg;
-use pg_stride_sched::admission::{Counts, Queue, Waiter};
+use pg_stride_sched::admission::{group_has_waiters, Counts, Queue, Waiter};
 use pg_stride_sched::trace_ring::TraceRing;
 use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
@@ -169,17 +169,17 @@ impl Shared {
         pid != 0 && pg::proc_pid(procno) == pid
     }
 
-    /// Whether a live process runs a statement in group slot `slot`, or waits for its
-    /// admission there, or uses an admission of that group (a cursor opened before its
-    /// session changed group).
+    /// Whether a live process runs a statement in group slot `slot`, or uses an admission
+    /// of that group (a cursor opened before its session changed group), or a statement
+    /// of that group is in the admission queue (looked up there, under its lock: a
+    /// process counts itself queued only after it entered the queue).
     pub fn slot_has_statements(&self, slot: usize) -> bool {
         self.procs().iter().enumerate().any(|(procno, e)| {
             ((e.group.load(Ordering::Acquire) as usize == slot
-                && (e.running.load(Ordering::Acquire) > 0
-                    || e.queued.load(Ordering::Acquire) > 0))
+                && e.running.load(Ordering::Acquire) > 0)
                 || e.lease.group_in_use() == Some(slot))
                 && self.is_live(procno)
-        })
+        }) || self.with_admission(|_, waiters| group_has_waiters(waiters, slot))
     }
 
     /// Statements of other processes that want CPU now: admitted and executing, not
