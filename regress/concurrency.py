@@ -950,22 +950,39 @@ def utilities_run_their_internal_queries_nested(s):
         s.sql("TRUNCATE child_checked, checked_log")
 
 
+def wait_until_sleeping(s, application_name):
+    """Waits until the session called `application_name` sleeps in pg_sleep."""
+    s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                 f"'{application_name}' AND wait_event = 'PgSleep'", "1")
+
+
+def session_in_pair(s, settings):
+    """A Session of the ordinary role in group "pair", after the superuser-only
+    `settings` (SQL)."""
+    x = Session(s)
+    x.run(f"SET pg_stride.resource_group = 'pair'; {settings} SET ROLE {ROLE}; \\echo ready", end="")
+    return x
+
+
+def queued_in_pair(s, sql, settings=""):
+    """Starts a client of group "pair" running `sql` and waits until it is queued."""
+    client = s.client("pair", sql, settings)
+    s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+    return client
+
+
 @check
 def a_commit_inside_a_procedure_runs_its_deferred_checks_inside_the_call(s):
     # The procedure inserts into a table with a deferred foreign key, sleeps (a statement
     # of its own, admitted), then commits. A client queued meanwhile gets the group's only
     # admission when the sleep ends; the COMMIT's deferred check (a trigger's query, run
     # while the CALL's portal is active) must run inside the CALL, not queue behind it.
-    caller = Session(s)
+    caller = session_in_pair(s, "SET pg_stride.queue_timeout = '1s'; SET application_name = 'caller';")
     waiter = None
     try:
-        caller.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.queue_timeout = '1s'; "
-                   f"SET application_name = 'caller'; SET ROLE {ROLE}; \\echo ready", end="")
         caller.send("CALL stride_commit_proc()")
-        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'caller' "
-                     "AND wait_event = 'PgSleep'", "1")
-        waiter = s.client("pair", "SELECT pg_sleep(3)")
-        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+        wait_until_sleeping(s, "caller")
+        waiter = queued_in_pair(s, "SELECT pg_sleep(3)")
         assert caller.run("\\echo called", end="", timeout=15) == ["called"]
     finally:
         rc, out, err = caller.close()
@@ -988,11 +1005,9 @@ def a_second_cursor_keeps_the_admission_when_the_first_closes(s):
                f"SET ROLE {ROLE}; BEGIN; DECLARE a CURSOR FOR SELECT 1; "
                "DECLARE b CURSOR FOR SELECT pg_sleep(2); CLOSE a; \\echo ready", end="")
         s1.send("FETCH ALL FROM b")
-        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cursors' "
-                     "AND wait_event = 'PgSleep'", "1")
+        wait_until_sleeping(s, "cursors")
         assert s.group_state("pair") == "1 0", s.group_state("pair")
-        other = s.client("pair", "SELECT 'admitted'", "SET pg_stride.queue_timeout = '10s';")
-        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+        other = queued_in_pair(s, "SELECT 'admitted'", "SET pg_stride.queue_timeout = '10s';")
         assert s1.run("\\echo fetched", lines=2, end="", timeout=10)[-1] == "fetched"
         assert finish(other)[:2] == (0, "admitted")
         s1.run("COMMIT; \\echo done", end="")
@@ -1007,15 +1022,12 @@ def a_monitoring_query_beside_a_lent_cursor_does_not_take_its_admission_back(s):
     # A session's open cursor lent its admission to a statement that waited; the session
     # then reads pg_stat_activity (a monitoring query, never queued): it must answer at
     # once, not first take the cursor's admission back through the queue.
-    s1 = Session(s)
+    s1 = session_in_pair(s, "SET pg_stride.bypass_monitoring = on; SET pg_stride.queue_timeout = '300ms';")
     holder = None
     try:
-        s1.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
-               f"SET pg_stride.queue_timeout = '300ms'; SET ROLE {ROLE}; BEGIN; "
-               "DECLARE c CURSOR FOR SELECT g FROM generate_series(1, 3) g; FETCH 1 FROM c")
+        s1.run("BEGIN; DECLARE c CURSOR FOR SELECT g FROM generate_series(1, 3) g; FETCH 1 FROM c")
         holder = holder_running(s, 3)
-        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'holder' "
-                     "AND wait_event = 'PgSleep'", "1")
+        wait_until_sleeping(s, "holder")
         started = time.monotonic()
         assert s1.run("SELECT count(*) > 0 FROM pg_stat_activity") == ["t"]
         assert time.monotonic() - started < 0.25, "the monitoring query queued"
