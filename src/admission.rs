@@ -177,8 +177,9 @@ fn reject(
 }
 
 /// Waits in the queue, where `arrive` left process `procno` with a statement of group
-/// slot `group` that reserves `need_kb` of working memory, until it is admitted or its wait ran out (the group's or the session's
-/// queue timeout, `GroupSettings::queue_timeout_ms`); `count`
+/// slot `group` that reserves `need_kb` of working memory, until it is admitted or its
+/// wait ran out (the group's or the session's queue timeout,
+/// `GroupSettings::queue_timeout_ms`); `count`
 /// records the admission and its wait in the group's statistics (a statement taking a
 /// lent admission back is not counted again, and shows queued from now rather than from
 /// its start). Raises an ERROR when the wait is cancelled, times out or the backend is
@@ -232,17 +233,16 @@ fn wait_in_queue(
                 "pg_stride admission",
             )
             .set_detail("The wait reached pg_stride.queue_timeout or the group's queue_timeout.")
-            .set_hint(if need_kb > 0 {
+            .set_hint(format!(
+                "Retry later, or raise pg_stride.queue_timeout, the queue_timeout of group \"{group_name}\", pg_stride.max_active_queries or its max_concurrency{}.",
                 // It may have waited for memory rather than for a place: the limits on
-                // statements would not help it.
-                format!(
-                    "Retry later, or raise pg_stride.queue_timeout, the queue_timeout of group \"{group_name}\", pg_stride.max_active_queries or its max_concurrency, or pg_stride.memory_budget or its memory_budget (the statement reserves {need_kb} kB of working memory)."
-                )
-            } else {
-                format!(
-                    "Retry later, or raise pg_stride.queue_timeout, the queue_timeout of group \"{group_name}\", pg_stride.max_active_queries or its max_concurrency."
-                )
-            })
+                // statements alone would not help it.
+                if need_kb > 0 {
+                    format!(", or pg_stride.memory_budget or its memory_budget (the statement reserves {need_kb} kB of working memory)")
+                } else {
+                    String::new()
+                }
+            ))
             .report(PgLogLevel::ERROR);
             unreachable!("an ERROR report does not return")
         }

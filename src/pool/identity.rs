@@ -35,6 +35,7 @@
 use super::ffi::*;
 use pgrx::pg_sys;
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The worker's own identity, taken once at its start.
 #[derive(Clone, Copy)]
@@ -139,8 +140,7 @@ pub(super) unsafe fn users_of(fps: *const FixedParallelState) -> Users {
 }
 
 /// Whether a worker that served `served` (InvalidOid: nobody yet) may serve `users`.
-pub(super) fn may_serve(served: &[std::sync::atomic::AtomicU32; 3], users: Users) -> bool {
-    use std::sync::atomic::Ordering;
+pub(super) fn may_serve(served: &[AtomicU32; 3], users: Users) -> bool {
     !has_served(served)
         || served
             .iter()
@@ -149,14 +149,14 @@ pub(super) fn may_serve(served: &[std::sync::atomic::AtomicU32; 3], users: Users
 }
 
 /// Whether a worker serves some identity already (it ran a fragment since it started).
-pub(super) fn has_served(served: &[std::sync::atomic::AtomicU32; 3]) -> bool {
-    served[0].load(std::sync::atomic::Ordering::Acquire) != u32::from(pg_sys::InvalidOid)
+pub(super) fn has_served(served: &[AtomicU32; 3]) -> bool {
+    served[0].load(Ordering::Acquire) != u32::from(pg_sys::InvalidOid)
 }
 
 /// Records that the worker serves `users` from now on.
-pub(super) fn mark_served(served: &[std::sync::atomic::AtomicU32; 3], users: Users) {
+pub(super) fn mark_served(served: &[AtomicU32; 3], users: Users) {
     for (s, u) in served.iter().zip(users) {
-        s.store(u.into(), std::sync::atomic::Ordering::Release);
+        s.store(u.into(), Ordering::Release);
     }
 }
 

@@ -282,24 +282,31 @@ fn idle_workers(pool: &PoolShared) -> usize {
 /// shared by several roles shifts between them at the pace of their Gathers rather than
 /// churn, and does not keep serving only the role that came first.
 fn make_way_for_this_leader(pool: &PoolShared) {
-    // SAFETY: a global set at connection.
-    let database = u32::from(unsafe { pg_sys::MyDatabaseId });
-    let of_database = |s: &&shared::Slot| s.database.load(Ordering::Acquire) == database;
-    if pool
-        .slots
-        .iter()
-        .filter(of_database)
-        .any(|s| matches!(s.load().1, State::Starting | State::Connecting))
-    {
+    if worker_starting(pool) {
         return;
     }
-    let other = pool.slots.iter().filter(of_database).find(|s| {
-        s.load().1 == State::Idle && !s.retire.load(Ordering::Acquire) && !serves_this_leader(s)
+    // SAFETY: a global set at connection.
+    let database = u32::from(unsafe { pg_sys::MyDatabaseId });
+    let other = pool.slots.iter().find(|s| {
+        s.load().1 == State::Idle
+            && s.database.load(Ordering::Acquire) == database
+            && !s.retire.load(Ordering::Acquire)
+            && !serves_this_leader(s)
     });
     if let Some(slot) = other {
         slot.retire.store(true, Ordering::Release);
         shared::set_latch_of(slot.procno.load(Ordering::Acquire));
     }
+}
+
+/// Whether a pool worker of this database is being started (forked or connecting).
+fn worker_starting(pool: &PoolShared) -> bool {
+    // SAFETY: a global set at connection.
+    let database = u32::from(unsafe { pg_sys::MyDatabaseId });
+    pool.slots.iter().any(|s| {
+        matches!(s.load().1, State::Starting | State::Connecting)
+            && s.database.load(Ordering::Acquire) == database
+    })
 }
 
 /// How long a Gather waits for a pool worker of its database that is being started
@@ -309,13 +316,7 @@ const START_WAIT: Duration = Duration::from_millis(20);
 /// When this database has no idle pool worker but some are starting: waits up to
 /// START_WAIT for one to become idle. Returns whether one did.
 fn wait_for_starting_worker(pool: &PoolShared) -> bool {
-    // SAFETY: a global set at connection.
-    let database = u32::from(unsafe { pg_sys::MyDatabaseId });
-    let starting = pool.slots.iter().any(|s| {
-        matches!(s.load().1, State::Starting | State::Connecting)
-            && s.database.load(Ordering::Acquire) == database
-    });
-    if !starting {
+    if !worker_starting(pool) {
         return false;
     }
     let deadline = Instant::now() + START_WAIT;

@@ -324,8 +324,9 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
             FRAG.declined = true;
             return;
         }
-        // A worker serves one identity's leaders (identity.rs): a leader of another
-        // posted before it saw the worker taken; the worker makes way for a fresh one.
+        // A worker serves one identity's leaders (identity.rs). Leaders check that before
+        // they post; should a leader of another identity post all the same, the worker
+        // declines and makes way for a fresh one.
         let users = identity::users_of(fps);
         if !identity::may_serve(&slot.served, users) {
             FRAG.declined = true;
