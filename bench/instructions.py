@@ -121,6 +121,7 @@ def inclusive_instructions(path, functions):
 
 # Admission's entry points, called once per statement; none calls another.
 ADMISSION_FUNCTIONS = ("pg_stride::admission::admit", "pg_stride::admission::release",
+                       "pg_stride::admission::let_waiters_in",
                        "pg_stride::admission::switch_group")
 # What a backend does for runaway-query rules (the scheduler worker checks them): it
 # publishes its rows at yield points and looks for a cancel or a move at check-ins.

@@ -16,6 +16,7 @@ then "concurrency: N passed, N failed". Run as root, the server runs as postgres
 """
 
 import os
+import re
 import select
 import subprocess
 import sys
@@ -749,10 +750,69 @@ def monitoring_queries_are_never_queued(s):
     assert finish(holder)[0] == 0
 
 
+@check
+def reads_too_small_to_admit_run_at_once_beside_a_full_group(s):
+    # While a statement holds group pair's only admission, primary-key lookups of that
+    # group (an ordinary role) run at once, unadmitted, a join of two included. What
+    # could run longer than its plan's cost says still queues: a lookup that calls a
+    # user-defined function, or a built-in one by name (pg_sleep), functions in FROM, a
+    # statement without FROM; a plan that is not tiny; the queries of a DO block and of
+    # CREATE TABLE AS (a utility runs them); and writes, however small.
+    with Judging(s, "TRUNCATE scratch") as judging:
+        judging.hold(10)
+        started = time.monotonic()
+        assert judging.answered("SELECT v FROM big WHERE id = 7") == "7"
+        assert judging.answered("SELECT count(*) FROM big WHERE id BETWEEN 10 AND 12") == "3"
+        assert judging.answered("SELECT b.v FROM big a JOIN big b ON b.id = a.id + 1 WHERE a.id = 7") == "8"
+        took = time.monotonic() - started
+        assert took < 0.5, f"the lookups took {took:.2f} s"
+        for sql in ["SELECT v FROM big WHERE id = 7 AND stride_lock_shared(0) = 1",
+                    "SELECT pg_sleep(0.01) FROM big WHERE id = 7",
+                    "SELECT g FROM generate_series(1, 3) g",
+                    "SELECT pg_sleep(0.01)",
+                    "SELECT count(*) FROM big",
+                    "DO $$ BEGIN PERFORM v FROM big WHERE id = 7; END $$",
+                    "CREATE TEMP TABLE looked_up AS SELECT v FROM big WHERE id = 7",
+                    "INSERT INTO scratch VALUES (1)"]:
+            assert judging.queued(sql), sql
+
+
+@check
+def a_read_too_small_to_admit_that_ran_long_twice_is_admitted(s):
+    # Stale statistics: ANALYZE saw every value of v once, then every row got v = 1, so
+    # the planner puts an index scan for v = 1 at one row (a tiny plan) while it reads
+    # 300,000. Its first two runs are unadmitted beside the holder of pair's only
+    # admission, and run long (over ten slices of 0.5 ms: 5 ms); the third is admitted,
+    # so it queues.
+    s.sql("CREATE TABLE stale (id int, v int) WITH (autovacuum_enabled = false); "
+          "INSERT INTO stale SELECT g, g FROM generate_series(1, 300000) g; "
+          "CREATE INDEX ON stale (v); ANALYZE stale; UPDATE stale SET v = 1; "
+          f"GRANT SELECT ON stale TO {ROLE}")
+    set_server(s, "pg_stride.slice", "'0.5ms'")
+    try:
+        plan = s.sql("EXPLAIN SELECT count(*) FROM stale WHERE v = 1")
+        cost = float(re.search(r"cost=[0-9.]+\.\.([0-9.]+)", plan).group(1))
+        assert cost < 12.5, f"the lookup's plan costs {cost}, not a tiny plan at 0.5-ms slices"
+        with Judging(s, "DROP TABLE stale") as judging:
+            judging.hold(10)
+            for run in range(2):
+                started = time.monotonic()
+                assert judging.answered("SELECT count(*) FROM stale WHERE v = 1") == "300000", run
+                took = time.monotonic() - started
+                assert took > 0.005, f"run {run} took {took * 1000:.1f} ms: not long"
+            assert judging.queued("SELECT count(*) FROM stale WHERE v = 1")
+    except BaseException:
+        s.sql("DROP TABLE IF EXISTS stale")
+        raise
+    finally:
+        set_server(s, "pg_stride.slice", None)
+
+
 class Judging:
     """A session of the ordinary role in group "pair" (limit 1) with the monitoring bypass
     on, whose statements wait 1 s at most for admission, and that goes on after a failed
-    one; `hold` starts a statement that holds the group's only admission meanwhile. For
+    one (a read too small to admit never waits: what a check expects to queue must cost
+    more); `hold` starts a statement that holds the group's only admission meanwhile. For
     the checks that objects moved or defined again are judged by what they are now. At
     the end the holder must still run (or the checks proved nothing), and `cleanup` (SQL)
     drops what the check made."""
@@ -808,14 +868,16 @@ def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_ne
     # while the group's only admission is held), back out it queues again. So does a
     # function read in FROM, moved into pg_stride after the session judged a statement
     # that calls it.
+    # Its rows keep a count over it from being a read too small to admit.
     s.sql(f"CREATE TABLE moved_probe (x int); GRANT SELECT ON moved_probe TO {ROLE}; "
+          "INSERT INTO moved_probe SELECT generate_series(1, 10000); ANALYZE moved_probe; "
           "CREATE FUNCTION moved_fn() RETURNS SETOF int LANGUAGE plpgsql AS 'BEGIN RETURN NEXT 1; END'")
     with Judging(s, "DROP TABLE IF EXISTS moved_probe, pg_stride.moved_probe; "
                     "DROP FUNCTION IF EXISTS moved_fn(), pg_stride.moved_fn()") as j:
-        assert j.answered("SELECT count(*) FROM moved_probe") == "0"
+        assert j.answered("SELECT count(*) FROM moved_probe") == "10000"
         s.sql("ALTER TABLE moved_probe SET SCHEMA pg_stride")
         j.hold(10)
-        assert j.answered("SELECT count(*) FROM pg_stride.moved_probe") == "0"
+        assert j.answered("SELECT count(*) FROM pg_stride.moved_probe") == "10000"
         # The function is moved alone, after the session judged the statement that calls
         # it (queued).
         assert j.queued("SELECT count(*) FROM moved_fn()")
@@ -832,6 +894,7 @@ def a_view_of_pg_strides_schema_defined_again_is_judged_by_its_new_definition(s)
     # group's only admission is held) and is defined again over a user table must queue
     # in a session that judged it before, were answers ever kept per query.
     s.sql("CREATE TABLE view_probe (x int8); "
+          "INSERT INTO view_probe SELECT generate_series(1, 10000); ANALYZE view_probe; "
           "CREATE VIEW pg_stride.probe_view AS SELECT oid::int8 AS x FROM pg_class; "
           f"GRANT SELECT ON pg_stride.probe_view TO {ROLE}")
     with Judging(s, "DROP VIEW IF EXISTS pg_stride.probe_view; DROP TABLE IF EXISTS view_probe") as j:

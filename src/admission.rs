@@ -47,12 +47,26 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize, need_kb: u
         admitted_at_once(entry);
         return true;
     }
+    admit_without_lease(shared, entry, procno, group, need_kb);
+    true
+}
+
+/// [`admit`] when the process's idle lease cannot admit the statement: out of line, so
+/// that the lease's path sets up no more than it uses.
+#[inline(never)]
+fn admit_without_lease(
+    shared: &shmem::Shared,
+    entry: &ProcEntry,
+    procno: usize,
+    group: usize,
+    need_kb: u64,
+) {
     // A lease of another group is of no use to this statement.
     give_back_lease(shared, entry);
     if need_kb == 0 && shared.admission.try_enter(group) {
         admitted_at_once(entry);
         entry.lease.hold(group);
-        return true;
+        return;
     }
     let settings = shared.groups.settings_of(group).unwrap_or_default();
     if need_kb > 0 && settings.reject_oversized {
@@ -68,7 +82,6 @@ pub fn admit(shared: &shmem::Shared, entry: &ProcEntry, group: usize, need_kb: u
         Arrived::Full { group_bound } => turned_away(shared, group, group_bound, bounds),
     }
     entry.lease.hold(group);
-    true
 }
 
 /// Bounds on the statements waiting for admission (0 = none).
@@ -326,13 +339,21 @@ pub fn leave_queue(shared: &shmem::Shared, procno: usize) {
 }
 
 /// An admitted statement ended: keeps its admission as the process's idle lease while
-/// nobody waits, or lets the next waiters in.
+/// nobody waits, or gives it back; returns whether statements wait, to be let in by
+/// [`let_waiters_in`]. Atomics only, which cannot fail: the ExecutorEnd hook calls it
+/// outside pgrx's error boundary.
 // Out of line, so that bench/instructions.py can count admission's instructions.
 #[inline(never)]
-pub fn release(shared: &shmem::Shared, entry: &ProcEntry) {
-    if entry.lease.finish(&shared.admission) {
-        dispatch(shared);
-    }
+#[must_use = "when statements wait, call let_waiters_in"]
+pub fn release(shared: &shmem::Shared, entry: &ProcEntry) -> bool {
+    entry.lease.finish(&shared.admission)
+}
+
+/// Lets in the statements that waited for an admission [`release`] gave back: takes the
+/// queue's lock, so only inside pgrx's error boundary.
+#[inline(never)]
+pub fn let_waiters_in(shared: &shmem::Shared) {
+    dispatch(shared);
 }
 
 /// The statement of this process that reserved memory when it was admitted ended (or

@@ -30,7 +30,8 @@
 //! is plain reads and stores that cannot panic. What pg_stride does for a statement runs
 //! in guarded functions (`#[pg_guard]`, pgrx's error boundary: a Rust panic becomes an
 //! ERROR, an ERROR below unwinds Rust frames), called only when there is something to
-//! do. Guarding every hook and every call it makes cost more than all the rest of
+//! do, and kept out of line: inlined, a boundary's frame (its jump buffer) would be set
+//! up by every call of the hook. Guarding every hook and every call it makes cost more than all the rest of
 //! pg_stride's work on a TPC-B statement (bench/instructions.py).
 //!
 //! pg_stat_statements restores its nesting level with PG_TRY/PG_FINALLY around each
@@ -41,7 +42,8 @@
 //! with saturating arithmetic, so that no hook can panic over it.
 
 use crate::backend_local::BackendLocal;
-use crate::{groups, gucs, monitoring, pg, plan_costs, pool, shmem, statements};
+use crate::statements::{self, Ending};
+use crate::{admission, groups, gucs, monitoring, pg, plan_costs, pool, shmem};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -239,7 +241,11 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     // (and launches no parallel workers) while it waits. If starting the executor then
     // fails, the statement's resource owner gives the admission back.
     // SAFETY: a guarded function, given the executor's own QueryDesc.
-    let joinable = is_scheduled(eflags) && unsafe { arrive_unless_monitoring(desc) };
+    // A read too small to admit runs at once, unregistered, without entering pgrx's
+    // error boundary (`statements::runs_unadmitted`).
+    let joinable = is_scheduled(eflags)
+        && !statements::runs_unadmitted(desc)
+        && unsafe { arrive_unless_monitoring(desc) };
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     unsafe { PREV_EXECUTOR_START.unwrap_or(raw::standard_ExecutorStart)(desc, eflags) }
     // Stride Gathers are only in plans made for the pool, which need parallel mode.
@@ -323,9 +329,18 @@ unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
 }
 
 unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
-    if statements::may_end(desc) {
+    match statements::end_at_once(desc) {
+        Ending::Ended => {}
+        // SAFETY: a guarded function.
+        Ending::EndedWithWaiters => unsafe { let_waiters_in() },
         // SAFETY: a guarded function, given the executor's own QueryDesc.
-        unsafe { end_statement(desc) };
+        Ending::NeedsEnd => unsafe { end_statement(desc) },
+        Ending::NotRegistered => {
+            if statements::unadmitted_ran_long(desc) {
+                // SAFETY: a guarded function, given the executor's own QueryDesc.
+                unsafe { learn_long_run(desc) };
+            }
+        }
     }
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     unsafe { PREV_EXECUTOR_END.unwrap_or(raw::standard_ExecutorEnd)(desc) }
@@ -436,6 +451,7 @@ pub(crate) fn watches_object_drops() -> bool {
 /// monitoring query, nor one too small to schedule). One guarded call for both steps:
 /// each entry into pgrx's error boundary costs about as much as the check itself.
 #[pgrx::pg_guard]
+#[inline(never)]
 unsafe extern "C-unwind" fn arrive_unless_monitoring(desc: *mut pg_sys::QueryDesc) -> bool {
     // SAFETY: the executor's QueryDesc, inside a guarded function.
     if unsafe { monitoring::bypasses_scheduling(desc) } {
@@ -445,12 +461,14 @@ unsafe extern "C-unwind" fn arrive_unless_monitoring(desc: *mut pg_sys::QueryDes
 }
 
 #[pgrx::pg_guard]
+#[inline(never)]
 unsafe extern "C-unwind" fn pool_plan(stmt: *mut pg_sys::PlannedStmt) {
     // SAFETY: the caller's plan, in the planner's context.
     unsafe { pool::plan_made(stmt) };
 }
 
 #[pgrx::pg_guard]
+#[inline(never)]
 unsafe extern "C-unwind" fn pool_gathers(desc: *mut pg_sys::QueryDesc) {
     pool::executor_started(desc);
 }
@@ -481,6 +499,7 @@ pub(crate) unsafe extern "C-unwind" fn object_access(
 }
 
 #[pgrx::pg_guard]
+#[inline(never)]
 unsafe extern "C-unwind" fn release_pool_database(database: pg_sys::Oid) {
     pool::release_database(database);
 }
@@ -489,11 +508,13 @@ unsafe extern "C-unwind" fn release_pool_database(database: pg_sys::Oid) {
 // a statement's life.
 
 #[pgrx::pg_guard]
+#[inline(never)]
 unsafe extern "C-unwind" fn join_cpu_scheduling(desc: *mut pg_sys::QueryDesc) {
     statements::executor_started(desc);
 }
 
 #[pgrx::pg_guard]
+#[inline(never)]
 unsafe extern "C-unwind" fn join_leader(desc: *mut pg_sys::QueryDesc) {
     statements::worker_started(desc);
 }
@@ -501,6 +522,7 @@ unsafe extern "C-unwind" fn join_leader(desc: *mut pg_sys::QueryDesc) {
 /// A top-level ExecutorRun begins: takes back an admission lent while the client was
 /// away, then, for a statement on CPU slots, takes a slot. One guarded call for both.
 #[pgrx::pg_guard]
+#[inline(never)]
 unsafe extern "C-unwind" fn begin_run(on_cpu_slot: bool) {
     statements::resume();
     if on_cpu_slot {
@@ -509,13 +531,29 @@ unsafe extern "C-unwind" fn begin_run(on_cpu_slot: bool) {
 }
 
 #[pgrx::pg_guard]
+#[inline(never)]
 unsafe extern "C-unwind" fn end_run() {
     statements::run_ends();
 }
 
 #[pgrx::pg_guard]
+#[inline(never)]
 unsafe extern "C-unwind" fn end_statement(desc: *mut pg_sys::QueryDesc) {
     statements::end(desc);
+}
+
+#[pgrx::pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn let_waiters_in() {
+    if let Some(shared) = shmem::shared() {
+        admission::let_waiters_in(shared);
+    }
+}
+
+#[pgrx::pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn learn_long_run(desc: *mut pg_sys::QueryDesc) {
+    statements::learn_long_run(desc);
 }
 
 /// The one transaction callback of pg_stride. When a transaction aborts no statement
@@ -533,6 +571,7 @@ unsafe extern "C-unwind" fn on_xact_event(
     if matches!(event, XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {
         NESTING.set(0);
         statements::client_utility_ended();
+        statements::unadmitted_aborted();
     }
     if matches!(
         event,
@@ -562,6 +601,7 @@ unsafe extern "C-unwind" fn on_subxact_event(
     use pg_sys::SubXactEvent::*;
     if event == SUBXACT_EVENT_ABORT_SUB {
         statements::subtransaction_aborted(subid);
+        statements::unadmitted_aborted();
         // A DROP DATABASE inside the savepoint failed (it cannot run in a transaction
         // block): only the subtransaction aborts.
         if WATCHING_DROPS

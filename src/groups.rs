@@ -89,12 +89,21 @@ pub fn resolve_statement_group(directory: &GroupDirectory, tag: Option<String>) 
 /// The group of the session's statements: its `pg_stride.resource_group`, or `default`
 /// with a WARNING when no such group exists (docs/design.md §4 rule 10: a setting restored
 /// before its group is accepted, and falls back when used).
+#[inline]
 fn resolve_session_group(directory: &GroupDirectory) -> usize {
     let key = (group_assignments(), directory.generation());
     let (assignments, generation, slot) = LAST_GROUP.get();
     if (assignments, generation) == key {
         return slot;
     }
+    look_up_session_group(directory, key)
+}
+
+/// [`resolve_session_group`] when the setting or the directory changed since the last
+/// statement: out of line, so that the common case above stays a few loads.
+#[cold]
+#[inline(never)]
+fn look_up_session_group(directory: &GroupDirectory, key: (u64, u64)) -> usize {
     let name = group_name();
     match directory.find(&name) {
         Some(slot) => {

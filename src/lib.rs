@@ -89,10 +89,10 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::reserve_prefix();
     // Everything pg_stride hooks into, each hook chained to the one installed before it:
     // shared memory (shmem_request_hook, shmem_startup_hook: pg_stride's regions and the
-    // pool's block), the pool's custom scans, the resource-release callback that ends a
-    // failed statement's scheduling, the three background workers, and the planner,
+    // pool's block), the pool's custom scans, the three background workers, and the planner,
     // executor and utility hooks with the transaction callbacks; the object-access hook
-    // only while a DROP DATABASE runs.
+    // only while a DROP DATABASE runs, and the resource-release callback that ends a
+    // failed statement from a backend's first admitted statement on (statements::claim).
     shmem::install(pool::SHMEM_BLOCKS, || shmem::Initial {
         max_active_queries: admission::max_active_queries(),
         cpu_slots: cpu::effective_cpu_slots(),

@@ -534,6 +534,7 @@ impl StatementText {
 
     /// The resource group the statement names in a comment before its first word
     /// (`pg_stride_sched::group_tag`), if it names one.
+    #[inline]
     pub fn group_tag(self) -> Option<String> {
         if self.source.is_null() {
             return None;
@@ -545,7 +546,14 @@ impl StatementText {
         if self.location <= 0 && unsafe { *self.source as u8 }.is_ascii_alphabetic() {
             return None;
         }
-        // SAFETY: as above.
+        self.parse_group_tag()
+    }
+
+    /// [`Self::group_tag`] of a text that may carry one, out of line (it allocates).
+    #[inline(never)]
+    fn parse_group_tag(self) -> Option<String> {
+        // SAFETY: a non-null source is NUL-terminated and valid (the constructors'
+        // contract).
         let source = unsafe { std::ffi::CStr::from_ptr(self.source) }.to_bytes();
         let location = usize::try_from(self.location).unwrap_or(0);
         pg_stride_sched::group_tag::statement_group(source, location)

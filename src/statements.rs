@@ -2,7 +2,9 @@
 //! the executor hooks (`executor.rs`) come here, and this module drives admission, the
 //! parallel workers' grant and CPU scheduling, in that order.
 //!
-//! A top-level statement arrives ([`arrive`]): it waits in the admission queue until it
+//! A top-level read too small to admit runs at once, unregistered, only its
+//! ExecutorRuns timed ([`runs_unadmitted`]). Any other top-level statement arrives
+//! ([`arrive`]): it waits in the admission queue until it
 //! is admitted (or skips the queue: exempt, or its backend already holds an admission),
 //! and is registered as a [`Statement`] in stage [`Stage::Admitted`], its parallel
 //! workers reserved. Once ExecutorStart built its plan state, a statement that may be
@@ -121,10 +123,78 @@ static REGISTERED: BackendLocal<RefCell<Vec<Statement>>> =
 /// How many of them are tiny: outside the list, so that the ExecutorRun of every other
 /// statement learns with one load that it need not be timed.
 static TINY_REGISTERED: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
+/// Whether the shared entry may hold what a statement writes there only once it joined
+/// CPU scheduling or planned workers (rows, prediction, workers, pauses and the workers'
+/// CPU): the next registered statement clears them then, and only then, since most
+/// statements (writes, reads too small to schedule) leave them zero.
+static ENTRY_WRITTEN: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(true));
+/// Whether a statement of this backend ever planned workers: pool workers report their
+/// CPU to the leader's entry when their part ends, which can be after the leader's
+/// statement failed and another began, so such a backend clears the entry at every
+/// statement.
+static PLANNED_WORKERS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+/// Whether this process registered its exit and resource-release callbacks ([`claim`]).
 static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
-/// Registers the resource-release callback. Called once from `_PG_init`; the callback
-/// list lives in process memory and is inherited by every backend the postmaster forks.
+/// The last statement that arrived too small to admit ([`runs_unadmitted`]), while it
+/// may still run: its QueryDesc, and the wall time its ExecutorRuns took so far, ns, to
+/// learn a plan that was estimated too small. Not registered: nothing of it is shared,
+/// and nothing needs giving back if it fails. One at a time: the next statement that
+/// arrives replaces it (a tiny cursor left open is no longer timed), and an abort
+/// forgets it; the pointer is only compared, never followed, until the executor ends
+/// the statement it names.
+static UNADMITTED: BackendLocal<Cell<Option<(*const pg_sys::QueryDesc, u64)>>> =
+    BackendLocal::new(Cell::new(None));
+
+/// Whether `desc`, a top-level statement arriving, is a read too small to admit: a
+/// serial read whose plan is tiny (`cpu::is_tiny`) and does no more than its cost says
+/// (`plan_tree::is_plain_read`: relations, operators, casts, no function called by
+/// name), sent by the client itself rather than run by a utility (a cursor's DECLARE,
+/// a DO block's loop, CREATE TABLE AS: their queries stay open while others run, or
+/// write), while no memory budget is set. It ends long before a place in the queue
+/// could matter to the statements it would wait behind, so it runs at once, outside
+/// admission and CPU scheduling, as a monitoring query does (docs/design.md §4 rule 4);
+/// only its ExecutorRuns are timed, and a fingerprint that ran long twice is admitted
+/// and scheduled from then on. Whichever way it answers, it forgets the statement it
+/// named before.
+///
+/// Plain reads of the plan and of settings, which cannot panic: the ExecutorStart hook
+/// asks it outside pgrx's error boundary. Once this backend schedules a fingerprint that
+/// ran long, telling a tiny plan needs the statement's fingerprint, and it answers no:
+/// [`arrive`], guarded, decides.
+pub fn runs_unadmitted(desc: *const pg_sys::QueryDesc) -> bool {
+    UNADMITTED.set(None);
+    // SAFETY: `desc` is the statement the executor is about to start.
+    let small =
+        !cpu::fingerprints_scheduled() && unsafe { too_small_to_admit(desc, cpu::below_bound) };
+    if small {
+        UNADMITTED.set(Some((desc, 0)));
+    }
+    small
+}
+
+/// Whether `desc` is too small to admit ([`runs_unadmitted`]), its plan's cost judged by
+/// `tiny`.
+///
+/// # Safety
+/// `desc` is the QueryDesc of a statement about to start, with its PlannedStmt.
+unsafe fn too_small_to_admit(
+    desc: *const pg_sys::QueryDesc,
+    tiny: impl FnOnce(f64) -> bool,
+) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let stmt = (*desc).plannedstmt;
+        !(*stmt).parallelModeNeeded
+            && plan_tree::reads_only(stmt)
+            && CLIENT_UTILITY.get().is_none()
+            && shmem::shared().is_some_and(|shared| !shared.admission.memory_accounting())
+            && tiny(pg::query_id_and_cost(stmt).1)
+            && plan_tree::is_plain_read(stmt)
+    }
+}
+
+/// Asks for query identifiers where they are used. Called once from `_PG_init`.
 ///
 /// Query identifiers key the prediction of a statement's CPU, the trace and the tuner's
 /// replay. With any of them on at server start, every backend computes them
@@ -135,10 +205,6 @@ static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new
 /// adds to it, so a backend that only runs statements too small to schedule, and
 /// writes, never pays it.
 pub fn install() {
-    // SAFETY: called single-threaded from _PG_init; the callback is guarded.
-    unsafe {
-        pg_sys::RegisterResourceReleaseCallback(Some(on_resource_release), std::ptr::null_mut())
-    };
     if cpu::predicts() || cpu::tuner_on() || cpu::traces() {
         pg::enable_query_id();
     }
@@ -159,6 +225,17 @@ static PLANS_IDENTIFIED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(
 /// one that may be paused (docs/design.md §4 rule 2: writes are never paused) and whose
 /// plan is not too small to schedule.
 pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
+    // SAFETY: `desc` is the statement the executor is about to start.
+    let fingerprint = || unsafe { pg::statement_fingerprint(desc) };
+    // Too small to admit, once its fingerprint is known not to have run long
+    // (`runs_unadmitted` could not tell).
+    if cpu::fingerprints_scheduled()
+        // SAFETY: as above.
+        && unsafe { too_small_to_admit(desc, |cost| cpu::is_tiny(cost, fingerprint)) }
+    {
+        UNADMITTED.set(Some((desc, 0)));
+        return false;
+    }
     let Some(shared) = shmem::shared() else {
         return false;
     };
@@ -183,8 +260,6 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         (pg::query_id_and_cost(stmt), (*stmt).parallelModeNeeded)
     };
     let pausable = cpu::is_pausable(desc);
-    // SAFETY: `desc` is the statement the executor is about to start.
-    let fingerprint = || unsafe { pg::statement_fingerprint(desc) };
     let tiny = pausable && !parallel && cpu::is_tiny(plan_cost, fingerprint);
     let joins = pausable && !tiny;
     // The clocks are read for the trace of a statement that joins CPU scheduling only.
@@ -237,12 +312,16 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // Counted as running before its workers are reserved, so that statements reserving
     // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);
-    entry.clear_statement();
+    if ENTRY_WRITTEN.replace(PLANNED_WORKERS.get()) {
+        entry.clear_statement();
+    }
     // A plan with a Gather needs parallel mode; most plans have none, and
     // `reserve_workers` is called for the others only.
     if !parallel {
         return joins;
     }
+    ENTRY_WRITTEN.set(true);
+    PLANNED_WORKERS.set(true);
     let Some(reservation) = parallel::reserve_workers(shared, desc, group, cpu::predicts()) else {
         return joins;
     };
@@ -288,6 +367,7 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
         Some((r.group, r.arrival, r.workers))
     });
     if let Some((group, arrival, workers)) = registered {
+        ENTRY_WRITTEN.set(true);
         // SAFETY: ExecutorStart's QueryDesc holds its PlannedStmt.
         let parallel = unsafe { (*(*desc).plannedstmt).parallelModeNeeded };
         let with_workers = parallel && parallel::may_launch_workers(workers);
@@ -331,16 +411,23 @@ pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
 }
 
 /// A top-level ExecutorRun of a statement that runs on no CPU slot begins: returns when,
-/// if a tiny statement is registered (its runs are timed, [`unscheduled_run_ended`]).
-/// Cannot panic: the executor hooks call it outside pgrx's error boundary.
+/// if a tiny statement is registered or runs unadmitted (its runs are timed,
+/// [`unscheduled_run_ended`]). Cannot panic: the executor hooks call it outside pgrx's
+/// error boundary.
 pub fn unscheduled_run_begins() -> Option<u64> {
-    (TINY_REGISTERED.get() > 0).then(os::monotonic_ns)
+    (TINY_REGISTERED.get() > 0 || UNADMITTED.get().is_some()).then(os::monotonic_ns)
 }
 
 /// The ExecutorRun of `desc` that began at `started` ended: a tiny statement adds its
 /// time. Cannot panic, as above. A run that ends with an ERROR is not counted.
 pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
     let took = os::monotonic_ns().saturating_sub(started);
+    if let Some((unadmitted, ran)) = UNADMITTED.get() {
+        if unadmitted == desc {
+            UNADMITTED.set(Some((desc, ran.saturating_add(took))));
+            return;
+        }
+    }
     REGISTERED.try_with_borrow_mut(|list| {
         if let Some(r) = list.iter_mut().find(|r| r.desc == desc && r.tiny) {
             r.ran_ns = r.ran_ns.saturating_add(took);
@@ -355,8 +442,10 @@ pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
 /// executor hooks ask it outside pgrx's error boundary, so that a statement whose
 /// admission is its own enters no guarded function.
 pub fn runs_on_lent_admission(desc: *const pg_sys::QueryDesc) -> bool {
-    shmem::shared().is_some_and(admission::is_lent)
-        && REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc)) == Some(true)
+    // The list first: a statement that is not registered, one that ran unadmitted among
+    // them, learns it without reading shared memory.
+    REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc)) == Some(true)
+        && shmem::shared().is_some_and(admission::is_lent)
 }
 
 /// A top-level ExecutorRun begins: a statement whose admission was lent while its
@@ -373,6 +462,7 @@ pub fn resume() {
 /// ExecutorRun of a statement on CPU slots begins: its process takes a slot, waiting
 /// for one if none is free.
 pub fn run_begins() {
+    ENTRY_WRITTEN.set(true);
     if let Some(shared) = shmem::shared() {
         cpu::begin_run(shared);
     }
@@ -385,13 +475,72 @@ pub fn run_ends() {
     }
 }
 
-/// Whether ExecutorEnd of `desc` may end a statement of this backend, or this parallel
-/// worker's part of one (asked outside pgrx's error boundary, so it answers yes rather
-/// than panic). A nested statement does not: the list holds the backend's top-level
-/// statements, one or a few open cursors.
-pub fn may_end(desc: *const pg_sys::QueryDesc) -> bool {
-    REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc)) != Some(false)
-        || (pg::is_parallel_worker() && cpu::is_member())
+/// What ExecutorEnd of `desc` found to do outside pgrx's error boundary
+/// ([`end_at_once`]).
+pub enum Ending {
+    /// Nothing of this backend's: a nested statement, or one that ran unadmitted.
+    NotRegistered,
+    /// The statement ended; nothing is left to do.
+    Ended,
+    /// The statement ended and gave its admission back while statements wait:
+    /// `admission::let_waiters_in` lets them in, taking the queue's lock.
+    EndedWithWaiters,
+    /// A registered statement, or this parallel worker's part of one, ends through
+    /// [`end`]: it joined CPU scheduling, holds workers or memory, has a tiny plan's runs
+    /// to learn from, or the backend has further statements registered.
+    NeedsEnd,
+}
+
+/// Where [`end_at_once`] found its statement.
+enum Found {
+    /// Alone in the list, holding nothing but its admission (if it took one): removed.
+    Simple {
+        admitted: bool,
+    },
+    /// In the list, but it holds more, or has company.
+    Other,
+    Absent,
+}
+
+/// ExecutorEnd of `desc`: ends, here, the backend's one registered statement when it
+/// holds nothing but its admission — a write, or a read of a transaction that wrote:
+/// most of what an OLTP application sends —, and tells the hook what else to do. Cannot
+/// panic: the hook calls it outside pgrx's error boundary, whose entry would cost as much
+/// as the rest of such a statement's end. A nested statement is never registered.
+pub fn end_at_once(desc: *const pg_sys::QueryDesc) -> Ending {
+    let found = REGISTERED.try_with_borrow_mut(|list| match list.as_slice() {
+        [r] if r.desc == desc
+            && r.stage == Stage::Admitted
+            && !r.tiny
+            && !r.reserved_memory
+            && r.workers.granted == 0 =>
+        {
+            let admitted = r.admitted;
+            list.clear();
+            Found::Simple { admitted }
+        }
+        _ if list.iter().any(|r| r.desc == desc) => Found::Other,
+        _ => Found::Absent,
+    });
+    let admitted = match found {
+        Some(Found::Simple { admitted }) => admitted,
+        // Borrowed: the guarded path tells.
+        None | Some(Found::Other) => return Ending::NeedsEnd,
+        Some(Found::Absent) if pg::is_parallel_worker() && cpu::is_member() => {
+            return Ending::NeedsEnd
+        }
+        Some(Found::Absent) => return Ending::NotRegistered,
+    };
+    // As `unregister_where` does for such a statement, in the same order.
+    let Some((shared, entry)) = shmem::shared().and_then(|s| Some((s, s.my_entry()?))) else {
+        return Ending::Ended;
+    };
+    entry.running.fetch_sub(1, Ordering::AcqRel);
+    if admitted && admission::release(shared, entry) {
+        Ending::EndedWithWaiters
+    } else {
+        Ending::Ended
+    }
 }
 
 /// ExecutorEnd of `desc`: a registered statement ends, or this parallel worker's part of
@@ -405,6 +554,33 @@ pub fn end(desc: *const pg_sys::QueryDesc) {
             cpu::end_statement(shared, Some(desc), false);
         }
     }
+}
+
+/// ExecutorEnd of `desc`, if it is the statement that runs unadmitted
+/// ([`runs_unadmitted`]): forgets it, and returns whether its runs took long enough that
+/// its fingerprint should be learned ([`learn_long_run`]). Cannot panic: the ExecutorEnd
+/// hook asks it outside pgrx's error boundary.
+pub fn unadmitted_ran_long(desc: *const pg_sys::QueryDesc) -> bool {
+    match UNADMITTED.get() {
+        Some((unadmitted, ran)) if unadmitted == desc => {
+            UNADMITTED.set(None);
+            cpu::counts_as_long(ran)
+        }
+        _ => false,
+    }
+}
+
+/// `desc`, a statement that ran unadmitted, ran long: its fingerprint counts one long
+/// run, as a registered tiny statement's does when it ends.
+pub fn learn_long_run(desc: *const pg_sys::QueryDesc) {
+    // SAFETY: the executor's QueryDesc of a statement ending at ExecutorEnd, text included.
+    cpu::ran_long(unsafe { pg::statement_fingerprint(desc) });
+}
+
+/// The transaction or a subtransaction aborted: a statement that ran unadmitted and
+/// failed is forgotten (its QueryDesc is gone, and no ExecutorEnd will name it).
+pub fn unadmitted_aborted() {
+    UNADMITTED.set(None);
 }
 
 /// A parallel worker starts its part of a statement: it joins its leader's CPU
@@ -466,7 +642,9 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
             }
         }
         if let (true, Some(entry)) = (r.admitted, entry) {
-            admission::release(shared, entry);
+            if admission::release(shared, entry) {
+                admission::let_waiters_in(shared);
+            }
         }
     }
     count
@@ -489,16 +667,36 @@ fn pass_admission_on(reserved_memory: bool) -> bool {
 /// Makes this process the owner of its shared entry. An entry still naming another pid
 /// belonged to an earlier process with the same PGPROC; whatever it says is stale, but
 /// an idle lease it kept is still counted as an admission and is given back.
+#[inline]
 fn claim(shared: &shmem::Shared, entry: &ProcEntry) {
+    if !EXIT_CALLBACK_SET.get() || entry.pid.load(Ordering::Acquire) != pg::my_pid() {
+        claim_anew(shared, entry);
+    }
+}
+
+/// [`claim`] for the first statement of the process, or of an entry an earlier
+/// process left: out of line, so that every later statement's check stays two loads.
+#[cold]
+#[inline(never)]
+fn claim_anew(shared: &shmem::Shared, entry: &ProcEntry) {
     let me = pg::my_pid();
     if entry.pid.load(Ordering::Acquire) != me {
         admission::give_back_lease(shared, entry);
         entry.reset();
         entry.pid.store(me, Ordering::Release);
     }
-    // The postmaster's exit list is reset in every child, so this happens here.
-    if !EXIT_CALLBACK_SET.replace(true) {
+    // The postmaster's exit list is reset in every child, so this happens here. The
+    // resource-release callback too, which PostgreSQL calls at every phase of every
+    // resource owner's release: a backend that only runs statements too small to admit
+    // never registers one, so it never pays for that call.
+    // Marked done only once both are registered: the first allocates, and may fail.
+    if !EXIT_CALLBACK_SET.get() {
+        // SAFETY: registers a callback that cannot panic before its guarded call.
+        unsafe {
+            pg_sys::RegisterResourceReleaseCallback(Some(on_resource_release), std::ptr::null_mut())
+        };
         pg::on_exit(on_exit);
+        EXIT_CALLBACK_SET.set(true);
     }
 }
 
@@ -516,6 +714,14 @@ unsafe extern "C-unwind" fn on_resource_release(
     {
         return;
     }
+    release_owner_registrations_cold();
+}
+
+/// The call into the guarded function, out of line: inlined, its set-up would be paid
+/// by every call of the callback above.
+#[cold]
+#[inline(never)]
+fn release_owner_registrations_cold() {
     // SAFETY: a guarded function, called as PostgreSQL would call it.
     unsafe { release_owner_registrations() };
 }

@@ -62,7 +62,7 @@ pub use settings::{
     tuner_on,
 };
 pub use slots::{begin_run, end_run};
-pub use tiny::{counts_as_long, is_tiny, ran_long};
+pub use tiny::{below_bound, counts_as_long, fingerprints_scheduled, is_tiny, ran_long};
 pub use trace::{read_window, Arrival};
 pub use watchdog::watchdog;
 

@@ -43,6 +43,10 @@ pub fn slice_ms() -> f64 {
     SLICE_MS.get()
 }
 
+/// The shortest `pg_stride.slice`, in ms and in ns.
+const SLICE_MIN_MS: f64 = 0.1;
+pub const SLICE_MIN_NS: u64 = (SLICE_MIN_MS * 1_000_000.0) as u64;
+
 /// `pg_stride.slice` in ns.
 pub fn slice_ns() -> u64 {
     (SLICE_MS.get() * 1_000_000.0) as u64
@@ -105,7 +109,7 @@ pub fn register_settings() {
         c"Target CPU time a process runs between two scheduling checks.",
         c"Yield points are placed so that the work between two checks takes about this long.",
         SLICE_MS.inner(),
-        0.1,
+        SLICE_MIN_MS,
         1000.0,
         GucContext::Suset,
         GucFlags::UNIT_MS,

@@ -3,8 +3,10 @@
 //! a few dozen pages: a primary-key lookup costs about 8) runs without joining CPU
 //! scheduling: no yield points, no membership, no slot. Scheduling it would change
 //! nothing but its cost, since it ends long before its first check-in (C0 tuples of a
-//! scan, wagner2021 §3.1) would have let it compete for a slot; what it pays pg_stride
-//! is then admission alone, as a write does (docs/design.md §4 rule 2).
+//! scan, wagner2021 §3.1) would have let it compete for a slot. Most such reads are not
+//! even admitted (`statements::runs_unadmitted`); the others — those that call a
+//! user-defined function, say — pay admission alone, as a write does (docs/design.md §4
+//! rule 2).
 //!
 //! A plan is an estimate. A statement that was called tiny but whose ExecutorRuns took
 //! more than [`RAN_LONG_SLICES`] slices (stale statistics, a function that returns far
@@ -49,12 +51,12 @@ static ANY_SCHEDULED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(fal
 
 /// Whether a serial statement whose plan's total cost is `plan_cost` is too small to
 /// schedule. `fingerprint` gives the statement's fingerprint, asked for only once a
-/// fingerprint is scheduled in this backend. The bound is for PostgreSQL's default CPU
-/// costs: a session that lowered them (to 0, say) lowers it alike
-/// (`plan_costs::scale`), and gets no unscheduled statements by it.
+/// fingerprint is scheduled in this backend ([`fingerprints_scheduled`]). The bound is
+/// for PostgreSQL's default CPU costs: a session that lowered them (to 0, say) lowers it
+/// alike (`plan_costs::scale`), and gets no unscheduled statements by it.
 pub fn is_tiny(plan_cost: f64, fingerprint: impl FnOnce() -> u64) -> bool {
-    plan_cost < COST_PER_SLICE_MS * super::settings::slice_ms() * crate::plan_costs::scale()
-        && !(ANY_SCHEDULED.get() && {
+    below_bound(plan_cost)
+        && !(fingerprints_scheduled() && {
             let fingerprint = fingerprint();
             RAN_LONG
                 .get()
@@ -63,11 +65,28 @@ pub fn is_tiny(plan_cost: f64, fingerprint: impl FnOnce() -> u64) -> bool {
         })
 }
 
+/// Whether a plan whose total cost is `plan_cost` is below the bound of a tiny one. With
+/// [`fingerprints_scheduled`] false, this alone is [`is_tiny`]. Plain arithmetic on
+/// settings, which cannot fail: asked outside pgrx's error boundary.
+#[inline]
+pub fn below_bound(plan_cost: f64) -> bool {
+    plan_cost < COST_PER_SLICE_MS * super::settings::slice_ms() * crate::plan_costs::scale()
+}
+
+/// Whether this backend schedules a fingerprint that ran long: until it does, which is
+/// the common case, no statement needs its fingerprint computed to be called tiny.
+#[inline]
+pub fn fingerprints_scheduled() -> bool {
+    ANY_SCHEDULED.get()
+}
+
 /// Whether a statement called tiny whose ExecutorRuns took `ran_ns` of wall time in all
 /// (not the time its portal stayed open, which includes the client's) ran long: its
 /// fingerprint is then passed to [`ran_long`].
 pub fn counts_as_long(ran_ns: u64) -> bool {
-    ran_ns > super::settings::slice_ns().saturating_mul(RAN_LONG_SLICES)
+    // Below the shortest slice's bound, the setting need not be read (nor converted).
+    ran_ns > super::settings::SLICE_MIN_NS * RAN_LONG_SLICES
+        && ran_ns > super::settings::slice_ns().saturating_mul(RAN_LONG_SLICES)
 }
 
 /// A statement called tiny with fingerprint `fingerprint` ran long: once it has
