@@ -43,7 +43,7 @@
 
 use crate::backend_local::BackendLocal;
 use crate::statements::{self, Ending};
-use crate::{admission, groups, gucs, monitoring, pg, plan_costs, pool, shmem};
+use crate::{groups, gucs, monitoring, pg, plan_costs, pool, shmem};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 
@@ -545,9 +545,7 @@ unsafe extern "C-unwind" fn end_statement(desc: *mut pg_sys::QueryDesc) {
 #[pgrx::pg_guard]
 #[inline(never)]
 unsafe extern "C-unwind" fn let_waiters_in() {
-    if let Some(shared) = shmem::shared() {
-        admission::let_waiters_in(shared);
-    }
+    statements::let_waiters_in();
 }
 
 #[pgrx::pg_guard]

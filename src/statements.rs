@@ -483,7 +483,7 @@ pub enum Ending {
     /// The statement ended; nothing is left to do.
     Ended,
     /// The statement ended and gave its admission back while statements wait:
-    /// `admission::let_waiters_in` lets them in, taking the queue's lock.
+    /// [`let_waiters_in`] lets them in, taking the queue's lock.
     EndedWithWaiters,
     /// A registered statement, or this parallel worker's part of one, ends through
     /// [`end`]: it joined CPU scheduling, holds workers or memory, has a tiny plan's runs
@@ -553,6 +553,14 @@ pub fn end(desc: *const pg_sys::QueryDesc) {
         if let Some(shared) = shmem::shared() {
             cpu::end_statement(shared, Some(desc), false);
         }
+    }
+}
+
+/// A statement that [`end_at_once`] ended gave its admission back while statements
+/// waited: lets them in (the queue's lock, so inside pgrx's error boundary).
+pub fn let_waiters_in() {
+    if let Some(shared) = shmem::shared() {
+        admission::let_waiters_in(shared);
     }
 }
 

@@ -13,7 +13,7 @@
 //! Plain reads of plan memory, which cannot fail: the ExecutorStart hook asks outside
 //! pgrx's error boundary.
 
-use super::walk::list_ptrs;
+use super::walk::{list_len, list_nth, list_ptrs};
 use pgrx::pg_sys;
 
 /// How deep the walks go before they give up (and answer "not small"): an OLTP plan is
@@ -141,26 +141,6 @@ unsafe fn operators_over_values(list: *mut pg_sys::List) -> bool {
         }
     }
     true
-}
-
-/// The length of `list` (0 for NIL).
-///
-/// # Safety
-/// `list` is NIL or a valid List.
-#[inline(always)]
-unsafe fn list_len(list: *const pg_sys::List) -> usize {
-    // SAFETY: the caller's promise.
-    unsafe { list.as_ref().map_or(0, |l| l.length.max(0) as usize) }
-}
-
-/// Element `i` of `list`, a List of pointers.
-///
-/// # Safety
-/// `list` is a valid pointer List and `i` below its length.
-#[inline(always)]
-unsafe fn list_nth<T>(list: *const pg_sys::List, i: usize) -> *mut T {
-    // SAFETY: the caller's promise; a List keeps its N elements in `elements[0..N]`.
-    unsafe { (*(*list).elements.add(i)).ptr_value.cast::<T>() }
 }
 
 /// Whether the range table `rtable` names at least one relation, none foreign or

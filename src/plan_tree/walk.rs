@@ -79,17 +79,30 @@ unsafe fn walk_list(list: *mut pg_sys::List, f: &mut dyn FnMut(*mut *mut pg_sys:
 /// # Safety
 /// `list` is NIL or a valid pointer List, unchanged while the iterator is used.
 pub unsafe fn list_ptrs<T>(list: *const pg_sys::List) -> impl Iterator<Item = *mut T> {
-    let length = if list.is_null() {
-        0
-    } else {
-        // SAFETY: the caller's promise.
-        unsafe { (*list).length }
-    };
-    (0..usize::try_from(length).unwrap_or(0)).map(move |i| {
-        // SAFETY: the caller's promise; a List of N pointers keeps them in
-        // `elements[0..N]`.
-        unsafe { (*(*list).elements.add(i)).ptr_value.cast::<T>() }
-    })
+    // SAFETY: the caller's promise.
+    let length = unsafe { list_len(list) };
+    // SAFETY: the caller's promise; every index is below the length.
+    (0..length).map(move |i| unsafe { list_nth(list, i) })
+}
+
+/// The length of `list` (0 for NIL).
+///
+/// # Safety
+/// `list` is NIL or a valid List.
+#[inline(always)]
+pub(super) unsafe fn list_len(list: *const pg_sys::List) -> usize {
+    // SAFETY: the caller's promise.
+    unsafe { list.as_ref().map_or(0, |l| l.length.max(0) as usize) }
+}
+
+/// Element `i` of `list`, a List of pointers.
+///
+/// # Safety
+/// `list` is a valid pointer List and `i` below its length.
+#[inline(always)]
+pub(super) unsafe fn list_nth<T>(list: *const pg_sys::List, i: usize) -> *mut T {
+    // SAFETY: the caller's promise; a List keeps its N elements in `elements[0..N]`.
+    unsafe { (*(*list).elements.add(i)).ptr_value.cast::<T>() }
 }
 
 /// Calls `f` with the address of each element of `list`, a List of pointers.
