@@ -21,8 +21,15 @@ partitions (100,000 rows), run serially, which has 500 wrapped scans whose yield
 points look their scan up for every row; for it the script also times both variants
 without valgrind (pgbench -T, interleaved rounds).
 
+With --cache-sim, cachegrind also simulates the first-level caches, and the report gives
+the misses per transaction of each variant: instruction fetches (I1) and data reads and
+writes (D1) that missed. On a path this short, a miss costs as much as tens of
+instructions, so added code that runs cold at every statement costs more time than its
+instruction count says (bench/results/oltp-overhead/README.md).
+
 Writes bench/results/INSTRUCTIONS.md. Usage: bench/instructions.py [--only WORKLOAD…]
-(select, tpcb, partitions) [--protocol prepared|extended|simple] [--out FILE]; PGBIN (scripts/pg-env) picks the server.
+(select, tpcb, partitions) [--protocol prepared|extended|simple] [--cache-sim] [--out FILE]; PGBIN
+(scripts/pg-env) picks the server.
 """
 
 import argparse
@@ -52,6 +59,11 @@ KEYS = {"select": WORKLOADS[0], "tpcb": WORKLOADS[1], "partitions": WORKLOADS[2]
 # pgbench's query mode (--protocol): prepared, as in most overhead figures, or simple, as
 # an application that sends its statements as text (each one parsed, analysed and planned).
 PROTOCOL = "prepared"
+# Whether cachegrind simulates the caches (--cache-sim): slower, and adds the misses.
+CACHE_SIM = False
+# The simulated caches' miss counts that the report gives, as cachegrind names them:
+# first-level instruction-fetch, data-read and data-write misses.
+MISSES = ("I1mr", "D1mr", "D1mw")
 
 
 class Server(pgserver.Server):
@@ -71,7 +83,7 @@ class Server(pgserver.Server):
         self.script(os.path.join("data", "variant.conf"), settings)
         for old in glob.glob(os.path.join(self.counts, "*")):
             os.remove(old)
-        options = ["--cache-sim=no"] if tool == "cachegrind" else []
+        options = [f"--cache-sim={'yes' if CACHE_SIM else 'no'}"] if tool == "cachegrind" else []
         tool = ["valgrind", f"--tool={tool}", *options, "--trace-children=yes",
                 f"--{tool}-out-file={self.counts}/%p"] if valgrind else []
         self.process = subprocess.Popen(AS_POSTGRES + tool + [f"{PGBIN}/postgres", "-D", self.data], env=self.env,
@@ -100,11 +112,22 @@ class Server(pgserver.Server):
         its output file."""
         best = (0, None)
         for path in glob.glob(os.path.join(self.counts, "*")):
-            with open(path) as f:
-                for line in f:
-                    if line.startswith(("summary:", "totals:")):
-                        best = max(best, (int(line.split()[1]), path))
+            events = event_totals(path)
+            if events:
+                best = max(best, (events.get("Ir", 0), path))
         return best
+
+
+def event_totals(path):
+    """A valgrind output file's totals by event name ({"Ir": …, "I1mr": …}), or {}."""
+    names = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("events:"):
+                names = line.split()[1:]
+            elif line.startswith(("summary:", "totals:")):
+                return dict(zip(names, map(int, line.split()[1:])))
+    return {}
 
 
 def inclusive_instructions(path, functions):
@@ -187,6 +210,21 @@ def timing_table(workloads, results, first, second, ratio):
     return lines
 
 
+def misses_table(workloads, results):
+    """The report's lines for the simulated first-level cache misses per transaction,
+    not loaded and loaded (`results[(label, variant, "misses")]`)."""
+    lines = ["", "First-level cache misses per transaction (cachegrind's simulated caches, the same "
+             "runs): instruction fetches (I1), data reads and data writes (D1) that missed, not "
+             "loaded → loaded (ratio).", "",
+             "| workload | " + " | ".join(MISSES) + " |", "|---|" + "---|" * len(MISSES)]
+    for label, _, _, _ in workloads:
+        a, b = results[(label, "not loaded", "misses")], results[(label, "loaded", "misses")]
+        lines.append(f"| {label} | " + " | ".join(
+            f"{a[k]:.0f} → {b[k]:.0f} ({b[k] / a[k]:.3f})" if a[k] else f"{a[k]:.0f} → {b[k]:.0f}"
+            for k in MISSES) + " |")
+    return lines
+
+
 def restore(s):
     """Puts back the data directory `prepare` left (its copy in `data.template`), so that
     every run starts from the same tables, byte for byte, whatever ran before: TPC-B
@@ -209,9 +247,11 @@ def counted_run(s, settings, args, n, tool="cachegrind"):
 
 def instructions_per_transaction(s, settings, args, n1, n2):
     """Instructions of the busiest backend per transaction of `args`: the difference
-    between runs of n1 and n2 transactions, so that connection start-up cancels out."""
-    first, second = (counted_run(s, settings, args, n)[0] for n in (n1, n2))
-    return (second - first) / (n2 - n1)
+    between runs of n1 and n2 transactions, so that connection start-up cancels out;
+    with CACHE_SIM, also the MISSES per transaction (else None)."""
+    first, second = (event_totals(counted_run(s, settings, args, n)[1]) for n in (n1, n2))
+    per = {k: (second[k] - first[k]) / (n2 - n1) for k in second if k in first}
+    return per["Ir"], ({k: per[k] for k in MISSES} if CACHE_SIM else None)
 
 
 def prepare(s):
@@ -250,7 +290,7 @@ def server_version():
 
 
 def main():
-    global PROTOCOL
+    global PROTOCOL, CACHE_SIM
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="+", choices=sorted(KEYS), default=sorted(KEYS))
     parser.add_argument("--out", default=os.path.join(HERE, "results", "INSTRUCTIONS.md"))
@@ -259,8 +299,11 @@ def main():
                              "(e.g. \"pg_stride.memory_budget = '8GB'\")")
     parser.add_argument("--protocol", choices=("prepared", "extended", "simple"), default=PROTOCOL,
                         help="pgbench's query mode (default prepared)")
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="also simulate the first-level caches and report their misses")
     options = parser.parse_args()
     PROTOCOL = options.protocol
+    CACHE_SIM = options.cache_sim
     variants = VARIANTS
     if options.also:
         variants += (("loaded + " + options.also.replace("\n", ", "),
@@ -272,7 +315,8 @@ def main():
         prepare(s)
         for label, args, n1, n2 in workloads:
             for variant, settings in variants:
-                results[(label, variant)] = instructions_per_transaction(s, settings, args, n1, n2)
+                results[(label, variant)], results[(label, variant, "misses")] = \
+                    instructions_per_transaction(s, settings, args, n1, n2)
                 print(f"{label}, {variant}: {results[(label, variant)]:.0f} instructions per transaction", flush=True)
             (results[(label, "admission")], results[(label, "rules")],
              results[(label, "prediction")], results[(label, "query id")]) = per_transaction(
@@ -324,6 +368,8 @@ def main():
             b, d = results[(label, "loaded")], results[(label, variant)]
             m = results[(label, variant, "memory")]
             lines.append(f"| {label} | {b:.0f} | {d:.0f} | {d - b:+.0f} | {m:.0f} |")
+    if CACHE_SIM:
+        lines += misses_table(workloads, results)
     lines += timing_table(workloads, results, "not loaded", "loaded", "loaded / not loaded")
     write_report(options.out, lines)
 

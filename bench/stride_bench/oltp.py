@@ -58,6 +58,34 @@ def schedstat(pid: int) -> tuple | None:
         return None
 
 
+# What the kernel did to a process, from /proc/PID/sched and /proc/PID/stat: moves to
+# another CPU, context switches it asked for (it slept: a lock, a latch, the client) and
+# ones it did not (preempted), and the clock ticks it spent in the kernel. Extra CPU per
+# transaction that the instructions it runs do not explain shows here first: a process
+# that changes CPU or is preempted more often starts on colder caches.
+KERNEL_COUNTERS = ("migrations", "voluntary_switches", "involuntary_switches", "system_ticks",
+                   "user_ticks")
+SCHED_FIELDS = {"se.nr_migrations": "migrations", "nr_voluntary_switches": "voluntary_switches",
+                "nr_involuntary_switches": "involuntary_switches"}
+
+
+def kernel_counters(pid: int) -> dict | None:
+    """KERNEL_COUNTERS of process `pid` so far, or None once it has exited."""
+    try:
+        sched = Path(f"/proc/{pid}/sched").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    out = {}
+    for line in sched.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in SCHED_FIELDS:
+            out[SCHED_FIELDS[key.strip()]] = int(float(value))
+    rest = stat[stat.rindex(")") + 2:].split()
+    out["user_ticks"], out["system_ticks"] = int(rest[11]), int(rest[12])
+    return out if len(out) == len(KERNEL_COUNTERS) else None
+
+
 def process_role(cmdline: str) -> str:
     """What a server process does, from the title PostgreSQL gives it
     ("postgres: user db [local] COMMAND", "postgres: parallel worker for PID 123")."""
@@ -87,13 +115,14 @@ def server_processes(postmaster: int) -> dict:
 
 
 def snapshot(postmaster: int) -> tuple:
-    """(pid -> (role, ns on a CPU, ns waiting for one) of the postmaster's children, the
-    CPU seconds of the whole server so far, exited processes included)."""
+    """(pid -> (role, ns on a CPU, ns waiting for one, kernel_counters) of the
+    postmaster's children, the CPU seconds of the whole server so far, exited processes
+    included)."""
     procs = {}
     for pid, role in server_processes(postmaster).items():
-        s = schedstat(pid)
-        if s:
-            procs[pid] = (role, *s)
+        s, k = schedstat(pid), kernel_counters(pid)
+        if s and k:
+            procs[pid] = (role, *s, k)
     return procs, process_tree_cpu([postmaster])
 
 
@@ -102,13 +131,16 @@ def time_by_role(before: dict, after: dict) -> dict:
     alive at both (a parallel worker lives for one query, so these miss the workers that
     started or ended in between; TPC-B's backends live throughout)."""
     out = {}
-    for pid, (role, cpu1, wait1) in after.items():
+    for pid, (role, cpu1, wait1, kernel1) in after.items():
         if pid not in before or before[pid][0] != role:
             continue
-        r = out.setdefault(role, {"cpu_s": 0.0, "runqueue_s": 0.0, "processes": 0})
+        r = out.setdefault(role, {"cpu_s": 0.0, "runqueue_s": 0.0, "processes": 0,
+                                  **{k: 0 for k in KERNEL_COUNTERS}})
         r["cpu_s"] += (cpu1 - before[pid][1]) / 1e9
         r["runqueue_s"] += (wait1 - before[pid][2]) / 1e9
         r["processes"] += 1
+        for k in KERNEL_COUNTERS:
+            r[k] += kernel1[k] - before[pid][3][k]
     return out
 
 
@@ -163,7 +195,10 @@ def breakdown(taken: list, txns: list) -> dict | None:
     # the analytic queries' CPU, their parallel workers' included: the whole server's
     # but for TPC-B's backends and the server's own processes
     an_cpu = tree1 - tree0 - tx["cpu_s"] - other
-    return {"transactions": n, "span_s": span, "latency_mean_ms": mean_ms,
+    ticks = tx.get("user_ticks", 0) + tx.get("system_ticks", 0)
+    kernel = {f"{k}_per_txn": tx.get(k, 0) / n for k in KERNEL_COUNTERS[:3]}
+    kernel["system_share"] = tx.get("system_ticks", 0) / ticks if ticks else float("nan")
+    return {**kernel,"transactions": n, "span_s": span, "latency_mean_ms": mean_ms,
             "cpu_ms": cpu_ms, "runqueue_ms": rq_ms,
             "lag_ms": lag_ms, "asleep_ms": mean_ms - cpu_ms - rq_ms - lag_ms,
             "analytics_cpus": an_cpu / span,
@@ -308,6 +343,9 @@ def run(runner) -> None:
 # time goes) and the closed form's (where the CPUs go)
 BREAKDOWN = ("latency_mean_ms", "cpu_ms", "runqueue_ms", "lag_ms", "asleep_ms", "analytics_cpus")
 CPU_BUDGET = ("transactions_cpus", "cpu_ms", "analytics_cpus", "work_per_analytics_cpu", "server_cpus")
+# the kernel's part (closed form): what happens to a TPC-B backend per transaction
+KERNEL = ("migrations_per_txn", "voluntary_switches_per_txn", "involuntary_switches_per_txn",
+          "system_share")
 
 
 def spread(values: list) -> str:
@@ -337,7 +375,7 @@ def summary(meta: dict) -> dict:
                     work / base if base else float("nan"))
                 b = res.get("breakdown") or {}
                 for k, v in b.items():
-                    if k in BREAKDOWN or k in CPU_BUDGET:
+                    if k in BREAKDOWN or k in CPU_BUDGET or k in KERNEL:
                         f.setdefault(f"{form}_{k}", []).append(v)
                 if b.get("analytics_cpus"):
                     f.setdefault(f"{form}_work_per_analytics_cpu", []).append(
@@ -409,4 +447,17 @@ def write_report(meta: dict, path: Path) -> None:
         f = s[n]
         lines.append(f"| {n} | {spread(f.get('closed_tps', []))} | " + " | ".join(
             spread(f.get(f"closed_{k}", [])) for k in CPU_BUDGET) + " |")
+    lines += ["", "## What the kernel does to a transaction (closed form)", "",
+              "Per TPC-B transaction, from its backends' /proc/PID/sched and /proc/PID/stat "
+              "between the same snapshots: moves to another CPU, context switches the backend "
+              "asked for (it slept) and ones it did not (preempted), and the share of its CPU "
+              "time spent in the kernel. A backend that moves or is preempted more often "
+              "starts on colder caches, which costs CPU that its instructions do not show.", "",
+              "| configuration | migrations per 1000 | voluntary switches | involuntary switches "
+              "| kernel share of CPU |", "|---|---:|---:|---:|---:|"]
+    for n in names:
+        f = s[n]
+        lines.append(f"| {n} | " + " | ".join(
+            spread([v * (1000 if k == "migrations_per_txn" else 1) for v in f.get(f"closed_{k}", [])])
+            for k in KERNEL) + " |")
     path.write_text("\n".join(lines) + "\n")

@@ -1121,11 +1121,15 @@ class OltpTest(unittest.TestCase):
                          "analytics")
 
     def test_only_processes_alive_at_both_snapshots_count(self):
-        before = {1: ("transactions", 1_000_000, 500_000), 2: ("analytics", 0, 0),
-                  3: ("analytics", 5_000_000_000, 0)}
-        after = {1: ("transactions", 3_000_000, 1_500_000), 3: ("analytics", 7_000_000_000, 10**9),
-                 4: ("analytics", 9 * 10**9, 0)}
+        k0 = dict.fromkeys(oltp.KERNEL_COUNTERS, 0)
+        before = {1: ("transactions", 1_000_000, 500_000, k0), 2: ("analytics", 0, 0, k0),
+                  3: ("analytics", 5_000_000_000, 0, k0)}
+        after = {1: ("transactions", 3_000_000, 1_500_000, {**k0, "migrations": 4}),
+                 3: ("analytics", 7_000_000_000, 10**9, k0),
+                 4: ("analytics", 9 * 10**9, 0, {**k0, "migrations": 50})}
         got = oltp.time_by_role(before, after)
+        self.assertEqual(got["transactions"]["migrations"], 4)
+        self.assertEqual(got["analytics"]["migrations"], 0)
         self.assertAlmostEqual(got["transactions"]["cpu_s"], 0.002)
         self.assertAlmostEqual(got["transactions"]["runqueue_s"], 0.001)
         self.assertAlmostEqual(got["analytics"]["cpu_s"], 2.0)
@@ -1136,9 +1140,12 @@ class OltpTest(unittest.TestCase):
         txns = [T(0, 0, 0.004, 100.5, 0.001), T(0, 0, 0.002, 101.0, 0.0),
                 T(0, 0, 0.1, 99.0, 0.0),     # before the first snapshot
                 T(0, 0, float("nan"), 100.7, 0.0, failed=True)]
-        taken = [(100.0, {7: ("transactions", 0, 0), 8: ("analytics", 0, 0)}, 10.0),
-                 (102.0, {7: ("transactions", 2_000_000, 1_000_000),
-                          8: ("analytics", 2 * 10**9, 10**9)}, 13.002)]
+        k0 = dict.fromkeys(oltp.KERNEL_COUNTERS, 0)
+        k1 = {"migrations": 3, "voluntary_switches": 10, "involuntary_switches": 1,
+              "system_ticks": 1, "user_ticks": 3}
+        taken = [(100.0, {7: ("transactions", 0, 0, k0), 8: ("analytics", 0, 0, k0)}, 10.0),
+                 (102.0, {7: ("transactions", 2_000_000, 1_000_000, k1),
+                          8: ("analytics", 2 * 10**9, 10**9, k0)}, 13.002)]
         b = oltp.breakdown(taken, txns)
         self.assertEqual(b["transactions"], 2)
         self.assertAlmostEqual(b["latency_mean_ms"], 3.0)
@@ -1149,7 +1156,18 @@ class OltpTest(unittest.TestCase):
         # 3 s of server CPU, 2 ms TPC-B's: the rest is analytics', a worker's included
         self.assertAlmostEqual(b["analytics_cpus"], 1.5)
         self.assertAlmostEqual(b["server_cpus"], 1.501)
+        # the kernel's counters of TPC-B's backends, per transaction
+        self.assertAlmostEqual(b["migrations_per_txn"], 1.5)
+        self.assertAlmostEqual(b["voluntary_switches_per_txn"], 5.0)
+        self.assertAlmostEqual(b["involuntary_switches_per_txn"], 0.5)
+        self.assertAlmostEqual(b["system_share"], 0.25)
         self.assertIsNone(oltp.breakdown(taken[:1], txns))
+
+    def test_the_kernels_counters_are_read_from_proc(self):
+        got = oltp.kernel_counters(os.getpid())
+        self.assertEqual(set(got), set(oltp.KERNEL_COUNTERS))
+        self.assertTrue(all(v >= 0 for v in got.values()))
+        self.assertIsNone(oltp.kernel_counters(2 ** 22 + 1))
 
     def test_analytic_work_is_relative_to_stocks_in_the_same_round_and_form(self):
         def res(tps, p99, work):
@@ -1183,6 +1201,32 @@ class OltpTest(unittest.TestCase):
         self.assertAlmostEqual(x["open_work_per_analytics_cpu"][0], 2.0)
         self.assertEqual(x["closed_server_cpus"], [1.9])
         self.assertEqual(oltp.spread([]), "—")
+
+
+class InstructionsTest(unittest.TestCase):
+    def test_a_valgrind_files_totals_are_read_by_event_name(self):
+        import instructions
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "12345")
+            Path(path).write_text("desc: I1 cache: 32768 B, 64 B, 8-way associative\n"
+                                  "events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw\n"
+                                  "fl=x.c\nfn=f\n3 9 1 0 4 1 0 2 0 0\n"
+                                  "summary: 900 17 0 400 15 2 200 8 0\n")
+            got = instructions.event_totals(path)
+            self.assertEqual((got["Ir"], got["I1mr"], got["D1mr"], got["D1mw"]), (900, 17, 15, 8))
+            # callgrind's files name one event and give totals
+            Path(path).write_text("events: Ir\nfn=f\n1 5\ntotals: 77\n")
+            self.assertEqual(instructions.event_totals(path), {"Ir": 77})
+            Path(path).write_text("events: Ir\n")
+            self.assertEqual(instructions.event_totals(path), {})
+
+    def test_the_misses_table_gives_both_variants_and_their_ratio(self):
+        import instructions
+        label = "w"
+        results = {(label, "not loaded", "misses"): {"I1mr": 100.0, "D1mr": 50.0, "D1mw": 0.0},
+                   (label, "loaded", "misses"): {"I1mr": 104.0, "D1mr": 55.0, "D1mw": 1.0}}
+        lines = instructions.misses_table([(label, [], 1, 2)], results)
+        self.assertEqual(lines[-1], "| w | 100 → 104 (1.040) | 50 → 55 (1.100) | 0 → 1 |")
 
 
 def main() -> int:
