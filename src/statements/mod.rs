@@ -29,6 +29,12 @@
 //! Parallel workers are here too: their part of a statement joins the leader's CPU
 //! scheduling, and they clear their entry the same way when they exit.
 
+mod client_utility;
+mod unadmitted;
+
+pub use client_utility::{client_utility_ended, client_utility_started, subtransaction_aborted};
+pub use unadmitted::{learn_long_run, runs_unadmitted, unadmitted_aborted, unadmitted_ran_long};
+
 use crate::backend_local::BackendLocal;
 use crate::gucs::Setting;
 use crate::os;
@@ -77,46 +83,6 @@ struct Statement {
     ran_ns: u64,
 }
 
-/// The statement the client sent, while it is a utility whose queries are the client's
-/// (EXECUTE, DECLARE, EXPLAIN ANALYZE, CREATE TABLE AS, DO, CALL): its queries run in
-/// portals of their own, or in no new portal, but take the group its tag names. With it,
-/// the subtransaction that was current when it started: if that one aborts (an ERROR
-/// inside the client's savepoint), the utility ended with it. Beside the statements, not
-/// one of them: it is the client's command, which the executor does not run, and it
-/// outlives the statements it runs.
-static CLIENT_UTILITY: BackendLocal<Cell<Option<(pg::StatementText, u32)>>> =
-    BackendLocal::new(Cell::new(None));
-
-/// A top-level utility whose queries are the client's starts. Plain stores and reads
-/// that cannot fail, as the next two: called from hooks, outside pgrx's guard.
-pub fn client_utility_started(text: pg::StatementText) {
-    CLIENT_UTILITY.set(Some((text, pg::current_subtransaction())));
-}
-
-/// The top-level utility has returned, or its transaction aborted.
-pub fn client_utility_ended() {
-    CLIENT_UTILITY.set(None);
-}
-
-/// The subtransaction `subid` aborted: a utility that started inside it has ended.
-pub fn subtransaction_aborted(subid: u32) {
-    if let Some((_, started_in)) = CLIENT_UTILITY.get() {
-        if subid <= started_in {
-            CLIENT_UTILITY.set(None);
-        }
-    }
-}
-
-/// The group tag of the statement the client sent: a running top-level utility's, or
-/// the active portal's statement's.
-fn client_group_tag() -> Option<String> {
-    CLIENT_UTILITY
-        .get()
-        .map(|(text, _)| text)
-        .or_else(pg::StatementText::of_active_portal)?
-        .group_tag()
-}
-
 /// The backend's registered statements: one, or a few open cursors.
 static REGISTERED: BackendLocal<RefCell<Vec<Statement>>> =
     BackendLocal::new(RefCell::new(Vec::new()));
@@ -135,64 +101,6 @@ static ENTRY_WRITTEN: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(tru
 static PLANNED_WORKERS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 /// Whether this process registered its exit and resource-release callbacks ([`claim`]).
 static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
-
-/// The last statement that arrived too small to admit ([`runs_unadmitted`]), while it
-/// may still run: its QueryDesc, and the wall time its ExecutorRuns took so far, ns, to
-/// learn a plan that was estimated too small. Not registered: nothing of it is shared,
-/// and nothing needs giving back if it fails. One at a time: the next statement that
-/// arrives replaces it (a tiny cursor left open is no longer timed), and an abort
-/// forgets it; the pointer is only compared, never followed, until the executor ends
-/// the statement it names.
-static UNADMITTED: BackendLocal<Cell<Option<(*const pg_sys::QueryDesc, u64)>>> =
-    BackendLocal::new(Cell::new(None));
-
-/// Whether `desc`, a top-level statement arriving, is a read too small to admit: a
-/// serial read whose plan is tiny (`cpu::is_tiny`) and does no more than its cost says
-/// (`plan_tree::is_plain_read`: relations, operators, casts, no function called by
-/// name), sent by the client itself rather than run by a utility (a cursor's DECLARE,
-/// a DO block's loop, CREATE TABLE AS: their queries stay open while others run, or
-/// write), while no memory budget is set. It ends long before a place in the queue
-/// could matter to the statements it would wait behind, so it runs at once, outside
-/// admission and CPU scheduling, as a monitoring query does (docs/design.md §4 rule 4);
-/// only its ExecutorRuns are timed, and a fingerprint that ran long twice is admitted
-/// and scheduled from then on. Whichever way it answers, it forgets the statement it
-/// named before.
-///
-/// Plain reads of the plan and of settings, which cannot panic: the ExecutorStart hook
-/// asks it outside pgrx's error boundary. Once this backend schedules a fingerprint that
-/// ran long, telling a tiny plan needs the statement's fingerprint, and it answers no:
-/// [`arrive`], guarded, decides.
-pub fn runs_unadmitted(desc: *const pg_sys::QueryDesc) -> bool {
-    UNADMITTED.set(None);
-    // SAFETY: `desc` is the statement the executor is about to start.
-    let small =
-        !cpu::fingerprints_scheduled() && unsafe { too_small_to_admit(desc, cpu::below_bound) };
-    if small {
-        UNADMITTED.set(Some((desc, 0)));
-    }
-    small
-}
-
-/// Whether `desc` is too small to admit ([`runs_unadmitted`]), its plan's cost judged by
-/// `tiny`.
-///
-/// # Safety
-/// `desc` is the QueryDesc of a statement about to start, with its PlannedStmt.
-unsafe fn too_small_to_admit(
-    desc: *const pg_sys::QueryDesc,
-    tiny: impl FnOnce(f64) -> bool,
-) -> bool {
-    // SAFETY: the caller's promise.
-    unsafe {
-        let stmt = (*desc).plannedstmt;
-        !(*stmt).parallelModeNeeded
-            && plan_tree::reads_only(stmt)
-            && CLIENT_UTILITY.get().is_none()
-            && shmem::shared().is_some_and(|shared| !shared.admission.memory_accounting())
-            && tiny(pg::query_id_and_cost(stmt).1)
-            && plan_tree::is_plain_read(stmt)
-    }
-}
 
 /// Asks for query identifiers where they are used. Called once from `_PG_init`.
 ///
@@ -231,9 +139,9 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // (`runs_unadmitted` could not tell).
     if cpu::fingerprints_scheduled()
         // SAFETY: as above.
-        && unsafe { too_small_to_admit(desc, |cost| cpu::is_tiny(cost, fingerprint)) }
+        && unsafe { unadmitted::too_small_to_admit(desc, |cost| cpu::is_tiny(cost, fingerprint)) }
     {
-        UNADMITTED.set(Some((desc, 0)));
+        unadmitted::runs_after_all(desc);
         return false;
     }
     let Some(shared) = shmem::shared() else {
@@ -243,7 +151,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         return false;
     };
     claim(shared, entry);
-    let group = groups::resolve_statement_group(&shared.groups, client_group_tag());
+    let group = groups::resolve_statement_group(&shared.groups, client_utility::group_tag());
     admission::switch_group(shared, entry, group);
     // A backend that holds an admission already (an open cursor, the query of a FOR
     // loop in a DO block) runs its further statements under it: it runs one at a
@@ -415,18 +323,15 @@ pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
 /// [`unscheduled_run_ended`]). Cannot panic: the executor hooks call it outside pgrx's
 /// error boundary.
 pub fn unscheduled_run_begins() -> Option<u64> {
-    (TINY_REGISTERED.get() > 0 || UNADMITTED.get().is_some()).then(os::monotonic_ns)
+    (TINY_REGISTERED.get() > 0 || unadmitted::any_running()).then(os::monotonic_ns)
 }
 
 /// The ExecutorRun of `desc` that began at `started` ended: a tiny statement adds its
 /// time. Cannot panic, as above. A run that ends with an ERROR is not counted.
 pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
     let took = os::monotonic_ns().saturating_sub(started);
-    if let Some((unadmitted, ran)) = UNADMITTED.get() {
-        if unadmitted == desc {
-            UNADMITTED.set(Some((desc, ran.saturating_add(took))));
-            return;
-        }
+    if unadmitted::ran(desc, took) {
+        return;
     }
     REGISTERED.try_with_borrow_mut(|list| {
         if let Some(r) = list.iter_mut().find(|r| r.desc == desc && r.tiny) {
@@ -562,33 +467,6 @@ pub fn let_waiters_in() {
     if let Some(shared) = shmem::shared() {
         admission::let_waiters_in(shared);
     }
-}
-
-/// ExecutorEnd of `desc`, if it is the statement that runs unadmitted
-/// ([`runs_unadmitted`]): forgets it, and returns whether its runs took long enough that
-/// its fingerprint should be learned ([`learn_long_run`]). Cannot panic: the ExecutorEnd
-/// hook asks it outside pgrx's error boundary.
-pub fn unadmitted_ran_long(desc: *const pg_sys::QueryDesc) -> bool {
-    match UNADMITTED.get() {
-        Some((unadmitted, ran)) if unadmitted == desc => {
-            UNADMITTED.set(None);
-            cpu::counts_as_long(ran)
-        }
-        _ => false,
-    }
-}
-
-/// `desc`, a statement that ran unadmitted, ran long: its fingerprint counts one long
-/// run, as a registered tiny statement's does when it ends.
-pub fn learn_long_run(desc: *const pg_sys::QueryDesc) {
-    // SAFETY: the executor's QueryDesc of a statement ending at ExecutorEnd, text included.
-    cpu::ran_long(unsafe { pg::statement_fingerprint(desc) });
-}
-
-/// The transaction or a subtransaction aborted: a statement that ran unadmitted and
-/// failed is forgotten (its QueryDesc is gone, and no ExecutorEnd will name it).
-pub fn unadmitted_aborted() {
-    UNADMITTED.set(None);
 }
 
 /// A parallel worker starts its part of a statement: it joins its leader's CPU

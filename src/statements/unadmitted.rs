@@ -1,0 +1,120 @@
+//! Reads too small to admit (docs/design.md §4 rule 4): a SELECT the client sends whose
+//! plan is tiny and does no more than its cost says runs at once, unregistered, outside
+//! admission and CPU scheduling. Only its ExecutorRuns are timed, and a fingerprint that
+//! ran long twice is admitted from then on. Everything here is a plain read or store
+//! that cannot panic: the executor hooks call it outside pgrx's error boundary, except
+//! [`learn_long_run`].
+
+use super::client_utility;
+use crate::backend_local::BackendLocal;
+use crate::{cpu, pg, plan_tree, shmem};
+use pgrx::pg_sys;
+use std::cell::Cell;
+
+/// The last statement that arrived too small to admit ([`runs_unadmitted`]), while it
+/// may still run: its QueryDesc, and the wall time its ExecutorRuns took so far, ns, to
+/// learn a plan that was estimated too small. Not registered: nothing of it is shared,
+/// and nothing needs giving back if it fails. One at a time: the next statement that
+/// arrives replaces it (a tiny cursor left open is no longer timed), and an abort
+/// forgets it; the pointer is only compared, never followed, until the executor ends
+/// the statement it names.
+static UNADMITTED: BackendLocal<Cell<Option<(*const pg_sys::QueryDesc, u64)>>> =
+    BackendLocal::new(Cell::new(None));
+
+/// Whether `desc`, a top-level statement arriving, is a read too small to admit: a
+/// serial read whose plan is tiny (`cpu::is_tiny`) and does no more than its cost says
+/// (`plan_tree::is_plain_read`: relations, operators, casts, no function called by
+/// name), sent by the client itself rather than run by a utility (a cursor's DECLARE,
+/// a DO block's loop, CREATE TABLE AS: their queries stay open while others run, or
+/// write), while no memory budget is set. It ends long before a place in the queue
+/// could matter to the statements it would wait behind, so it runs at once, outside
+/// admission and CPU scheduling, as a monitoring query does (docs/design.md §4 rule 4);
+/// only its ExecutorRuns are timed, and a fingerprint that ran long twice is admitted
+/// and scheduled from then on. Whichever way it answers, it forgets the statement it
+/// named before.
+///
+/// Plain reads of the plan and of settings, which cannot panic: the ExecutorStart hook
+/// asks it outside pgrx's error boundary. Once this backend schedules a fingerprint that
+/// ran long, telling a tiny plan needs the statement's fingerprint, and it answers no:
+/// `arrive`, guarded, decides.
+pub fn runs_unadmitted(desc: *const pg_sys::QueryDesc) -> bool {
+    UNADMITTED.set(None);
+    // SAFETY: `desc` is the statement the executor is about to start.
+    let small =
+        !cpu::fingerprints_scheduled() && unsafe { too_small_to_admit(desc, cpu::below_bound) };
+    if small {
+        UNADMITTED.set(Some((desc, 0)));
+    }
+    small
+}
+
+/// Whether `desc` is too small to admit ([`runs_unadmitted`]), its plan's cost judged by
+/// `tiny`.
+///
+/// # Safety
+/// `desc` is the QueryDesc of a statement about to start, with its PlannedStmt.
+pub(super) unsafe fn too_small_to_admit(
+    desc: *const pg_sys::QueryDesc,
+    tiny: impl FnOnce(f64) -> bool,
+) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let stmt = (*desc).plannedstmt;
+        !(*stmt).parallelModeNeeded
+            && plan_tree::reads_only(stmt)
+            && !client_utility::running()
+            && shmem::shared().is_some_and(|shared| !shared.admission.memory_accounting())
+            && tiny(pg::query_id_and_cost(stmt).1)
+            && plan_tree::is_plain_read(stmt)
+    }
+}
+
+/// `desc`, arriving, was found too small to admit once its fingerprint was looked at
+/// (`arrive`): it runs unadmitted, as if [`runs_unadmitted`] had said so.
+pub(super) fn runs_after_all(desc: *const pg_sys::QueryDesc) {
+    UNADMITTED.set(Some((desc, 0)));
+}
+
+/// Whether a statement runs unadmitted, so that its ExecutorRuns are timed.
+pub(super) fn any_running() -> bool {
+    UNADMITTED.get().is_some()
+}
+
+/// An ExecutorRun of `desc` took `took` ns: adds it, if `desc` runs unadmitted; returns
+/// whether it did.
+pub(super) fn ran(desc: *const pg_sys::QueryDesc, took: u64) -> bool {
+    match UNADMITTED.get() {
+        Some((unadmitted, ran)) if unadmitted == desc => {
+            UNADMITTED.set(Some((desc, ran.saturating_add(took))));
+            true
+        }
+        _ => false,
+    }
+}
+
+/// ExecutorEnd of `desc`, if it is the statement that runs unadmitted
+/// ([`runs_unadmitted`]): forgets it, and returns whether its runs took long enough that
+/// its fingerprint should be learned ([`learn_long_run`]). Cannot panic: the ExecutorEnd
+/// hook asks it outside pgrx's error boundary.
+pub fn unadmitted_ran_long(desc: *const pg_sys::QueryDesc) -> bool {
+    match UNADMITTED.get() {
+        Some((unadmitted, ran)) if unadmitted == desc => {
+            UNADMITTED.set(None);
+            cpu::counts_as_long(ran)
+        }
+        _ => false,
+    }
+}
+
+/// `desc`, a statement that ran unadmitted, ran long: its fingerprint counts one long
+/// run, as a registered tiny statement's does when it ends.
+pub fn learn_long_run(desc: *const pg_sys::QueryDesc) {
+    // SAFETY: the executor's QueryDesc of a statement ending at ExecutorEnd, text included.
+    cpu::ran_long(unsafe { pg::statement_fingerprint(desc) });
+}
+
+/// The transaction or a subtransaction aborted: a statement that ran unadmitted and
+/// failed is forgotten (its QueryDesc is gone, and no ExecutorEnd will name it).
+pub fn unadmitted_aborted() {
+    UNADMITTED.set(None);
+}
