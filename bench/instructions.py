@@ -242,7 +242,10 @@ def counted_run(s, settings, args, n, tool="cachegrind"):
     s.start(settings, valgrind=True, tool=tool)
     s.pgbench(*args, "-t", str(n))
     s.stop()
-    return s.busiest_backend()
+    count, path = s.busiest_backend()
+    if path is None:
+        raise RuntimeError(f"valgrind wrote no counts into {s.counts}")
+    return count, path
 
 
 def instructions_per_transaction(s, settings, args, n1, n2):

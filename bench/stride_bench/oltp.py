@@ -70,19 +70,20 @@ SCHED_FIELDS = {"se.nr_migrations": "migrations", "nr_voluntary_switches": "volu
 
 
 def kernel_counters(pid: int) -> dict | None:
-    """KERNEL_COUNTERS of process `pid` so far, or None once it has exited."""
+    """KERNEL_COUNTERS of process `pid` so far; None once it has exited, or where the
+    kernel does not show them (/proc/PID/sched needs CONFIG_SCHED_DEBUG)."""
     try:
         sched = Path(f"/proc/{pid}/sched").read_text()
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        out = {}
+        for line in sched.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in SCHED_FIELDS:
+                out[SCHED_FIELDS[key.strip()]] = int(float(value))
+        rest = stat[stat.rindex(")") + 2:].split()
+        out["user_ticks"], out["system_ticks"] = int(rest[11]), int(rest[12])
+    except (OSError, ValueError, IndexError):
         return None
-    out = {}
-    for line in sched.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in SCHED_FIELDS:
-            out[SCHED_FIELDS[key.strip()]] = int(float(value))
-    rest = stat[stat.rindex(")") + 2:].split()
-    out["user_ticks"], out["system_ticks"] = int(rest[11]), int(rest[12])
     return out if len(out) == len(KERNEL_COUNTERS) else None
 
 
@@ -115,14 +116,14 @@ def server_processes(postmaster: int) -> dict:
 
 
 def snapshot(postmaster: int) -> tuple:
-    """(pid -> (role, ns on a CPU, ns waiting for one, kernel_counters) of the
+    """(pid -> (role, ns on a CPU, ns waiting for one, kernel_counters or None) of the
     postmaster's children, the CPU seconds of the whole server so far, exited processes
-    included)."""
+    included). The kernel's counters are extra: a process without them still counts."""
     procs = {}
     for pid, role in server_processes(postmaster).items():
-        s, k = schedstat(pid), kernel_counters(pid)
-        if s and k:
-            procs[pid] = (role, *s, k)
+        s = schedstat(pid)
+        if s:
+            procs[pid] = (role, *s, kernel_counters(pid))
     return procs, process_tree_cpu([postmaster])
 
 
@@ -139,8 +140,12 @@ def time_by_role(before: dict, after: dict) -> dict:
         r["cpu_s"] += (cpu1 - before[pid][1]) / 1e9
         r["runqueue_s"] += (wait1 - before[pid][2]) / 1e9
         r["processes"] += 1
+        kernel0 = before[pid][3]
+        if kernel0 is None or kernel1 is None:
+            r["without_kernel_counters"] = r.get("without_kernel_counters", 0) + 1
+            continue
         for k in KERNEL_COUNTERS:
-            r[k] += kernel1[k] - before[pid][3][k]
+            r[k] += kernel1[k] - kernel0[k]
     return out
 
 
@@ -195,10 +200,14 @@ def breakdown(taken: list, txns: list) -> dict | None:
     # the analytic queries' CPU, their parallel workers' included: the whole server's
     # but for TPC-B's backends and the server's own processes
     an_cpu = tree1 - tree0 - tx["cpu_s"] - other
+    # The kernel's counters only where every TPC-B backend had them (else NaN, which the
+    # report leaves out).
+    counted = tx["processes"] > 0 and not tx.get("without_kernel_counters")
     ticks = tx.get("user_ticks", 0) + tx.get("system_ticks", 0)
-    kernel = {f"{k}_per_txn": tx.get(k, 0) / n for k in KERNEL_COUNTERS[:3]}
-    kernel["system_share"] = tx.get("system_ticks", 0) / ticks if ticks else float("nan")
-    return {**kernel,"transactions": n, "span_s": span, "latency_mean_ms": mean_ms,
+    kernel = {f"{k}_per_txn": tx[k] / n if counted else float("nan")
+              for k in KERNEL_COUNTERS[:3]}
+    kernel["system_share"] = tx["system_ticks"] / ticks if counted and ticks else float("nan")
+    return {**kernel, "transactions": n, "span_s": span, "latency_mean_ms": mean_ms,
             "cpu_ms": cpu_ms, "runqueue_ms": rq_ms,
             "lag_ms": lag_ms, "asleep_ms": mean_ms - cpu_ms - rq_ms - lag_ms,
             "analytics_cpus": an_cpu / span,
