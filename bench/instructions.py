@@ -108,13 +108,13 @@ class Server(pgserver.Server):
                         check=True, stderr=subprocess.DEVNULL, **kw)
 
     def busiest_backend(self):
-        """Instructions of the process that executed the most (the pgbench backend), and
-        its output file."""
-        best = (0, None)
+        """The totals (`event_totals`) of the process that executed the most
+        instructions (the pgbench backend), and its output file."""
+        best = ({}, None)
         for path in glob.glob(os.path.join(self.counts, "*")):
             events = event_totals(path)
-            if events:
-                best = max(best, (events.get("Ir", 0), path))
+            if events.get("Ir", 0) > best[0].get("Ir", 0):
+                best = (events, path)
         return best
 
 
@@ -237,22 +237,22 @@ def restore(s):
 
 def counted_run(s, settings, args, n, tool="cachegrind"):
     """Runs `args` for n transactions with `settings` under valgrind's `tool`, from the
-    prepared data directory; returns the busiest backend's instructions and output file."""
+    prepared data directory; returns the busiest backend's totals and output file."""
     restore(s)
     s.start(settings, valgrind=True, tool=tool)
     s.pgbench(*args, "-t", str(n))
     s.stop()
-    count, path = s.busiest_backend()
+    totals, path = s.busiest_backend()
     if path is None:
         raise RuntimeError(f"valgrind wrote no counts into {s.counts}")
-    return count, path
+    return totals, path
 
 
 def instructions_per_transaction(s, settings, args, n1, n2):
     """Instructions of the busiest backend per transaction of `args`: the difference
     between runs of n1 and n2 transactions, so that connection start-up cancels out;
     with CACHE_SIM, also the MISSES per transaction (else None)."""
-    first, second = (event_totals(counted_run(s, settings, args, n)[1]) for n in (n1, n2))
+    first, second = (counted_run(s, settings, args, n)[0] for n in (n1, n2))
     per = {k: (second[k] - first[k]) / (n2 - n1) for k in second if k in first}
     return per["Ir"], ({k: per[k] for k in MISSES} if CACHE_SIM else None)
 
