@@ -312,7 +312,10 @@ def setup(s):
     s.sql(f"CREATE ROLE {APP} LOGIN; CREATE EXTENSION pg_stride; GRANT USAGE ON SCHEMA pg_stride TO {APP}")
     s.sql(f"SELECT pg_stride.create_group('{GROUP}', max_concurrency => 1)")
     s.sql(f"ALTER ROLE {APP} SET pg_stride.resource_group = '{GROUP}'")
-    s.sql("CREATE TABLE caps_rows (id int PRIMARY KEY, n int); INSERT INTO caps_rows VALUES (1, 0), (2, 0)")
+    # Its CHECK constraint keeps its updates from being too small to admit: they are
+    # admitted, and one waiting on a row lock holds an admission.
+    s.sql("CREATE TABLE caps_rows (id int PRIMARY KEY, n int CHECK (n >= 0)); "
+          "INSERT INTO caps_rows VALUES (1, 0), (2, 0)")
     s.sql("CREATE TABLE caps_big (id int); INSERT INTO caps_big SELECT generate_series(1, 1000000)")
     s.sql(f"GRANT SELECT, UPDATE ON caps_rows TO {APP}; GRANT SELECT ON caps_big TO {APP}")
 

@@ -757,7 +757,7 @@ def reads_too_small_to_admit_run_at_once_beside_a_full_group(s):
     # could run longer than its plan's cost says still queues: a lookup that calls a
     # user-defined function, or a built-in one by name (pg_sleep), functions in FROM, a
     # statement without FROM; a plan that is not tiny; the queries of a DO block and of
-    # CREATE TABLE AS (a utility runs them); and writes, however small.
+    # CREATE TABLE AS (a utility runs them).
     with Judging(s, "TRUNCATE scratch") as judging:
         judging.hold(10)
         started = time.monotonic()
@@ -772,9 +772,71 @@ def reads_too_small_to_admit_run_at_once_beside_a_full_group(s):
                     "SELECT pg_sleep(0.01)",
                     "SELECT count(*) FROM big",
                     "DO $$ BEGIN PERFORM v FROM big WHERE id = 7; END $$",
-                    "CREATE TEMP TABLE looked_up AS SELECT v FROM big WHERE id = 7",
-                    "INSERT INTO scratch VALUES (1)"]:
+                    "CREATE TEMP TABLE looked_up AS SELECT v FROM big WHERE id = 7"]:
             assert judging.queued(sql), sql
+
+
+@check
+def writes_too_small_to_admit_run_at_once_unless_their_table_does_more(s):
+    # While a statement holds group pair's only admission, the ordinary role's tiny
+    # writes of a plain table run at once, unadmitted: an INSERT whose defaults call
+    # now() and nextval(), an UPDATE and a DELETE by primary key, INSERT … ON CONFLICT
+    # with RETURNING, an INSERT checked by a foreign key. A write whose table does more
+    # per row than its plan says queues: a table with a trigger, a CHECK constraint, an
+    # index on an expression, a partitioned table, a DELETE that fires a foreign key's
+    # action; so does a write calling a user-defined function. A session that judged a
+    # table before judges it again once a trigger or a constraint is added (the
+    # relation cache's invalidation), and once they are dropped.
+    tables = "w_plain, w_trigger, w_check, w_expression, w_parted, w_child, w_parent"
+    s.sql("CREATE TABLE w_plain (id int PRIMARY KEY, v int, at timestamptz DEFAULT now(), n bigserial); "
+          "CREATE TABLE w_trigger (id int PRIMARY KEY, v int); "
+          "CREATE FUNCTION w_noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'; "
+          "CREATE TRIGGER w_noop BEFORE INSERT ON w_trigger FOR EACH ROW EXECUTE FUNCTION w_noop(); "
+          "CREATE TABLE w_check (id int PRIMARY KEY, v int CHECK (v > 0)); "
+          "CREATE TABLE w_expression (id int PRIMARY KEY, v text); "
+          "CREATE INDEX ON w_expression (lower(v)); "
+          "CREATE TABLE w_parted (id int, v int) PARTITION BY RANGE (id); "
+          "CREATE TABLE w_parted_1 PARTITION OF w_parted FOR VALUES FROM (0) TO (100); "
+          "CREATE TABLE w_parent (id int PRIMARY KEY); INSERT INTO w_parent VALUES (1), (2); "
+          "CREATE TABLE w_child (id int PRIMARY KEY, parent int REFERENCES w_parent); "
+          f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO {ROLE}; "
+          f"GRANT USAGE ON SEQUENCE w_plain_n_seq TO {ROLE}")
+    with Judging(s, f"DROP TABLE IF EXISTS {tables} CASCADE; DROP FUNCTION IF EXISTS w_noop()") as judging:
+        judging.hold(10)
+        started = time.monotonic()
+        for sql, out in [("INSERT INTO w_plain (id, v) VALUES (1, 1) RETURNING n", "1"),
+                         ("UPDATE w_plain SET v = v + 1 WHERE id = 1 RETURNING v", "2"),
+                         ("INSERT INTO w_plain (id, v) VALUES (1, 5) ON CONFLICT (id) "
+                          "DO UPDATE SET v = w_plain.v + 1 RETURNING v", "3"),
+                         ("INSERT INTO w_child VALUES (1, 1) RETURNING parent", "1"),
+                         ("INSERT INTO w_parent VALUES (3) RETURNING id", "3"),
+                         ("DELETE FROM w_child WHERE id = 1 RETURNING id", "1")]:
+            assert judging.answered(sql) == out, sql
+        took = time.monotonic() - started
+        assert took < 0.5, f"the writes took {took:.2f} s"
+        for sql in ["INSERT INTO w_trigger VALUES (1, 1)",
+                    "INSERT INTO w_check VALUES (1, 1)",
+                    "INSERT INTO w_expression VALUES (1, 'a')",
+                    "INSERT INTO w_parted VALUES (1, 1)",
+                    "DELETE FROM w_parent WHERE id = 2",
+                    "UPDATE w_plain SET v = abs(v) WHERE id = 1",
+                    "MERGE INTO w_plain USING (VALUES (1)) AS m (id) ON w_plain.id = m.id "
+                    "WHEN MATCHED THEN UPDATE SET v = w_plain.v + 1"]:
+            assert judging.queued(sql), sql
+        assert s.sql("SELECT (SELECT count(*) FROM w_trigger) + (SELECT count(*) FROM w_check) "
+                     "+ (SELECT count(*) FROM w_expression) + (SELECT count(*) FROM w_parted)") == "0"
+        assert s.sql("SELECT string_agg(id::text, ',' ORDER BY id) FROM w_parent") == "1,2,3"
+        s.sql("CREATE TRIGGER w_noop BEFORE UPDATE ON w_plain FOR EACH ROW EXECUTE FUNCTION w_noop()")
+        assert judging.queued("UPDATE w_plain SET v = v + 1 WHERE id = 1 RETURNING v")
+        # No trigger fires on INSERT.
+        assert judging.answered("INSERT INTO w_plain (id, v) VALUES (2, 1) RETURNING id") == "2"
+        s.sql("DROP TRIGGER w_noop ON w_plain")
+        assert judging.answered("UPDATE w_plain SET v = v + 1 WHERE id = 1 RETURNING v") == "4"
+        s.sql("ALTER TABLE w_plain ADD CHECK (v > 0)")
+        # A CHECK constraint is not evaluated for the rows DELETE removes.
+        assert judging.answered("DELETE FROM w_plain WHERE id = 2 RETURNING id") == "2"
+        assert judging.queued("INSERT INTO w_plain (id, v) VALUES (3, 1) RETURNING id")
+        assert s.sql("SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM w_plain") == "1:4"
 
 
 @check

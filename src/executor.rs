@@ -298,16 +298,27 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
     // between the FETCHes of a cursor it holds none. After an error the statement's
     // cleanup gives the slot back.
     let top_level = NESTING.get() == 0;
-    let on_cpu = top_level && statements::runs_on_cpu_slots(desc);
-    if on_cpu || (top_level && statements::runs_on_lent_admission(desc)) {
-        // SAFETY: a guarded function.
-        unsafe { begin_run(on_cpu) };
-    }
     // A tiny statement's runs are timed, to learn a plan that was estimated too small.
-    let timed = if top_level && !on_cpu {
-        statements::unscheduled_run_begins()
+    // One that runs unadmitted, told first, is not registered: it holds no slot and lent
+    // no admission.
+    let (on_cpu, timed) = if !top_level {
+        (false, None)
+    } else if let Some(started) = statements::unadmitted_run_begins(desc) {
+        (false, Some(started))
     } else {
-        None
+        let on_cpu = statements::runs_on_cpu_slots(desc);
+        if on_cpu || statements::runs_on_lent_admission(desc) {
+            // SAFETY: a guarded function.
+            unsafe { begin_run(on_cpu) };
+        }
+        (
+            on_cpu,
+            if on_cpu {
+                None
+            } else {
+                statements::unscheduled_run_begins()
+            },
+        )
     };
     NESTING.set(NESTING.get().saturating_add(1));
     run();

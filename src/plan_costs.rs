@@ -29,10 +29,25 @@ fn in_force() -> f64 {
             pg_sys::cpu_operator_cost,
         )
     };
-    (tuple / pg_sys::DEFAULT_CPU_TUPLE_COST)
-        .min(index_tuple / pg_sys::DEFAULT_CPU_INDEX_TUPLE_COST)
-        .min(operator / pg_sys::DEFAULT_CPU_OPERATOR_COST)
-        .min(1.0)
+    lower(
+        lower(
+            tuple / pg_sys::DEFAULT_CPU_TUPLE_COST,
+            index_tuple / pg_sys::DEFAULT_CPU_INDEX_TUPLE_COST,
+        ),
+        lower(operator / pg_sys::DEFAULT_CPU_OPERATOR_COST, 1.0),
+    )
+}
+
+/// The lower of `a` and `b`: one comparison, where `f64::min`, which this runs for every
+/// statement, also orders NaNs (no setting is one: PostgreSQL rejects NaN for a real
+/// setting's value outside its range).
+#[inline(always)]
+fn lower(a: f64, b: f64) -> f64 {
+    if a < b {
+        a
+    } else {
+        b
+    }
 }
 
 /// Called by the planner hook for each plan it makes: remembers the costs it was made with.
@@ -45,5 +60,5 @@ pub fn planning() {
 
 /// What a cost bound meant for the defaults is multiplied by (see the module comment).
 pub fn scale() -> f64 {
-    in_force().min(LOWEST_PLANNED.get())
+    lower(in_force(), LOWEST_PLANNED.get())
 }

@@ -13,12 +13,24 @@
 //! Plain reads of plan memory, which cannot fail: the ExecutorStart hook asks outside
 //! pgrx's error boundary.
 
-use super::walk::{list_len, list_nth, list_ptrs};
+use super::walk::{list_len, list_nth, list_nth_int, list_ptrs};
 use pgrx::pg_sys;
 
 /// How deep the walks go before they give up (and answer "not small"): an OLTP plan is
 /// a few nodes deep, and a deeper one is not worth telling apart.
 const MAX_DEPTH: u32 = 32;
+
+/// Built-in functions that take next to no time whatever their arguments, called by name
+/// in the defaults of a table's columns: the clock, a sequence's values, a random UUID.
+const QUICK_BUILT_INS: [u32; 7] = [
+    pg_sys::F_NOW,
+    pg_sys::F_STATEMENT_TIMESTAMP,
+    pg_sys::F_TRANSACTION_TIMESTAMP,
+    pg_sys::F_CLOCK_TIMESTAMP,
+    pg_sys::F_NEXTVAL,
+    pg_sys::F_CURRVAL,
+    pg_sys::F_GEN_RANDOM_UUID,
+];
 
 /// Whether `stmt` reads relations and does no more than its plan's cost says: at least
 /// one relation, none of them foreign or sampled; no function, VALUES list, CTE or
@@ -34,6 +46,69 @@ pub unsafe fn is_plain_read(stmt: *const pg_sys::PlannedStmt) -> bool {
             && (*stmt).subplans.is_null()
             && reads_relations_only((*stmt).rtable)
             && (is_plain_lookup((*stmt).planTree) || plain_plan((*stmt).planTree, 0))
+    }
+}
+
+/// The table an INSERT, UPDATE or DELETE `stmt` writes, with the command, when its plan
+/// does no more than its cost says apart from what that table does for each row written
+/// (its triggers, constraints and index entries, which are not in the plan: the caller
+/// looks at them). One plain table (not partitioned, not foreign, not a view, whose
+/// range-table entry says so), no data-modifying WITH, row marks, security-barrier
+/// checks or MERGE actions; its subplan, RETURNING list and ON CONFLICT expressions are
+/// as plain as [`is_plain_read`] asks of a read.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+pub unsafe fn plain_write_target(
+    stmt: *const pg_sys::PlannedStmt,
+) -> Option<(pg_sys::Oid, pg_sys::CmdType::Type)> {
+    use pg_sys::CmdType::*;
+    // SAFETY: the caller's promise; a ModifyTable's resultRelations is an integer List
+    // of range-table indexes (from 1), and its other fields named here are lists of
+    // expression nodes, or single ones.
+    unsafe {
+        let op = (*stmt).commandType;
+        let plan = (*stmt).planTree;
+        if !matches!(op, CMD_INSERT | CMD_UPDATE | CMD_DELETE)
+            || (*stmt).hasModifyingCTE
+            || !(*stmt).rowMarks.is_null()
+            || !(*stmt).invalItems.is_null()
+            || !(*stmt).subplans.is_null()
+            || plan.is_null()
+            || (*plan).type_ != pg_sys::NodeTag::T_ModifyTable
+        {
+            return None;
+        }
+        let modify = plan.cast::<pg_sys::ModifyTable>();
+        let rtable = (*stmt).rtable;
+        let targets = (*modify).resultRelations;
+        let sub = (*plan).lefttree;
+        let plain = (*modify).operation == op
+            && (*modify).rootRelation == 0
+            && list_len(targets) == 1
+            && (*modify).withCheckOptionLists.is_null()
+            && (*modify).mergeActionLists.is_null()
+            && (*plan).initPlan.is_null()
+            && (*plan).qual.is_null()
+            && (*plan).righttree.is_null()
+            && !sub.is_null()
+            && reads_relations_only(rtable)
+            && plain_exprs((*plan).targetlist, 0)
+            && plain_expr((*modify).returningLists.cast(), 0)
+            && plain_expr((*modify).onConflictSet.cast(), 0)
+            && plain_expr((*modify).onConflictWhere, 0)
+            && (is_plain_lookup(sub) || plain_plan(sub, 1));
+        if !plain {
+            return None;
+        }
+        let index = usize::try_from(list_nth_int(targets, 0)).ok()?;
+        if index == 0 || index > list_len(rtable) {
+            return None;
+        }
+        let rte = list_nth::<pg_sys::RangeTblEntry>(rtable, index - 1);
+        ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
+            && (*rte).relkind as u8 == pg_sys::RELKIND_RELATION)
+            .then_some(((*rte).relid, op))
     }
 }
 
@@ -312,7 +387,10 @@ unsafe fn plain_expr(node: *const pg_sys::Node, depth: u32) -> bool {
     // fields named here are expression nodes or lists of them.
     unsafe {
         match (*node).type_ {
-            T_Var | T_Const | T_Param | T_CaseTestExpr | T_SQLValueFunction => true,
+            // NextValueExpr: an identity column's next value.
+            T_Var | T_Const | T_Param | T_CaseTestExpr | T_SQLValueFunction | T_NextValueExpr => {
+                true
+            }
             T_List => plain_exprs(node.cast_mut().cast(), depth),
             T_TargetEntry => {
                 let e = (*node.cast::<pg_sys::TargetEntry>()).expr;
@@ -326,10 +404,12 @@ unsafe fn plain_expr(node: *const pg_sys::Node, depth: u32) -> bool {
                 plain_exprs((*node.cast::<pg_sys::ScalarArrayOpExpr>()).args, depth)
             }
             T_BoolExpr => plain_exprs((*node.cast::<pg_sys::BoolExpr>()).args, depth),
-            // A cast, written or implied; a function called by name is not plain.
+            // A cast, written or implied, or one of the few quick built-ins a column's
+            // default calls; any other function called by name is not plain.
             T_FuncExpr => {
                 let f = node.cast::<pg_sys::FuncExpr>();
-                (*f).funcformat != pg_sys::CoercionForm::COERCE_EXPLICIT_CALL
+                ((*f).funcformat != pg_sys::CoercionForm::COERCE_EXPLICIT_CALL
+                    || QUICK_BUILT_INS.contains(&(*f).funcid.to_u32()))
                     && !(*f).funcretset
                     && plain_exprs((*f).args, depth)
             }

@@ -105,6 +105,16 @@ pub(super) unsafe fn list_nth<T>(list: *const pg_sys::List, i: usize) -> *mut T 
     unsafe { (*(*list).elements.add(i)).ptr_value.cast::<T>() }
 }
 
+/// Element `i` of `list`, a List of integers.
+///
+/// # Safety
+/// `list` is a valid integer List and `i` below its length.
+#[inline(always)]
+pub(super) unsafe fn list_nth_int(list: *const pg_sys::List, i: usize) -> i32 {
+    // SAFETY: the caller's promise; a List keeps its N elements in `elements[0..N]`.
+    unsafe { (*(*list).elements.add(i)).int_value }
+}
+
 /// Calls `f` with the address of each element of `list`, a List of pointers.
 ///
 /// # Safety

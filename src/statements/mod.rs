@@ -31,9 +31,12 @@
 
 mod client_utility;
 mod unadmitted;
+mod write_targets;
 
 pub use client_utility::{client_utility_ended, client_utility_started, subtransaction_aborted};
-pub use unadmitted::{learn_long_run, runs_unadmitted, unadmitted_aborted, unadmitted_ran_long};
+pub use unadmitted::{
+    learn_long_run, runs_unadmitted, unadmitted_aborted, unadmitted_ran_long, unadmitted_run_begins,
+};
 
 use crate::backend_local::BackendLocal;
 use crate::gucs::Setting;
@@ -135,11 +138,17 @@ static PLANS_IDENTIFIED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(
 pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // SAFETY: `desc` is the statement the executor is about to start.
     let fingerprint = || unsafe { pg::statement_fingerprint(desc) };
-    // Too small to admit, once its fingerprint is known not to have run long
-    // (`runs_unadmitted` could not tell).
-    if cpu::fingerprints_scheduled()
+    // Too small to admit, once its fingerprint is known not to have run long, or once
+    // the table it writes was looked up (`runs_unadmitted` could not tell).
+    if (cpu::fingerprints_scheduled() || write_targets::missed())
         // SAFETY: as above.
-        && unsafe { unadmitted::too_small_to_admit(desc, |cost| cpu::is_tiny(cost, fingerprint)) }
+        && unsafe {
+            unadmitted::too_small_to_admit(
+                desc,
+                |cost| cpu::is_tiny(cost, fingerprint),
+                write_targets::allowed,
+            )
+        }
     {
         unadmitted::runs_after_all(desc);
         return false;

@@ -5,9 +5,9 @@
 //! that cannot panic: the executor hooks call it outside pgrx's error boundary, except
 //! [`learn_long_run`].
 
-use super::client_utility;
+use super::{client_utility, write_targets};
 use crate::backend_local::BackendLocal;
-use crate::{cpu, pg, plan_tree, shmem};
+use crate::{cpu, os, pg, plan_tree, shmem};
 use pgrx::pg_sys;
 use std::cell::Cell;
 
@@ -39,9 +39,10 @@ static UNADMITTED: BackendLocal<Cell<Option<(*const pg_sys::QueryDesc, u64)>>> =
 /// `arrive`, guarded, decides.
 pub fn runs_unadmitted(desc: *const pg_sys::QueryDesc) -> bool {
     UNADMITTED.set(None);
+    write_targets::forget_miss();
     // SAFETY: `desc` is the statement the executor is about to start.
-    let small =
-        !cpu::fingerprints_scheduled() && unsafe { too_small_to_admit(desc, cpu::below_bound) };
+    let small = !cpu::fingerprints_scheduled()
+        && unsafe { too_small_to_admit(desc, cpu::below_bound, write_targets::known) };
     if small {
         UNADMITTED.set(Some((desc, 0)));
     }
@@ -49,23 +50,28 @@ pub fn runs_unadmitted(desc: *const pg_sys::QueryDesc) -> bool {
 }
 
 /// Whether `desc` is too small to admit ([`runs_unadmitted`]), its plan's cost judged by
-/// `tiny`.
+/// `tiny`, and, for a write, the table it writes by `writable` (`write_targets`).
 ///
 /// # Safety
 /// `desc` is the QueryDesc of a statement about to start, with its PlannedStmt.
 pub(super) unsafe fn too_small_to_admit(
     desc: *const pg_sys::QueryDesc,
     tiny: impl FnOnce(f64) -> bool,
+    writable: impl FnOnce(pg_sys::Oid, pg_sys::CmdType::Type) -> bool,
 ) -> bool {
     // SAFETY: the caller's promise.
     unsafe {
         let stmt = (*desc).plannedstmt;
         !(*stmt).parallelModeNeeded
-            && plan_tree::reads_only(stmt)
             && !client_utility::running()
             && shmem::shared().is_some_and(|shared| !shared.admission.memory_accounting())
             && tiny(pg::query_id_and_cost(stmt).1)
-            && plan_tree::is_plain_read(stmt)
+            && if plan_tree::reads_only(stmt) {
+                plan_tree::is_plain_read(stmt)
+            } else {
+                plan_tree::plain_write_target(stmt)
+                    .is_some_and(|(table, command)| writable(table, command))
+            }
     }
 }
 
@@ -73,6 +79,15 @@ pub(super) unsafe fn too_small_to_admit(
 /// (`arrive`): it runs unadmitted, as if [`runs_unadmitted`] had said so.
 pub(super) fn runs_after_all(desc: *const pg_sys::QueryDesc) {
     UNADMITTED.set(Some((desc, 0)));
+}
+
+/// An ExecutorRun of `desc` begins: returns when, if `desc` runs unadmitted (its runs
+/// are timed). Cannot panic: the executor hooks call it outside pgrx's error boundary.
+pub fn unadmitted_run_begins(desc: *const pg_sys::QueryDesc) -> Option<u64> {
+    match UNADMITTED.get() {
+        Some((unadmitted, _)) if unadmitted == desc => Some(os::monotonic_ns()),
+        _ => None,
+    }
 }
 
 /// Whether a statement runs unadmitted, so that its ExecutorRuns are timed.
