@@ -760,20 +760,17 @@ def reads_too_small_to_admit_run_at_once_beside_a_full_group(s):
     # CREATE TABLE AS (a utility runs them).
     with Judging(s, "TRUNCATE scratch") as judging:
         judging.hold(10)
-        started = time.monotonic()
-        assert judging.answered("SELECT v FROM big WHERE id = 7") == "7"
-        assert judging.answered("SELECT count(*) FROM big WHERE id BETWEEN 10 AND 12") == "3"
-        assert judging.answered("SELECT b.v FROM big a JOIN big b ON b.id = a.id + 1 WHERE a.id = 7") == "8"
-        took = time.monotonic() - started
-        assert took < 0.5, f"the lookups took {took:.2f} s"
-        for sql in ["SELECT v FROM big WHERE id = 7 AND stride_lock_shared(0) = 1",
-                    "SELECT pg_sleep(0.01) FROM big WHERE id = 7",
-                    "SELECT g FROM generate_series(1, 3) g",
-                    "SELECT pg_sleep(0.01)",
-                    "SELECT count(*) FROM big",
-                    "DO $$ BEGIN PERFORM v FROM big WHERE id = 7; END $$",
-                    "CREATE TEMP TABLE looked_up AS SELECT v FROM big WHERE id = 7"]:
-            assert judging.queued(sql), sql
+        judging.answer_at_once("lookups", [
+            ("SELECT v FROM big WHERE id = 7", "7"),
+            ("SELECT count(*) FROM big WHERE id BETWEEN 10 AND 12", "3"),
+            ("SELECT b.v FROM big a JOIN big b ON b.id = a.id + 1 WHERE a.id = 7", "8")])
+        judging.all_queue(["SELECT v FROM big WHERE id = 7 AND stride_lock_shared(0) = 1",
+                           "SELECT pg_sleep(0.01) FROM big WHERE id = 7",
+                           "SELECT g FROM generate_series(1, 3) g",
+                           "SELECT pg_sleep(0.01)",
+                           "SELECT count(*) FROM big",
+                           "DO $$ BEGIN PERFORM v FROM big WHERE id = 7; END $$",
+                           "CREATE TEMP TABLE looked_up AS SELECT v FROM big WHERE id = 7"])
 
 
 @check
@@ -783,11 +780,14 @@ def writes_too_small_to_admit_run_at_once_unless_their_table_does_more(s):
     # now() and nextval(), an UPDATE and a DELETE by primary key, INSERT … ON CONFLICT
     # with RETURNING, an INSERT checked by a foreign key. A write whose table does more
     # per row than its plan says queues: a table with a trigger, a CHECK constraint, an
-    # index on an expression, a partitioned table, a DELETE that fires a foreign key's
-    # action; so does a write calling a user-defined function. A session that judged a
-    # table before judges it again once a trigger or a constraint is added (the
-    # relation cache's invalidation), and once they are dropped.
-    tables = "w_plain, w_trigger, w_check, w_expression, w_parted, w_child, w_parent"
+    # index on an expression, with a predicate or of another access method than B-tree
+    # and hash, a stored generated column, a partitioned table or a partition, a DELETE
+    # that fires a foreign key's action, an upsert on a table with an UPDATE trigger;
+    # so do a write calling a function by name, a MERGE, and one whose plan is not tiny.
+    # A session that judged a table before judges it again once a trigger or a
+    # constraint is added (the relation cache's invalidation), and once they are dropped.
+    tables = ("w_plain, w_trigger, w_check, w_expression, w_parted, w_parted_1, w_child, w_parent, "
+              "w_gin, w_partial, w_generated")
     s.sql("CREATE TABLE w_plain (id int PRIMARY KEY, v int, at timestamptz DEFAULT now(), n bigserial); "
           "CREATE TABLE w_trigger (id int PRIMARY KEY, v int); "
           "CREATE FUNCTION w_noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'; "
@@ -799,35 +799,47 @@ def writes_too_small_to_admit_run_at_once_unless_their_table_does_more(s):
           "CREATE TABLE w_parted_1 PARTITION OF w_parted FOR VALUES FROM (0) TO (100); "
           "CREATE TABLE w_parent (id int PRIMARY KEY); INSERT INTO w_parent VALUES (1), (2); "
           "CREATE TABLE w_child (id int PRIMARY KEY, parent int REFERENCES w_parent); "
-          f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO {ROLE}; "
+          "CREATE TABLE w_gin (id int, tags int[]); CREATE INDEX ON w_gin USING gin (tags); "
+          "CREATE TABLE w_partial (id int, v int); CREATE INDEX ON w_partial (v) WHERE v > 0; "
+          "CREATE TABLE w_generated (id int PRIMARY KEY, v int, w int GENERATED ALWAYS AS (v * 2) STORED); "
+          "INSERT INTO w_generated VALUES (1, 1); "
+          f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO {ROLE}; GRANT UPDATE ON big TO {ROLE}; "
           f"GRANT USAGE ON SEQUENCE w_plain_n_seq TO {ROLE}")
     with Judging(s, f"DROP TABLE IF EXISTS {tables} CASCADE; DROP FUNCTION IF EXISTS w_noop()") as judging:
-        judging.hold(10)
-        started = time.monotonic()
-        for sql, out in [("INSERT INTO w_plain (id, v) VALUES (1, 1) RETURNING n", "1"),
-                         ("UPDATE w_plain SET v = v + 1 WHERE id = 1 RETURNING v", "2"),
-                         ("INSERT INTO w_plain (id, v) VALUES (1, 5) ON CONFLICT (id) "
-                          "DO UPDATE SET v = w_plain.v + 1 RETURNING v", "3"),
-                         ("INSERT INTO w_child VALUES (1, 1) RETURNING parent", "1"),
-                         ("INSERT INTO w_parent VALUES (3) RETURNING id", "3"),
-                         ("DELETE FROM w_child WHERE id = 1 RETURNING id", "1")]:
-            assert judging.answered(sql) == out, sql
-        took = time.monotonic() - started
-        assert took < 0.5, f"the writes took {took:.2f} s"
-        for sql in ["INSERT INTO w_trigger VALUES (1, 1)",
-                    "INSERT INTO w_check VALUES (1, 1)",
-                    "INSERT INTO w_expression VALUES (1, 'a')",
-                    "INSERT INTO w_parted VALUES (1, 1)",
-                    "DELETE FROM w_parent WHERE id = 2",
-                    "UPDATE w_plain SET v = abs(v) WHERE id = 1",
-                    "MERGE INTO w_plain USING (VALUES (1)) AS m (id) ON w_plain.id = m.id "
-                    "WHEN MATCHED THEN UPDATE SET v = w_plain.v + 1"]:
-            assert judging.queued(sql), sql
+        judging.hold(30)
+        judging.answer_at_once("writes", [
+            ("INSERT INTO w_plain (id, v) VALUES (1, 1) RETURNING n", "1"),
+            ("UPDATE w_plain SET v = v + 1 WHERE id = 1 RETURNING v", "2"),
+            ("INSERT INTO w_plain (id, v) VALUES (1, 5) ON CONFLICT (id) "
+             "DO UPDATE SET v = w_plain.v + 1 RETURNING v", "3"),
+            ("INSERT INTO w_child VALUES (1, 1) RETURNING parent", "1"),
+            ("INSERT INTO w_parent VALUES (3) RETURNING id", "3"),
+            ("DELETE FROM w_child WHERE id = 1 RETURNING id", "1"),
+            # A generated column is computed for the rows written, not removed.
+            ("DELETE FROM w_generated WHERE id = 1 RETURNING w", "2")])
+        judging.all_queue(["INSERT INTO w_trigger VALUES (1, 1)",
+                           "INSERT INTO w_check VALUES (1, 1)",
+                           "INSERT INTO w_expression VALUES (1, 'a')",
+                           "INSERT INTO w_parted VALUES (1, 1)",
+                           "INSERT INTO w_parted_1 VALUES (2, 1)",
+                           "INSERT INTO w_gin VALUES (1, '{1}')",
+                           "INSERT INTO w_partial VALUES (1, 1)",
+                           "INSERT INTO w_generated VALUES (2, 1)",
+                           "UPDATE big SET v = v WHERE v < 0",
+                           "DELETE FROM w_parent WHERE id = 2",
+                           "UPDATE w_plain SET v = abs(v) WHERE id = 1",
+                           "MERGE INTO w_plain USING (VALUES (1)) AS m (id) ON w_plain.id = m.id "
+                           "WHEN MATCHED THEN UPDATE SET v = w_plain.v + 1"])
         assert s.sql("SELECT (SELECT count(*) FROM w_trigger) + (SELECT count(*) FROM w_check) "
-                     "+ (SELECT count(*) FROM w_expression) + (SELECT count(*) FROM w_parted)") == "0"
+                     "+ (SELECT count(*) FROM w_expression) + (SELECT count(*) FROM w_parted) "
+                     "+ (SELECT count(*) FROM w_gin) + (SELECT count(*) FROM w_partial) "
+                     "+ (SELECT count(*) FROM w_generated)") == "0"
         assert s.sql("SELECT string_agg(id::text, ',' ORDER BY id) FROM w_parent") == "1,2,3"
         s.sql("CREATE TRIGGER w_noop BEFORE UPDATE ON w_plain FOR EACH ROW EXECUTE FUNCTION w_noop()")
         assert judging.queued("UPDATE w_plain SET v = v + 1 WHERE id = 1 RETURNING v")
+        # An INSERT that may update the row it conflicts with fires UPDATE triggers too.
+        assert judging.queued("INSERT INTO w_plain (id, v) VALUES (1, 5) ON CONFLICT (id) "
+                              "DO UPDATE SET v = w_plain.v + 1 RETURNING v")
         # No trigger fires on INSERT.
         assert judging.answered("INSERT INTO w_plain (id, v) VALUES (2, 1) RETURNING id") == "2"
         s.sql("DROP TRIGGER w_noop ON w_plain")
@@ -902,10 +914,24 @@ class Judging:
         assert out[-1:] == ["after"], (sql, out)
         return out[0]
 
+    def answer_at_once(self, what, expected):
+        """Runs each (sql, output) of `expected`, which must give that output, all of them
+        within half a second."""
+        started = time.monotonic()
+        for sql, out in expected:
+            assert self.answered(sql) == out, sql
+        took = time.monotonic() - started
+        assert took < 0.5, f"the {what} took {took:.2f} s"
+
+    def all_queue(self, sqls):
+        """Asserts that each statement of `sqls` queues (see queued)."""
+        for sql in sqls:
+            assert self.queued(sql), sql
+
     def queued(self, sql):
-        """Whether `sql` failed (queued until its queue_timeout): psql then prints only the
-        echo."""
-        return self.session.run(f"{sql};\n\\echo after", end="") == ["after"]
+        """Whether `sql` queued until its queue_timeout: it printed nothing and failed with
+        that timeout's SQLSTATE (psql's SQLSTATE variable, 00000 after a success)."""
+        return self.session.run(f"{sql};\n\\echo :SQLSTATE", end="") == ["53000"]
 
     def close(self):
         self.session.close()

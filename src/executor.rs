@@ -294,35 +294,31 @@ unsafe extern "C-unwind" fn executor_run(
 /// The body of the ExecutorRun hook, whose signature differs between majors: `run` calls
 /// the previous hook or the standard function.
 fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
+    let top_level = NESTING.get() == 0;
+    // A statement that runs unadmitted, told first, is not registered: it holds no slot
+    // and lent no admission. Its runs are timed, to learn a plan estimated too small.
+    if top_level {
+        if let Some(started) = statements::unadmitted_run_begins(desc) {
+            run_nested(run);
+            statements::unadmitted_run_ended(desc, started);
+            return;
+        }
+    }
     // A top-level scheduled statement holds a CPU slot while it runs, and only then:
     // between the FETCHes of a cursor it holds none. After an error the statement's
     // cleanup gives the slot back.
-    let top_level = NESTING.get() == 0;
-    // A tiny statement's runs are timed, to learn a plan that was estimated too small.
-    // One that runs unadmitted, told first, is not registered: it holds no slot and lent
-    // no admission.
-    let (on_cpu, timed) = if !top_level {
-        (false, None)
-    } else if let Some(started) = statements::unadmitted_run_begins(desc) {
-        (false, Some(started))
+    let on_cpu = top_level && statements::runs_on_cpu_slots(desc);
+    if on_cpu || (top_level && statements::runs_on_lent_admission(desc)) {
+        // SAFETY: a guarded function.
+        unsafe { begin_run(on_cpu) };
+    }
+    // A tiny registered statement's runs are timed too.
+    let timed = if top_level && !on_cpu {
+        statements::unscheduled_run_begins()
     } else {
-        let on_cpu = statements::runs_on_cpu_slots(desc);
-        if on_cpu || statements::runs_on_lent_admission(desc) {
-            // SAFETY: a guarded function.
-            unsafe { begin_run(on_cpu) };
-        }
-        (
-            on_cpu,
-            if on_cpu {
-                None
-            } else {
-                statements::unscheduled_run_begins()
-            },
-        )
+        None
     };
-    NESTING.set(NESTING.get().saturating_add(1));
-    run();
-    NESTING.set(NESTING.get().saturating_sub(1));
+    run_nested(run);
     if on_cpu {
         // SAFETY: a guarded function.
         unsafe { end_run() };
@@ -330,6 +326,14 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
     if let Some(started) = timed {
         statements::unscheduled_run_ended(desc, started);
     }
+}
+
+/// Runs `run`, ExecutorRun, one level deeper: the statements it starts are nested.
+#[inline(always)]
+fn run_nested(run: impl FnOnce()) {
+    NESTING.set(NESTING.get().saturating_add(1));
+    run();
+    NESTING.set(NESTING.get().saturating_sub(1));
 }
 
 unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
@@ -340,18 +344,18 @@ unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
 }
 
 unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
-    match statements::end_at_once(desc) {
-        Ending::Ended => {}
-        // SAFETY: a guarded function.
-        Ending::EndedWithWaiters => unsafe { let_waiters_in() },
+    // A statement that ran unadmitted, told first, is not registered.
+    match statements::unadmitted_ended(desc) {
         // SAFETY: a guarded function, given the executor's own QueryDesc.
-        Ending::NeedsEnd => unsafe { end_statement(desc) },
-        Ending::NotRegistered => {
-            if statements::unadmitted_ran_long(desc) {
-                // SAFETY: a guarded function, given the executor's own QueryDesc.
-                unsafe { learn_long_run(desc) };
-            }
-        }
+        Some(true) => unsafe { learn_long_run(desc) },
+        Some(false) => {}
+        None => match statements::end_at_once(desc) {
+            Ending::Ended | Ending::NotRegistered => {}
+            // SAFETY: a guarded function.
+            Ending::EndedWithWaiters => unsafe { let_waiters_in() },
+            // SAFETY: a guarded function, given the executor's own QueryDesc.
+            Ending::NeedsEnd => unsafe { end_statement(desc) },
+        },
     }
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     unsafe { PREV_EXECUTOR_END.unwrap_or(raw::standard_ExecutorEnd)(desc) }

@@ -49,19 +49,21 @@ pub unsafe fn is_plain_read(stmt: *const pg_sys::PlannedStmt) -> bool {
     }
 }
 
-/// The table an INSERT, UPDATE or DELETE `stmt` writes, with the command, when its plan
-/// does no more than its cost says apart from what that table does for each row written
-/// (its triggers, constraints and index entries, which are not in the plan: the caller
-/// looks at them). One plain table (not partitioned, not foreign, not a view, whose
-/// range-table entry says so), no data-modifying WITH, row marks, security-barrier
-/// checks or MERGE actions; its subplan, RETURNING list and ON CONFLICT expressions are
-/// as plain as [`is_plain_read`] asks of a read.
+/// The table an INSERT, UPDATE or DELETE `stmt` writes, with the command and whether it
+/// may also update the rows it conflicts with (INSERT … ON CONFLICT DO UPDATE, which
+/// fires the table's UPDATE triggers too), when its plan does no more than its cost says
+/// apart from what that table does for each row written (its triggers, constraints and
+/// index entries, which are not in the plan: the caller looks at them). One plain table
+/// (not partitioned, not foreign, not a view, whose range-table entry says so), no
+/// data-modifying WITH, row marks, security-barrier checks or MERGE actions; its
+/// subplan, RETURNING list and ON CONFLICT expressions are as plain as
+/// [`is_plain_read`] asks of a read.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt.
 pub unsafe fn plain_write_target(
     stmt: *const pg_sys::PlannedStmt,
-) -> Option<(pg_sys::Oid, pg_sys::CmdType::Type)> {
+) -> Option<(pg_sys::Oid, pg_sys::CmdType::Type, bool)> {
     use pg_sys::CmdType::*;
     // SAFETY: the caller's promise; a ModifyTable's resultRelations is an integer List
     // of range-table indexes (from 1), and its other fields named here are lists of
@@ -94,9 +96,9 @@ pub unsafe fn plain_write_target(
             && !sub.is_null()
             && reads_relations_only(rtable)
             && plain_exprs((*plan).targetlist, 0)
-            && plain_expr((*modify).returningLists.cast(), 0)
-            && plain_expr((*modify).onConflictSet.cast(), 0)
-            && plain_expr((*modify).onConflictWhere, 0)
+            && plain_exprs((*modify).returningLists, 0)
+            && plain_exprs((*modify).onConflictSet, 0)
+            && ((*modify).onConflictWhere.is_null() || plain_expr((*modify).onConflictWhere, 0))
             && (is_plain_lookup(sub) || plain_plan(sub, 1));
         if !plain {
             return None;
@@ -106,9 +108,10 @@ pub unsafe fn plain_write_target(
             return None;
         }
         let rte = list_nth::<pg_sys::RangeTblEntry>(rtable, index - 1);
+        let upserts = (*modify).onConflictAction == pg_sys::OnConflictAction::ONCONFLICT_UPDATE;
         ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
             && (*rte).relkind as u8 == pg_sys::RELKIND_RELATION)
-            .then_some(((*rte).relid, op))
+            .then_some(((*rte).relid, op, upserts))
     }
 }
 
@@ -164,22 +167,22 @@ unsafe fn is_plain_lookup(mut plan: *const pg_sys::Plan) -> bool {
             && (*plan).lefttree.is_null()
             && (*plan).righttree.is_null()
             && operators_over_values((*plan).qual)
-            && values_only((*plan).targetlist)
+            && simple_targets((*plan).targetlist)
     }
 }
 
-/// Whether every entry of the target list `targets` is a column, a constant or a
-/// parameter.
+/// Whether every entry of the target list `targets` is a column, a constant, a parameter
+/// or an operator over those ([`is_simple`]).
 ///
 /// # Safety
 /// `targets` is a List of TargetEntry nodes of a finished plan.
 #[inline(always)]
-unsafe fn values_only(targets: *mut pg_sys::List) -> bool {
+unsafe fn simple_targets(targets: *mut pg_sys::List) -> bool {
     // SAFETY: the caller's promise.
     unsafe {
         for i in 0..list_len(targets) {
             let expr = (*list_nth::<pg_sys::TargetEntry>(targets, i)).expr;
-            if expr.is_null() || !is_value(expr.cast()) {
+            if expr.is_null() || !is_simple(expr.cast()) {
                 return false;
             }
         }
@@ -194,28 +197,53 @@ unsafe fn values_only(targets: *mut pg_sys::List) -> bool {
 /// `list` is a List of expression nodes of a finished plan.
 #[inline(always)]
 unsafe fn operators_over_values(list: *mut pg_sys::List) -> bool {
-    // SAFETY: the caller's promise; an OpExpr's args are a List of expression nodes.
-    // Plain loops over the elements: iterator adaptors here cost a lookup more than
-    // the rest of its check.
+    // SAFETY: the caller's promise. Plain loops over the elements: iterator adaptors
+    // here cost a lookup more than the rest of its check.
     unsafe {
         for i in 0..list_len(list) {
-            let e = list_nth::<pg_sys::Node>(list, i);
-            if (*e).type_ != pg_sys::NodeTag::T_OpExpr {
+            if !is_operator_over_values(list_nth(list, i)) {
                 return false;
-            }
-            let op = e.cast::<pg_sys::OpExpr>();
-            if (*op).opretset {
-                return false;
-            }
-            let args = (*op).args;
-            for j in 0..list_len(args) {
-                if !is_value(list_nth(args, j)) {
-                    return false;
-                }
             }
         }
     }
     true
+}
+
+/// Whether `node` is an operator (not a set-returning one) over columns, constants and
+/// parameters.
+///
+/// # Safety
+/// `node` is a valid expression node of a finished plan.
+#[inline(always)]
+unsafe fn is_operator_over_values(node: *const pg_sys::Node) -> bool {
+    // SAFETY: the caller's promise; an OpExpr's args are a List of expression nodes.
+    unsafe {
+        if (*node).type_ != pg_sys::NodeTag::T_OpExpr {
+            return false;
+        }
+        let op = node.cast::<pg_sys::OpExpr>();
+        if (*op).opretset {
+            return false;
+        }
+        let args = (*op).args;
+        for j in 0..list_len(args) {
+            if !is_value(list_nth(args, j)) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Whether `node` is a value ([`is_value`]) or an operator over values: most of what an
+/// OLTP plan's expressions are, told without a call.
+///
+/// # Safety
+/// `node` is a valid expression node of a finished plan.
+#[inline(always)]
+unsafe fn is_simple(node: *const pg_sys::Node) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe { is_value(node) || is_operator_over_values(node) }
 }
 
 /// Whether the range table `rtable` names at least one relation, none foreign or
@@ -338,14 +366,29 @@ unsafe fn plain_plans(plans: *mut pg_sys::List, depth: u32) -> bool {
     unsafe { list_ptrs::<pg_sys::Plan>(plans).all(|p| plain_plan(p, depth + 1)) }
 }
 
-/// Whether every expression of `list` is plain.
+/// Whether every expression of `list` (or target entry's expression) is plain; the
+/// simple ones are told inline ([`is_simple`]).
 ///
 /// # Safety
 /// `list` is a List of expression nodes of a finished plan.
 #[inline(always)]
 unsafe fn plain_exprs(list: *mut pg_sys::List, depth: u32) -> bool {
-    // SAFETY: the caller's promise.
-    unsafe { list_ptrs::<pg_sys::Node>(list).all(|e| is_value(e) || plain_expr(e, depth + 1)) }
+    // SAFETY: the caller's promise; a TargetEntry's expr is an expression node or null.
+    unsafe {
+        for i in 0..list_len(list) {
+            let mut e = list_nth::<pg_sys::Node>(list, i);
+            if (*e).type_ == pg_sys::NodeTag::T_TargetEntry {
+                e = (*e.cast::<pg_sys::TargetEntry>()).expr.cast();
+                if e.is_null() {
+                    continue;
+                }
+            }
+            if !(is_simple(e) || plain_expr(e, depth + 1)) {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// [`plain_expr`] of an expression field.

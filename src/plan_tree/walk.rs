@@ -92,7 +92,8 @@ pub unsafe fn list_ptrs<T>(list: *const pg_sys::List) -> impl Iterator<Item = *m
 #[inline(always)]
 pub(super) unsafe fn list_len(list: *const pg_sys::List) -> usize {
     // SAFETY: the caller's promise.
-    unsafe { list.as_ref().map_or(0, |l| l.length.max(0) as usize) }
+    // A List's length is never negative.
+    unsafe { list.as_ref().map_or(0, |l| l.length as usize) }
 }
 
 /// Element `i` of `list`, a List of pointers.

@@ -35,7 +35,8 @@ mod write_targets;
 
 pub use client_utility::{client_utility_ended, client_utility_started, subtransaction_aborted};
 pub use unadmitted::{
-    learn_long_run, runs_unadmitted, unadmitted_aborted, unadmitted_ran_long, unadmitted_run_begins,
+    learn_long_run, runs_unadmitted, unadmitted_aborted, unadmitted_ended, unadmitted_run_begins,
+    unadmitted_run_ended,
 };
 
 use crate::backend_local::BackendLocal;
@@ -114,11 +115,13 @@ static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new
 /// a statement that joins CPU scheduling ([`executor_started`]). PostgreSQL's walk of a
 /// parse tree costs a short statement sent as text more than everything else pg_stride
 /// adds to it, so a backend that only runs statements too small to schedule, and
-/// writes, never pays it.
+/// writes, never pays it. Also registers the relation-cache callback that keeps the
+/// answers about tables written unadmitted fresh (`write_targets`).
 pub fn install() {
     if cpu::predicts() || cpu::tuner_on() || cpu::traces() {
         pg::enable_query_id();
     }
+    write_targets::install();
 }
 
 /// Whether this backend's cached plans were analysed again for their query identifiers:
@@ -327,21 +330,18 @@ pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
             }) == Some(true))
 }
 
-/// A top-level ExecutorRun of a statement that runs on no CPU slot begins: returns when,
-/// if a tiny statement is registered or runs unadmitted (its runs are timed,
+/// A top-level ExecutorRun of a registered statement that runs on no CPU slot begins:
+/// returns when, if a tiny statement is registered (its runs are timed,
 /// [`unscheduled_run_ended`]). Cannot panic: the executor hooks call it outside pgrx's
 /// error boundary.
 pub fn unscheduled_run_begins() -> Option<u64> {
-    (TINY_REGISTERED.get() > 0 || unadmitted::any_running()).then(os::monotonic_ns)
+    (TINY_REGISTERED.get() > 0).then(os::monotonic_ns)
 }
 
 /// The ExecutorRun of `desc` that began at `started` ended: a tiny statement adds its
 /// time. Cannot panic, as above. A run that ends with an ERROR is not counted.
 pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
     let took = os::monotonic_ns().saturating_sub(started);
-    if unadmitted::ran(desc, took) {
-        return;
-    }
     REGISTERED.try_with_borrow_mut(|list| {
         if let Some(r) = list.iter_mut().find(|r| r.desc == desc && r.tiny) {
             r.ran_ns = r.ran_ns.saturating_add(took);
@@ -392,7 +392,8 @@ pub fn run_ends() {
 /// What ExecutorEnd of `desc` found to do outside pgrx's error boundary
 /// ([`end_at_once`]).
 pub enum Ending {
-    /// Nothing of this backend's: a nested statement, or one that ran unadmitted.
+    /// Nothing of this backend's: a nested statement (one that ran unadmitted is told
+    /// before, by `unadmitted_ended`).
     NotRegistered,
     /// The statement ended; nothing is left to do.
     Ended,

@@ -57,7 +57,7 @@ pub fn runs_unadmitted(desc: *const pg_sys::QueryDesc) -> bool {
 pub(super) unsafe fn too_small_to_admit(
     desc: *const pg_sys::QueryDesc,
     tiny: impl FnOnce(f64) -> bool,
-    writable: impl FnOnce(pg_sys::Oid, pg_sys::CmdType::Type) -> bool,
+    writable: impl Fn(pg_sys::Oid, pg_sys::CmdType::Type) -> bool,
 ) -> bool {
     // SAFETY: the caller's promise.
     unsafe {
@@ -69,8 +69,10 @@ pub(super) unsafe fn too_small_to_admit(
             && if plan_tree::reads_only(stmt) {
                 plan_tree::is_plain_read(stmt)
             } else {
-                plan_tree::plain_write_target(stmt)
-                    .is_some_and(|(table, command)| writable(table, command))
+                plan_tree::plain_write_target(stmt).is_some_and(|(table, command, upserts)| {
+                    writable(table, command)
+                        && (!upserts || writable(table, pg_sys::CmdType::CMD_UPDATE))
+                })
             }
     }
 }
@@ -90,34 +92,65 @@ pub fn unadmitted_run_begins(desc: *const pg_sys::QueryDesc) -> Option<u64> {
     }
 }
 
-/// Whether a statement runs unadmitted, so that its ExecutorRuns are timed.
-pub(super) fn any_running() -> bool {
-    UNADMITTED.get().is_some()
-}
-
-/// An ExecutorRun of `desc` took `took` ns: adds it, if `desc` runs unadmitted; returns
-/// whether it did.
-pub(super) fn ran(desc: *const pg_sys::QueryDesc, took: u64) -> bool {
-    match UNADMITTED.get() {
-        Some((unadmitted, ran)) if unadmitted == desc => {
+/// The ExecutorRun of `desc`, which runs unadmitted, that began at `started` ended: adds
+/// its time. Cannot panic, as above. A run that ends with an ERROR is not counted.
+pub fn unadmitted_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
+    if let Some((unadmitted, ran)) = UNADMITTED.get() {
+        if unadmitted == desc {
+            let took = os::monotonic_ns().saturating_sub(started);
             UNADMITTED.set(Some((desc, ran.saturating_add(took))));
-            true
         }
-        _ => false,
     }
 }
 
-/// ExecutorEnd of `desc`, if it is the statement that runs unadmitted
-/// ([`runs_unadmitted`]): forgets it, and returns whether its runs took long enough that
-/// its fingerprint should be learned ([`learn_long_run`]). Cannot panic: the ExecutorEnd
-/// hook asks it outside pgrx's error boundary.
-pub fn unadmitted_ran_long(desc: *const pg_sys::QueryDesc) -> bool {
+/// ExecutorEnd of `desc`: if it is the statement that runs unadmitted
+/// ([`runs_unadmitted`]), forgets it, and returns whether its runs took long enough that
+/// its fingerprint should be learned ([`learn_long_run`]); `None` for another statement.
+/// Cannot panic: the ExecutorEnd hook asks it outside pgrx's error boundary.
+pub fn unadmitted_ended(desc: *const pg_sys::QueryDesc) -> Option<bool> {
     match UNADMITTED.get() {
         Some((unadmitted, ran)) if unadmitted == desc => {
             UNADMITTED.set(None);
-            cpu::counts_as_long(ran)
+            // SAFETY: the executor's QueryDesc at ExecutorEnd, its state not freed yet.
+            Some(cpu::counts_as_long(ran) && unsafe { did_more_than_planned(desc) })
         }
-        _ => false,
+        _ => None,
+    }
+}
+
+/// How many times the rows its plan expected (at least one) a write must have written
+/// for its long runs to count ([`did_more_than_planned`]).
+const MISESTIMATED_ROWS: f64 = 10.0;
+
+/// Whether `desc`, which ran long unadmitted, did more than its plan said: a read always
+/// (its time is its work); a write only if it wrote over [`MISESTIMATED_ROWS`] times the
+/// rows its plan expected. A write's runs are timed in wall time, which counts its
+/// waits for other transactions' row locks: an UPDATE by key that waited behind a busy
+/// row did what its plan said, and stays unadmitted, where its waits hold no admission.
+/// Plain reads, which cannot panic.
+///
+/// # Safety
+/// `desc` is the executor's QueryDesc at ExecutorEnd, its executor state not freed yet.
+unsafe fn did_more_than_planned(desc: *const pg_sys::QueryDesc) -> bool {
+    // SAFETY: the caller's promise; a ModifyTable's subplan is its left tree (whose rows
+    // it writes: its own row estimate is 0 without RETURNING).
+    unsafe {
+        let (stmt, estate) = ((*desc).plannedstmt, (*desc).estate);
+        if (*stmt).commandType == pg_sys::CmdType::CMD_SELECT || estate.is_null() {
+            return true;
+        }
+        let plan = (*stmt).planTree;
+        let sub = if plan.is_null() {
+            plan
+        } else {
+            (*plan).lefttree
+        };
+        let expected = if sub.is_null() {
+            1.0
+        } else {
+            (*sub).plan_rows.max(1.0)
+        };
+        (*estate).es_processed as f64 > MISESTIMATED_ROWS * expected
     }
 }
 

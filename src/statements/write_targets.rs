@@ -1,18 +1,22 @@
 //! Tables a write too small to admit may write (docs/design.md §4 rule 4). A write's
 //! plan bounds its work only with what the table itself does for each row kept out:
-//! a trigger may run any query, a CHECK constraint or a stored generated column any
-//! function, an index on an expression or with a predicate any immutable function, and
-//! the access methods other than B-tree and hash may do deferred work (a GIN index's
-//! pending list) in the writing statement. So a table qualifies for a command when it
-//! is a plain table with none of these, and no trigger that fires on the command but a
+//! a trigger may run any query, a CHECK constraint, a partition's bound or a stored
+//! generated column any function, an index on an expression or with a predicate any
+//! immutable function, and access methods other than the heap, B-tree and hash may do
+//! deferred work in the writing statement (a GIN index's pending list, a columnar
+//! table's stripes). So a table qualifies for a command when it is a plain heap table,
+//! not a partition, with none of these, and no trigger that fires on the command but a
 //! foreign key's check of the row written (one index lookup in the referenced table).
 //!
 //! The answer comes from the relation cache, which costs more than the rest of the
-//! check: it is kept per table in a small process-local cache, emptied of a table
-//! whenever PostgreSQL invalidates that table's relation-cache entry (CREATE TRIGGER,
-//! CREATE INDEX, ALTER TABLE … ADD CONSTRAINT, a change of its pg_class row). A write
-//! holds a lock on its table that conflicts with each of those commands' locks, so the
-//! cached answer cannot go stale while the write runs.
+//! check: it is kept in a small process-local cache, by table, and dropped whenever
+//! PostgreSQL invalidates that table's relation-cache entry (CREATE TRIGGER, CREATE
+//! INDEX, ALTER TABLE, any change of its pg_class row). PostgreSQL delivers those
+//! invalidations when a statement takes its lock on the table, before the executor
+//! starts, so the answer is as fresh as the relation cache the executor itself uses: a
+//! change that commits while a write runs (CREATE INDEX CONCURRENTLY takes a lock that
+//! does not conflict with it) counts from the table's next statement, as it does for
+//! the executor.
 
 use crate::backend_local::BackendLocal;
 use pgrx::pg_sys;
@@ -31,11 +35,14 @@ struct Entry {
     allowed: u8,
 }
 
-/// The tables looked at last; empty entries have InvalidOid.
+/// How many tables the cache holds: each in the place its OID picks (modulo), which a
+/// table whose OID picks the same place takes over. An application's tables, created
+/// together, have OIDs close to each other, so they rarely share one.
+const PLACES: usize = 64;
+
+/// The tables looked at, by place; empty entries have InvalidOid.
 struct Cache {
-    entries: [Entry; 8],
-    /// The entry the next new table replaces (round robin).
-    next: usize,
+    entries: [Entry; PLACES],
 }
 
 const EMPTY: Entry = Entry {
@@ -44,13 +51,15 @@ const EMPTY: Entry = Entry {
 };
 
 static CACHE: BackendLocal<RefCell<Cache>> = BackendLocal::new(RefCell::new(Cache {
-    entries: [EMPTY; 8],
-    next: 0,
+    entries: [EMPTY; PLACES],
 }));
+
+fn place(relid: pg_sys::Oid) -> usize {
+    relid.to_u32() as usize % PLACES
+}
 /// Counts the invalidations received: an answer worked out while one arrived is used
 /// but not kept.
 static INVALIDATIONS: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
-static CALLBACK_REGISTERED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 /// Whether the last [`known`] found no answer for its table.
 static MISSED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
@@ -70,11 +79,8 @@ fn bit(command: pg_sys::CmdType::Type) -> u8 {
 /// boundary.
 pub fn known(relid: pg_sys::Oid, command: pg_sys::CmdType::Type) -> bool {
     let cached = CACHE.try_with_borrow(|cache| {
-        cache
-            .entries
-            .iter()
-            .find(|e| e.relid == relid)
-            .map(|e| e.allowed)
+        let entry = cache.entries[place(relid)];
+        (entry.relid == relid).then_some(entry.allowed)
     });
     match cached {
         Some(Some(allowed)) => {
@@ -111,27 +117,21 @@ pub fn allowed(relid: pg_sys::Oid, command: pg_sys::CmdType::Type) -> bool {
     if !MISSED.replace(false) {
         return false;
     }
-    register_callback();
     let before = INVALIDATIONS.get();
     // SAFETY: a relation-cache lookup in a guarded function (the caller's promise); the
     // statement about to write the table holds a lock on it.
     let allowed = unsafe { commands_allowed(relid) };
     if INVALIDATIONS.get() == before {
-        CACHE.with_borrow_mut(|cache| {
-            let slot = cache.next;
-            cache.entries[slot] = Entry { relid, allowed };
-            cache.next = (slot + 1) % cache.entries.len();
-        });
+        CACHE.with_borrow_mut(|cache| cache.entries[place(relid)] = Entry { relid, allowed });
     }
     allowed & bit(command) != 0
 }
 
-/// Registers the invalidation callback, once per process (PostgreSQL keeps a fixed
-/// number of them).
-fn register_callback() {
-    if CALLBACK_REGISTERED.replace(true) {
-        return;
-    }
+/// Registers the invalidation callback. Called once from `_PG_init`, in the postmaster,
+/// whose processes inherit it: PostgreSQL keeps a fixed number of callbacks, and
+/// registering one past them is FATAL, which ends a server's start rather than a
+/// session.
+pub fn install() {
     // SAFETY: registers a callback that only clears process-local state.
     unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
 }
@@ -166,12 +166,15 @@ unsafe fn commands_allowed(relid: pg_sys::Oid) -> u8 {
         let form = (*rel).rd_rel;
         let constraints = (*(*rel).rd_att).constr;
         let mut allowed = 0;
-        if (*form).relkind as u8 == pg_sys::RELKIND_RELATION {
+        if (*form).relkind as u8 == pg_sys::RELKIND_RELATION
+            && (*form).relam == pg_sys::HEAP_TABLE_AM_OID
+        {
             allowed = (INSERT | UPDATE | DELETE) & !fired_triggers((*rel).trigdesc);
-            // Constraints, generated columns and indexes are for rows written by INSERT
-            // and UPDATE only.
-            let checks_rows = !constraints.is_null()
-                && ((*constraints).num_check > 0 || (*constraints).has_generated_stored);
+            // Constraints, partition bounds, generated columns and indexes are for rows
+            // written by INSERT and UPDATE only.
+            let checks_rows = (*form).relispartition
+                || (!constraints.is_null()
+                    && ((*constraints).num_check > 0 || (*constraints).has_generated_stored));
             if checks_rows || ((*form).relhasindex && !plain_indexes(rel)) {
                 allowed &= DELETE;
             }
