@@ -882,6 +882,43 @@ def a_read_too_small_to_admit_that_ran_long_twice_is_admitted(s):
         set_server(s, "pg_stride.slice", None)
 
 
+@check
+def a_write_that_wrote_far_more_than_planned_is_admitted_and_one_that_waited_on_a_lock_is_not(s):
+    # A write's runs are timed in wall time, which counts its waits for row locks. Stale
+    # statistics: the planner puts an UPDATE of the rows with v = 1 at a row or two (a
+    # tiny plan) while it writes 100,000; its first two runs are unadmitted beside the
+    # holder of pair's only admission and run long (over ten slices of 2 ms) having
+    # written over ten times the rows planned, so the third queues. An UPDATE by key
+    # that waits twice behind another transaction's row lock for longer than that wrote
+    # the one row it was planned for: it still runs at once, unadmitted.
+    s.sql("CREATE TABLE stale_w (id int, v int) WITH (autovacuum_enabled = false); "
+          "INSERT INTO stale_w SELECT g, g FROM generate_series(1, 100000) g; "
+          "CREATE INDEX ON stale_w (v); ANALYZE stale_w; UPDATE stale_w SET v = 1; "
+          "CREATE TABLE locked_w (id int PRIMARY KEY, v int); INSERT INTO locked_w VALUES (1, 0); "
+          f"GRANT SELECT, UPDATE ON stale_w, locked_w TO {ROLE}")
+    locker = Session(s)
+    try:
+        with Judging(s, "DROP TABLE stale_w, locked_w") as judging:
+            judging.hold(30)
+            stale = "UPDATE stale_w SET id = id WHERE v = 1"
+            for run in range(2):
+                assert judging.succeeded(stale), run
+            assert judging.queued(stale)
+            by_key = "UPDATE locked_w SET v = v + 1 WHERE id = 1"
+            for run in range(2):
+                locker.run("BEGIN; UPDATE locked_w SET v = v + 10 WHERE id = 1; \\echo locked")
+                judging.session.send(by_key)
+                s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                             f"AND query LIKE '{by_key}%'", "1")
+                time.sleep(0.1)
+                locker.run("COMMIT; \\echo committed")
+                assert judging.session.run("\\echo :SQLSTATE", end="") == ["00000"], run
+            assert judging.succeeded(by_key)
+            assert s.sql("SELECT v FROM locked_w") == "23"
+    finally:
+        locker.close()
+
+
 class Judging:
     """A session of the ordinary role in group "pair" (limit 1) with the monitoring bypass
     on, whose statements wait 1 s at most for admission, and that goes on after a failed
@@ -922,6 +959,11 @@ class Judging:
             assert self.answered(sql) == out, sql
         took = time.monotonic() - started
         assert took < 0.5, f"the {what} took {took:.2f} s"
+
+    def succeeded(self, sql):
+        """Whether `sql`, which prints nothing, ended without an error (psql's SQLSTATE
+        00000) within its session's queue_timeout."""
+        return self.session.run(f"{sql};\n\\echo :SQLSTATE", end="") == ["00000"]
 
     def all_queue(self, sqls):
         """Asserts that each statement of `sqls` queues (see queued)."""

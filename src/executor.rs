@@ -241,8 +241,8 @@ unsafe extern "C-unwind" fn executor_start(desc: *mut pg_sys::QueryDesc, eflags:
     // (and launches no parallel workers) while it waits. If starting the executor then
     // fails, the statement's resource owner gives the admission back.
     // SAFETY: a guarded function, given the executor's own QueryDesc.
-    // A read too small to admit runs at once, unregistered, without entering pgrx's
-    // error boundary (`statements::runs_unadmitted`).
+    // A read or write too small to admit runs at once, unregistered, without entering
+    // pgrx's error boundary (`statements::runs_unadmitted`).
     let joinable = is_scheduled(eflags)
         && !statements::runs_unadmitted(desc)
         && unsafe { arrive_unless_monitoring(desc) };

@@ -1,14 +1,15 @@
-//! Whether a read's plan does no more than its cost says, as a read too small to admit
-//! needs it (`statements::runs_unadmitted`, docs/design.md §4 rule 4). A planner cost
+//! Whether a read's or a write's plan does no more than its cost says, as a statement too
+//! small to admit needs it (`statements::runs_unadmitted`, docs/design.md §4 rule 4). A planner cost
 //! bounds a plan's work only when the plan reads relations through the executor's own
 //! nodes and evaluates nothing that can take long by itself. So the check is an
 //! allowlist, of plan nodes and of expression nodes: a node of a kind not named here —
 //! one a later PostgreSQL release adds, a function in FROM, a set-returning function, a
 //! subplan, a domain's check, a foreign or custom scan — makes the plan not small. A
-//! function called by name (`pg_sleep(…)`, `query_to_xml(…)`, `nextval(…)`) does too,
-//! built-in or not; operators, casts and aggregates are built-in ones (the planner
-//! records every user-defined function a plan calls in `invalItems`, which must be
-//! empty).
+//! function called by name (`pg_sleep(…)`, `query_to_xml(…)`, `lower(…)`) does too,
+//! built-in or not, but for the few quick built-ins that columns' defaults call
+//! ([`QUICK_BUILT_INS`]: `now()`, `nextval(…)`, …); operators, casts and aggregates
+//! are built-in ones (the planner records every user-defined function a plan calls in
+//! `invalItems`, which must be empty).
 //!
 //! Plain reads of plan memory, which cannot fail: the ExecutorStart hook asks outside
 //! pgrx's error boundary.

@@ -2,7 +2,7 @@
 //! the executor hooks (`executor.rs`) come here, and this module drives admission, the
 //! parallel workers' grant and CPU scheduling, in that order.
 //!
-//! A top-level read too small to admit runs at once, unregistered, only its
+//! A top-level read or write too small to admit runs at once, unregistered, only its
 //! ExecutorRuns timed ([`runs_unadmitted`]). Any other top-level statement arrives
 //! ([`arrive`]): it waits in the admission queue until it
 //! is admitted (or skips the queue: exempt, or its backend already holds an admission),

@@ -1,7 +1,9 @@
-//! Reads too small to admit (docs/design.md §4 rule 4): a SELECT the client sends whose
-//! plan is tiny and does no more than its cost says runs at once, unregistered, outside
-//! admission and CPU scheduling. Only its ExecutorRuns are timed, and a fingerprint that
-//! ran long twice is admitted from then on. Everything here is a plain read or store
+//! Statements too small to admit (docs/design.md §4 rule 4): a SELECT, INSERT, UPDATE or
+//! DELETE the client sends whose plan is tiny and does no more than its cost says (for a
+//! write, on a table that does no more per row than the plan shows: `write_targets`)
+//! runs at once, unregistered, outside admission and CPU scheduling. Only its
+//! ExecutorRuns are timed, and a fingerprint that ran long twice is admitted from then
+//! on. Everything here is a plain read or store
 //! that cannot panic: the executor hooks call it outside pgrx's error boundary, except
 //! [`learn_long_run`].
 
@@ -21,10 +23,11 @@ use std::cell::Cell;
 static UNADMITTED: BackendLocal<Cell<Option<(*const pg_sys::QueryDesc, u64)>>> =
     BackendLocal::new(Cell::new(None));
 
-/// Whether `desc`, a top-level statement arriving, is a read too small to admit: a
-/// serial read whose plan is tiny (`cpu::is_tiny`) and does no more than its cost says
-/// (`plan_tree::is_plain_read`: relations, operators, casts, no function called by
-/// name), sent by the client itself rather than run by a utility (a cursor's DECLARE,
+/// Whether `desc`, a top-level statement arriving, is too small to admit: a serial read
+/// or write whose plan is tiny (`cpu::is_tiny`) and does no more than its cost says
+/// (`plan_tree::is_plain_read`: relations, operators, casts, no function called by name
+/// but a few quick built-ins; for a write `plan_tree::plain_write_target` and
+/// `write_targets`), sent by the client itself rather than run by a utility (a cursor's DECLARE,
 /// a DO block's loop, CREATE TABLE AS: their queries stay open while others run, or
 /// write), while no memory budget is set. It ends long before a place in the queue
 /// could matter to the statements it would wait behind, so it runs at once, outside

@@ -4,9 +4,10 @@
 //! generated column any function, an index on an expression or with a predicate any
 //! immutable function, and access methods other than the heap, B-tree and hash may do
 //! deferred work in the writing statement (a GIN index's pending list, a columnar
-//! table's stripes). So a table qualifies for a command when it is a plain heap table,
-//! not a partition, with none of these, and no trigger that fires on the command but a
-//! foreign key's check of the row written (one index lookup in the referenced table).
+//! table's stripes). So a table qualifies for a command when it is a plain heap table
+//! with no trigger that fires on the command but a foreign key's check of the row
+//! written (one index lookup in the referenced table), and, for INSERT and UPDATE, which
+//! write rows, not a partition and with none of the others (a DELETE writes no row).
 //!
 //! The answer comes from the relation cache, which costs more than the rest of the
 //! check: it is kept in a small process-local cache, by table, and dropped whenever
