@@ -436,10 +436,6 @@ unsafe fn plain_expr(node: *const pg_sys::Node, depth: u32) -> bool {
                 true
             }
             T_List => plain_exprs(node.cast_mut().cast(), depth),
-            T_TargetEntry => {
-                let e = (*node.cast::<pg_sys::TargetEntry>()).expr;
-                (!e.is_null() && is_value(e.cast())) || plain_expr_of(e, depth)
-            }
             T_OpExpr | T_DistinctExpr | T_NullIfExpr => {
                 let op = node.cast::<pg_sys::OpExpr>();
                 !(*op).opretset && plain_exprs((*op).args, depth)

@@ -20,7 +20,7 @@
 //! the executor.
 
 use crate::backend_local::BackendLocal;
-use pgrx::pg_sys;
+use pgrx::{pg_sys, PgList};
 use std::cell::{Cell, RefCell};
 
 /// The commands a cached answer covers, as bits of [`Entry::allowed`].
@@ -226,39 +226,39 @@ unsafe fn fired_triggers(triggers: *const pg_sys::TriggerDesc) -> u8 {
 /// # Safety
 /// `rel` is an open relation, in a guarded function.
 unsafe fn plain_indexes(rel: pg_sys::Relation) -> bool {
-    // SAFETY: the caller's promise; RelationGetIndexList gives a copied integer List of
-    // index OIDs, freed here; each index opened is closed again.
+    // SAFETY: the caller's promise; RelationGetIndexList gives a copied List of index
+    // OIDs, freed here.
     unsafe {
         let list = pg_sys::RelationGetIndexList(rel);
-        let mut plain = true;
-        if !list.is_null() {
-            for i in 0..usize::try_from((*list).length).unwrap_or(0) {
-                let index = pg_sys::RelationIdGetRelation((*(*list).elements.add(i)).oid_value);
-                if index.is_null() {
-                    plain = false;
-                    break;
-                }
-                let tuple = (*index).rd_indextuple;
-                let am = (*(*index).rd_rel).relam;
-                plain = (am == pg_sys::BTREE_AM_OID || am == pg_sys::HASH_AM_OID)
-                    && !tuple.is_null()
-                    && pg_sys::heap_attisnull(
-                        tuple,
-                        pg_sys::Anum_pg_index_indexprs as i32,
-                        std::ptr::null_mut(),
-                    )
-                    && pg_sys::heap_attisnull(
-                        tuple,
-                        pg_sys::Anum_pg_index_indpred as i32,
-                        std::ptr::null_mut(),
-                    );
-                pg_sys::RelationClose(index);
-                if !plain {
-                    break;
-                }
-            }
-            pg_sys::list_free(list);
+        let plain = PgList::<pg_sys::Oid>::from_pg(list)
+            .iter_oid()
+            .all(|index| plain_index(index));
+        pg_sys::list_free(list);
+        plain
+    }
+}
+
+/// Whether index `index` is a B-tree or hash index on columns only, without a predicate.
+///
+/// # Safety
+/// Called inside a guarded function, by a statement that holds a lock on its table.
+unsafe fn plain_index(index: pg_sys::Oid) -> bool {
+    // SAFETY: the caller's promise; the index opened here is closed before returning,
+    // and its fields named here are those of an open index's relation-cache entry.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(index);
+        if rel.is_null() {
+            return false;
         }
+        let tuple = (*rel).rd_indextuple;
+        let am = (*(*rel).rd_rel).relam;
+        let column =
+            |attribute: u32| pg_sys::heap_attisnull(tuple, attribute as i32, std::ptr::null_mut());
+        let plain = (am == pg_sys::BTREE_AM_OID || am == pg_sys::HASH_AM_OID)
+            && !tuple.is_null()
+            && column(pg_sys::Anum_pg_index_indexprs)
+            && column(pg_sys::Anum_pg_index_indpred);
+        pg_sys::RelationClose(rel);
         plain
     }
 }
