@@ -857,23 +857,22 @@ def a_read_too_small_to_admit_that_ran_long_twice_is_admitted(s):
     # the planner puts an index scan for v = 1 at one row (a tiny plan) while it reads
     # 300,000. Its first two runs are unadmitted beside the holder of pair's only
     # admission, and run long (over ten slices of 0.5 ms: 5 ms); the third is admitted,
-    # so it queues.
+    # so it queues. Each run is in a new connection, as an application that connects per
+    # request sends it: what ran long is known server-wide, or such a read would never
+    # be admitted.
     s.sql("CREATE TABLE stale (id int, v int) WITH (autovacuum_enabled = false); "
           "INSERT INTO stale SELECT g, g FROM generate_series(1, 300000) g; "
           "CREATE INDEX ON stale (v); ANALYZE stale; UPDATE stale SET v = 1; "
           f"GRANT SELECT ON stale TO {ROLE}")
     set_server(s, "pg_stride.slice", "'0.5ms'")
     try:
-        plan = s.sql("EXPLAIN SELECT count(*) FROM stale WHERE v = 1")
-        cost = float(re.search(r"cost=[0-9.]+\.\.([0-9.]+)", plan).group(1))
+        cost = plan_cost(s, "SELECT count(*) FROM stale WHERE v = 1")
         assert cost < 12.5, f"the lookup's plan costs {cost}, not a tiny plan at 0.5-ms slices"
         with Judging(s, "DROP TABLE stale") as judging:
             judging.hold(10)
             for run in range(2):
-                started = time.monotonic()
-                assert judging.answered("SELECT count(*) FROM stale WHERE v = 1") == "300000", run
-                took = time.monotonic() - started
-                assert took > 0.005, f"run {run} took {took * 1000:.1f} ms: not long"
+                assert judging.answered_in("SELECT count(*) FROM stale WHERE v = 1", 0.005) == "300000", run
+                judging.reconnect()
             assert judging.queued("SELECT count(*) FROM stale WHERE v = 1")
     except BaseException:
         s.sql("DROP TABLE IF EXISTS stale")
@@ -883,40 +882,102 @@ def a_read_too_small_to_admit_that_ran_long_twice_is_admitted(s):
 
 
 @check
-def a_write_that_wrote_far_more_than_planned_is_admitted_and_one_that_waited_on_a_lock_is_not(s):
+def a_read_that_ran_long_on_few_blocks_is_admitted_only_once_it_ran_far_too_long(s):
+    # A read whose runs are long without touching far more blocks than planned may have
+    # been slowed by the disk or a busy CPU: it is learned only once its runs take over
+    # a hundred slices (200 ms). ANALYZE saw one row in each table, so the planner puts
+    # a join of each with itself at a few rows (a tiny plan) while, every key being 1,
+    # it matches every row with every other: 640,000 rows from 800 (tens of ms, long,
+    # on 8 blocks: it stays unadmitted), and 9,000,000 from 3,000 (about half a second,
+    # on 28 blocks: its third run queues).
+    small = "SELECT count(*) FROM few_small a JOIN few_small b USING (k)"
+    big = "SELECT count(*) FROM few_big a JOIN few_big b USING (k)"
+    s.sql("CREATE TABLE few_small (k int) WITH (autovacuum_enabled = false); "
+          "CREATE TABLE few_big (k int) WITH (autovacuum_enabled = false); "
+          "INSERT INTO few_small VALUES (1); INSERT INTO few_big VALUES (1); "
+          "ANALYZE few_small, few_big; "
+          "INSERT INTO few_small SELECT 1 FROM generate_series(2, 800); "
+          "INSERT INTO few_big SELECT 1 FROM generate_series(2, 3000); "
+          f"GRANT SELECT ON few_small, few_big TO {ROLE}")
+    assert_tiny(s, (small, 50), (big, 50))
+    with Judging(s, "DROP TABLE few_small, few_big") as judging:
+        judging.hold(20)
+        for run in range(3):
+            assert judging.answered_in(small, 0.02) == "640000", run
+        for run in range(2):
+            assert judging.answered_in(big, 0.2) == "9000000", run
+        assert judging.queued(big)
+
+
+@check
+def a_write_that_did_far_more_than_planned_is_admitted_and_one_that_waited_on_a_lock_is_not(s):
     # A write's runs are timed in wall time, which counts its waits for row locks. Stale
     # statistics: the planner puts an UPDATE of the rows with v = 1 at a row or two (a
     # tiny plan) while it writes 100,000; its first two runs are unadmitted beside the
     # holder of pair's only admission and run long (over ten slices of 2 ms) having
-    # written over ten times the rows planned, so the third queues. An UPDATE by key
-    # that waits twice behind another transaction's row lock for longer than that wrote
-    # the one row it was planned for: it still runs at once, unadmitted.
+    # written over ten times the rows planned, so the third queues. Writes that wait
+    # twice behind another transaction's row lock for longer than that did what they
+    # were planned for, and still run at once, unadmitted: an UPDATE by key, and one of
+    # a batch of 100 rows (as planned) whose four index entries each cost more blocks
+    # than its plan's cost stands for. One that writes the one row planned but reads all
+    # 100,000 with v = 1 to find it touches far more blocks than its plan's cost stands
+    # for: its third run queues too (with slices of 0.5 ms, so that its runs, about
+    # 15 ms, are long).
     s.sql("CREATE TABLE stale_w (id int, v int) WITH (autovacuum_enabled = false); "
           "INSERT INTO stale_w SELECT g, g FROM generate_series(1, 100000) g; "
           "CREATE INDEX ON stale_w (v); ANALYZE stale_w; UPDATE stale_w SET v = 1; "
           "CREATE TABLE locked_w (id int PRIMARY KEY, v int); INSERT INTO locked_w VALUES (1, 0); "
-          f"GRANT SELECT, UPDATE ON stale_w, locked_w TO {ROLE}")
+          "CREATE TABLE batch_w (id int PRIMARY KEY, b int, x int, y int); "
+          "INSERT INTO batch_w SELECT g, g / 100, g, g FROM generate_series(1, 100000) g; "
+          "CREATE INDEX ON batch_w (b); CREATE INDEX ON batch_w (x); CREATE INDEX ON batch_w (y); "
+          f"ANALYZE batch_w; GRANT SELECT, UPDATE ON stale_w, locked_w, batch_w TO {ROLE}")
+    batch = "UPDATE batch_w SET x = x + 1 WHERE b = 5"
+    reads_many = "UPDATE stale_w SET id = id WHERE v = 1 AND id = 7"
+    assert_tiny(s, (batch, 50), (reads_many, 12.5))
     locker = Session(s)
     try:
-        with Judging(s, "DROP TABLE stale_w, locked_w") as judging:
+        with Judging(s, "DROP TABLE stale_w, locked_w, batch_w") as judging:
             judging.hold(30)
             stale = "UPDATE stale_w SET id = id WHERE v = 1"
             for run in range(2):
                 assert judging.succeeded(stale), run
             assert judging.queued(stale)
-            by_key = "UPDATE locked_w SET v = v + 1 WHERE id = 1"
-            for run in range(2):
-                locker.run("BEGIN; UPDATE locked_w SET v = v + 10 WHERE id = 1; \\echo locked")
-                judging.session.send(by_key)
-                s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                             f"AND query LIKE '{by_key}%'", "1")
-                time.sleep(0.1)
-                locker.run("COMMIT; \\echo committed")
-                assert judging.session.run("\\echo :SQLSTATE", end="") == ["00000"], run
-            assert judging.succeeded(by_key)
+            for write, lock in [("UPDATE locked_w SET v = v + 1 WHERE id = 1",
+                                 "UPDATE locked_w SET v = v + 10 WHERE id = 1"),
+                                (batch, "UPDATE batch_w SET y = y WHERE id = 550")]:
+                for run in range(2):
+                    locker.run(f"BEGIN; {lock}; \\echo locked")
+                    judging.session.send(write)
+                    s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                 f"AND query LIKE '{write}%'", "1")
+                    time.sleep(0.1)
+                    locker.run("COMMIT; \\echo committed")
+                    assert judging.session.run("\\echo :SQLSTATE", end="") == ["00000"], (write, run)
+                assert judging.succeeded(write), write
             assert s.sql("SELECT v FROM locked_w") == "23"
+            assert s.sql("SELECT sum(x - id) FROM batch_w") == "300"
+            set_server(s, "pg_stride.slice", "'0.5ms'")
+            for run in range(2):
+                started = time.monotonic()
+                assert judging.succeeded(reads_many), run
+                assert time.monotonic() - started > 0.005, f"run {run} was not long"
+            assert judging.queued(reads_many)
     finally:
+        set_server(s, "pg_stride.slice", None)
         locker.close()
+
+
+def plan_cost(s, sql):
+    """The total cost of the plan of `sql`."""
+    plan = s.sql(f"EXPLAIN {sql}")
+    return float(re.search(r"cost=[0-9.]+\.\.([0-9.]+)", plan).group(1))
+
+
+def assert_tiny(s, *plans):
+    """Asserts that each (sql, bound) of `plans` is planned below its bound: the tiny
+    bound at the slice its check runs with."""
+    costs = [(sql, plan_cost(s, sql), bound) for sql, bound in plans]
+    assert all(cost < bound for _, cost, bound in costs), f"not tiny plans: {costs}"
 
 
 class Judging:
@@ -934,22 +995,40 @@ class Judging:
 
     def __enter__(self):
         try:
-            self.session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
-                             f"SET pg_stride.queue_timeout = '1s'; SET ROLE {ROLE}; \\set ON_ERROR_STOP 0\n"
-                             "\\echo ready", end="")
+            self.set_up()
         except BaseException:
             self.close()
             raise
         return self
 
+    def set_up(self):
+        self.session.run(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.bypass_monitoring = on; "
+                         f"SET pg_stride.queue_timeout = '1s'; SET ROLE {ROLE}; \\set ON_ERROR_STOP 0\n"
+                         "\\echo ready", end="")
+
     def hold(self, seconds):
         self.holder = holder_running(self.s, seconds)
+
+    def reconnect(self):
+        """Goes on in a new session, set up as the first."""
+        self.session.close()
+        self.session = Session(self.s)
+        self.set_up()
 
     def answered(self, sql):
         """The output of `sql`; psql prints it before the echo."""
         out = self.session.run(f"{sql};\n\\echo after", lines=2, end="")
         assert out[-1:] == ["after"], (sql, out)
         return out[0]
+
+    def answered_in(self, sql, at_least):
+        """The output of `sql` (see answered), which must take over `at_least` seconds,
+        as seen by the client (the server's time is less)."""
+        started = time.monotonic()
+        out = self.answered(sql)
+        took = time.monotonic() - started
+        assert took > at_least, f"{sql} took {took * 1000:.1f} ms, not over {at_least * 1000:.0f}"
+        return out
 
     def answer_at_once(self, what, expected):
         """Runs each (sql, output) of `expected`, which must give that output, all of them

@@ -16,7 +16,7 @@ whose sorting has no yield point, shows up as CPU in slices beyond twice the tar
 plain scan does not, nor does a Materialize's output, which has no scan below it; the
 scans of an InitPlan are yield points; a statement that fails is recorded as failed; a
 statement whose plan is estimated tiny is not scheduled (nor recorded) until it ran long
-twice in its session; a backend computes query identifiers (compute_query_id = auto)
+twice on the server; a backend computes query identifiers (compute_query_id = auto)
 from the statement after its first scheduled one, not before.
 
 Starts its own temporary server and prints one line per check, then
@@ -409,7 +409,7 @@ def a_failed_statement_is_recorded_as_failed(s):
 def a_statement_planned_tiny_is_scheduled_once_it_ran_long_twice(s):
     # few() declares one row and returns 2,000,000: its plan costs under 1, so it starts
     # unscheduled, as a primary-key lookup does. It runs for far more than ten slices,
-    # and after its second long run the session schedules its fingerprint: the third
+    # and after its second long run its fingerprint is scheduled: the third
     # and fourth runs join CPU scheduling at their first check-in, and only they are
     # recorded.
     cost = float(s.sql("SELECT (regexp_match(e, 'cost=[0-9.]+\\.\\.([0-9.]+)'))[1] "

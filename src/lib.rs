@@ -90,7 +90,8 @@ pub extern "C-unwind" fn _PG_init() {
     // Everything pg_stride hooks into, each hook chained to the one installed before it:
     // shared memory (shmem_request_hook, shmem_startup_hook: pg_stride's regions and the
     // pool's block), the pool's custom scans, the three background workers, and the planner,
-    // executor and utility hooks with the transaction callbacks; the object-access hook
+    // executor and utility hooks with the transaction callbacks, the relation and catalog
+    // cache callbacks of statements and monitoring; the object-access hook
     // only while a DROP DATABASE runs, and the resource-release callback that ends a
     // failed statement from a backend's first admitted statement on (statements::claim).
     shmem::install(pool::SHMEM_BLOCKS, || shmem::Initial {
@@ -100,6 +101,7 @@ pub extern "C-unwind" fn _PG_init() {
     });
     pool::install();
     statements::install();
+    monitoring::install();
     worker::register();
     executor::install();
 }

@@ -113,7 +113,6 @@ static OWN_SCHEMA: BackendLocal<Cell<Option<pg_sys::Oid>>> = BackendLocal::new(C
 /// (ALTER TABLE … SET SCHEMA among them).
 static RELATION_SCHEMAS: BackendLocal<RefCell<RelationSchemas>> =
     BackendLocal::new(RefCell::new(RelationSchemas::EMPTY));
-static CATALOG_CALLBACKS: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
 struct RelationSchemas {
     entries: [(pg_sys::Oid, pg_sys::Oid); 8],
@@ -128,12 +127,11 @@ impl RelationSchemas {
     };
 }
 
-/// Registers the callbacks that clear the caches of this module, once per process
-/// (PostgreSQL keeps a fixed number of them).
-fn register_catalog_callbacks() {
-    if CATALOG_CALLBACKS.replace(true) {
-        return;
-    }
+/// Registers the callbacks that clear the caches of this module. Called once, from
+/// `_PG_init`, in the postmaster, whose processes inherit them: PostgreSQL keeps a fixed
+/// number of callbacks, and running out of them is FATAL, which must happen at start-up
+/// rather than in the middle of a client's statement.
+pub fn install() {
     // SAFETY: registers callbacks that only clear process-local caches.
     unsafe {
         pg_sys::CacheRegisterSyscacheCallback(
@@ -156,7 +154,6 @@ fn own_schema() -> pg_sys::Oid {
     if let Some(oid) = OWN_SCHEMA.get() {
         return oid;
     }
-    register_catalog_callbacks();
     // SAFETY: a catalog lookup by name, in a guarded function (the caller's promise).
     let oid = unsafe { pg_sys::get_namespace_oid(c"pg_stride".as_ptr(), true) };
     OWN_SCHEMA.set(Some(oid));
@@ -175,7 +172,6 @@ fn relation_schema(relid: pg_sys::Oid) -> pg_sys::Oid {
     if let Some(schema) = cached {
         return schema;
     }
-    register_catalog_callbacks();
     // SAFETY: a syscache lookup, in a guarded function (the caller's promise).
     let schema = unsafe { pg_sys::get_rel_namespace(relid) };
     if schema != pg_sys::InvalidOid {

@@ -112,9 +112,10 @@ pub fn reset_plan_cache() {
     unsafe { pg_sys::ResetPlanCache() }
 }
 
-/// The fingerprint of the statement `desc` runs, from its text with its constants left
-/// out (`pg_stride_sched::fingerprint`): the part of the query string its plan's
-/// `stmt_location` and `stmt_len` name, or the whole string when they name none.
+/// The fingerprint of the statement `desc` runs in this database, from its text with its
+/// constants left out (`pg_stride_sched::fingerprint`): the part of the query string its
+/// plan's `stmt_location` and `stmt_len` name, or the whole string when they name none,
+/// mixed with the database's OID (the same text in two databases reads other tables).
 ///
 /// # Safety
 /// `desc` is a valid QueryDesc with its PlannedStmt and source text, as the executor's
@@ -141,7 +142,49 @@ pub unsafe fn statement_fingerprint(desc: *const pg_sys::QueryDesc) -> u64 {
             std::slice::from_raw_parts(source.cast::<u8>(), bytes)
         }
     };
-    pg_stride_sched::fingerprint::of_text(&text[start.min(text.len())..])
+    // SAFETY: a plain read of a global set when the backend connected.
+    let database = u64::from(unsafe { pg_sys::MyDatabaseId }.to_u32());
+    // Odd, so that the mix maps distinct databases to distinct values; a 0 (the empty
+    // entry of a fingerprint table) becomes 1.
+    let mixed = pg_stride_sched::fingerprint::of_text(&text[start.min(text.len())..])
+        ^ database.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    mixed.max(1)
+}
+
+/// A planned statement's relation key: the first of the relations its plan depends on
+/// (`relationOids`, in range-table order: for a write, usually its target; the view a
+/// query reads; `regclass` constants folded into a custom plan follow them, so a
+/// statement that reads no table can have another key in its generic plan), 0 if it
+/// depends on none. With its fingerprint, what a statement that ran long is known by
+/// (`cpu::ran_long`).
+/// Plain reads, which cannot panic.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt, as ExecutorStart's QueryDesc holds one.
+pub unsafe fn statement_relation(stmt: *const pg_sys::PlannedStmt) -> u32 {
+    // SAFETY: the caller's promise; relationOids is NIL or a list of OIDs.
+    let relations = unsafe { (*stmt).relationOids };
+    if relations.is_null() {
+        return 0;
+    }
+    // SAFETY: a non-NIL list has at least one element, an OID in an OID list.
+    unsafe { (*(*relations).elements).oid_value.to_u32() }
+}
+
+/// Blocks this backend touched so far: in shared buffers and its own temporary tables'
+/// (hits and reads), and in temporary files (read and written). The difference between
+/// two readings is what the backend touched in between.
+pub fn blocks_touched() -> i64 {
+    let usage = &raw const pg_sys::pgBufferUsage;
+    // SAFETY: plain reads of the backend's own counters, a global PostgreSQL keeps.
+    unsafe {
+        (*usage).shared_blks_hit
+            + (*usage).shared_blks_read
+            + (*usage).local_blks_hit
+            + (*usage).local_blks_read
+            + (*usage).temp_blks_read
+            + (*usage).temp_blks_written
+    }
 }
 
 /// A planned statement's query identifier (0 when none was computed) and its plan's

@@ -14,6 +14,7 @@
 //! * [`groups`] — resource-group settings, their limits and directory slots.
 //! * [`group_tag`] — the group a statement names in a comment before its first word.
 //! * [`fingerprint`] — a statement's fingerprint from its text, constants left out.
+//! * [`long_runs`] — the statements planned tiny that ran long, shared by every backend.
 //! * [`histogram`] — the queue-time histogram, its quantiles and cumulative counts.
 //! * [`shared`] — the lock-free shared-memory scheduler ([`SchedShared`]).
 //! * [`sim`] — discrete-event simulator and workload generator over [`SchedShared`].
@@ -94,6 +95,7 @@ pub mod groups;
 pub mod hint;
 pub mod histogram;
 pub mod ids;
+pub mod long_runs;
 pub mod memory;
 pub mod numa;
 pub mod pin_word;

@@ -62,7 +62,10 @@ pub use settings::{
     tuner_on,
 };
 pub use slots::{begin_run, end_run};
-pub use tiny::{below_bound, counts_as_long, fingerprints_scheduled, is_tiny, ran_long};
+pub use tiny::{
+    below_bound, counts_as_far_too_long, counts_as_long, is_tiny, may_have_run_long, ran_long,
+    sweep_long_runs,
+};
 pub use trace::{read_window, Arrival};
 pub use watchdog::watchdog;
 

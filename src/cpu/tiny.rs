@@ -10,17 +10,20 @@
 //!
 //! A plan is an estimate. A statement that was called tiny but whose ExecutorRuns took
 //! more than [`RAN_LONG_SLICES`] slices (stale statistics, a function that returns far
-//! more rows than it declares), twice, leaves its fingerprint here, and the backend
-//! schedules that fingerprint's statements from then on. The fingerprint is the
-//! statement's text with its constants left out (`pg_stride_sched::fingerprint`), not
-//! its query identifier: PostgreSQL computes those only on request, at a cost larger
-//! than all of pg_stride's for a short statement sent as text, and the text is read
-//! only for a statement that ran long, or once a fingerprint is scheduled. Process-local:
-//! an application's connections run the same statements over and over, and the check
-//! costs a few compares where a shared table would cost a lock.
+//! more rows than it declares), twice, in any backend, is known for the next ten
+//! minutes in every backend (`pg_stride_sched::long_runs`, in shared memory: a table
+//! kept per backend would let such a statement escape admission for ever, one new
+//! connection at a time), and its statements are admitted and scheduled; one that was
+//! not admitted counts only if it also did far more than its plan said (`statements`'
+//! `did_more_than_planned`: runs slowed by the disk or a busy CPU are not misestimates).
+//! It is known by its relation key (`pg::statement_relation`) and its fingerprint: the
+//! statement's text with its constants left out, in its database
+//! (`pg::statement_fingerprint`), not its query identifier. PostgreSQL computes those
+//! only on request, at a cost larger than all of pg_stride's for a short statement sent
+//! as text; the text is read only for a statement that ran long, or one whose relation
+//! key may be a known statement's.
 
-use crate::backend_local::BackendLocal;
-use std::cell::Cell;
+use crate::{os, shmem};
 
 /// Plans estimated below this many planner cost units per millisecond of slice run
 /// unscheduled: 50 for a 2-ms slice is about 50 cached pages or 5,000 tuples read, well
@@ -34,50 +37,39 @@ const COST_PER_SLICE_MS: f64 = 25.0;
 /// misestimated one.
 const RAN_LONG_SLICES: u64 = 10;
 
-/// Long runs after which a fingerprint is scheduled: two, because the first run of a
-/// statement in a backend also fills the catalog caches it needs, and may read its
-/// pages from disk.
-const LONG_RUNS: u8 = 2;
-
-/// Fingerprints of tiny-estimated statements that ran long, with how often; 0 is
-/// empty. A new one takes the next entry, round robin from [`NEXT`], that is not
-/// scheduled yet ([`ran_long`]).
-static RAN_LONG: BackendLocal<Cell<[(u64, u8); 8]>> = BackendLocal::new(Cell::new([(0, 0); 8]));
-static NEXT: BackendLocal<Cell<usize>> = BackendLocal::new(Cell::new(0));
-/// Whether a fingerprint of [`RAN_LONG`] ever reached [`LONG_RUNS`]: until one has, which
-/// is the common case, no statement needs to look the table up, nor its fingerprint be
-/// computed.
-static ANY_SCHEDULED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
-
-/// Whether a serial statement whose plan's total cost is `plan_cost` is too small to
-/// schedule. `fingerprint` gives the statement's fingerprint, asked for only once a
-/// fingerprint is scheduled in this backend ([`fingerprints_scheduled`]). The bound is
-/// for PostgreSQL's default CPU costs: a session that lowered them (to 0, say) lowers it
-/// alike (`plan_costs::scale`), and gets no unscheduled statements by it.
-pub fn is_tiny(plan_cost: f64, fingerprint: impl FnOnce() -> u64) -> bool {
+/// Whether a serial statement whose plan's total cost is `plan_cost`, with relation key
+/// `relation`, is too small to schedule. `fingerprint` gives the statement's
+/// fingerprint, asked for only if a statement that ran long may have the same relation
+/// key ([`may_have_run_long`]). The bound is for PostgreSQL's default CPU costs: a
+/// session that lowered them (to 0, say) lowers it alike (`plan_costs::scale`), and gets
+/// no unscheduled statements by it.
+pub fn is_tiny(plan_cost: f64, relation: u32, fingerprint: impl FnOnce() -> u64) -> bool {
     below_bound(plan_cost)
-        && !(fingerprints_scheduled() && {
-            let fingerprint = fingerprint();
-            RAN_LONG
-                .get()
-                .iter()
-                .any(|&(id, runs)| id == fingerprint && runs >= LONG_RUNS)
-        })
+        && !(may_have_run_long(|| relation)
+            && shmem::shared().is_some_and(|shared| {
+                shared
+                    .long_runs
+                    .is_scheduled(relation, fingerprint(), now_s())
+            }))
 }
 
 /// Whether a plan whose total cost is `plan_cost` is below the bound of a tiny one. With
-/// [`fingerprints_scheduled`] false, this alone is [`is_tiny`]. Plain arithmetic on
+/// [`may_have_run_long`] false, this alone is [`is_tiny`]. Plain arithmetic on
 /// settings, which cannot fail: asked outside pgrx's error boundary.
 #[inline]
 pub fn below_bound(plan_cost: f64) -> bool {
     plan_cost < COST_PER_SLICE_MS * super::settings::slice_ms() * crate::plan_costs::scale()
 }
 
-/// Whether this backend schedules a fingerprint that ran long: until it does, which is
-/// the common case, no statement needs its fingerprint computed to be called tiny.
+/// Whether a statement with relation key `relation()` may be one that ran long
+/// ([`ran_long`]): until one with the same key did, no statement needs its fingerprint
+/// computed to be called tiny. Until any did, which is the common case, one load, and
+/// the key is not asked for. Cannot panic.
 #[inline]
-pub fn fingerprints_scheduled() -> bool {
-    ANY_SCHEDULED.get()
+pub fn may_have_run_long(relation: impl FnOnce() -> u32) -> bool {
+    shmem::shared().is_some_and(|shared| {
+        shared.long_runs.any_scheduled() && shared.long_runs.may_be_scheduled(relation())
+    })
 }
 
 /// Whether a statement called tiny whose ExecutorRuns took `ran_ns` of wall time in all
@@ -89,26 +81,38 @@ pub fn counts_as_long(ran_ns: u64) -> bool {
         && ran_ns > super::settings::slice_ns().saturating_mul(RAN_LONG_SLICES)
 }
 
-/// A statement called tiny with fingerprint `fingerprint` ran long: once it has
-/// [`LONG_RUNS`] times, its fingerprint is scheduled from now on. A new one replaces
-/// one that has not been scheduled yet where it can, so that a burst of slow runs does
-/// not forget the fingerprints already learned.
-pub fn ran_long(fingerprint: u64) {
-    let mut seen = RAN_LONG.get();
-    match seen.iter_mut().find(|(id, _)| *id == fingerprint) {
-        Some((_, runs)) => *runs = runs.saturating_add(1),
-        None => {
-            let next = NEXT.get();
-            let slot = (0..seen.len())
-                .map(|i| (next + i) % seen.len())
-                .find(|&i| seen[i].1 < LONG_RUNS)
-                .unwrap_or(next);
-            seen[slot] = (fingerprint, 1);
-            NEXT.set((slot + 1) % seen.len());
-        }
+/// Slices of wall time after which a read's runs count as long whatever blocks they
+/// touched (`statements`' rule for reads not admitted): a hundred, well beyond a lookup
+/// slowed by a few pages read from disk or a busy CPU, so that a read that spends its
+/// time on CPU, a join of small tables that returns far more rows than planned, does
+/// not run unadmitted for ever.
+const FAR_TOO_LONG_SLICES: u64 = 100;
+
+/// Whether a statement called tiny whose ExecutorRuns took `ran_ns` ran far longer than
+/// any wait could explain ([`FAR_TOO_LONG_SLICES`]).
+pub fn counts_as_far_too_long(ran_ns: u64) -> bool {
+    ran_ns > super::settings::slice_ns().saturating_mul(FAR_TOO_LONG_SLICES)
+}
+
+/// A statement called tiny, with relation key `relation` and fingerprint `fingerprint`,
+/// ran long: once its fingerprint has run long twice, in any backend, its statements are
+/// scheduled everywhere for ten minutes (`pg_stride_sched::long_runs`).
+/// Atomics only; cannot panic.
+pub fn ran_long(relation: u32, fingerprint: u64) {
+    if let Some(shared) = shmem::shared() {
+        shared.long_runs.ran_long(relation, fingerprint, now_s());
     }
-    if seen.iter().any(|&(_, runs)| runs >= LONG_RUNS) {
-        ANY_SCHEDULED.set(true);
-    }
-    RAN_LONG.set(seen);
+}
+
+/// Clears the relation bits of statements that ran long whose ten minutes are over, so
+/// that statements of those relations stop having their fingerprints computed, and sets
+/// any a race lost. The scheduler worker's, every sweep.
+pub fn sweep_long_runs(shared: &shmem::Shared) {
+    shared.long_runs.sweep(now_s());
+}
+
+/// Seconds of the machine's monotonic clock, which every process shares: the clock of
+/// the table of statements that ran long (`pg_stride_sched::long_runs`).
+fn now_s() -> u32 {
+    (os::monotonic_ns() / 1_000_000_000) as u32
 }

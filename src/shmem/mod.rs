@@ -31,7 +31,8 @@
 //!   and a transaction that changed the groups table, shared for readers; the decay
 //!   parameters' owner and the tuner's history: under [`LockId::Tuner`]; the recent
 //!   rule hits: under [`LockId::RuleHits`]; the statement histories: under
-//!   [`LockId::Histories`], shared to predict, exclusive to record;
+//!   [`LockId::Histories`], shared to predict, exclusive to record; the statements
+//!   planned tiny that ran long: lock-free, by any backend (`long_runs`);
 //! * the other header counters are atomics, each written by the process named at its
 //!   definition.
 
@@ -58,6 +59,7 @@ pub use tuner_state::{RefreshRow, TunerState};
 use crate::os;
 use crate::pg;
 use pg_stride_sched::admission::{group_has_waiters, Counts, Queue, Waiter};
+use pg_stride_sched::long_runs::LongRuns;
 use pg_stride_sched::trace_ring::TraceRing;
 use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
@@ -88,6 +90,9 @@ pub struct Shared {
     pub rule_hits: RuleHits,
     /// Statement histories predicting a statement's CPU (`pg_stride.statements`).
     pub histories: Histories,
+    /// Statements planned tiny that ran long (`cpu::ran_long`); written by any backend,
+    /// lock-free.
+    pub long_runs: LongRuns,
     /// Which slot holder owns which CPU (`pg_stride.pin_slots`).
     pub cpu_owners: CpuOwners,
     /// Extra slots the watchdog lent since the server started to holders waiting on an
@@ -413,6 +418,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             NodeCounters::init(&raw mut (*region).nodes);
             RuleHits::init(&raw mut (*region).rule_hits);
             Histories::init(&raw mut (*region).histories);
+            (&raw mut (*region).long_runs).write(LongRuns::new());
             (&raw mut (*region).lends_blocked).write(AtomicU64::new(0));
             (&raw mut (*region).yield_requests).write(AtomicU64::new(0));
             (&raw mut (*region).cpu_swaps).write(AtomicU64::new(0));

@@ -139,16 +139,21 @@ static PLANS_IDENTIFIED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(
 /// one that may be paused (docs/design.md §4 rule 2: writes are never paused) and whose
 /// plan is not too small to schedule.
 pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
+    // Computed once, if at all (only for a statement whose relation key a statement
+    // that ran long may have).
+    let computed = std::cell::OnceCell::new();
     // SAFETY: `desc` is the statement the executor is about to start.
-    let fingerprint = || unsafe { pg::statement_fingerprint(desc) };
+    let fingerprint = || *computed.get_or_init(|| unsafe { pg::statement_fingerprint(desc) });
+    // SAFETY: as above.
+    let relation = unsafe { pg::statement_relation((*desc).plannedstmt) };
     // Too small to admit, once its fingerprint is known not to have run long, or once
     // the table it writes was looked up (`runs_unadmitted` could not tell).
-    if (cpu::fingerprints_scheduled() || write_targets::missed())
+    if (cpu::may_have_run_long(|| relation) || write_targets::missed())
         // SAFETY: as above.
         && unsafe {
             unadmitted::too_small_to_admit(
                 desc,
-                |cost| cpu::is_tiny(cost, fingerprint),
+                |cost| cpu::is_tiny(cost, relation, fingerprint),
                 write_targets::allowed,
             )
         }
@@ -180,7 +185,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         (pg::query_id_and_cost(stmt), (*stmt).parallelModeNeeded)
     };
     let pausable = cpu::is_pausable(desc);
-    let tiny = pausable && !parallel && cpu::is_tiny(plan_cost, fingerprint);
+    let tiny = pausable && !parallel && cpu::is_tiny(plan_cost, relation, fingerprint);
     let joins = pausable && !tiny;
     // The clocks are read for the trace of a statement that joins CPU scheduling only.
     let mut arrival = if joins {
@@ -521,7 +526,12 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
             // included, is still whole at ExecutorEnd.
             if !failed && cpu::counts_as_long(r.ran_ns) {
                 // SAFETY: the executor's QueryDesc of a statement ending at ExecutorEnd.
-                cpu::ran_long(unsafe { pg::statement_fingerprint(r.desc) });
+                unsafe {
+                    cpu::ran_long(
+                        pg::statement_relation((*r.desc).plannedstmt),
+                        pg::statement_fingerprint(r.desc),
+                    );
+                }
             }
         }
         parallel::return_workers(shared, r.group, r.workers);

@@ -2,10 +2,10 @@
 //! DELETE the client sends whose plan is tiny and does no more than its cost says (for a
 //! write, on a table that does no more per row than the plan shows: `write_targets`)
 //! runs at once, unregistered, outside admission and CPU scheduling. Only its
-//! ExecutorRuns are timed, and a fingerprint that ran long twice is admitted from then
-//! on. Everything here is a plain read or store
-//! that cannot panic: the executor hooks call it outside pgrx's error boundary, except
-//! [`learn_long_run`].
+//! ExecutorRuns are measured, and a fingerprint that ran long twice, in any backend,
+//! having done far more than its plan said, is admitted in every backend for the next
+//! ten minutes (`cpu::ran_long`). Everything here is a plain read or store that cannot
+//! panic: the executor hooks call it outside pgrx's error boundary.
 
 use super::{client_utility, write_targets};
 use crate::backend_local::BackendLocal;
@@ -23,6 +23,10 @@ use std::cell::Cell;
 static UNADMITTED: BackendLocal<Cell<Option<(*const pg_sys::QueryDesc, u64)>>> =
     BackendLocal::new(Cell::new(None));
 
+/// The blocks this backend had touched (`pg::blocks_touched`) when the statement of
+/// [`UNADMITTED`] arrived: what it touched by its end is read only if it ran long.
+static BLOCKS_AT_ARRIVAL: BackendLocal<Cell<i64>> = BackendLocal::new(Cell::new(0));
+
 /// Whether `desc`, a top-level statement arriving, is too small to admit: a serial read
 /// or write whose plan is tiny (`cpu::is_tiny`) and does no more than its cost says
 /// (`plan_tree::is_plain_read`: relations, operators, casts, no function called by name
@@ -32,22 +36,24 @@ static UNADMITTED: BackendLocal<Cell<Option<(*const pg_sys::QueryDesc, u64)>>> =
 /// write), while no memory budget is set. It ends long before a place in the queue
 /// could matter to the statements it would wait behind, so it runs at once, outside
 /// admission and CPU scheduling, as a monitoring query does (docs/design.md §4 rule 4);
-/// only its ExecutorRuns are timed, and a fingerprint that ran long twice is admitted
-/// and scheduled from then on. Whichever way it answers, it forgets the statement it
-/// named before.
+/// only its ExecutorRuns are measured, and a fingerprint that ran long twice is admitted
+/// and scheduled for a while ([`did_more_than_planned`], `cpu::ran_long`). Whichever
+/// way it answers, it forgets the statement it named before.
 ///
 /// Plain reads of the plan and of settings, which cannot panic: the ExecutorStart hook
-/// asks it outside pgrx's error boundary. Once this backend schedules a fingerprint that
-/// ran long, telling a tiny plan needs the statement's fingerprint, and it answers no:
-/// `arrive`, guarded, decides.
+/// asks it outside pgrx's error boundary. Once a fingerprint that ran long may have the
+/// statement's relation key (`cpu::may_have_run_long`), telling a tiny plan needs the
+/// statement's fingerprint, and it answers no: `arrive`, guarded, decides.
 pub fn runs_unadmitted(desc: *const pg_sys::QueryDesc) -> bool {
     UNADMITTED.set(None);
     write_targets::forget_miss();
     // SAFETY: `desc` is the statement the executor is about to start.
-    let small = !cpu::fingerprints_scheduled()
+    let relation = || unsafe { pg::statement_relation((*desc).plannedstmt) };
+    let small = !cpu::may_have_run_long(relation)
+        // SAFETY: as above.
         && unsafe { too_small_to_admit(desc, cpu::below_bound, write_targets::known) };
     if small {
-        UNADMITTED.set(Some((desc, 0)));
+        runs_after_all(desc);
     }
     small
 }
@@ -84,6 +90,7 @@ pub(super) unsafe fn too_small_to_admit(
 /// (`arrive`): it runs unadmitted, as if [`runs_unadmitted`] had said so.
 pub(super) fn runs_after_all(desc: *const pg_sys::QueryDesc) {
     UNADMITTED.set(Some((desc, 0)));
+    BLOCKS_AT_ARRIVAL.set(pg::blocks_touched());
 }
 
 /// An ExecutorRun of `desc` begins: returns when, if `desc` runs unadmitted (its runs
@@ -114,46 +121,111 @@ pub fn unadmitted_ended(desc: *const pg_sys::QueryDesc) -> Option<bool> {
     match UNADMITTED.get() {
         Some((unadmitted, ran)) if unadmitted == desc => {
             UNADMITTED.set(None);
-            // SAFETY: the executor's QueryDesc at ExecutorEnd, its state not freed yet.
-            Some(cpu::counts_as_long(ran) && unsafe { did_more_than_planned(desc) })
+            Some(
+                cpu::counts_as_long(ran) && {
+                    let blocks = pg::blocks_touched().wrapping_sub(BLOCKS_AT_ARRIVAL.get());
+                    // SAFETY: the executor's QueryDesc at ExecutorEnd, its state not
+                    // freed yet.
+                    unsafe { did_more_than_planned(desc, ran, blocks) }
+                },
+            )
         }
         _ => None,
     }
 }
 
-/// How many times the rows its plan expected (at least one) a write must have written
-/// for its long runs to count ([`did_more_than_planned`]).
-const MISESTIMATED_ROWS: f64 = 10.0;
+/// How many times what its plan expected a statement must have done for its long runs
+/// to count ([`did_more_than_planned`]): the blocks its cost stands for (planner cost
+/// units are page reads), or for a write the rows it expected (at least one).
+const MISESTIMATED: f64 = 10.0;
 
-/// Whether `desc`, which ran long unadmitted, did more than its plan said: a read always
-/// (its time is its work); a write only if it wrote over [`MISESTIMATED_ROWS`] times the
-/// rows its plan expected. A write's runs are timed in wall time, which counts its
-/// waits for other transactions' row locks: an UPDATE by key that waited behind a busy
-/// row did what its plan said, and stays unadmitted, where its waits hold no admission.
-/// Plain reads, which cannot panic.
+/// Blocks a statement may touch beyond [`MISESTIMATED`] times its plan's cost and still
+/// have done what its plan said: the free-space and visibility maps, a relation
+/// extended, a lookup's few pages when its cost is next to nothing.
+const UNCOSTED_BLOCKS: f64 = 100.0;
+
+/// Blocks a write touches for each row it writes that its plan does not cost (PostgreSQL
+/// costs a ModifyTable as its subplan alone): the page the row goes to, and for each
+/// index it inserts into, a descent of a B-tree (three or four levels) and now and then
+/// a page split.
+const BLOCKS_PER_ROW: f64 = 1.0;
+const BLOCKS_PER_INDEX_ENTRY: f64 = 4.0;
+
+/// Blocks a write touches for each row it writes and each trigger of its table (a foreign
+/// key's check of the row, in ExecutorFinish): a lookup of the referenced key.
+const BLOCKS_PER_TRIGGER: f64 = 5.0;
+
+/// Blocks a write touches for each index of its table the first time a backend writes
+/// it: the catalog pages of the index's relation-cache entry, built when it first opens
+/// the index, inside its ExecutorRun.
+const BLOCKS_PER_INDEX_OPENED: f64 = 30.0;
+
+/// Whether `desc`, whose runs took `ran_ns` (long), did more than its plan said: it
+/// touched `blocks` blocks from its arrival to its end, more than [`MISESTIMATED`] times
+/// its plan's cost, beyond [`UNCOSTED_BLOCKS`] and what writing its rows costs that its
+/// plan does not; or, a write, it wrote over [`MISESTIMATED`] times the rows its plan
+/// expected; or, a read, its runs were far too long (`cpu::counts_as_far_too_long`)
+/// whatever it touched. Its runs are timed in wall
+/// time, which counts waits that are no misestimate: pages read from disk after a
+/// restart, a CPU shared with many others, another transaction's row lock. A
+/// primary-key lookup slowed by a busy machine, or an UPDATE that waited behind a busy
+/// row, did what its plan said, and stays unadmitted, where its waits hold no
+/// admission. Plain reads, which cannot panic.
 ///
 /// # Safety
 /// `desc` is the executor's QueryDesc at ExecutorEnd, its executor state not freed yet.
-unsafe fn did_more_than_planned(desc: *const pg_sys::QueryDesc) -> bool {
+unsafe fn did_more_than_planned(desc: *const pg_sys::QueryDesc, ran_ns: u64, blocks: i64) -> bool {
     // SAFETY: the caller's promise; a ModifyTable's subplan is its left tree (whose rows
-    // it writes: its own row estimate is 0 without RETURNING).
+    // it writes: its own row estimate is 0 without RETURNING); the ResultRelInfo of the
+    // one table a write too small to admit writes is the first of the estate's opened
+    // result relations, its indexes open for INSERT and UPDATE (not DELETE), with its
+    // triggers (for such a write, foreign keys' checks).
     unsafe {
-        let (stmt, estate) = ((*desc).plannedstmt, (*desc).estate);
-        if (*stmt).commandType == pg_sys::CmdType::CMD_SELECT || estate.is_null() {
+        let (stmt, estate, plan) = (
+            (*desc).plannedstmt,
+            (*desc).estate,
+            (*(*desc).plannedstmt).planTree,
+        );
+        if estate.is_null() || plan.is_null() {
             return true;
         }
-        let plan = (*stmt).planTree;
-        let sub = if plan.is_null() {
-            plan
-        } else {
-            (*plan).lefttree
-        };
+        let planned_blocks = MISESTIMATED * (*plan).total_cost + UNCOSTED_BLOCKS;
+        let blocks = blocks as f64;
+        if (*stmt).commandType == pg_sys::CmdType::CMD_SELECT {
+            return blocks > planned_blocks || cpu::counts_as_far_too_long(ran_ns);
+        }
+        let sub = (*plan).lefttree;
         let expected = if sub.is_null() {
             1.0
         } else {
             (*sub).plan_rows.max(1.0)
         };
-        (*estate).es_processed as f64 > MISESTIMATED_ROWS * expected
+        let opened = (*estate).es_opened_result_relations;
+        let info = if opened.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (*(*opened).elements)
+                .ptr_value
+                .cast::<pg_sys::ResultRelInfo>()
+        };
+        let (indexes, triggers) = if info.is_null() {
+            (0.0, 0.0)
+        } else {
+            let triggers = (*info).ri_TrigDesc;
+            (
+                f64::from((*info).ri_NumIndices.max(0)),
+                if triggers.is_null() {
+                    0.0
+                } else {
+                    f64::from((*triggers).numtriggers.max(0))
+                },
+            )
+        };
+        let written = (*estate).es_processed as f64;
+        let per_row =
+            BLOCKS_PER_ROW + BLOCKS_PER_INDEX_ENTRY * indexes + BLOCKS_PER_TRIGGER * triggers;
+        written > MISESTIMATED * expected
+            || blocks > planned_blocks + written * per_row + BLOCKS_PER_INDEX_OPENED * indexes
     }
 }
 
@@ -161,7 +233,12 @@ unsafe fn did_more_than_planned(desc: *const pg_sys::QueryDesc) -> bool {
 /// run, as a registered tiny statement's does when it ends.
 pub fn learn_long_run(desc: *const pg_sys::QueryDesc) {
     // SAFETY: the executor's QueryDesc of a statement ending at ExecutorEnd, text included.
-    cpu::ran_long(unsafe { pg::statement_fingerprint(desc) });
+    unsafe {
+        cpu::ran_long(
+            pg::statement_relation((*desc).plannedstmt),
+            pg::statement_fingerprint(desc),
+        )
+    };
 }
 
 /// The transaction or a subtransaction aborted: a statement that ran unadmitted and

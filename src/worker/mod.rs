@@ -7,7 +7,8 @@
 //!   watchdog (every 20 ms), samples the
 //!   concurrency hint (every 50 ms), reclaims the shared entries of
 //!   processes that are gone (rule 8), admits queued backends that block admitted
-//!   ones (rule 5), and checks the groups' runaway-query rules (module [`rules`]).
+//!   ones (rule 5), checks the groups' runaway-query rules (module [`rules`]), and
+//!   clears the relations of expired statements that ran long (`cpu::sweep_long_runs`).
 //! * `pg_stride tuner` (module [`tuner`]) chooses the decay parameters from the traced
 //!   workload while `pg_stride.tuner` is on; shared memory only, like the scheduler.
 //! * `pg_stride groups` connects to `pg_stride.database` and loads the resource groups
@@ -149,6 +150,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         if Timers::take(&mut timers.sweep, SWEEP_INTERVAL) {
             reclaim_entries(shared);
             cpu::reclaim(shared);
+            cpu::sweep_long_runs(shared);
             rules::check(shared, &mut rules_seen);
             // SAFETY: the context was created above and is only used here; nothing
             // allocated in it outlives the call.
