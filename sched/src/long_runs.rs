@@ -21,20 +21,22 @@
 //! of an entry that expired until [`LongRuns::sweep`] or a replacement clears it.
 //!
 //! Lock-free: every field is an atomic, so that the table can live in shared memory
-//! beside processes that may die at any instruction. An entry's count and time are one
-//! word, changed by read-modify-write; its key (fingerprint and relation) is two, so
-//! races can miscount: a run not counted, or counted for the statement that replaced the
-//! one that ran; a relation's bit set that no scheduled entry needs (fingerprints
-//! computed for nothing), or missing for one, until the next sweep, or the next long run
-//! of its statement ([`LongRuns::ran_long`] on an entry already scheduled). A new
-//! statement's entry is searched for from a place its key gives, so that backends
-//! counting the first runs of the same statement at once find the same entry.
+//! beside processes that may die at any instruction. An entry is its key (the relation's
+//! bit in its low six bits, so that the two cannot disagree) and its count and time,
+//! one word each; a new statement claims an entry by a compare-and-swap of the key.
+//! Races can miscount, always towards scheduling sooner: a run counted for the
+//! statement that replaced the one that ran, or a replaced statement's count kept for
+//! its successor. A relation's bit can be set that no scheduled entry needs
+//! (fingerprints computed for nothing), or be missing for one, until the next sweep or
+//! the next long run of its statement ([`LongRuns::ran_long`] on an entry already
+//! scheduled). A new statement's entry is searched for from a place its key gives, so
+//! that backends counting the first runs of the same statement at once find the same
+//! entry.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Entries of the table. A new statement takes the first entry from the place its key
-/// gives that is not scheduled (never reached [`LONG_RUNS`], or expired); when every
-/// entry is scheduled, the one at that place.
+/// Entries of the table. A new statement takes one as `LongRuns::place_for` chooses: a
+/// free one if there is any, never a scheduled one while another counts a first run.
 pub const ENTRIES: usize = 64;
 
 /// Long runs after which a fingerprint is scheduled: two, so that one run slowed by
@@ -50,8 +52,6 @@ pub const LIFETIME_S: u32 = 600;
 struct Entry {
     /// The statement's key ([`key`]); 0 marks an empty entry.
     key: AtomicU64,
-    /// Its relation key, for the relations' word ([`relation_bit`]).
-    relation: AtomicU32,
     /// Long runs counted (up to [`LONG_RUNS`]) in the low half, when the last one was
     /// counted in the high half (the callers' seconds): [`State`].
     state: AtomicU64,
@@ -114,9 +114,19 @@ impl Entry {
 }
 
 /// A statement's key: its fingerprint and its relation key in one word, so that an
-/// entry is claimed, and found, by one atomic. Never 0.
+/// entry is claimed, and found, by one atomic; its low six bits are the relation's bit
+/// number ([`relation_bit`]). Never 0.
 fn key(relation: u32, fingerprint: u64) -> u64 {
-    (fingerprint ^ u64::from(relation).wrapping_mul(0x9e37_79b9_7f4a_7c15)).max(1)
+    let mixed = fingerprint ^ u64::from(relation).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    match (mixed << 6) | u64::from(relation % 64) {
+        0 => 64,
+        key => key,
+    }
+}
+
+/// The bit of the relation of the statement with key `key` in the relations' word.
+fn key_bit(key: u64) -> u64 {
+    1 << (key % 64)
 }
 
 /// The table. All zero is empty, so shared memory zeroed at start-up is a valid table.
@@ -143,7 +153,6 @@ impl LongRuns {
             entries: [const {
                 Entry {
                     key: AtomicU64::new(0),
-                    relation: AtomicU32::new(0),
                     state: AtomicU64::new(0),
                 }
             }; ENTRIES],
@@ -175,9 +184,9 @@ impl LongRuns {
             .any(|e| e.holds(key) && e.state().live(now))
     }
 
-    /// A statement with fingerprint `fingerprint` (never 0) and relation key `relation`
-    /// was planned tiny and ran long, at `now` (seconds): counts the run, and once it
-    /// has [`LONG_RUNS`] of them, each within [`LIFETIME_S`] of the one before, the
+    /// A statement with fingerprint `fingerprint` and relation key `relation` was
+    /// planned tiny and ran long, at `now` (seconds): counts the run, and once it has
+    /// [`LONG_RUNS`] of them, each within [`LIFETIME_S`] of the one before, the
     /// fingerprint is scheduled for [`LIFETIME_S`].
     pub fn ran_long(&self, relation: u32, fingerprint: u64, now: u32) {
         let key = key(relation, fingerprint);
@@ -185,36 +194,62 @@ impl LongRuns {
         // likely finds the entry the winner made for the same statement.
         for _ in 0..2 {
             if let Some(entry) = self.entries.iter().find(|e| e.holds(key)) {
-                self.count(entry, relation, now);
+                self.count(entry, key, now);
                 return;
             }
-            let start = key as usize % ENTRIES;
-            let slot = (0..ENTRIES)
-                .map(|i| (start + i) % ENTRIES)
-                .find(|&i| !self.entries[i].state().live(now))
-                .unwrap_or(start);
-            let entry = &self.entries[slot];
-            let old = entry.key.load(Ordering::Acquire);
-            // The count is cleared before the key is published, so that a backend that
-            // finds the new key at once counts its run with this one.
-            let replaced = State::of(entry.state.swap(0, Ordering::AcqRel));
+            let entry = &self.entries[self.place_for(key, now)];
+            let (old_key, old_state) = (
+                entry.key.load(Ordering::Acquire),
+                entry.state.load(Ordering::Acquire),
+            );
+            if old_key == key {
+                // Claimed for this statement since the search above.
+                self.count(entry, key, now);
+                return;
+            }
             if entry
                 .key
-                .compare_exchange(old, key, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(old_key, key, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                entry.relation.store(relation, Ordering::Release);
-                if replaced.runs >= LONG_RUNS {
+                // The replaced statement's count goes, unless a backend counted a run
+                // of this one (or of the replaced one) since it was read: that count
+                // stays, for this statement.
+                let _ =
+                    entry
+                        .state
+                        .compare_exchange(old_state, 0, Ordering::AcqRel, Ordering::Acquire);
+                if State::of(old_state).runs >= LONG_RUNS {
                     self.sweep(now);
                 }
-                self.count(entry, relation, now);
+                self.count(entry, key, now);
                 return;
             }
         }
     }
 
-    /// Counts a long run at `now` into `entry`, which holds the statement's key.
-    fn count(&self, entry: &Entry, relation: u32, now: u32) {
+    /// The entry a new statement with key `key` takes at `now`: searching from the place
+    /// its key gives, the first that is empty or whose last run is not recent; else the
+    /// one counting a first run that is oldest; else, every entry being scheduled, the
+    /// one at that place.
+    fn place_for(&self, key: u64, now: u32) -> usize {
+        let start = (key / 64) as usize % ENTRIES;
+        let places = || (0..ENTRIES).map(|i| (start + i) % ENTRIES);
+        places()
+            .find(|&i| {
+                let state = self.entries[i].state();
+                state.runs == 0 || !State::recent(state.at, now)
+            })
+            .or_else(|| {
+                places()
+                    .filter(|&i| self.entries[i].state().runs < LONG_RUNS)
+                    .max_by_key(|&i| now.wrapping_sub(self.entries[i].state().at))
+            })
+            .unwrap_or(start)
+    }
+
+    /// Counts a long run at `now` into `entry`, which holds key `key`.
+    fn count(&self, entry: &Entry, key: u64, now: u32) {
         let before = entry
             .state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
@@ -225,8 +260,7 @@ impl LongRuns {
         if after.live(now) {
             // Also for an entry scheduled already: its statement ran unadmitted, so its
             // bit may have been lost to a race (see the module's comment).
-            self.relations
-                .fetch_or(relation_bit(relation), Ordering::AcqRel);
+            self.relations.fetch_or(key_bit(key), Ordering::AcqRel);
         } else if before.runs >= LONG_RUNS {
             // It had expired: its bit, and others', may be cleared.
             self.sweep(now);
@@ -243,9 +277,7 @@ impl LongRuns {
             self.entries
                 .iter()
                 .filter(|e| e.state().live(now))
-                .fold(0, |word, e| {
-                    word | relation_bit(e.relation.load(Ordering::Acquire))
-                })
+                .fold(0, |word, e| word | key_bit(e.key.load(Ordering::Acquire)))
         };
         let before = self.relations.load(Ordering::Acquire);
         let _ =
@@ -388,12 +420,9 @@ mod tests {
         assert!(table.may_be_scheduled(3));
         // A new statement whose search starts at entry 0 replaces its statement.
         let fingerprint = (1000..)
-            .find(|&f| (key(4, f) as usize).is_multiple_of(ENTRIES))
+            .find(|&f| (key(4, f) / 64).is_multiple_of(ENTRIES as u64))
             .unwrap();
-        let (first, first_relation) = (
-            table.entries[0].key.load(Ordering::Relaxed),
-            table.entries[0].relation.load(Ordering::Relaxed),
-        );
+        let first = table.entries[0].key.load(Ordering::Relaxed);
         table.ran_long(4, fingerprint, NOW);
         assert_eq!(
             table.entries[0].key.load(Ordering::Relaxed),
@@ -401,7 +430,41 @@ mod tests {
         );
         assert_ne!(first, key(4, fingerprint));
         assert_eq!(table.scheduled(NOW), ENTRIES - 1);
-        assert_eq!(table.may_be_scheduled(3), first_relation != 3);
+        assert_eq!(table.may_be_scheduled(3), key_bit(first) != relation_bit(3));
+    }
+
+    #[test]
+    fn two_statements_whose_searches_start_at_one_place_do_not_evict_each_other() {
+        let table = LongRuns::new();
+        let place = |f| (key(3, f) / 64) % ENTRIES as u64;
+        let other = (2..).find(|&f| place(f) == place(1)).unwrap();
+        for fingerprint in [1, other, 1, other] {
+            table.ran_long(3, fingerprint, NOW);
+        }
+        assert!(table.is_scheduled(3, 1, NOW) && table.is_scheduled(3, other, NOW));
+        // Nor does a one-off long run of a third: it takes an empty entry.
+        let table = LongRuns::new();
+        let third = (other + 1..).find(|&f| place(f) == place(1)).unwrap();
+        for fingerprint in [1, third, 1] {
+            table.ran_long(3, fingerprint, NOW);
+        }
+        assert!(table.is_scheduled(3, 1, NOW));
+    }
+
+    #[test]
+    fn a_full_table_of_first_runs_replaces_the_oldest() {
+        let table = LongRuns::new();
+        for fingerprint in 1..=ENTRIES as u64 {
+            table.ran_long(5, fingerprint, NOW + fingerprint as u32);
+        }
+        let at = NOW + ENTRIES as u32 + 1;
+        table.ran_long(5, 1000, at);
+        table.ran_long(5, 1000, at);
+        assert!(table.is_scheduled(5, 1000, at));
+        // Fingerprint 2's run was kept, 1's, the oldest, forgotten.
+        table.ran_long(5, 2, at);
+        table.ran_long(5, 1, at);
+        assert!(table.is_scheduled(5, 2, at) && !table.is_scheduled(5, 1, at));
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! DELETE the client sends whose plan is tiny and does no more than its cost says (for a
 //! write, on a table that does no more per row than the plan shows: `write_targets`)
 //! runs at once, unregistered, outside admission and CPU scheduling. Only its
-//! ExecutorRuns are measured, and a fingerprint that ran long twice, in any backend,
-//! having done far more than its plan said, is admitted in every backend for the next
-//! ten minutes (`cpu::ran_long`). Everything here is a plain read or store that cannot
+//! ExecutorRuns are timed, and the blocks it touched from its arrival to its end read
+//! if they were long; a fingerprint that ran long twice, in any backend, having done far
+//! more than its plan said, is admitted in every backend for the next ten minutes
+//! (`cpu::ran_long`). Everything here is a plain read or store that cannot
 //! panic: the executor hooks call it outside pgrx's error boundary.
 
 use super::{client_utility, write_targets};
@@ -36,7 +37,7 @@ static BLOCKS_AT_ARRIVAL: BackendLocal<Cell<i64>> = BackendLocal::new(Cell::new(
 /// write), while no memory budget is set. It ends long before a place in the queue
 /// could matter to the statements it would wait behind, so it runs at once, outside
 /// admission and CPU scheduling, as a monitoring query does (docs/design.md §4 rule 4);
-/// only its ExecutorRuns are measured, and a fingerprint that ran long twice is admitted
+/// only its ExecutorRuns are timed, and a fingerprint that ran long twice is admitted
 /// and scheduled for a while ([`did_more_than_planned`], `cpu::ran_long`). Whichever
 /// way it answers, it forgets the statement it named before.
 ///
@@ -151,8 +152,11 @@ const UNCOSTED_BLOCKS: f64 = 100.0;
 const BLOCKS_PER_ROW: f64 = 1.0;
 const BLOCKS_PER_INDEX_ENTRY: f64 = 4.0;
 
-/// Blocks a write touches for each row it writes and each trigger of its table (a foreign
-/// key's check of the row, in ExecutorFinish): a lookup of the referenced key.
+/// Blocks a write may touch for each row it writes and each trigger of its table: the
+/// triggers a write too small to admit may have are foreign keys' (`write_targets`),
+/// whose check of a row, in ExecutorFinish, looks up the referenced key. Every trigger
+/// of the table counts, also those that do not fire on the command (the other
+/// command's check, the referenced side's actions): generous, never short.
 const BLOCKS_PER_TRIGGER: f64 = 5.0;
 
 /// Blocks a write touches for each index of its table the first time a backend writes
