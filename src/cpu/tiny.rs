@@ -45,12 +45,12 @@ const RAN_LONG_SLICES: u64 = 10;
 /// no unscheduled statements by it.
 pub fn is_tiny(plan_cost: f64, relation: u32, fingerprint: impl FnOnce() -> u64) -> bool {
     below_bound(plan_cost)
-        && !(may_have_run_long(|| relation)
-            && shmem::shared().is_some_and(|shared| {
-                shared
+        && !shmem::shared().is_some_and(|shared| {
+            shared.long_runs.may_be_scheduled(relation)
+                && shared
                     .long_runs
                     .is_scheduled(relation, fingerprint(), now_s())
-            }))
+        })
 }
 
 /// Whether a plan whose total cost is `plan_cost` is below the bound of a tiny one. With

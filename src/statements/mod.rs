@@ -525,13 +525,7 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
             // Learned from statements that ended normally: their QueryDesc, text
             // included, is still whole at ExecutorEnd.
             if !failed && cpu::counts_as_long(r.ran_ns) {
-                // SAFETY: the executor's QueryDesc of a statement ending at ExecutorEnd.
-                unsafe {
-                    cpu::ran_long(
-                        pg::statement_relation((*r.desc).plannedstmt),
-                        pg::statement_fingerprint(r.desc),
-                    );
-                }
+                unadmitted::learn_long_run(r.desc);
             }
         }
         parallel::return_workers(shared, r.group, r.workers);

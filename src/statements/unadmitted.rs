@@ -205,26 +205,17 @@ unsafe fn did_more_than_planned(desc: *const pg_sys::QueryDesc, ran_ns: u64, blo
             (*sub).plan_rows.max(1.0)
         };
         let opened = (*estate).es_opened_result_relations;
-        let info = if opened.is_null() {
-            std::ptr::null_mut()
-        } else {
-            (*(*opened).elements)
-                .ptr_value
-                .cast::<pg_sys::ResultRelInfo>()
+        let info = match opened.as_ref() {
+            Some(list) => (*list.elements).ptr_value.cast::<pg_sys::ResultRelInfo>(),
+            None => std::ptr::null_mut(),
         };
-        let (indexes, triggers) = if info.is_null() {
-            (0.0, 0.0)
-        } else {
-            let triggers = (*info).ri_TrigDesc;
+        let (indexes, triggers) = info.as_ref().map_or((0.0, 0.0), |info| {
+            let triggers = info.ri_TrigDesc.as_ref().map_or(0, |t| t.numtriggers);
             (
-                f64::from((*info).ri_NumIndices.max(0)),
-                if triggers.is_null() {
-                    0.0
-                } else {
-                    f64::from((*triggers).numtriggers.max(0))
-                },
+                f64::from(info.ri_NumIndices.max(0)),
+                f64::from(triggers.max(0)),
             )
-        };
+        });
         let written = (*estate).es_processed as f64;
         let per_row =
             BLOCKS_PER_ROW + BLOCKS_PER_INDEX_ENTRY * indexes + BLOCKS_PER_TRIGGER * triggers;
@@ -233,8 +224,8 @@ unsafe fn did_more_than_planned(desc: *const pg_sys::QueryDesc, ran_ns: u64, blo
     }
 }
 
-/// `desc`, a statement that ran unadmitted, ran long: its fingerprint counts one long
-/// run, as a registered tiny statement's does when it ends.
+/// `desc`, a statement called tiny (one that ran unadmitted, or a registered tiny one
+/// ending), ran long: its fingerprint counts one long run.
 pub fn learn_long_run(desc: *const pg_sys::QueryDesc) {
     // SAFETY: the executor's QueryDesc of a statement ending at ExecutorEnd, text included.
     unsafe {
