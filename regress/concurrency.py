@@ -24,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
 import pgserver  # noqa: E402
+import wire  # noqa: E402
 from pgserver import AS_POSTGRES, PGBIN  # noqa: E402
 
 PGXS_TEST = os.environ.get("PGXS_TEST") or os.path.join(os.path.dirname(PGBIN), "lib", "pgxs", "src", "test")
@@ -849,6 +850,49 @@ def writes_too_small_to_admit_run_at_once_unless_their_table_does_more(s):
         assert judging.answered("DELETE FROM w_plain WHERE id = 2 RETURNING id") == "2"
         assert judging.queued("INSERT INTO w_plain (id, v) VALUES (3, 1) RETURNING id")
         assert s.sql("SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM w_plain") == "1:4"
+
+
+@check
+def a_statement_prepared_again_is_judged_by_its_new_plan(s):
+    # What a saved plan is (a plain read or write, or neither) is kept by the plan's
+    # address for as long as the plan exists (src/statements/plan_shapes.rs; pg_tests.rs
+    # checks that it goes with the plan's memory). A statement prepared at the protocol
+    # level, as drivers and pgbench -M prepared prepare them (psql's EXECUTE is a
+    # utility, always admitted), runs unadmitted as a primary-key lookup with an
+    # operator over values; closed and prepared again under the same name as the same
+    # lookup calling a built-in function by name instead, it is admitted (group judged's
+    # admitted_total counts each execution); and so on, in turn: each plan is judged by
+    # what it is, whatever was kept before. A prepared UPDATE by key runs unadmitted,
+    # and is admitted once its table has a trigger.
+    s.sql("SELECT pg_stride.create_group('judged'); "
+          "CREATE TABLE judged_w (id int PRIMARY KEY, v int); INSERT INTO judged_w VALUES (1, 0); "
+          f"GRANT SELECT, UPDATE ON judged_w TO {ROLE}; "
+          "CREATE FUNCTION judged_noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'")
+    admitted = lambda: int(s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'judged'"))
+    client = None
+
+    def runs(name, rows, admissions, what):
+        before = admitted()
+        assert [client.execute(name) for _ in range(3)] == [rows] * 3, what
+        assert admitted() - before == admissions, what
+
+    try:
+        client = wire.Session(s.dir, s.port)
+        client.query(f"SET pg_stride.resource_group = 'judged'; SET ROLE {ROLE}")
+        for round in range(3):
+            for condition, admissions in [("v >= -1000000", 0), ("random() >= 0", 3)]:
+                client.prepare("r", f"SELECT v FROM big WHERE id = 7 AND {condition}")
+                runs("r", [["7"]], admissions, f"round {round}: {condition}")
+                client.deallocate("r")
+        client.prepare("w", "UPDATE judged_w SET v = v + 1 WHERE id = 1")
+        runs("w", [], 0, "the update")
+        s.sql("CREATE TRIGGER judged_noop BEFORE UPDATE ON judged_w FOR EACH ROW EXECUTE FUNCTION judged_noop()")
+        runs("w", [], 3, "the update of a table with a trigger")
+        assert s.sql("SELECT v FROM judged_w") == "6"
+    finally:
+        if client is not None:
+            client.close()
+        s.sql("SELECT pg_stride.drop_group('judged'); DROP TABLE judged_w; DROP FUNCTION judged_noop()")
 
 
 @check

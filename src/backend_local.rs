@@ -27,6 +27,13 @@ impl<T> BackendLocal<T> {
     }
 }
 
+impl<T> BackendLocal<T> {
+    /// The value itself, for a type made of cells of its own (an array of them).
+    pub fn cells(&self) -> &T {
+        &self.0
+    }
+}
+
 impl<T: Copy> BackendLocal<Cell<T>> {
     pub fn get(&self) -> T {
         self.0.get()

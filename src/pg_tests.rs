@@ -67,6 +67,53 @@ mod tests {
         }
     }
 
+    // ReleaseCachedPlan takes a resource owner from PostgreSQL 14 on.
+    #[cfg(not(feature = "pg13"))]
+    #[pg_test]
+    fn a_saved_plans_shape_is_kept_until_its_memory_goes() {
+        // What a saved plan is, for statements too small to admit, is kept by its
+        // address; once PostgreSQL deletes the plan's memory context the address may
+        // hold another plan, so nothing may be kept for it any more. A plan made for one
+        // execution is not kept at all.
+        use crate::statements::plan_shapes;
+        // SAFETY: SPI calls inside a connection; each plan's first statement is a
+        // PlannedStmt (a query, not a utility), released before its plan is freed.
+        Spi::connect(|_| unsafe {
+            let sql = c"SELECT relname FROM pg_class WHERE oid = 1259";
+            let plan = pg_sys::SPI_prepare(sql.as_ptr(), 0, std::ptr::null_mut());
+            assert!(!plan.is_null());
+            assert_eq!(pg_sys::SPI_keepplan(plan), 0);
+            let cached = pg_sys::SPI_plan_get_cached_plan(plan);
+            assert!(!cached.is_null());
+            let stmt = (*(*(*cached).stmt_list).elements)
+                .ptr_value
+                .cast::<pg_sys::PlannedStmt>();
+            assert_eq!(plan_shapes::kept(stmt), None);
+            assert!(matches!(plan_shapes::shape(stmt), plan_shapes::Shape::Read));
+            assert_eq!(plan_shapes::kept(stmt), Some(true));
+            pg_sys::ReleaseCachedPlan(cached, pg_sys::CurrentResourceOwner);
+            assert_eq!(
+                plan_shapes::kept(stmt),
+                Some(true),
+                "the plan is still saved"
+            );
+            assert_eq!(pg_sys::SPI_freeplan(plan), 0);
+            assert_eq!(plan_shapes::kept(stmt), None, "the plan's memory is gone");
+
+            let once = pg_sys::SPI_prepare(sql.as_ptr(), 0, std::ptr::null_mut());
+            assert!(!once.is_null());
+            let cached = pg_sys::SPI_plan_get_cached_plan(once);
+            assert!(!cached.is_null());
+            let stmt = (*(*(*cached).stmt_list).elements)
+                .ptr_value
+                .cast::<pg_sys::PlannedStmt>();
+            assert!(matches!(plan_shapes::shape(stmt), plan_shapes::Shape::Read));
+            assert_eq!(plan_shapes::kept(stmt), None, "a plan that is not saved");
+            pg_sys::ReleaseCachedPlan(cached, std::ptr::null_mut());
+            assert_eq!(pg_sys::SPI_freeplan(once), 0);
+        })
+    }
+
     #[pg_test]
     fn version_is_the_crate_version() {
         let version = Spi::get_one::<&str>("SELECT pg_stride.version()").unwrap();

@@ -30,6 +30,10 @@
 //! scheduling, and they clear their entry the same way when they exit.
 
 mod client_utility;
+#[cfg(not(any(test, feature = "pg_test")))]
+mod plan_shapes;
+#[cfg(any(test, feature = "pg_test"))]
+pub mod plan_shapes;
 mod unadmitted;
 mod write_targets;
 

@@ -8,9 +8,10 @@
 //! (`cpu::ran_long`). Everything here is a plain read or store that cannot
 //! panic: the executor hooks call it outside pgrx's error boundary.
 
+use super::plan_shapes::{self, Shape};
 use super::{client_utility, write_targets};
 use crate::backend_local::BackendLocal;
-use crate::{cpu, os, pg, plan_tree, shmem};
+use crate::{cpu, os, pg, shmem};
 use pgrx::pg_sys;
 use std::cell::Cell;
 
@@ -76,13 +77,17 @@ pub(super) unsafe fn too_small_to_admit(
             && !client_utility::running()
             && shmem::shared().is_some_and(|shared| !shared.admission.memory_accounting())
             && tiny(pg::query_id_and_cost(stmt).1)
-            && if plan_tree::reads_only(stmt) {
-                plan_tree::is_plain_read(stmt)
-            } else {
-                plan_tree::plain_write_target(stmt).is_some_and(|(table, command, upserts)| {
+            && match plan_shapes::shape(stmt) {
+                Shape::Read => true,
+                Shape::Write {
+                    table,
+                    command,
+                    upserts,
+                } => {
                     writable(table, command)
                         && (!upserts || writable(table, pg_sys::CmdType::CMD_UPDATE))
-                })
+                }
+                Shape::Neither => false,
             }
     }
 }

@@ -40,6 +40,12 @@ mod ffi {
     }
 }
 
+mod statement;
+pub use statement::{
+    blocks_touched, call_at_reset, query_id_and_cost, saved_plan_context, statement_fingerprint,
+    statement_relation,
+};
+
 /// Sends a report with its SQLSTATE, and a HINT where the user can act (every report
 /// pg_stride sends has a code of its own; docs/errors.md lists them, and `scripts/lint`
 /// checks that list against the calls). At ERROR it does not return. The location
@@ -110,103 +116,6 @@ pub fn reset_plan_cache() {
     // SAFETY: walks the backend's own list of cached plans and clears their validity
     // flags; a plan in use stays valid for its current execution. No ERROR.
     unsafe { pg_sys::ResetPlanCache() }
-}
-
-/// The fingerprint of the statement `desc` runs in this database, from its text with its
-/// constants left out (`pg_stride_sched::fingerprint`): the part of the query string its
-/// plan's `stmt_location` and `stmt_len` name, or the whole string when they name none,
-/// mixed with the database's OID (the same text in two databases reads other tables).
-///
-/// # Safety
-/// `desc` is a valid QueryDesc with its PlannedStmt and source text, as the executor's
-/// hooks receive it.
-pub unsafe fn statement_fingerprint(desc: *const pg_sys::QueryDesc) -> u64 {
-    // SAFETY: the caller's promise.
-    let (source, stmt) = unsafe { ((*desc).sourceText, (*desc).plannedstmt) };
-    // SAFETY: as above.
-    let (location, len) = unsafe { ((*stmt).stmt_location, (*stmt).stmt_len) };
-    let start = usize::try_from(location).unwrap_or(0);
-    // Read no further than the statement's end: a script's string can be long, and each
-    // of its statements would otherwise measure all of it.
-    let end = match usize::try_from(len) {
-        Ok(len) if len > 0 => start.saturating_add(len),
-        _ => usize::MAX,
-    };
-    let text = if source.is_null() {
-        &[][..]
-    } else {
-        // SAFETY: a non-null source text is NUL-terminated (the caller's promise); the
-        // bytes read are those before its NUL, up to `end`.
-        unsafe {
-            let bytes = libc::strnlen(source, end);
-            std::slice::from_raw_parts(source.cast::<u8>(), bytes)
-        }
-    };
-    // SAFETY: a plain read of a global set when the backend connected.
-    let database = u64::from(unsafe { pg_sys::MyDatabaseId }.to_u32());
-    // Odd, so that the mix maps distinct databases to distinct values; a 0 (the empty
-    // entry of a fingerprint table) becomes 1.
-    let mixed = pg_stride_sched::fingerprint::of_text(&text[start.min(text.len())..])
-        ^ database.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    mixed.max(1)
-}
-
-/// A planned statement's relation key: the first of the relations its plan depends on
-/// (`relationOids`, in range-table order: for a write, usually its target; the view a
-/// query reads; `regclass` constants folded into a custom plan follow them, so a
-/// statement that reads no table can have another key in its generic plan), 0 if it
-/// depends on none. With its fingerprint, what a statement that ran long is known by
-/// (`cpu::ran_long`).
-/// Plain reads, which cannot panic.
-///
-/// # Safety
-/// `stmt` is a valid PlannedStmt, as ExecutorStart's QueryDesc holds one.
-pub unsafe fn statement_relation(stmt: *const pg_sys::PlannedStmt) -> u32 {
-    // SAFETY: the caller's promise; relationOids is NIL or a list of OIDs.
-    let relations = unsafe { (*stmt).relationOids };
-    if relations.is_null() {
-        return 0;
-    }
-    // SAFETY: a non-NIL list has at least one element, an OID in an OID list.
-    unsafe { (*(*relations).elements).oid_value.to_u32() }
-}
-
-/// Blocks this backend touched so far: in shared buffers and its own temporary tables'
-/// (hits and reads), and in temporary files (read and written). The difference between
-/// two readings is what the backend touched in between.
-pub fn blocks_touched() -> i64 {
-    let usage = &raw const pg_sys::pgBufferUsage;
-    // SAFETY: plain reads of the backend's own counters, a global PostgreSQL keeps.
-    unsafe {
-        (*usage).shared_blks_hit
-            + (*usage).shared_blks_read
-            + (*usage).local_blks_hit
-            + (*usage).local_blks_read
-            + (*usage).temp_blks_read
-            + (*usage).temp_blks_written
-    }
-}
-
-/// A planned statement's query identifier (0 when none was computed) and its plan's
-/// total cost (0 without a plan): what a prediction of its CPU is keyed by.
-///
-/// # Safety
-/// `stmt` is a valid PlannedStmt, as ExecutorStart's QueryDesc holds one.
-pub unsafe fn query_id_and_cost(stmt: *const pg_sys::PlannedStmt) -> (u64, f64) {
-    // SAFETY: the caller's promise; the plan, when there is one, is part of it. queryId
-    // is a uint64 before PostgreSQL 18 and an int64 from 18 on.
-    #[allow(clippy::unnecessary_cast)]
-    unsafe {
-        let plan = (*stmt).planTree;
-        (
-            (*stmt).queryId as u64,
-            if plan.is_null() {
-                0.0
-            } else {
-                (*plan).total_cost
-            },
-        )
-    }
 }
 
 /// The current time as a TimestampTz.

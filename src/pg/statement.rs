@@ -1,0 +1,172 @@
+//! A statement's plan and what it did, as the executor hooks read them: its fingerprint,
+//! relation key, query identifier and cost, the memory context a saved plan lives in,
+//! and the blocks the backend touched. Plain reads that cannot raise an ERROR on the
+//! plans the executor runs: the hooks call them outside pgrx's error boundary.
+
+use pgrx::pg_sys;
+
+mod ffi {
+    use pgrx::pg_sys;
+
+    // Declared here, not called through pgrx's bindings, which enter its guarded FFI
+    // boundary: functions called outside it, which raise no ERROR for what they are
+    // given (GetMemoryChunkContext would for a pointer palloc did not return).
+    extern "C" {
+        /// Reads a chunk's header (an inline function before PostgreSQL 16).
+        #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+        pub fn GetMemoryChunkContext(pointer: *mut std::ffi::c_void) -> pg_sys::MemoryContext;
+        pub fn MemoryContextRegisterResetCallback(
+            context: pg_sys::MemoryContext,
+            callback: *mut pg_sys::MemoryContextCallback,
+        );
+    }
+}
+
+/// The fingerprint of the statement `desc` runs in this database, from its text with its
+/// constants left out (`pg_stride_sched::fingerprint`): the part of the query string its
+/// plan's `stmt_location` and `stmt_len` name, or the whole string when they name none,
+/// mixed with the database's OID (the same text in two databases reads other tables).
+///
+/// # Safety
+/// `desc` is a valid QueryDesc with its PlannedStmt and source text, as the executor's
+/// hooks receive it.
+pub unsafe fn statement_fingerprint(desc: *const pg_sys::QueryDesc) -> u64 {
+    // SAFETY: the caller's promise.
+    let (source, stmt) = unsafe { ((*desc).sourceText, (*desc).plannedstmt) };
+    // SAFETY: as above.
+    let (location, len) = unsafe { ((*stmt).stmt_location, (*stmt).stmt_len) };
+    let start = usize::try_from(location).unwrap_or(0);
+    // Read no further than the statement's end: a script's string can be long, and each
+    // of its statements would otherwise measure all of it.
+    let end = match usize::try_from(len) {
+        Ok(len) if len > 0 => start.saturating_add(len),
+        _ => usize::MAX,
+    };
+    let text = if source.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: a non-null source text is NUL-terminated (the caller's promise); the
+        // bytes read are those before its NUL, up to `end`.
+        unsafe {
+            let bytes = libc::strnlen(source, end);
+            std::slice::from_raw_parts(source.cast::<u8>(), bytes)
+        }
+    };
+    // SAFETY: a plain read of a global set when the backend connected.
+    let database = u64::from(unsafe { pg_sys::MyDatabaseId }.to_u32());
+    // Odd, so that the mix maps distinct databases to distinct values; a 0 (the empty
+    // entry of a fingerprint table) becomes 1.
+    let mixed = pg_stride_sched::fingerprint::of_text(&text[start.min(text.len())..])
+        ^ database.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    mixed.max(1)
+}
+
+/// A planned statement's relation key: the first of the relations its plan depends on
+/// (`relationOids`, in range-table order: for a write, usually its target; the view a
+/// query reads; `regclass` constants folded into a custom plan follow them, so a
+/// statement that reads no table can have another key in its generic plan), 0 if it
+/// depends on none. With its fingerprint, what a statement that ran long is known by
+/// (`cpu::ran_long`).
+/// Plain reads, which cannot panic.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt, as ExecutorStart's QueryDesc holds one.
+pub unsafe fn statement_relation(stmt: *const pg_sys::PlannedStmt) -> u32 {
+    // SAFETY: the caller's promise; relationOids is NIL or a list of OIDs.
+    let relations = unsafe { (*stmt).relationOids };
+    if relations.is_null() {
+        return 0;
+    }
+    // SAFETY: a non-NIL list has at least one element, an OID in an OID list.
+    unsafe { (*(*relations).elements).oid_value.to_u32() }
+}
+
+/// The memory context holding `stmt` if it is a plan saved in the plan cache, in a
+/// context of its own: plancache.c makes each plan's context ("CachedPlan"), moves a
+/// saved statement's (a named or unnamed statement prepared at the protocol level, an
+/// SPI plan kept) under CacheMemoryContext, and frees the plan only by deleting that
+/// context. `None` for any other plan (a query sent as text, a one-shot plan), and for
+/// another module's PlannedStmt that happens to live under CacheMemoryContext.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt allocated with palloc, as the planner and copyObject
+/// make every one: for another pointer, PostgreSQL 16 and later raise an ERROR, and
+/// earlier majors read what precedes it.
+pub unsafe fn saved_plan_context(
+    stmt: *const pg_sys::PlannedStmt,
+) -> Option<pg_sys::MemoryContext> {
+    // SAFETY: the caller's promise: a palloc'd chunk, which its context's header
+    // precedes; before PostgreSQL 16 that header ends with the context's address
+    // (memutils.h's GetMemoryChunkContext, an inline function there).
+    let context = unsafe {
+        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+        {
+            *stmt.cast::<pg_sys::MemoryContext>().sub(1)
+        }
+        #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+        {
+            ffi::GetMemoryChunkContext(stmt.cast_mut().cast())
+        }
+    };
+    // SAFETY: a live chunk's context is a valid MemoryContext, whose name is a
+    // NUL-terminated string; CacheMemoryContext is a global set once per process.
+    let saved = !context.is_null()
+        && unsafe {
+            (*context).parent == pg_sys::CacheMemoryContext
+                && !(*context).name.is_null()
+                && std::ffi::CStr::from_ptr((*context).name) == c"CachedPlan"
+        };
+    saved.then_some(context)
+}
+
+/// Has PostgreSQL call `callback` once, when `context` is next reset or deleted, before
+/// its memory is freed.
+///
+/// # Safety
+/// `context` is a valid MemoryContext; `callback` stays valid, and is not registered
+/// again, until it has been called (the context keeps it in a list).
+pub unsafe fn call_at_reset(
+    context: pg_sys::MemoryContext,
+    callback: *mut pg_sys::MemoryContextCallback,
+) {
+    // SAFETY: the caller's promise; pushing onto the context's list raises no ERROR.
+    unsafe { ffi::MemoryContextRegisterResetCallback(context, callback) }
+}
+
+/// Blocks this backend touched so far: in shared buffers and its own temporary tables'
+/// (hits and reads), and in temporary files (read and written). The difference between
+/// two readings is what the backend touched in between.
+pub fn blocks_touched() -> i64 {
+    let usage = &raw const pg_sys::pgBufferUsage;
+    // SAFETY: plain reads of the backend's own counters, a global PostgreSQL keeps.
+    unsafe {
+        (*usage).shared_blks_hit
+            + (*usage).shared_blks_read
+            + (*usage).local_blks_hit
+            + (*usage).local_blks_read
+            + (*usage).temp_blks_read
+            + (*usage).temp_blks_written
+    }
+}
+
+/// A planned statement's query identifier (0 when none was computed) and its plan's
+/// total cost (0 without a plan): what a prediction of its CPU is keyed by.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt, as ExecutorStart's QueryDesc holds one.
+pub unsafe fn query_id_and_cost(stmt: *const pg_sys::PlannedStmt) -> (u64, f64) {
+    // SAFETY: the caller's promise; the plan, when there is one, is part of it. queryId
+    // is a uint64 before PostgreSQL 18 and an int64 from 18 on.
+    #[allow(clippy::unnecessary_cast)]
+    unsafe {
+        let plan = (*stmt).planTree;
+        (
+            (*stmt).queryId as u64,
+            if plan.is_null() {
+                0.0
+            } else {
+                (*plan).total_cost
+            },
+        )
+    }
+}
