@@ -76,6 +76,12 @@ mod tests {
         // hold another plan, so nothing may be kept for it any more. A plan made for one
         // execution is not kept at all.
         use crate::statements::plan_shapes;
+        /// The first statement of a cached plan, one of a query: a PlannedStmt.
+        unsafe fn first_statement(cached: *mut pg_sys::CachedPlan) -> *const pg_sys::PlannedStmt {
+            assert!(!cached.is_null());
+            // SAFETY: a cached plan's statement list has at least one element.
+            unsafe { (*(*(*cached).stmt_list).elements).ptr_value.cast() }
+        }
         // SAFETY: SPI calls inside a connection; each plan's first statement is a
         // PlannedStmt (a query, not a utility), released before its plan is freed.
         Spi::connect(|_| unsafe {
@@ -84,10 +90,7 @@ mod tests {
             assert!(!plan.is_null());
             assert_eq!(pg_sys::SPI_keepplan(plan), 0);
             let cached = pg_sys::SPI_plan_get_cached_plan(plan);
-            assert!(!cached.is_null());
-            let stmt = (*(*(*cached).stmt_list).elements)
-                .ptr_value
-                .cast::<pg_sys::PlannedStmt>();
+            let stmt = first_statement(cached);
             assert_eq!(plan_shapes::kept(stmt), None);
             assert!(matches!(plan_shapes::shape(stmt), plan_shapes::Shape::Read));
             assert_eq!(plan_shapes::kept(stmt), Some(true));
@@ -103,10 +106,7 @@ mod tests {
             let once = pg_sys::SPI_prepare(sql.as_ptr(), 0, std::ptr::null_mut());
             assert!(!once.is_null());
             let cached = pg_sys::SPI_plan_get_cached_plan(once);
-            assert!(!cached.is_null());
-            let stmt = (*(*(*cached).stmt_list).elements)
-                .ptr_value
-                .cast::<pg_sys::PlannedStmt>();
+            let stmt = first_statement(cached);
             assert!(matches!(plan_shapes::shape(stmt), plan_shapes::Shape::Read));
             assert_eq!(plan_shapes::kept(stmt), None, "a plan that is not saved");
             pg_sys::ReleaseCachedPlan(cached, std::ptr::null_mut());
