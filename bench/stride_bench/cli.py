@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import math
 import platform
+import re
 import signal
 import statistics
 import sys
@@ -67,14 +68,14 @@ PHASES_CONFIGS = [tuner_report.BASELINE, "stride-tuner"]
 
 def make_plan(mode: str) -> Plan:
     if mode == "quick":
-        return Plan(mode="quick")
+        return Plan(mode="quick", reps=1)
     if mode == "phases":
         return Plan(mode="phases", parts=["phases"])
     if mode == "oltp":
         return Plan(mode="oltp", parts=["oltp"], reps=3)
     return Plan(mode="full", iso_runs=7, alphas=[0.5, 0.7, 0.8, 0.9, 0.95], ol_duration=90,
                 mixed_duration=60, overhead_rounds=5, overhead_duration=15,
-                parts=["open", "app-pool", "mixed", "overhead"])
+                parts=["open", "app-pool", "mixed", "overhead"], reps=1)
 
 
 def machine_info() -> dict:
@@ -181,14 +182,33 @@ def pool_denominators(meta: dict, again: dict, probe_again: float, at_points: fl
     return {name: lat for name, (_, lat) in sets.items()}
 
 
+def point_name(config: str, alpha: float, rep: int = 0) -> str:
+    """The file name stem of an open-loop point's logs: repetition `rep` (from 0) of
+    `config` at load `alpha`; the first repetition has no suffix, as in runs from before
+    the open loop was repeated."""
+    return f"ol_{config}_a{alpha}" + (f"_r{rep + 1}" if rep else "")
+
+
+def rep_order(configs: list, point: int, rep: int) -> list:
+    """The order in which the configurations run repetition `rep` of load point number
+    `point`: reversed at every other load point, as before repetitions, and rotated by
+    one place per repetition, so that over as many repetitions as configurations each
+    runs once in every position; the machine's speed drifts, and the configuration run
+    second did better in three runs of four (bench/results/scheduling-policy)."""
+    order = list(configs) if point % 2 == 0 else list(reversed(configs))
+    k = rep % len(order) if order else 0
+    return order[k:] + order[:k]
+
+
 def analyse_open_loop(meta: dict, run_dir: Path, config: str, alpha: float,
-                      dry: list | None = None, iso: dict | None = None) -> dict:
-    """Statistics of one open-loop point, from its pgbench logs; with the dry run's
-    sequence `dry`, whether the point sent the arrivals the calibration counted on.
-    The slowdowns' denominators are the run's isolated latencies, or `iso`."""
+                      dry: list | None = None, iso: dict | None = None,
+                      rep: int = 0) -> dict:
+    """Statistics of one open-loop point (repetition `rep`), from its pgbench logs; with
+    the dry run's sequence `dry`, whether the point sent the arrivals the calibration
+    counted on. The slowdowns' denominators are the run's isolated latencies, or `iso`."""
     script_info = {int(k): tuple(v) for k, v in meta["script_info"].items()}
     iso = iso or analysis.isolated_medians(meta["isolated"])
-    prefix = run_dir / "open_loop" / f"ol_{config}_a{alpha}"
+    prefix = run_dir / "open_loop" / point_name(config, alpha, rep)
     txns = analysis.parse_logs(str(prefix))
     start, end = measured_window(meta["plan"])
     st = analysis.open_loop_stats(txns, script_info, iso, warmup_s=start, end_s=end)
@@ -237,12 +257,23 @@ def reanalyse(meta: dict, run_dir: Path):
     """Recompute the open-loop statistics of a run from its logs (after a change to the
     analysis, or to check a run)."""
     dry = dry_sequence(meta, run_dir)
+    for config, alpha, rep, st in every_point(meta):
+        st.update(analyse_open_loop(meta, run_dir, config, float(alpha), dry, rep=rep))
+        if st.get("rc", 0) != 0 and not st.get("server_crash"):
+            st["server_crash"] = crashes_in_server_log(
+                config, st["first_arrival"] - 5, st["last_completion"] + 5)
+
+
+def every_point(meta: dict):
+    """(configuration, α, repetition, statistics) of every open-loop point of a run: the
+    first repetitions in meta["open_loop"], the others in meta["open_loop_reps"]."""
     for config, points in meta.get("open_loop", {}).items():
         for alpha, st in points.items():
-            st.update(analyse_open_loop(meta, run_dir, config, float(alpha), dry))
-            if st.get("rc", 0) != 0 and not st.get("server_crash"):
-                st["server_crash"] = crashes_in_server_log(
-                    config, st["first_arrival"] - 5, st["last_completion"] + 5)
+            yield config, alpha, 0, st
+    for config, points in meta.get("open_loop_reps", {}).items():
+        for alpha, reps in points.items():
+            for i, st in enumerate(reps):
+                yield config, alpha, i + 1, st
 
 
 def other_denominators(meta: dict, run_dir: Path, others: dict):
@@ -535,64 +566,81 @@ class Runner:
         self.save()
 
     def open_loop(self):
+        """Every load point: each configuration's open-loop run, `reps` times, in
+        rep_order. The first repetition of each is meta["open_loop"]'s (which the
+        tables and plots read), the others go to meta["open_loop_reps"]."""
         p = self.plan
-        order = list(self.configs)
         dry = dry_sequence(self.meta, self.run_dir)
         for i, alpha in enumerate(p.alphas):
             if i > 0:
                 self.recalibrate(alpha, p.alphas[i - 1], dry)
             rate = self.meta["rates"][str(alpha)]
-            # alternate the order between load points so no configuration always runs first
-            for cfg in (order if i % 2 == 0 else list(reversed(order))):
-                if not self.use(cfg):
-                    continue
-                name = f"ol_{cfg['name']}_a{alpha}"
-                if cfg.get("prime_s"):
-                    # a configuration that learns from the workload (the tuner) first sees
-                    # `prime_s` seconds of the same arrivals, not measured
-                    log(f"open loop: {cfg['name']}, alpha {alpha}: {cfg['prime_s']} s to prime")
-                    workload.open_loop(self.server, self.workload_for(cfg),
-                                       self.conn(cfg, workload.TPCH_DB), rate, int(cfg["prime_s"]), p.clients, SEED + 1,
-                                       self.run_dir / "open_loop", name + "_prime")
-                log(f"open loop: {cfg['name']}, alpha {alpha}, {rate:.2f} arrivals/s, "
-                    f"{p.ol_duration} s")
-                r = self.probed_point(cfg, rate, name)
-                retried = None
-                if r["rc"] != 0 or r["server_crash"]:
-                    # e.g. pg_stride.so replaced under a running server: run the point once
-                    # more on a freshly started server, and say so in the report
-                    retried = "; ".join(r["server_crash"]) or f"pgbench exited with {r['rc']}"
-                    log(f"  the run failed ({retried}); running the point again")
-                    self.current = None
+            for rep in range(p.reps):
+                for cfg in rep_order(self.configs, i, rep):
                     if not self.use(cfg):
                         continue
-                    r = self.probed_point(cfg, rate, name)
-                probe = r.get("probe_ms")
-                st = {"rate": rate, "nominal_rate": self.meta["nominal_rates"][str(alpha)],
-                      "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
-                      "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
-                      "retried_after": retried, "probe_ms": probe,
-                      "pgbench_fifo": r["pgbench_fifo"], "prediction": r.get("prediction")}
-                st.update(analyse_open_loop(self.meta, self.run_dir, cfg["name"], alpha, dry))
-                if cfg.get("library") and self.server.guc_exists("pg_stride.trace"):
-                    # what bench/sim_gap.py replays in the simulator
-                    simgap.dump_trace(self.server, self.run_dir / "open_loop" / f"{name}.trace.csv")
-                    st["scheduler"] = simgap.scheduler_counts(self.server)
-                self.meta["open_loop"].setdefault(cfg["name"], {})[str(alpha)] = st
-                c = st["classes"]
-                log("  " + "  ".join(
-                    f"{cls}: mean {c[cls]['slowdown']['mean']:.2f} p99 {c[cls]['slowdown']['p99']:.2f}"
-                    for cls in ("short", "long") if cls in c) +
-                    f"  max in system {st.get('max_in_system')}  max schedule lag "
-                    f"{st.get('max_lag_s', 0) * 1000:.1f} ms  server CPU "
-                    f"{r['cpu']['server_cpu_util'] * 100:.0f}%" +
-                    (f"  speed probe {probe[0]:.1f} / {probe[1]:.1f} ms" if probe else "") +
-                    "".join(f"  {k} {st['scheduler'][k]}" for k in ("yield_requests", "cpu_swaps",
-                                                                    "cpu_share_swaps")
-                            if k in st.get("scheduler", {})) +
-                    analysis.prediction_summary(st.get("prediction")))
-                self.save()
-                self.isolated_between(name)
+                    st = self.open_loop_point(cfg, alpha, rate, rep, dry)
+                    if st is None:
+                        continue
+                    if rep == 0:
+                        self.meta["open_loop"].setdefault(cfg["name"], {})[str(alpha)] = st
+                    else:
+                        self.meta.setdefault("open_loop_reps", {}).setdefault(
+                            cfg["name"], {}).setdefault(str(alpha), []).append(st)
+                    self.save()
+                    self.isolated_between(point_name(cfg["name"], alpha, rep))
+
+    def open_loop_point(self, cfg: dict, alpha: float, rate: float, rep: int,
+                        dry: list | None) -> dict | None:
+        """One open-loop point of `cfg` at `alpha` (repetition `rep`) on its running
+        server, analysed; None when its server could not be started again after a
+        failed run."""
+        p = self.plan
+        name = point_name(cfg["name"], alpha, rep)
+        what = f"{cfg['name']}, alpha {alpha}" + (f", repetition {rep + 1}" if p.reps > 1 else "")
+        if cfg.get("prime_s"):
+            # a configuration that learns from the workload (the tuner) first sees
+            # `prime_s` seconds of the same arrivals, not measured
+            log(f"open loop: {what}: {cfg['prime_s']} s to prime")
+            workload.open_loop(self.server, self.workload_for(cfg),
+                               self.conn(cfg, workload.TPCH_DB), rate, int(cfg["prime_s"]), p.clients, SEED + 1,
+                               self.run_dir / "open_loop", name + "_prime")
+        log(f"open loop: {what}, {rate:.2f} arrivals/s, {p.ol_duration} s")
+        r = self.probed_point(cfg, rate, name)
+        retried = None
+        if r["rc"] != 0 or r["server_crash"]:
+            # e.g. pg_stride.so replaced under a running server: run the point once
+            # more on a freshly started server, and say so in the report
+            retried = "; ".join(r["server_crash"]) or f"pgbench exited with {r['rc']}"
+            log(f"  the run failed ({retried}); running the point again")
+            self.current = None
+            if not self.use(cfg):
+                return None
+            r = self.probed_point(cfg, rate, name)
+        probe = r.get("probe_ms")
+        st = {"rate": rate, "nominal_rate": self.meta["nominal_rates"][str(alpha)],
+              "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
+              "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
+              "retried_after": retried, "probe_ms": probe,
+              "pgbench_fifo": r["pgbench_fifo"], "prediction": r.get("prediction")}
+        st.update(analyse_open_loop(self.meta, self.run_dir, cfg["name"], alpha, dry, rep=rep))
+        if cfg.get("library") and self.server.guc_exists("pg_stride.trace"):
+            # what bench/sim_gap.py replays in the simulator
+            simgap.dump_trace(self.server, self.run_dir / "open_loop" / f"{name}.trace.csv")
+            st["scheduler"] = simgap.scheduler_counts(self.server)
+        c = st["classes"]
+        log("  " + "  ".join(
+            f"{cls}: mean {c[cls]['slowdown']['mean']:.2f} p99 {c[cls]['slowdown']['p99']:.2f}"
+            for cls in ("short", "long") if cls in c) +
+            f"  max in system {st.get('max_in_system')}  max schedule lag "
+            f"{st.get('max_lag_s', 0) * 1000:.1f} ms  server CPU "
+            f"{r['cpu']['server_cpu_util'] * 100:.0f}%" +
+            (f"  speed probe {probe[0]:.1f} / {probe[1]:.1f} ms" if probe else "") +
+            "".join(f"  {k} {st['scheduler'][k]}" for k in ("yield_requests", "cpu_swaps",
+                                                            "cpu_share_swaps")
+                    if k in st.get("scheduler", {})) +
+            analysis.prediction_summary(st.get("prediction")))
+        return st
 
     def isolated_again(self):
         """The isolated latencies measured once more, after the open loop, and the
@@ -605,8 +653,7 @@ class Runner:
         calibration rests; each point's `other_denominators` holds its short and long
         slowdowns with the set before and the set after the open loop, each alone, to
         show how much the pooling matters."""
-        at_points = [x for points in self.meta["open_loop"].values()
-                     for st in points.values() for x in (st.get("probe_ms") or [])]
+        at_points = [x for *_, st in every_point(self.meta) for x in (st.get("probe_ms") or [])]
         if not at_points:
             return
         self.use(self.stock())
@@ -639,7 +686,7 @@ class Runner:
         if p.load_from != "cpu" or not dry or not point or point.get("calibrated") is None:
             return
         later = [r["runs_s"] for r in self.meta.get("isolated_between", [])
-                 if r["after"].endswith(f"_a{before}")]
+                 if re.search(rf"_a{re.escape(str(before))}(_r\d+)?$", r["after"])]
         scale = analysis.speed_scale(self.meta["isolated"], later)
         if scale is None:
             return
@@ -887,8 +934,9 @@ def main(argv=None):
     ap.add_argument("--phase-duration", type=int,
                     help="--tuner-phases: seconds per phase (default 120)")
     ap.add_argument("--reps", type=int,
-                    help="--tuner-phases: repetitions, in alternating configuration order "
-                    "(default 2)")
+                    help="repetitions: of each open-loop point of --quick and --full (default "
+                    "1), each configuration in turn, the order rotating; of --tuner-phases "
+                    "(default 2) and --oltp (default 3), the order alternating")
     ap.add_argument("--prime", type=int,
                     help="--tuner-phases: seconds of unmeasured phase-A arrivals before phase A "
                     "(default: the largest prime_s of the configurations)")

@@ -265,6 +265,10 @@ def compact_table(meta) -> str:
         lines.append("mixed OLTP + analytics: " + "; ".join(
             f"{n}: TPC-B {m['tpcb']['tps']:.0f} tps p99 {m['tpcb']['latency']['p99'] * 1000:.1f} ms, "
             f"TPC-H {m['tpch']['tps']:.2f} q/s" for n, m in mx.items()))
+    for r in rep_rows(meta):
+        lines.append(f"repetitions, alpha {r['alpha']}, {r['config']} ({r['n']}): short mean "
+                     f"{spread_text(r['short_mean'])}, p99 {spread_text(r['short_p99'])}, "
+                     f"long vs stock {spread_text(r['long_tput_rel'], 100, 1)} %")
     for n, reps in (meta.get("app_pool") or {}).items():
         lines.append(f"application pool, {n}: " + "; ".join(app_pool_phrase(st) for st in reps))
     oh = overhead_summary(meta)
@@ -312,6 +316,88 @@ def app_pool_section(meta) -> list:
                        f"{f(l.get('slowdown', {}).get('mean'))} | {f(lt, 3)} | "
                        f"{f(lt / base * 100 if lt and base else None, 1)} % | "
                        f"{st.get('max_in_system')} |")
+    out.append("")
+    return out
+
+
+def repetitions(meta, name: str, alpha: str) -> list:
+    """Every repetition of configuration `name`'s open-loop point at `alpha`, in the
+    order they ran (the first is meta["open_loop"]'s)."""
+    first = meta.get("open_loop", {}).get(name, {}).get(alpha)
+    later = meta.get("open_loop_reps", {}).get(name, {}).get(alpha, [])
+    return ([first] if first else []) + list(later)
+
+
+def spread(values: list) -> dict | None:
+    """Median, lowest and highest of the values that are numbers; None if none is."""
+    xs = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    med = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return {"median": med, "low": xs[0], "high": xs[-1], "n": len(xs)}
+
+
+def slow(st, cls: str, k: str):
+    """A point's slowdown statistic `k` (mean, p99, …) of class `cls`, None if absent."""
+    return st["classes"].get(cls, {}).get("slowdown", {}).get(k)
+
+
+def tput(st):
+    """A point's long-query throughput, queries per second, None if absent."""
+    return st["classes"].get("long", {}).get("throughput_qps")
+
+
+def rep_rows(meta) -> list:
+    """Per configuration and load point that ran more than once: the median and range
+    over its repetitions of the short mean and p99 slowdowns, the long mean slowdown,
+    and the long throughput against stock's in the same repetition."""
+    if not meta.get("open_loop_reps"):
+        return []
+    rows = []
+    for al in sorted({al for n in ran_configs(meta) for al in meta["open_loop"][n]}, key=float):
+        stock = repetitions(meta, "stock", al)
+        for n in ran_configs(meta):
+            reps = repetitions(meta, n, al)
+            if len(reps) < 2:
+                continue
+            rel = [tput(st) / tput(stock[i]) if i < len(stock) and tput(st) and tput(stock[i])
+                   else None for i, st in enumerate(reps)]
+            rows.append({"alpha": al, "config": n, "n": len(reps),
+                         "failed": sum(1 for st in reps if point_problem(st)),
+                         "short_mean": spread([slow(st, "short", "mean") for st in reps]),
+                         "short_p99": spread([slow(st, "short", "p99") for st in reps]),
+                         "long_mean": spread([slow(st, "long", "mean") for st in reps]),
+                         "long_tput_rel": spread(rel)})
+    return rows
+
+
+def spread_text(s: dict | None, scale: float = 1.0, nd: int = 2) -> str:
+    """"median (low–high)" of a spread."""
+    if not s:
+        return "–"
+    return f"{f(s['median'] * scale, nd)} ({f(s['low'] * scale, nd)}–{f(s['high'] * scale, nd)})"
+
+
+def repetitions_section(meta) -> list:
+    """The Markdown lines of the repeated open-loop points, none for a run without."""
+    rows = rep_rows(meta)
+    if not rows:
+        return []
+    out = ["## Repetitions\n",
+           f"Each open-loop point ran {meta['plan'].get('reps')} times, the configurations in "
+           "turn, the order rotating by one place per repetition (cli.rep_order). Median "
+           "(lowest–highest) over the repetitions; long throughput against stock's in the "
+           "same repetition. The tables above give the first repetition.\n",
+           "| α | configuration | repetitions | short mean | short p99 | long mean | "
+           "long throughput vs stock, % |",
+           "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        bad = f", {r['failed']} failed" if r["failed"] else ""
+        out.append(f"| {r['alpha']} | {r['config']} | {r['n']}{bad} | "
+                   f"{spread_text(r['short_mean'])} | {spread_text(r['short_p99'])} | "
+                   f"{spread_text(r['long_mean'])} | "
+                   f"{spread_text(r['long_tput_rel'], 100, 1)} |")
     out.append("")
     return out
 
@@ -724,7 +810,7 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
             w(f"| {q.upper()} | {cls} | " + " | ".join(f(v) for v in vals) + " |")
     w("")
 
-    for line in app_pool_section(meta):
+    for line in repetitions_section(meta) + app_pool_section(meta):
         w(line)
 
     mx = meta.get("mixed") or {}
@@ -784,6 +870,7 @@ def write(meta, run_dir: Path, publish: bool, outdir: Path | None = None):
         md_path, img_dir, prefix = RESULTS_MD, RESULTS_DIR, "results/"
     else:
         target = outdir or run_dir
+        target.mkdir(parents=True, exist_ok=True)
         md_path, img_dir, prefix = target / "RESULTS.md", target, ""
     if not meta.get("open_loop"):
         if meta.get("app_pool"):

@@ -763,6 +763,62 @@ class CalibrationTest(unittest.TestCase):
         self.assertIn("differs from arrival 5", report.sequence_note(st))
 
 
+class RepetitionsTest(unittest.TestCase):
+    """Open-loop points repeated (bench/run --reps): the order each repetition runs in,
+    the names of their logs, and the median and range the report gives."""
+
+    def test_each_configuration_runs_once_in_every_position(self):
+        configs = ["a", "b", "c"]
+        orders = [cli.rep_order(configs, 0, rep) for rep in range(3)]
+        self.assertEqual(orders[0], configs)
+        for k, name in enumerate(configs):
+            self.assertEqual(sorted(order.index(name) for order in orders), [0, 1, 2], name)
+        # every other load point reversed, as before repetitions
+        self.assertEqual(cli.rep_order(configs, 1, 0), ["c", "b", "a"])
+        self.assertEqual(cli.rep_order([], 0, 2), [])
+
+    def test_the_first_repetition_keeps_the_name_of_a_run_without(self):
+        self.assertEqual(cli.point_name("stock", 0.95), "ol_stock_a0.95")
+        self.assertEqual(cli.point_name("stock", 0.95, 2), "ol_stock_a0.95_r3")
+
+    @staticmethod
+    def point(short_mean, short_p99, long_qps, rc=0):
+        return {"rc": rc, "classes": {
+            "short": {"slowdown": {"mean": short_mean, "p99": short_p99}},
+            "long": {"slowdown": {"mean": 2.0}, "throughput_qps": long_qps}}}
+
+    def test_median_and_range_over_the_repetitions(self):
+        p = self.point
+        meta = {"plan": {"reps": 3}, "configs": {"stock": {"status": "ran"},
+                                                 "s": {"status": "ran"}},
+                "open_loop": {"stock": {"0.95": p(9.0, 30.0, 1.0)},
+                              "s": {"0.95": p(1.5, 4.0, 1.0)}},
+                "open_loop_reps": {"stock": {"0.95": [p(8.0, 20.0, 2.0), p(10.0, 40.0, 1.0)]},
+                                   "s": {"0.95": [p(1.2, 9.0, 1.0), p(1.9, 3.0, 0.9, rc=1)]}}}
+        self.assertEqual([st["classes"]["short"]["slowdown"]["mean"]
+                          for st in report.repetitions(meta, "s", "0.95")], [1.5, 1.2, 1.9])
+        rows = {r["config"]: r for r in report.rep_rows(meta)}
+        s = rows["s"]
+        self.assertEqual((s["n"], s["failed"]), (3, 1))
+        self.assertEqual(s["short_mean"], {"median": 1.5, "low": 1.2, "high": 1.9, "n": 3})
+        self.assertEqual(s["short_p99"]["median"], 4.0)
+        # throughput against stock's in the same repetition: 1/1, 1/2, 0.9/1
+        self.assertEqual((s["long_tput_rel"]["median"], s["long_tput_rel"]["low"]), (0.9, 0.5))
+        lines = report.repetitions_section(meta)
+        self.assertIn("| 0.95 | s | 3, 1 failed | 1.50 (1.20–1.90) | 4.00 (3.00–9.00) | "
+                      "2.00 (2.00–2.00) | 90.0 (50.0–100.0) |", lines)
+        self.assertEqual(report.spread([None, float("nan")]), None)
+        self.assertEqual(report.spread([3.0, 1.0])["median"], 2.0)
+        del meta["open_loop_reps"]
+        self.assertEqual(report.repetitions_section(meta), [])
+
+    def test_every_point_names_its_repetition(self):
+        meta = {"open_loop": {"a": {"0.95": {"x": 0}}},
+                "open_loop_reps": {"a": {"0.95": [{"x": 1}, {"x": 2}]}}}
+        self.assertEqual([(c, al, rep, st["x"]) for c, al, rep, st in cli.every_point(meta)],
+                         [("a", "0.95", 0, 0), ("a", "0.95", 1, 1), ("a", "0.95", 2, 2)])
+
+
 class SimGapTest(unittest.TestCase):
     """bench/sim_gap.py: matching pgbench transactions with trace records, and the parts
     of the real-minus-simulated response adding up."""
