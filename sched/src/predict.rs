@@ -277,9 +277,16 @@ pub struct StartPolicy {
 ///   for fewer quanta than the configured `d_start`.
 /// * Predicted long: an initial priority scaled down by `short_us / predicted_us`
 ///   (a statement predicted ten times the threshold starts at a tenth), never below the
-///   group's lowest, and decay from its first quantum. A statement wrongly predicted
-///   long still runs at no less than `p_min`; one wrongly predicted short decays once it
-///   has used twice its prediction; so no misprediction lasts longer than decay allows.
+///   group's lowest, held, like a short one's, until it has used twice its prediction.
+///   Held, the priorities rank the statements by predicted size, shortest first, as
+///   size-based policies do (patra2022 §2.2.3): a statement of 240 ms among ones of
+///   seconds keeps most of its share instead of sinking to the floor with them within
+///   a few quanta, as it did when predicted long meant decay from the first quantum
+///   (bench/results/prediction).
+///
+/// A statement wrongly predicted long still runs at no less than `p_min`; one wrongly
+/// predicted (either way) decays once it has used twice its prediction; so no
+/// misprediction lasts longer than decay allows.
 pub fn start_policy(
     predicted_us: Option<f64>,
     range: PriorityRange,
@@ -293,20 +300,18 @@ pub fn start_policy(
     let Some(predicted_us) = predicted_us.filter(|p| p.is_finite() && *p >= 0.0) else {
         return configured;
     };
+    let quantum_us = (params.quantum_ns as f64 / 1000.0).max(1.0);
+    let hold = (2.0 * predicted_us / quantum_us).ceil().min(u32::MAX as f64) as u32;
     match Class::of(predicted_us, short_us) {
-        Class::Short => {
-            let quantum_us = (params.quantum_ns as f64 / 1000.0).max(1.0);
-            let hold = (2.0 * predicted_us / quantum_us).ceil().min(u32::MAX as f64) as u32;
-            StartPolicy {
-                p0: range.p0,
-                d_start: params.d_start.max(hold),
-            }
-        }
+        Class::Short => StartPolicy {
+            p0: range.p0,
+            d_start: params.d_start.max(hold),
+        },
         Class::Long => {
             let scaled = range.p0 as f64 * (short_us.max(0.0) / predicted_us);
             StartPolicy {
                 p0: (scaled as u32).clamp(range.p_min, range.p0),
-                d_start: 0,
+                d_start: hold,
             }
         }
     }
@@ -599,18 +604,21 @@ mod tests {
                 d_start: 15
             }
         );
-        // ten times the threshold: a tenth of p0, decaying at once
+        // ten times the threshold: a tenth of p0, held for twice 160 ms = 160 quanta
         assert_eq!(
             start_policy(Some(160_000.0), RANGE, PARAMS, 16_000.0),
             StartPolicy {
                 p0: 1_000,
-                d_start: 0
+                d_start: 160
             }
         );
         // far beyond: never below p_min
         assert_eq!(
             start_policy(Some(1e12), RANGE, PARAMS, 16_000.0),
-            StartPolicy { p0: 100, d_start: 0 }
+            StartPolicy {
+                p0: 100,
+                d_start: 1_000_000_000
+            }
         );
     }
 

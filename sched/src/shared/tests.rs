@@ -324,9 +324,9 @@ fn a_group_may_decay_on_its_own_terms() {
 
 #[test]
 fn a_predicted_start_sets_the_initial_priority_and_when_decay_begins() {
-    // Three slots, one query each, global d_start 8: one predicted long (starts at a
-    // tenth, decays at once), one predicted short near the threshold (holds for 12
-    // quanta), one asking for more than its group allows (clamped to the range).
+    // Three slots, one query each, global d_start 8: one starting at a tenth with no
+    // hold (decays at once), one holding its start for 12 quanta, one asking for more
+    // than its group allows (clamped to the range).
     let s = region(3, Policy::DecayingStride);
     let start = |p0, d_start| QueryOptions {
         start: Some(StartPolicy { p0, d_start }),
