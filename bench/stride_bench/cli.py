@@ -273,7 +273,7 @@ def every_point(meta: dict):
     for config, points in meta.get("open_loop_reps", {}).items():
         for alpha, reps in points.items():
             for i, st in enumerate(reps):
-                yield config, alpha, i + 1, st
+                yield config, alpha, st.get("rep", i + 1), st
 
 
 def other_denominators(meta: dict, run_dir: Path, others: dict):
@@ -619,7 +619,7 @@ class Runner:
             r = self.probed_point(cfg, rate, name)
         probe = r.get("probe_ms")
         st = {"rate": rate, "nominal_rate": self.meta["nominal_rates"][str(alpha)],
-              "alpha": alpha, "rc": r["rc"], "timed_out": r["timed_out"],
+              "alpha": alpha, "rep": rep, "rc": r["rc"], "timed_out": r["timed_out"],
               "cpu": r["cpu"], "clients": p.clients, "server_crash": r["server_crash"],
               "retried_after": retried, "probe_ms": probe,
               "pgbench_fifo": r["pgbench_fifo"], "prediction": r.get("prediction")}
@@ -935,8 +935,8 @@ def main(argv=None):
                     help="--tuner-phases: seconds per phase (default 120)")
     ap.add_argument("--reps", type=int,
                     help="repetitions: of each open-loop point of --quick and --full (default "
-                    "1), each configuration in turn, the order rotating; of --tuner-phases "
-                    "(default 2) and --oltp (default 3), the order alternating")
+                    "1) and of --oltp's rounds (default 3), the order rotating; of "
+                    "--tuner-phases (default 2), the order alternating")
     ap.add_argument("--prime", type=int,
                     help="--tuner-phases: seconds of unmeasured phase-A arrivals before phase A "
                     "(default: the largest prime_s of the configurations)")
@@ -1019,7 +1019,9 @@ def main(argv=None):
         plan.app_pool_clients = args.app_pool_clients
     if args.phase_duration:
         plan.phase_duration = args.phase_duration
-    if args.reps:
+    if args.reps is not None:
+        if args.reps < 1:
+            ap.error("--reps needs at least 1")
         plan.reps = args.reps
     if args.prime is not None:
         plan.prime_s = args.prime

@@ -320,12 +320,16 @@ def app_pool_section(meta) -> list:
     return out
 
 
-def repetitions(meta, name: str, alpha: str) -> list:
-    """Every repetition of configuration `name`'s open-loop point at `alpha`, in the
-    order they ran (the first is meta["open_loop"]'s)."""
+def repetitions(meta, name: str, alpha: str) -> dict:
+    """Repetition number (from 0) -> statistics of every repetition of configuration
+    `name`'s open-loop point at `alpha` that ran (the first is meta["open_loop"]'s; a
+    repetition whose server could not start is missing)."""
     first = meta.get("open_loop", {}).get(name, {}).get(alpha)
     later = meta.get("open_loop_reps", {}).get(name, {}).get(alpha, [])
-    return ([first] if first else []) + list(later)
+    reps = {0: first} if first else {}
+    for i, st in enumerate(later):
+        reps[st.get("rep", i + 1)] = st
+    return dict(sorted(reps.items()))
 
 
 def spread(values: list) -> dict | None:
@@ -351,23 +355,26 @@ def tput(st):
 def rep_rows(meta) -> list:
     """Per configuration and load point that ran more than once: the median and range
     over its repetitions of the short mean and p99 slowdowns, the long mean slowdown,
-    and the long throughput against stock's in the same repetition."""
+    and the long throughput against stock's in the same repetition; a failed repetition
+    (point_problem) is counted but left out of the figures."""
     if not meta.get("open_loop_reps"):
         return []
     rows = []
     for al in sorted({al for n in ran_configs(meta) for al in meta["open_loop"][n]}, key=float):
         stock = repetitions(meta, "stock", al)
+        good_stock = {k for k, st in stock.items() if not point_problem(st)}
         for n in ran_configs(meta):
             reps = repetitions(meta, n, al)
             if len(reps) < 2:
                 continue
-            rel = [tput(st) / tput(stock[i]) if i < len(stock) and tput(st) and tput(stock[i])
-                   else None for i, st in enumerate(reps)]
+            good = {k: st for k, st in reps.items() if not point_problem(st)}
+            rel = [tput(st) / tput(stock[k]) if k in good_stock and tput(st) and tput(stock[k])
+                   else None for k, st in good.items()]
             rows.append({"alpha": al, "config": n, "n": len(reps),
-                         "failed": sum(1 for st in reps if point_problem(st)),
-                         "short_mean": spread([slow(st, "short", "mean") for st in reps]),
-                         "short_p99": spread([slow(st, "short", "p99") for st in reps]),
-                         "long_mean": spread([slow(st, "long", "mean") for st in reps]),
+                         "failed": len(reps) - len(good),
+                         "short_mean": spread([slow(st, "short", "mean") for st in good.values()]),
+                         "short_p99": spread([slow(st, "short", "p99") for st in good.values()]),
+                         "long_mean": spread([slow(st, "long", "mean") for st in good.values()]),
                          "long_tput_rel": spread(rel)})
     return rows
 
@@ -393,7 +400,7 @@ def repetitions_section(meta) -> list:
            "long throughput vs stock, % |",
            "|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        bad = f", {r['failed']} failed" if r["failed"] else ""
+        bad = f", {r['failed']} failed, left out" if r["failed"] else ""
         out.append(f"| {r['alpha']} | {r['config']} | {r['n']}{bad} | "
                    f"{spread_text(r['short_mean'])} | {spread_text(r['short_p99'])} | "
                    f"{spread_text(r['long_mean'])} | "
@@ -605,6 +612,9 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
         changed = dt.datetime.fromisoformat(m["pg_stride_so_changed"]).timestamp()
         last_ol = max((st.get("last_completion", 0) for pts in meta["open_loop"].values()
                        for st in pts.values()), default=0)
+        last_ol = max([last_ol] + [st.get("last_completion", 0) for pts in
+                                   meta.get("open_loop_reps", {}).values()
+                                   for reps in pts.values() for st in reps])
         detail = ("every open-loop point had finished before then; the mixed and overhead "
                   "measurements that came later may have run the new build" if last_ol < changed
                   else "pg_stride configurations may mix builds")

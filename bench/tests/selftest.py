@@ -771,11 +771,23 @@ class RepetitionsTest(unittest.TestCase):
         configs = ["a", "b", "c"]
         orders = [cli.rep_order(configs, 0, rep) for rep in range(3)]
         self.assertEqual(orders[0], configs)
-        for k, name in enumerate(configs):
+        self.assertEqual(orders[1], ["b", "c", "a"])
+        for name in configs:
             self.assertEqual(sorted(order.index(name) for order in orders), [0, 1, 2], name)
-        # every other load point reversed, as before repetitions
+        # every other load point reversed, as before repetitions, then rotated the same way
         self.assertEqual(cli.rep_order(configs, 1, 0), ["c", "b", "a"])
+        self.assertEqual(cli.rep_order(configs, 1, 1), ["b", "a", "c"])
         self.assertEqual(cli.rep_order([], 0, 2), [])
+
+    def test_a_repetition_is_analysed_from_its_own_logs(self):
+        meta = {"script_info": {}, "isolated": {}, "rates": {"0.95": 1.0},
+                "plan": {"ol_duration": 20, "warmup_frac": 0.1, "clients": 64}}
+        read = []
+        with mock.patch.object(analysis, "parse_logs", side_effect=lambda p: read.append(p) or []), \
+                mock.patch.object(analysis, "open_loop_stats", return_value={}):
+            cli.analyse_open_loop(meta, Path("/nonexistent"), "stock", 0.95, rep=2)
+            cli.analyse_open_loop(meta, Path("/nonexistent"), "stock", 0.95)
+        self.assertEqual([Path(p).name for p in read], ["ol_stock_a0.95_r3", "ol_stock_a0.95"])
 
     def test_the_first_repetition_keeps_the_name_of_a_run_without(self):
         self.assertEqual(cli.point_name("stock", 0.95), "ol_stock_a0.95")
@@ -796,17 +808,29 @@ class RepetitionsTest(unittest.TestCase):
                 "open_loop_reps": {"stock": {"0.95": [p(8.0, 20.0, 2.0), p(10.0, 40.0, 1.0)]},
                                    "s": {"0.95": [p(1.2, 9.0, 1.0), p(1.9, 3.0, 0.9, rc=1)]}}}
         self.assertEqual([st["classes"]["short"]["slowdown"]["mean"]
-                          for st in report.repetitions(meta, "s", "0.95")], [1.5, 1.2, 1.9])
+                          for st in report.repetitions(meta, "s", "0.95").values()],
+                         [1.5, 1.2, 1.9])
         rows = {r["config"]: r for r in report.rep_rows(meta)}
         s = rows["s"]
+        # the failed third repetition is counted, and left out of the figures
         self.assertEqual((s["n"], s["failed"]), (3, 1))
-        self.assertEqual(s["short_mean"], {"median": 1.5, "low": 1.2, "high": 1.9, "n": 3})
-        self.assertEqual(s["short_p99"]["median"], 4.0)
-        # throughput against stock's in the same repetition: 1/1, 1/2, 0.9/1
-        self.assertEqual((s["long_tput_rel"]["median"], s["long_tput_rel"]["low"]), (0.9, 0.5))
+        self.assertEqual(s["short_mean"], {"median": 1.35, "low": 1.2, "high": 1.5, "n": 2})
+        self.assertEqual(s["short_p99"]["median"], 6.5)
+        # throughput against stock's in the same repetition: 1/1, 1/2
+        self.assertEqual((s["long_tput_rel"]["median"], s["long_tput_rel"]["low"]), (0.75, 0.5))
         lines = report.repetitions_section(meta)
-        self.assertIn("| 0.95 | s | 3, 1 failed | 1.50 (1.20–1.90) | 4.00 (3.00–9.00) | "
-                      "2.00 (2.00–2.00) | 90.0 (50.0–100.0) |", lines)
+        self.assertIn("| 0.95 | s | 3, 1 failed, left out | 1.35 (1.20–1.50) | 6.50 (4.00–9.00) | "
+                      "2.00 (2.00–2.00) | 75.0 (50.0–100.0) |", lines)
+        # a repetition that did not run leaves the others paired with stock's of the same
+        # number: here the first did not, the second and third did (stored out of order)
+        meta["open_loop"]["s"] = {}
+        meta["open_loop_reps"]["s"]["0.95"] = [dict(p(1.0, 2.0, 2.0), rep=2),
+                                               dict(p(1.0, 2.0, 0.5), rep=1)]
+        self.assertEqual(list(report.repetitions(meta, "s", "0.95")), [1, 2])
+        row = {r["config"]: r for r in report.rep_rows(meta)}["s"]
+        # 0.5 / stock's second 2.0, 2.0 / stock's third 1.0
+        self.assertEqual((row["n"], row["long_tput_rel"]["low"], row["long_tput_rel"]["high"]),
+                         (2, 0.25, 2.0))
         self.assertEqual(report.spread([None, float("nan")]), None)
         self.assertEqual(report.spread([3.0, 1.0])["median"], 2.0)
         del meta["open_loop_reps"]
@@ -814,9 +838,9 @@ class RepetitionsTest(unittest.TestCase):
 
     def test_every_point_names_its_repetition(self):
         meta = {"open_loop": {"a": {"0.95": {"x": 0}}},
-                "open_loop_reps": {"a": {"0.95": [{"x": 1}, {"x": 2}]}}}
+                "open_loop_reps": {"a": {"0.95": [{"x": 1}, {"x": 2, "rep": 3}]}}}
         self.assertEqual([(c, al, rep, st["x"]) for c, al, rep, st in cli.every_point(meta)],
-                         [("a", "0.95", 0, 0), ("a", "0.95", 1, 1), ("a", "0.95", 2, 2)])
+                         [("a", "0.95", 0, 0), ("a", "0.95", 1, 1), ("a", "0.95", 3, 2)])
 
 
 class SimGapTest(unittest.TestCase):

@@ -173,7 +173,7 @@ pub fn register_settings() {
     GucRegistry::define_bool_guc(
         c"pg_stride.predict",
         c"Starts each CPU-scheduled statement at a priority predicted from the CPU its query identifier used before.",
-        c"A statement predicted short keeps its group's initial priority for about twice its prediction; one predicted long starts lower, the lower the longer its prediction, and holds that priority as long. Needs compute_query_id (on or auto); see the view pg_stride.statements.",
+        c"A statement predicted short keeps its group's initial priority for about twice its prediction; one predicted long starts lower, the lower the longer its prediction, and holds that priority until it has used twice its prediction. Needs compute_query_id (on or auto); see the view pg_stride.statements.",
         PREDICT.inner(),
         GucContext::Suset,
         GucFlags::default(),
