@@ -18,6 +18,7 @@ from . import analysis, data, hugepages, queries, simgap, synthetic, tuner_repor
 from .common import (BENCH, IS_ROOT, OUT, PG_BIN, PGBOUNCER, RESULTS_DIR, MachineBusy,
                      claim_machine, expand, load_configs, log, ncpus, run)
 from .pgserver import Server, has_debug_info, pkglibdir, stride_library_problem
+from .report import every_point
 
 SEED = 20210
 
@@ -262,18 +263,6 @@ def reanalyse(meta: dict, run_dir: Path):
         if st.get("rc", 0) != 0 and not st.get("server_crash"):
             st["server_crash"] = crashes_in_server_log(
                 config, st["first_arrival"] - 5, st["last_completion"] + 5)
-
-
-def every_point(meta: dict):
-    """(configuration, α, repetition, statistics) of every open-loop point of a run: the
-    first repetitions in meta["open_loop"], the others in meta["open_loop_reps"]."""
-    for config, points in meta.get("open_loop", {}).items():
-        for alpha, st in points.items():
-            yield config, alpha, 0, st
-    for config, points in meta.get("open_loop_reps", {}).items():
-        for alpha, reps in points.items():
-            for i, st in enumerate(reps):
-                yield config, alpha, st.get("rep", i + 1), st
 
 
 def other_denominators(meta: dict, run_dir: Path, others: dict):

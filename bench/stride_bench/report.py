@@ -1,6 +1,7 @@
 """RESULTS.md, the plots and the compact table printed at the end of a run."""
 
 import math
+import statistics
 from pathlib import Path
 
 from .common import RESULTS_DIR, RESULTS_MD, log
@@ -320,16 +321,25 @@ def app_pool_section(meta) -> list:
     return out
 
 
+def every_point(meta: dict):
+    """(configuration, α, repetition, statistics) of every open-loop point of a run: the
+    first repetitions in meta["open_loop"], the others in meta["open_loop_reps"], each
+    with the number it was stored with (bench/run --reps)."""
+    for config, points in meta.get("open_loop", {}).items():
+        for alpha, st in points.items():
+            yield config, alpha, 0, st
+    for config, points in meta.get("open_loop_reps", {}).items():
+        for alpha, reps in points.items():
+            for i, st in enumerate(reps):
+                yield config, alpha, st.get("rep", i + 1), st
+
+
 def repetitions(meta, name: str, alpha: str) -> dict:
     """Repetition number (from 0) -> statistics of every repetition of configuration
-    `name`'s open-loop point at `alpha` that ran (the first is meta["open_loop"]'s; a
-    repetition whose server could not start is missing)."""
-    first = meta.get("open_loop", {}).get(name, {}).get(alpha)
-    later = meta.get("open_loop_reps", {}).get(name, {}).get(alpha, [])
-    reps = {0: first} if first else {}
-    for i, st in enumerate(later):
-        reps[st.get("rep", i + 1)] = st
-    return dict(sorted(reps.items()))
+    `name`'s open-loop point at `alpha` that ran (a repetition whose server could not
+    start is missing)."""
+    return dict(sorted(((rep, st) for c, al, rep, st in every_point(meta)
+                        if c == name and al == alpha), key=lambda pair: pair[0]))
 
 
 def spread(values: list) -> dict | None:
@@ -337,9 +347,7 @@ def spread(values: list) -> dict | None:
     xs = sorted(v for v in values if v is not None and not math.isnan(v))
     if not xs:
         return None
-    mid = len(xs) // 2
-    med = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-    return {"median": med, "low": xs[0], "high": xs[-1], "n": len(xs)}
+    return {"median": statistics.median(xs), "low": xs[0], "high": xs[-1], "n": len(xs)}
 
 
 def slow(st, cls: str, k: str):
@@ -610,11 +618,8 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     if m.get("pg_stride_so_changed"):
         import datetime as dt
         changed = dt.datetime.fromisoformat(m["pg_stride_so_changed"]).timestamp()
-        last_ol = max((st.get("last_completion", 0) for pts in meta["open_loop"].values()
-                       for st in pts.values()), default=0)
-        last_ol = max([last_ol] + [st.get("last_completion", 0) for pts in
-                                   meta.get("open_loop_reps", {}).values()
-                                   for reps in pts.values() for st in reps])
+        last_ol = max((st.get("last_completion", 0) for *_, st in every_point(meta)),
+                      default=0)
         detail = ("every open-loop point had finished before then; the mixed and overhead "
                   "measurements that came later may have run the new build" if last_ol < changed
                   else "pg_stride configurations may mix builds")

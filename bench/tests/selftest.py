@@ -839,7 +839,7 @@ class RepetitionsTest(unittest.TestCase):
     def test_every_point_names_its_repetition(self):
         meta = {"open_loop": {"a": {"0.95": {"x": 0}}},
                 "open_loop_reps": {"a": {"0.95": [{"x": 1}, {"x": 2, "rep": 3}]}}}
-        self.assertEqual([(c, al, rep, st["x"]) for c, al, rep, st in cli.every_point(meta)],
+        self.assertEqual([(c, al, rep, st["x"]) for c, al, rep, st in report.every_point(meta)],
                          [("a", "0.95", 0, 0), ("a", "0.95", 1, 1), ("a", "0.95", 3, 2)])
 
 
