@@ -22,6 +22,8 @@ started at and the view shows it:
   too);
 - pg_stride.prediction_quality counts each scheduled statement that ended by the class
   it was predicted and the one it had, and how far off the prediction was;
+- under compute_query_id = auto, a backend computes query identifiers from its first
+  scheduled statement on, not before: that one is predicted from its plan's cost;
 - pg_stride.statements is for members of pg_read_all_stats (it shows other roles'
   fingerprints); prediction_quality is for everyone; an ordinary role cannot change
   pg_stride.predict for itself (off, its long statements would start higher).
@@ -43,9 +45,13 @@ APP = "regress_predict_app"
 OTHER = "regress_predict_other"
 STATS = "regress_predict_stats"
 # Prediction on (it is off by default); more CPU slots than the machine's, so that the
-# concurrency hint would grant a Gather its workers beside one other statement.
+# concurrency hint would grant a Gather its workers beside one other statement. Query
+# identifiers computed in every backend, as with pg_stat_statements loaded: the checks
+# run each statement in a session of its own, whose first scheduled statement would
+# otherwise have none (the last check covers compute_query_id = auto).
 CONF = """
 pg_stride.predict = on
+compute_query_id = on
 pg_stride.decay_lambda = 1.0
 pg_stride.cpu_slots = 8
 max_parallel_workers_per_gather = 0
@@ -246,6 +252,41 @@ def an_ordinary_role_neither_reads_fingerprints_nor_sets_predict(s):
             setting
 
 
+@check
+def under_compute_query_id_auto_identifiers_start_at_the_first_scheduled_statement(s):
+    # Catches: prediction on at server start making every backend compute query
+    # identifiers (PostgreSQL's walk of each parse tree costs a transaction's short
+    # statements more than everything else pg_stride adds to them), or a backend that
+    # runs scheduled statements never computing them (its statements would never be
+    # predicted from their history). OTHER's sessions run with compute_query_id = auto,
+    # the default.
+    own = "SELECT query_id IS NOT NULL FROM pg_stat_activity WHERE pid = pg_backend_pid();\n"
+    script = ("SELECT a FROM predict_small LIMIT 1;\n" + own
+              + LONG + ";\n" + own + LONG + ";\n")
+    qid = query_id(s, LONG)
+    if history(s, qid) is None:
+        run_app(s, LONG, 2)
+    before = history(s, qid)[0]
+    s.sql("SELECT pg_stride.reset_stats()")
+    s.sql(f"ALTER ROLE {OTHER} SET compute_query_id = auto")
+    try:
+        out = subprocess.run(s.psql_args(None, user=OTHER), input=script, env=ENV,
+                             text=True, capture_output=True)
+    finally:
+        s.sql(f"ALTER ROLE {OTHER} RESET compute_query_id")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    # the lookup is tiny: no identifier yet; the first count is scheduled: from then on
+    assert [ln for ln in lines if ln in ("t", "f")] == ["f", "t"], out.stdout
+    # Both counts were predicted, the first from its plan's cost (no identifier), the
+    # second from its history; only the second added to it.
+    predicted, from_history = s.sql(
+        "SELECT short_predicted_short + short_predicted_long + long_predicted_short "
+        "+ long_predicted_long, from_history FROM pg_stride.prediction_quality").split("|")
+    assert (int(predicted), int(from_history)) == (2, 1), (predicted, from_history)
+    assert history(s, qid)[0] == before + 1
+
+
 def setup(s):
     s.sql("CREATE EXTENSION pg_stride")
     s.sql(f"CREATE ROLE {APP} LOGIN; CREATE ROLE {OTHER} LOGIN; "
@@ -253,7 +294,7 @@ def setup(s):
     s.sql("CREATE TABLE predict_big AS SELECT g AS a FROM generate_series(1, 3000000) g")
     s.sql("CREATE TABLE predict_small AS SELECT g AS a FROM generate_series(1, 20000) g")
     s.sql("VACUUM ANALYZE predict_big, predict_small")
-    s.sql(f"GRANT SELECT ON predict_big, predict_small TO {APP}")
+    s.sql(f"GRANT SELECT ON predict_big, predict_small TO {APP}, {OTHER}")
 
 
 def main():

@@ -453,7 +453,8 @@ def query_ids_are_computed_in_a_backend_once_it_ran_a_scheduled_statement(s):
     # parse tree costs a short statement sent as text more than everything else
     # pg_stride adds to it), or never asked for where statements are scheduled (their
     # trace records and prediction are keyed by them). compute_query_id is auto, the
-    # default, and neither pg_stride.predict nor pg_stride.tuner is on.
+    # default, and neither pg_stride.trace nor pg_stride.tuner is on at server start
+    # (regress/prediction.py checks the same with pg_stride.predict on).
     # With the trace on, a statement prepared before then gets its identifier too, at its
     # next execution: without it, it would keep none for the rest of the session.
     own = "SELECT query_id IS NOT NULL FROM pg_stat_activity WHERE pid = pg_backend_pid();\n"

@@ -113,16 +113,19 @@ static EXIT_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new
 /// Asks for query identifiers where they are used. Called once from `_PG_init`.
 ///
 /// Query identifiers key the prediction of a statement's CPU, the trace and the tuner's
-/// replay. With any of them on at server start, every backend computes them
-/// (`compute_query_id = auto` then means on; `off` at start makes the request a no-op),
-/// as pg_stat_statements asks for them; otherwise a backend asks for them once it runs
-/// a statement that joins CPU scheduling ([`executor_started`]). PostgreSQL's walk of a
-/// parse tree costs a short statement sent as text more than everything else pg_stride
-/// adds to it, so a backend that only runs statements too small to schedule, and
-/// writes, never pays it. Also registers the relation-cache callback that keeps the
-/// answers about tables written unadmitted fresh (`write_targets`).
+/// replay. A backend asks for them once it runs a statement that joins CPU scheduling
+/// ([`executor_started`]): PostgreSQL's walk of a parse tree costs a short statement
+/// sent as text more than everything else pg_stride adds to it, so a backend that only
+/// runs statements too small to schedule, and writes, never pays it. Its first
+/// scheduled statement has no identifier, and is predicted from its plan's cost, as a
+/// statement never seen is. With the trace or the tuner on at server start, every
+/// backend computes them (`compute_query_id = auto` then means on; `off` at start makes
+/// the request a no-op), as pg_stat_statements asks for them: the trace records every
+/// scheduled statement, the first of each backend too. Also registers the
+/// relation-cache callback that keeps the answers about tables written unadmitted fresh
+/// (`write_targets`).
 pub fn install() {
-    if cpu::predicts() || cpu::tuner_on() || cpu::traces() {
+    if cpu::tuner_on() || cpu::traces() {
         pg::enable_query_id();
     }
     write_targets::install();
