@@ -45,9 +45,12 @@ import concurrency  # noqa: E402
 POOL_SIZE = 4
 # Parallel plans for small tables (not for catalogs: a monitoring query whose leader
 # has RECORD typmods would retire the worker that helped it), and CPU slots enough for
-# the concurrency hint to grant every planned worker.
+# the concurrency hint to grant every planned worker. Prediction off: these small
+# statements would be predicted short, and get no workers while another statement runs
+# (regress/prediction.py checks that rule).
 CONF = f"""
 pg_stride.parallel_mode = pool
+pg_stride.predict = off
 pg_stride.pool_size = {POOL_SIZE}
 pg_stride.cpu_slots = 8
 max_worker_processes = 32

@@ -228,9 +228,11 @@ max_parallel_workers = 8
 
 def one_check_on_its_server(port, conf, env, name, check):
     """Starts a server with `conf` and `env`, a login role and a database with a table,
-    and runs `check(s)` on it as the check `name`."""
+    and runs `check(s)` on it as the check `name`. Prediction off: the checks' small
+    statements would be predicted short, and get no workers while another statement
+    runs (regress/prediction.py checks that rule)."""
     s = EnvServer(port, "pg_stride.parallel_mode = pool\npg_stride.cpu_slots = 8\n"
-                  "max_worker_processes = 16\n" + conf, env=env)
+                  "pg_stride.predict = off\nmax_worker_processes = 16\n" + conf, env=env)
     s.start()
     try:
         s.sql(f"CREATE ROLE {APP} LOGIN")

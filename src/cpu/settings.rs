@@ -15,14 +15,19 @@ static SLICE_MS: Setting<f64> = Setting::new(GucSetting::<f64>::new(2.0));
 static DECAY_LAMBDA: Setting<f64> = Setting::new(GucSetting::<f64>::new(0.9));
 static DECAY_START: Setting<i32> = Setting::new(GucSetting::<i32>::new(8));
 static PRIORITY_INITIAL: Setting<i32> = Setting::new(GucSetting::<i32>::new(10_000));
-static PRIORITY_MIN: Setting<i32> = Setting::new(GucSetting::<i32>::new(100));
+/// `pg_stride.priority_min`: 1, not the paper's 100 (wagner2021 §4). A statement
+/// predicted long starts at p0 × threshold / prediction, within the floor: at 100, every
+/// statement predicted above 1.6 s (10,000 × 16 ms / 100) started at the same priority,
+/// so one of 2 s shared the CPU evenly with one of a minute (docs/internals/
+/// scheduling.md, "How statements are classified").
+static PRIORITY_MIN: Setting<i32> = Setting::new(GucSetting::<i32>::new(1));
 static PIN_SLOTS: Setting<bool> = Setting::new(GucSetting::<bool>::new(false));
 static TUNER: Setting<bool> = Setting::new(GucSetting::<bool>::new(false));
 /// `pg_stride.predict`: statements start at a priority predicted from their
-/// fingerprint's history (`pg_stride_sched::predict`). Off by default: behind a client
-/// connection pool it made short statements wait longer (docs/internals/scheduling.md,
-/// "How statements are classified").
-static PREDICT: Setting<bool> = Setting::new(GucSetting::<bool>::new(false));
+/// fingerprint's history (`pg_stride_sched::predict`), so that short ones are told from
+/// long ones without groups or tags (docs/internals/scheduling.md, "How statements are
+/// classified").
+static PREDICT: Setting<bool> = Setting::new(GucSetting::<bool>::new(true));
 static TRACE: Setting<bool> = Setting::new(GucSetting::<bool>::new(false));
 
 /// CPU slots in effect: `pg_stride.cpu_slots`, or the CPUs available to this server
