@@ -37,12 +37,14 @@ from .workload import TPCH_DB, clear_logs, pgbench
 SEED = 20210
 POOL_SIZE = 4
 # On every server of this run: pg_stride loaded and scheduling pgbench's superuser; CPU
-# slots enough that the concurrency hint grants every planned worker, so that the three
+# slots enough that the concurrency hint grants every planned worker, and no prediction
+# (a small statement predicted short gets no workers beside another), so that the three
 # ways differ only in who runs the parallel part.
 SETTINGS = [
     "shared_preload_libraries = 'pg_stride'",
     "pg_stride.exempt_superuser = off",
     "pg_stride.cpu_slots = 8",
+    "pg_stride.predict = off",
     f"pg_stride.pool_size = {POOL_SIZE}",
 ]
 # Parallel plans wherever the planner can make one, with 2 workers.
@@ -66,7 +68,9 @@ SERVER_VARIANTS = [("min_dynamic_shared_memory = 0", ["min_dynamic_shared_memory
                    ("min_dynamic_shared_memory = 8MB", ["min_dynamic_shared_memory = '8MB'"])]
 ROUNDS = 10
 PER_ROUND = 25          # executions per way and round: 250 per way
-# The clients part: the settings users get once they ask for the pool, one role per way.
+# The clients part: the settings users get once they ask for the pool, one role per way
+# (prediction on, as shipped: beside other clients, a statement predicted short is
+# granted no workers).
 CLIENT_SETTINGS = ["shared_preload_libraries = 'pg_stride'", "pg_stride.parallel_mode = pool"]
 CLIENT_ROLES = {"no workers": ("pool_bench_serial", "max_parallel_workers_per_gather = 0"),
                 "native": ("pool_bench_native", "pg_stride.parallel_mode = native"),

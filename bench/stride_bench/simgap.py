@@ -97,9 +97,9 @@ def sim_settings(cfg: dict) -> dict:
     slots = int(s.get("pg_stride.cpu_slots", "0")) or ncpus()
     lam = float(s.get("pg_stride.decay_lambda", "0.9"))
     return {"slots": slots, "policy": "decay" if lam < 1.0 else "fair", "lambda": lam,
-            "d-start": int(s.get("pg_stride.decay_start", "0")),
+            "d-start": int(s.get("pg_stride.decay_start", "8")),
             "p0": int(s.get("pg_stride.priority_initial", "10000")),
-            "p-min": int(s.get("pg_stride.priority_min", "100")),
+            "p-min": int(s.get("pg_stride.priority_min", "1")),
             "slice-ms": float(s.get("pg_stride.slice", "2").rstrip("ms")),
             "max-active": int(s.get("pg_stride.max_active_queries", "128")),
             # The extension always asks a lower-priority holder to end its slice.

@@ -60,7 +60,8 @@ pub struct TunerSettings {
     /// short queries ended up 4–25 % slower than with fixed defaults there.)
     pub fidelity: f64,
     /// λ stays in these bounds (docs/design.md §9: [0.5, 1]). At 0.5 a query already falls from
-    /// `p0` to `p_min` within 7 quanta past d_start.
+    /// `p0` = 10⁴ to the paper's `p_min` = 100 within 7 quanta past d_start (to 1, within
+    /// 14).
     pub lambda_bounds: (f64, f64),
     /// [`Tuner::shifted`] reports a shift when the median quanta per query changed by
     /// more than this factor against the last searched trace.
