@@ -44,8 +44,9 @@ PORT = int(os.environ.get("PREDICTION_PORT", "5518"))
 APP = "regress_predict_app"
 OTHER = "regress_predict_other"
 STATS = "regress_predict_stats"
-# Prediction on (the default, set so that the suite does not depend on it); more CPU slots than the machine's, so that the
-# concurrency hint would grant a Gather its workers beside one other statement. Query
+# Prediction on (the default, set so that the suite does not depend on it); more CPU
+# slots than the machine's, so that the concurrency hint would grant a Gather its
+# workers beside one other statement. Query
 # identifiers computed in every backend, as with pg_stat_statements loaded: the checks
 # run each statement in a session of its own, whose first scheduled statement would
 # otherwise have none (the last check covers compute_query_id = auto).
