@@ -36,6 +36,12 @@ ROLE = "regress_stride_user"
 # whatever the environment (a check below looks for backtraces in error messages).
 ENV = dict(pgserver.ENV, RUST_BACKTRACE="1")
 
+# A psql script line that prints whether the session's current statement has a query
+# identifier: PostgreSQL computes one only where some module asked it to (regress/trace.py
+# and regress/prediction.py check when pg_stride asks).
+OWN_QUERY_ID_COMPUTED = ("SELECT query_id IS NOT NULL FROM pg_stat_activity "
+                         "WHERE pid = pg_backend_pid();\n")
+
 
 class Server(pgserver.Server):
     """pylib/pgserver.py's server with pg_stride preloaded, `extra_conf` appended to

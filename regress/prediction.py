@@ -38,7 +38,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import concurrency  # noqa: E402
-from concurrency import ENV, finish  # noqa: E402
+from concurrency import ENV, OWN_QUERY_ID_COMPUTED, finish  # noqa: E402
 
 PORT = int(os.environ.get("PREDICTION_PORT", "5518"))
 APP = "regress_predict_app"
@@ -261,7 +261,7 @@ def under_compute_query_id_auto_identifiers_start_at_the_first_scheduled_stateme
     # runs scheduled statements never computing them (its statements would never be
     # predicted from their history). OTHER's sessions run with compute_query_id = auto,
     # the default.
-    own = "SELECT query_id IS NOT NULL FROM pg_stat_activity WHERE pid = pg_backend_pid();\n"
+    own = OWN_QUERY_ID_COMPUTED
     script = ("SELECT a FROM predict_small LIMIT 1;\n" + own
               + LONG + ";\n" + own + LONG + ";\n")
     qid = query_id(s, LONG)

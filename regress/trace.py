@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import concurrency  # noqa: E402
-from concurrency import ENV, finish, set_server  # noqa: E402
+from concurrency import ENV, OWN_QUERY_ID_COMPUTED, finish, set_server  # noqa: E402
 
 # shared_buffers holds `big` whole: a scan that waited for reads would have the
 # watchdog lend it a slot (a_slot_is_held_by_one_process_at_a_time).
@@ -457,7 +457,7 @@ def query_ids_are_computed_in_a_backend_once_it_ran_a_scheduled_statement(s):
     # (regress/prediction.py checks the same with pg_stride.predict on).
     # With the trace on, a statement prepared before then gets its identifier too, at its
     # next execution: without it, it would keep none for the rest of the session.
-    own = "SELECT query_id IS NOT NULL FROM pg_stat_activity WHERE pid = pg_backend_pid();\n"
+    own = OWN_QUERY_ID_COMPUTED
     script = ("PREPARE early AS SELECT count(*) FROM big WHERE a > $1;\n" + EXPLAIN_EARLY
               + own + "SELECT a > 0 FROM big LIMIT 1;\n" + own
               + "SELECT count(*) > 0 FROM big;\n" + own + EXPLAIN_EARLY)
