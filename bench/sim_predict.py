@@ -26,8 +26,10 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 SHORT_MS = 16.0
-# pg_stride's defaults, with the preemption the extension always does.
-DEFAULTS = ["--policy", "decay", "--lambda", "0.9", "--d-start", "8", "--preempt", "true"]
+# pg_stride's defaults (the floor of 1 since 2026-12-05), with the preemption the
+# extension always does.
+DEFAULTS = ["--policy", "decay", "--lambda", "0.9", "--d-start", "8", "--p-min", "1",
+            "--preempt", "true"]
 HEAVY_TAIL = [(2, 0.8), (2, 0.95), (16, 0.8), (16, 0.95)]
 
 
@@ -105,7 +107,7 @@ def main():
     parts = [f"# Where a statement's priority starts: decay, prediction, oracle (simulated)\n",
              f"Written by `bench/sim_predict.py` on {dt.date.today()}. Slowdown = latency / "
              "CPU needed; the decaying policy with pg_stride's defaults (λ 0.9, d_start 8 "
-             "slices of 2 ms, p0 10^4, p_min 100, preemption); `decay` starts every statement "
+             "slices of 2 ms, p0 10^4, p_min 1, preemption); `decay` starts every statement "
              "at p0, `predicted` by the CPU its fingerprint used before (the executions that "
              "finished before it arrived; a fingerprint never seen starts as under decay, the "
              "simulator having no plan costs), `oracle` by the CPU it will use. Short: at most "
