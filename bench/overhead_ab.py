@@ -23,8 +23,19 @@ per-transaction log) divided by the length of its slots. The round's ratio: load
 not loaded. Rounds alternate which server is loaded and which side has the first
 slot; an A/A series (neither loaded) in the same run shows the method's own spread.
 
-Writes bench/results/OVERHEAD_AB.md. Usage:
-bench/overhead_ab.py [--rounds N] [--seconds S] [--workloads tpcb,select]
+`--within-start` measures what the two-server series cannot tell apart from the
+per-start spread: the cost of pg_stride's mechanisms (admission, the tiny-statement
+bypass, the hooks' work), with no server start between the sides. One server, pg_stride
+loaded, two databases with their own pgbench tables (so that a stopped client's row
+locks never block the other side) and two roles: `r_on`, and `r_off` with
+`ALTER ROLE r_off SET pg_stride.enabled = off`, whose statements pass straight through
+every hook. Each round restarts the server, and the two roles' pgbench take turns as
+above; rounds alternate the databases and which side goes first. Ratio: enabled /
+disabled. What is left of the overhead, a disabled library's hooks passing statements
+on, is counted exactly by bench/instructions.py.
+
+Writes bench/results/OVERHEAD_AB.md (`--within-start`: OVERHEAD_WITHIN_START.md). Usage:
+bench/overhead_ab.py [--within-start] [--rounds N] [--seconds S] [--workloads tpcb,select]
 (defaults 10, 60 and both; A/A: half as many rounds)
 """
 
@@ -50,26 +61,59 @@ SECONDS = int(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.a
 WORKLOADS = {"tpcb": ("TPC-B", []), "select": ("select-only", ["-S"])}
 CHOSEN = (sys.argv[sys.argv.index("--workloads") + 1].split(",") if "--workloads" in sys.argv
           else list(WORKLOADS))
+WITHIN_START = "--within-start" in sys.argv
 SLOT_S = 1.0
 WARMUP_S = 3.0
 STOCK = ["huge_pages = try"]
 LOADED = STOCK + ["shared_preload_libraries = 'pg_stride'", "pg_stride.exempt_superuser = off"]
+# --within-start: the two databases, and the roles whose sessions have pg_stride on and off.
+DATABASES = ["ab0", "ab1"]
+ON, OFF = "r_on", "r_off"
+
+def sql_in(server, db, sql, user="postgres"):
+    """Runs `sql` as `user` in database `db`; returns its output. Raises RuntimeError with
+    psql's error."""
+    out = subprocess.run(server.psql_args(sql, user=user, db=db), env=ENV, capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{sql!r} in {db} failed: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def pgbench_tables(server, db, roles):
+    """pgbench's tables at scale 10 in `db`, readable and writable by `roles`."""
+    server.run(f"{PGBIN}/pgbench", "-i", "-s", "10", "-q", "-h", server.dir, "-p", str(server.port),
+               "-U", "postgres", db, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sql_in(server, db, f"GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO {', '.join(roles)}")
+    sql_in(server, db, "VACUUM ANALYZE")
+
 
 def prepare(server):
     server.restart(STOCK)
-    server.run(f"{PGBIN}/pgbench", "-i", "-s", "10", "-q", "-h", server.dir, "-p", str(server.port),
-               "-U", "postgres", "postgres", check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server.sql("CREATE ROLE r_plain LOGIN; GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO r_plain")
-    server.sql("VACUUM ANALYZE")
+    server.sql("CREATE ROLE r_plain LOGIN")
+    pgbench_tables(server, "postgres", ["r_plain"])
 
 
-def start_pgbench(server, seconds, log_prefix, workload):
-    """pgbench running `workload` (pgbench arguments), 8 clients, logging every
-    transaction. Started directly (not through runuser), so that the signals below reach
-    pgbench itself."""
-    cmd = [f"{PGBIN}/pgbench", "-n", *workload, "-h", server.dir, "-p", str(server.port), "-U", "r_plain",
+def prepare_within_start(server):
+    server.restart(LOADED)
+    server.sql(f"CREATE ROLE {ON} LOGIN; CREATE ROLE {OFF} LOGIN; "
+               f"ALTER ROLE {OFF} SET pg_stride.enabled = off")
+    for db in DATABASES:
+        server.sql(f"CREATE DATABASE {db}")
+        pgbench_tables(server, db, [ON, OFF])
+    # The comparison rests on the role setting reaching pgbench's sessions.
+    seen = [sql_in(server, DATABASES[0], "SHOW pg_stride.enabled", user) for user in (ON, OFF)]
+    if seen != ["on", "off"]:
+        raise RuntimeError(f"pg_stride.enabled is {seen} for {ON}, {OFF}, not on, off")
+
+
+def start_pgbench(server, seconds, log_prefix, workload, user="r_plain", db="postgres"):
+    """pgbench running `workload` (pgbench arguments) as `user` in `db`, 8 clients,
+    logging every transaction. Started directly (not through runuser), so that the
+    signals below reach pgbench itself."""
+    cmd = [f"{PGBIN}/pgbench", "-n", *workload, "-h", server.dir, "-p", str(server.port), "-U", user,
            "-c", "8", "-j", "1", "-M", "prepared", "-T", str(seconds), "-l", f"--log-prefix={log_prefix}",
-           "postgres"]
+           db]
     return subprocess.Popen(cmd, env=ENV, cwd=os.path.dirname(log_prefix), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -90,18 +134,18 @@ def rate(times, slots):
     return done / sum(end - start for start, end in slots)
 
 
-def round_rates(servers, settings, first, workload):
-    """One round with servers[i] running settings[i]; side `first` has the first slot.
-    Returns the two sides' transactions per second of slot time."""
-    for server, conf in zip(servers, settings):
-        server.restart(conf)
+def take_turns(sides, first, workload):
+    """Both sides' pgbench (a side: (server, user, database)), taking turns in slots,
+    side `first` in the first one. Returns the two sides' transactions per second of
+    slot time."""
     work = tempfile.mkdtemp(prefix="pg_stride_overhead_")
+    runs = []
     try:
         prefixes = [os.path.join(work, f"side{i}") for i in range(2)]
         # Long enough to outlast the slots; checked below.
         total = WARMUP_S + 2 * SECONDS + 3
-        runs = [start_pgbench(server, math.ceil(total), prefix, workload)
-                for server, prefix in zip(servers, prefixes)]
+        for (server, user, db), prefix in zip(sides, prefixes):
+            runs.append(start_pgbench(server, math.ceil(total), prefix, workload, user, db))
         time.sleep(WARMUP_S)
         for run in runs:
             os.kill(run.pid, signal.SIGSTOP)
@@ -127,10 +171,24 @@ def round_rates(servers, settings, first, workload):
                 raise RuntimeError(out + err)
         return [rate(end_times(prefix), side_slots) for prefix, side_slots in zip(prefixes, slots)]
     finally:
+        # After an error a pgbench may still run, or sit stopped: end it (SIGKILL ends a
+        # stopped process too), so that no client is left behind.
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
         shutil.rmtree(work, ignore_errors=True)
-        # Keep the tables from growing apart: both servers get the same clean-up.
-        for server in servers:
-            server.sql("VACUUM pgbench_branches, pgbench_tellers")
+        # Keep the tables from growing apart: both sides get the same clean-up.
+        for server, _, db in sides:
+            sql_in(server, db, "VACUUM pgbench_branches, pgbench_tellers")
+
+
+def round_rates(servers, settings, first, workload):
+    """One round with servers[i] running settings[i]; side `first` has the first slot.
+    Returns the two sides' transactions per second of slot time."""
+    for server, conf in zip(servers, settings):
+        server.restart(conf)
+    return take_turns([(server, "r_plain", "postgres") for server in servers], first, workload)
 
 
 def series(servers, rounds, name, variant, workload):
@@ -146,6 +204,23 @@ def series(servers, rounds, name, variant, workload):
         ratios.append(rates[mine] / rates[1 - mine])
         print(f"{name} round {i + 1}: {rates[mine]:.0f} / {rates[1 - mine]:.0f} tps = {ratios[-1]:.3f}"
               f" ({name} side {'first' if first == mine else 'second'})", flush=True)
+    return ratios
+
+
+def series_within_start(server, rounds, name, users, workload):
+    """`rounds` rounds on one server restarted before each, `users[0]` against
+    `users[1]`: users[0] in the first database in even rounds and in the second in odd
+    ones; its side has the first slot in the first two rounds of every four. Returns the
+    per-round ratios users[0] / users[1], printing each round."""
+    ratios = []
+    for i in range(rounds):
+        dbs = DATABASES if i % 2 == 0 else DATABASES[::-1]
+        first = 0 if (i // 2) % 2 == 0 else 1
+        server.restart(LOADED)
+        rates = take_turns([(server, users[0], dbs[0]), (server, users[1], dbs[1])], first, workload)
+        ratios.append(rates[0] / rates[1])
+        print(f"{name} round {i + 1}: {rates[0]:.0f} / {rates[1]:.0f} tps = {ratios[-1]:.3f}"
+              f" ({users[0]} in {dbs[0]}, {'first' if first == 0 else 'second'})", flush=True)
     return ratios
 
 
@@ -165,7 +240,37 @@ def huge_pages_reserved():
     return 0
 
 
+def main_within_start():
+    server = Server(port=5496)
+    huge = huge_pages_reserved()
+    rows = []
+    try:
+        prepare_within_start(server)
+        for key in CHOSEN:
+            label, workload = WORKLOADS[key]
+            aa = series_within_start(server, max(ROUNDS // 2, 2), f"{key} off/off", [OFF, OFF], workload)
+            ab = series_within_start(server, ROUNDS, f"{key} on/off", [ON, OFF], workload)
+            rows += [f"| {label} | A/A: both disabled (calibration) | {len(aa)} | "
+                     f"{', '.join(f'{r:.3f}' for r in aa)} | {summary(aa)} |",
+                     f"| {label} | enabled / disabled | {len(ab)} | "
+                     f"{', '.join(f'{r:.3f}' for r in ab)} | {summary(ab)} |"]
+    finally:
+        server.stop()
+    lines = ["# OLTP overhead of pg_stride's mechanisms, within one server start", "",
+             f"Written by bench/overhead_ab.py --within-start on "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, {huge} huge "
+             f"pages reserved: one server with pg_stride loaded, restarted every round, two databases with "
+             f"pgbench's tables, pgbench (8 clients, prepared statements) as `{ON}` (pg_stride on) and as "
+             f"`{OFF}` (`pg_stride.enabled = off` for the role: every hook passes statements straight on), "
+             f"taking turns on the whole machine in {SLOT_S:.0f}-s slots (A B B A …) until each had "
+             f"{SECONDS} s. Ratio: transactions per second of slot time, one side / the other.", "",
+             "| workload | series | rounds | per-round ratios | summary |", "|---|---|---|---|---|", *rows]
+    write_report(os.path.join(HERE, "results", "OVERHEAD_WITHIN_START.md"), lines)
+
+
 def main():
+    if WITHIN_START:
+        return main_within_start()
     servers = [Server(port=5496), Server(port=5497)]
     huge = huge_pages_reserved()
     rows = []

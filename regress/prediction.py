@@ -162,6 +162,52 @@ def a_new_fingerprint_is_predicted_from_its_plan_cost(s):
 
 
 @check
+def a_plan_made_with_lowered_cpu_costs_is_predicted_as_at_the_defaults(s):
+    # Catches: the shared cost model reading a plan's cost as the session made it. Any
+    # role may lower the CPU cost settings: its plans would then look ten times cheaper,
+    # be predicted short and start at the initial priority.
+    lowered = "SET cpu_tuple_cost = 0.001; SET cpu_operator_cost = 0.00025; "
+    sql = "SELECT sum(a % 11) FROM predict_big WHERE a > 2"
+    qid = query_id(s, sql)
+    assert history(s, qid) is None
+    per_cost = float(s.sql("SELECT cpu_us_per_cost FROM pg_stride.prediction_quality"))
+    cost = float(s.sql(f"{lowered}EXPLAIN (FORMAT JSON) {sql}", user=APP)
+                 .split('"Total Cost":')[1].split(",")[0])
+    _, predicted, cls = while_running(s, lowered + sql)
+    # the lowest of the CPU costs' ratios to their defaults is 0.1
+    expected = cost / 0.1 * per_cost / 1000
+    assert predicted is not None and abs(predicted - expected) < 0.01 * expected + 0.01, \
+        (predicted, expected, cost, per_cost)
+    print(f"    cost {cost:.0f} with the CPU costs at a tenth: predicted {predicted:.1f} ms "
+          f"({cls}), as a cost of {cost / 0.1:.0f}")
+
+
+def recorded_executions(s):
+    """Every execution pg_stride.prediction_quality counted since its last reset."""
+    return int(s.sql("SELECT short_predicted_short + short_predicted_long + long_predicted_short "
+                     "+ long_predicted_long + unpredicted FROM pg_stride.prediction_quality"))
+
+
+@check
+def a_statement_beside_an_open_cursor_is_recorded_under_no_fingerprint(s):
+    # Catches: a statement run while a cursor of the same session is open shares the
+    # cursor's CPU accounting; recorded at the cursor's close, the CPU of both would
+    # enter the cursor's fingerprint's history.
+    cursor = ["BEGIN;", "DECLARE c CURSOR FOR SELECT a FROM predict_big WHERE a % 7 = 1;",
+              "FETCH 100 FROM c;", "FETCH 100 FROM c;", "CLOSE c;", "COMMIT;"]
+    counted = []
+    for beside in ([], [LONG + ";"]):
+        script = "\n".join(cursor[:3] + beside + cursor[3:]) + "\n"
+        s.sql("SELECT pg_stride.reset_stats()")
+        out = subprocess.run(s.psql_args(None, user=APP), input=script, env=ENV, text=True,
+                             capture_output=True)
+        assert out.returncode == 0, out.stderr
+        counted.append(recorded_executions(s))
+    # alone, the cursor is recorded; with a statement beside it, neither is
+    assert counted == [1, 0], counted
+
+
+@check
 def a_cancelled_statement_adds_nothing(s):
     qid = query_id(s, LONG)
     before = history(s, qid)[0]

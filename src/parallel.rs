@@ -18,7 +18,7 @@
 //! QueryDesc, and the cached plan keeps its own.
 
 use crate::gucs::Setting;
-use crate::{pg, plan_tree, shmem};
+use crate::{pg, plan_costs, plan_tree, shmem};
 use pg_stride_sched::shared::Demand;
 use pg_stride_sched::{GroupId, SchedShared};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -111,7 +111,7 @@ fn predicted_short(
     let short_us = sched.short_threshold_us(group);
     shared
         .histories
-        .predict(query_id, cost)
+        .predict(query_id, plan_costs::at_defaults(cost))
         .is_some_and(|p| p.cpu_us <= short_us)
 }
 

@@ -62,3 +62,12 @@ pub fn planning() {
 pub fn scale() -> f64 {
     lower(in_force(), LOWEST_PLANNED.get())
 }
+
+/// A plan's `cost` as the default CPU cost settings would have made it, about: what the
+/// prediction's cost model, shared by every role, learns from and predicts by
+/// (`pg_stride_sched::predict::CostModel`). A session that lowered its costs cannot make
+/// its plans look cheaper to it, or teach it that plans cost more CPU than they do; with
+/// them at 0 the cost is infinite, and says nothing.
+pub fn at_defaults(cost: f64) -> f64 {
+    cost / scale()
+}

@@ -45,13 +45,14 @@ def scheduler_counts(server) -> dict:
 
 
 def read_trace(path: Path) -> list:
-    """The rows dump_trace wrote, numbers as floats."""
+    """The rows dump_trace wrote, numbers as floats (the 64-bit query identifier as its
+    text, which a float would round)."""
     rows = []
     with open(path) as fh:
         for r in csv.DictReader(fh):
             row = dict(r)
             for k, v in r.items():
-                if k not in ("arrival", "group_name", "failed"):
+                if k not in ("arrival", "group_name", "failed", "query_id"):
                     row[k] = float(v) if v != "" else None
             row["failed"] = r["failed"] == "t"
             row["finish_epoch"] = row["arrival_epoch"] + row["finished_ms"] / 1000
@@ -104,6 +105,11 @@ def sim_settings(cfg: dict) -> dict:
             "max-active": int(s.get("pg_stride.max_active_queries", "128")),
             # The extension always asks a lower-priority holder to end its slice.
             "preempt": "true",
+            # Where a statement's priority starts: predicted from its query identifier's
+            # earlier executions in the trace, as the extension does (the simulator has
+            # no plan costs: a fingerprint not seen yet starts as with prediction off).
+            "start": ("predicted" if s.get("pg_stride.predict", "on").lower()
+                      in ("on", "true", "yes", "1", "t", "y") else "decay"),
             "group-weight": [f"{g}={w}" for g, w, _ in sim_groups(cfg).values()]}
 
 
@@ -126,12 +132,12 @@ def replay(rows: list, classes: list, t0: float, settings: dict, workdir: Path,
     wl = workdir / "replay_workload.csv"
     res = workdir / "replay_results.csv"
     with open(wl, "w") as fh:
-        fh.write("arrival_ms,cpu_ms,group,class,procs,priority\n")
+        fh.write("arrival_ms,cpu_ms,group,class,procs,priority,fingerprint\n")
         for r, cls in zip(rows, classes):
             g, _, keeps_p0 = groups.get(cls, (0, 100, False))
             pinned = settings["p0"] if keeps_p0 else 0
             fh.write(f"{max(0.0, r['arrival_epoch'] - t0) * 1000:.6f},{max(r[work], 0.001):.6f},"
-                     f"{g},{cls},{int(r['processes'])},{pinned}\n")
+                     f"{g},{cls},{int(r['processes'])},{pinned},{int(r.get('query_id') or 0)}\n")
     opts = []
     for k, v in settings.items():
         for x in v if isinstance(v, list) else [v]:
@@ -322,7 +328,11 @@ def report(res: dict, run_dir: Path) -> str:
            "the run (arrival, the CPU it was charged in CPU slots, its processes) with "
            f"{st['slots']} slots, policy {st['policy']}, λ = {st['lambda']}, "
            f"d_start = {st['d-start']}, priorities {st['p0']} down to {st['p-min']}, "
-           f"slice {st['slice-ms']} ms, "
+           + ("starting where each statement's query identifier's earlier executions in "
+              "the window predict (a replay learns from the window only, so an identifier's "
+              "first execution there starts as with prediction off), "
+              if st.get("start") == "predicted" else "starting at the initial priority, ")
+           + f"slice {st['slice-ms']} ms, "
            f"{st['max-active']} active statements at most."
            + "".join(f" The {cls} statements ran in a group of their own, weight "
                      f"{g.get('weight', 100)}"

@@ -934,7 +934,8 @@ class SimGapTest(unittest.TestCase):
                                 "long": {"weight": 100}}}
         settings = simgap.sim_settings(cfg)
         self.assertEqual(settings["group-weight"], ["1=1000", "2=100"])
-        rows = [self.row(100.0, 10.0), self.row(100.1, 40.0), self.row(100.2, 4.0)]
+        rows = [self.row(100.0, 10.0, query_id="-2006676224149487872"), self.row(100.1, 40.0),
+                self.row(100.2, 4.0, query_id="")]
         calls = []
 
         def fake_sim(cmd, **kw):
@@ -948,15 +949,20 @@ class SimGapTest(unittest.TestCase):
                                 cfg=cfg)
             wl = (Path(d) / "replay_workload.csv").read_text().splitlines()
         self.assertEqual(len(out), 3)
-        # group and pinned priority: the short statement's group keeps p0
+        # group and pinned priority: the short statement's group keeps p0; the query
+        # identifier, exact, as the fingerprint (0 without one)
         self.assertEqual([ln.split(",")[2:] for ln in wl[1:]],
-                         [["1", "short", "1", "500"], ["2", "long", "1", "0"],
-                          ["0", "other", "1", "0"]])
+                         [["1", "short", "1", "500", "-2006676224149487872"],
+                          ["2", "long", "1", "0", "0"], ["0", "other", "1", "0", "0"]])
         cmd = calls[0]
         self.assertEqual([cmd[i + 1] for i, a in enumerate(cmd) if a == "--group-weight"],
                          ["1=1000", "2=100"])
         # a configuration without groups: everything in group 0, no --group-weight
         self.assertEqual(simgap.sim_settings({"settings": []})["group-weight"], [])
+        # priorities start as predicted, as the extension's default; not with it off
+        self.assertEqual(settings["start"], "predicted")
+        off = simgap.sim_settings({"settings": ["pg_stride.predict = off"]})
+        self.assertEqual(off["start"], "decay")
 
 
 class TunerPhasesTest(unittest.TestCase):

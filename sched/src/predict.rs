@@ -39,6 +39,18 @@ pub const CAPACITY: usize = 2048;
 /// a table that grew or an index that was added shows within tens of executions.
 pub const WINDOW: u64 = 32;
 
+/// An execution counts in its fingerprint's mean and variance for at most this many
+/// times the mean (its own value still sets `max_us`): one run a thousand times the
+/// usual (a lock wait, a cold cache, a parameter that selects everything) would
+/// otherwise hold the mean up for about a hundred executions, each starting at the
+/// priority of a statement it is not. A lasting change still shows: with the window
+/// full an execution raises the mean by up to 15/32 of itself, sixteenfold in seven.
+pub const OUTLIER: f64 = 16.0;
+
+/// The cap of [`OUTLIER`] counts from the mean or from this (µs), whichever is higher: a
+/// mean of a few microseconds says little about what the next execution may use.
+const OUTLIER_FLOOR_US: f64 = 1000.0;
+
 /// One fingerprint's history. Plain data, so that a [`Table`] can live in shared
 /// memory; `key == 0` marks an empty slot (PostgreSQL never assigns query identifier 0
 /// to a statement it computed one for).
@@ -49,7 +61,9 @@ pub struct History {
     pub key: u64,
     /// Executions recorded.
     pub executions: u64,
-    /// When it was last recorded, in the caller's clock (seconds, or any monotonic unit).
+    /// When it was last recorded, in the caller's clock (the extension's is the wall
+    /// clock, which the view shows: after a step back, the entries recorded meanwhile
+    /// look older and are evicted a little early).
     pub last_seen: u64,
     /// Decayed mean CPU per execution, µs.
     pub mean_us: f64,
@@ -65,12 +79,18 @@ impl History {
     /// Incremental weighted mean and variance (West 1979): with weight `w` for the new
     /// value, `mean += w·δ` and `var = (1 − w)·(var + w·δ²)`, where `δ` is the new value
     /// minus the old mean. `w = 1/n` for the first [`WINDOW`] executions (the exact mean
-    /// and population variance), `1/WINDOW` after.
+    /// and population variance), `1/WINDOW` after. From the second execution on, the
+    /// value counts for at most [`OUTLIER`] times the mean.
     pub fn add(&mut self, cpu_us: f64, now: u64) {
         let cpu_us = if cpu_us.is_finite() { cpu_us.max(0.0) } else { 0.0 };
+        let counted = if self.executions > 0 {
+            cpu_us.min(OUTLIER * self.mean_us.max(OUTLIER_FLOOR_US))
+        } else {
+            cpu_us
+        };
         self.executions += 1;
         let w = 1.0 / self.executions.min(WINDOW) as f64;
-        let delta = cpu_us - self.mean_us;
+        let delta = counted - self.mean_us;
         self.mean_us += w * delta;
         self.var_us2 = (1.0 - w) * (self.var_us2 + w * delta * delta);
         self.max_us = self.max_us.max(cpu_us);
@@ -105,22 +125,42 @@ pub struct CostModel {
 /// ratio of a near-zero cost says nothing about the CPU.
 const MIN_COST: f64 = 1.0;
 
+/// PostgreSQL before 18 adds this to a plan's cost for each node of a kind the planner
+/// was told not to use (`enable_nestloop = off` and the like; costsize.c's
+/// `disable_cost`): such a cost says nothing about the CPU, and one calibration from it
+/// would move the shared ratio by orders of magnitude.
+const DISABLED_COST: f64 = 1.0e10;
+
+/// Whether a plan's `cost` says something about its CPU.
+fn informative(cost: f64) -> bool {
+    cost.is_finite() && (MIN_COST..DISABLED_COST).contains(&cost)
+}
+
 impl CostModel {
-    /// Calibrates from one execution of a plan of `cost` that used `cpu_us`.
+    /// Calibrates from one execution of a plan of `cost` that used `cpu_us`. Once the
+    /// window is full, one execution's ratio counts for at most [`OUTLIER`] times the
+    /// mean's either way: the model is shared by every role, and no session's plans
+    /// (made with costs of its own choosing) move it by more than a little each.
     pub fn calibrate(&mut self, cost: f64, cpu_us: f64) {
-        if !(cost.is_finite() && cost >= MIN_COST && cpu_us.is_finite() && cpu_us > 0.0) {
+        if !(informative(cost) && cpu_us.is_finite() && cpu_us > 0.0) {
             return;
         }
+        let ln_ratio = (cpu_us / cost).ln();
+        let counted = if self.samples >= WINDOW {
+            let bound = OUTLIER.ln();
+            ln_ratio.clamp(self.mean_ln_ratio - bound, self.mean_ln_ratio + bound)
+        } else {
+            ln_ratio
+        };
         self.samples += 1;
         let w = 1.0 / self.samples.min(WINDOW) as f64;
-        self.mean_ln_ratio += w * ((cpu_us / cost).ln() - self.mean_ln_ratio);
+        self.mean_ln_ratio += w * (counted - self.mean_ln_ratio);
     }
 
     /// The CPU a plan of `cost` is expected to use, µs; `None` before any calibration or
     /// for a cost that says nothing.
     pub fn predict_us(&self, cost: f64) -> Option<f64> {
-        (self.samples > 0 && cost.is_finite() && cost >= MIN_COST)
-            .then(|| cost * self.mean_ln_ratio.exp())
+        (self.samples > 0 && informative(cost)).then(|| cost * self.mean_ln_ratio.exp())
     }
 }
 
@@ -284,9 +324,12 @@ pub struct StartPolicy {
 ///   a few quanta, as it did when predicted long meant decay from the first quantum
 ///   (bench/results/prediction).
 ///
-/// A statement wrongly predicted long still runs at no less than `p_min`; one wrongly
-/// predicted (either way) decays once it has used twice its prediction; so no
-/// misprediction lasts longer than decay allows.
+/// A statement wrongly predicted short decays once it has used twice its prediction, so
+/// that misprediction lasts no longer than decay allows. One wrongly predicted long
+/// keeps its lower start, never below `p_min`, for its whole run when it is in fact
+/// short: the price of ranking by an estimate (patra2022 §2.2.3), which the history's
+/// cap on outliers ([`OUTLIER`]) and the cost model's on plans it cannot read keep
+/// rare.
 pub fn start_policy(
     predicted_us: Option<f64>,
     range: PriorityRange,
@@ -487,6 +530,58 @@ mod tests {
         h.add(-5.0, 2);
         h.add(f64::INFINITY, 3);
         assert!(h.mean_us.is_finite() && h.var_us2.is_finite() && h.mean_us == 0.0);
+    }
+
+    #[test]
+    fn one_outlier_does_not_hold_a_history_up_but_a_lasting_change_shows() {
+        let mut h = History::default();
+        for t in 0..100 {
+            h.add(5_000.0, t);
+        }
+        // one execution a thousand times the usual counts as sixteen times the mean
+        // (uncapped, it would have raised the mean to about 161,000 µs)
+        h.add(5_000_000.0, 100);
+        assert!(h.mean_us <= 5_000.0 * (1.0 + 15.0 / WINDOW as f64) + 1e-6, "{h:?}");
+        assert_eq!(h.max_us, 5_000_000.0);
+        let mut t = 101;
+        for _ in 0..WINDOW {
+            h.add(5_000.0, t);
+            t += 1;
+        }
+        assert!(h.mean_us < 6_000.0, "{h:?}");
+        // a table that grew a thousandfold: the mean follows within a few windows
+        for _ in 0..3 * WINDOW {
+            h.add(5_000_000.0, t);
+            t += 1;
+        }
+        assert!(h.mean_us > 4_000_000.0, "{h:?}");
+        // a mean of microseconds caps from a millisecond, not from itself
+        let mut tiny = History::default();
+        tiny.add(2.0, 1);
+        tiny.add(10_000.0, 2);
+        assert_eq!(tiny.max_us, 10_000.0);
+        assert!((tiny.mean_us - (2.0 + 10_000.0) / 2.0).abs() < 1e-6, "{tiny:?}");
+    }
+
+    #[test]
+    fn the_cost_model_ignores_disabled_plans_and_bounds_each_sample() {
+        let mut m = CostModel::default();
+        for _ in 0..WINDOW {
+            m.calibrate(1000.0, 3000.0);
+        }
+        // a plan with a disabled node (enable_nestloop = off before PostgreSQL 18)
+        m.calibrate(1.0e10 + 500.0, 3000.0);
+        assert_eq!(m.samples, WINDOW);
+        assert_eq!(m.predict_us(2.0e10), None);
+        // a session whose plans look hundreds of millions of times cheaper than they are
+        // (cost 2, 3,000 s of CPU) moves the shared ratio by at most a window's share of
+        // sixteenfold each
+        let before = m.mean_ln_ratio;
+        m.calibrate(2.0, 3.0e9);
+        let moved = m.mean_ln_ratio - before;
+        assert!(moved > 0.0 && moved <= OUTLIER.ln() / WINDOW as f64 + 1e-12, "{moved}");
+        let p = m.predict_us(1000.0).unwrap();
+        assert!(p < 3000.0 * 1.1, "{p}");
     }
 
     #[test]

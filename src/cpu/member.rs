@@ -30,11 +30,17 @@ pub(super) struct Member {
     pub(super) slice_start_ns: u64,
     /// Top-level statements sharing the query (cursors open at once).
     pub(super) statements: u32,
+    /// Whether a second statement joined the query while the first ran (a statement
+    /// beside an open cursor, a PL/pgSQL loop's body beside its loop's query): what the
+    /// query used is then theirs together, and is not recorded as the first one's
+    /// fingerprint's (`prediction::record`).
+    pub(super) shared: bool,
     /// When the first of them arrived and was admitted.
     pub(super) arrival: Arrival,
     /// PostgreSQL's query identifier of the first, 0 if none was computed.
     pub(super) query_id: u64,
-    /// The planner's total cost of the first's plan.
+    /// The planner's total cost of the first's plan, as the default CPU cost settings
+    /// would have made it (`plan_costs::at_defaults`).
     pub(super) plan_cost: f64,
     /// The CPU predicted for them when they joined, if any (`prediction`).
     pub(super) prediction: Option<Prediction>,
@@ -70,6 +76,7 @@ impl Member {
             chunk_start_ns: 0,
             slice_start_ns: 0,
             statements: 1,
+            shared: false,
             arrival: Arrival::default(),
             query_id: 0,
             plan_cost: 0.0,

@@ -71,7 +71,7 @@ pub use watchdog::watchdog;
 
 use crate::os::thread_cpu_ns;
 use crate::pg;
-use crate::{numa, plan_tree, shmem};
+use crate::{numa, plan_costs, plan_tree, shmem};
 use pg_stride_sched::tuner::Accounting;
 use pg_stride_sched::{GroupConfig, GroupId, GroupSettings, ProcId, QueryId, SchedShared};
 use pgrx::pg_sys;
@@ -129,12 +129,13 @@ pub fn start_statement(
     MEMBER.with_borrow_mut(|member| match member.as_mut() {
         Some(m) => {
             m.statements += 1;
+            m.shared = true;
             m.procs = m.procs.max(procs);
         }
         None => {
             let mut m = Member::new(ProcId(procno as u32), group, None, true);
             (m.arrival, m.query_id, m.procs) = (arrival, query_id, procs);
-            m.plan_cost = plan_cost;
+            m.plan_cost = plan_costs::at_defaults(plan_cost);
             // The leader's run delay counts from the arrival: ExecutorStart included.
             m.start_run_delay_ns = arrival.run_delay_ns.or(m.start_run_delay_ns);
             *member = Some(m);
@@ -247,14 +248,16 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
                 acct,
             };
             trace::record_end(shared, &ended, s);
-            prediction::record(
-                shared,
-                sched,
-                (m.query_id, m.plan_cost),
-                m.prediction,
-                s,
-                failed,
-            );
+            if !m.shared {
+                prediction::record(
+                    shared,
+                    sched,
+                    (m.query_id, m.plan_cost),
+                    m.prediction,
+                    s,
+                    failed,
+                );
+            }
         }
         // Parallel workers leave before the leader's ExecutorEnd; after an error they
         // may not have yet, and the scheduler worker frees the entry once they have.

@@ -122,7 +122,7 @@ pub fn register_settings() {
     GucRegistry::define_float_guc(
         c"pg_stride.decay_lambda",
         c"Factor by which a query's priority decays per slice of CPU once decay started.",
-        c"1 keeps priorities fixed (fair sharing); lower values favour short queries more.",
+        c"1 keeps priorities where they start (fair sharing, or by predicted size with pg_stride.predict on); lower values favour short queries more.",
         DECAY_LAMBDA.inner(),
         0.0,
         1.0,
@@ -178,7 +178,7 @@ pub fn register_settings() {
     GucRegistry::define_bool_guc(
         c"pg_stride.predict",
         c"Starts each CPU-scheduled statement at a priority predicted from the CPU its query identifier used before.",
-        c"A statement predicted short keeps its group's initial priority for about twice its prediction; one predicted long starts lower, the lower the longer its prediction, and holds that priority until it has used twice its prediction. Needs compute_query_id (on or auto); see the view pg_stride.statements.",
+        c"A statement predicted short keeps its group's initial priority for decay_start slices or twice its prediction, whichever is longer; one predicted long starts lower, the lower the longer its prediction, and holds that priority until it has used twice its prediction. Needs compute_query_id (on or auto); see the view pg_stride.statements.",
         PREDICT.inner(),
         GucContext::Suset,
         GucFlags::default(),

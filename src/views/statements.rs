@@ -8,7 +8,8 @@ use pgrx::prelude::*;
 
 /// One row per fingerprint (query identifier) with a history: the CPU of its scheduled
 /// executions, whose decayed mean is its prediction, and its class under the server's
-/// decay settings; the `pg_stride.statements` view, readable by members of
+/// decay settings in force (the tuner's while it is on; a group with a `decay_start` of
+/// its own classifies by that, as `pg_stride.activity` shows); the `pg_stride.statements` view, readable by members of
 /// `pg_read_all_stats` (a fingerprint is shared by every role that runs the statement).
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]

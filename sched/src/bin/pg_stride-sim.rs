@@ -12,8 +12,8 @@
 //!
 //! Options: `--slots N` (`sweep`, `numa`: list), `--policy fifo|fair|decay|all`,
 //! `--slice-ms F`, `--lambda F`, `--d-start N`, `--p0 N`, `--p-min N`, `--max-active N`,
-//! `--preempt true|false`, `--group-weight G=W` (repeatable), `--queries N`, `--load F`
-//! (`sweep`, `numa`: list), `--seed N`, `--procs N`; `run --results FILE` (one policy: each query's times as CSV, in the
+//! `--preempt true|false`, `--start decay|predicted|oracle`, `--group-weight G=W`
+//! (repeatable), `--queries N`, `--load F` (`sweep`, `numa`: list), `--seed N`, `--procs N`; `run --results FILE` (one policy: each query's times as CSV, in the
 //! workload's arrival order); `run --tuner` with `--tuner-interval S`, `--tuner-window S`;
 //! `tune --margin F`; NUMA (`run`, `numa`): `--nodes N`, `--penalty F`,
 //! `--placement affine|oblivious` (`run`), `--steal-after K|never` (`numa`: list);
@@ -52,6 +52,9 @@ const USAGE: &str = "usage: pg_stride-sim run [options] FILE.csv|- | tune [optio
   --max-active N     query table size; more queries wait for admission (default 4096)
   --preempt B        true: a process that starts waiting ends a lower-priority holder's
                      slice at once, as the extension does (default false)
+  --start S          decay | predicted | oracle: where a query's priority starts, as with
+                     pg_stride.predict off, on (from its fingerprint's earlier executions),
+                     or by the CPU it will use (default decay; predict: all three)
   --group-weight G=W CPU weight of group G (repeatable)
   --queries N        generated queries (default 4000)
   --load F           load factor (sweep: comma list, default 0.8,0.9,1.0; numa: list,
@@ -144,6 +147,16 @@ fn policy_name(p: Policy) -> &'static str {
     }
 }
 
+/// `--start`: where a query's priority starts (`predict` compares all three itself).
+fn start_mode(args: &Args) -> Result<StartMode, String> {
+    Ok(match args.get("start", "decay".to_string())?.as_str() {
+        "decay" => StartMode::Decay,
+        "predicted" => StartMode::Predicted,
+        "oracle" => StartMode::Oracle,
+        other => return Err(format!("unknown start {other}")),
+    })
+}
+
 fn sim_config(args: &Args, slots: u32, policy: Policy) -> Result<SimConfig, String> {
     let mut cfg = SimConfig::new(slots, policy);
     cfg.slice_ns = (args.get("slice-ms", 2.0f64)? * 1e6) as u64;
@@ -152,6 +165,7 @@ fn sim_config(args: &Args, slots: u32, policy: Policy) -> Result<SimConfig, Stri
     cfg.decay.quantum_ns = cfg.slice_ns;
     cfg.max_active = args.get("max-active", cfg.max_active)?;
     cfg.preempt = args.get("preempt", false)?;
+    cfg.start = start_mode(args)?;
     for gw in args.opts.get("group-weight").into_iter().flatten() {
         let (g, w) = gw
             .split_once('=')
