@@ -70,22 +70,14 @@ LOADED = STOCK + ["shared_preload_libraries = 'pg_stride'", "pg_stride.exempt_su
 DATABASES = ["ab0", "ab1"]
 ON, OFF = "r_on", "r_off"
 
-def sql_in(server, db, sql, user="postgres"):
-    """Runs `sql` as `user` in database `db`; returns its output. Raises RuntimeError with
-    psql's error."""
-    out = subprocess.run(server.psql_args(sql, user=user, db=db), env=ENV, capture_output=True,
-                         text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"{sql!r} in {db} failed: {out.stderr.strip()}")
-    return out.stdout.strip()
-
 
 def pgbench_tables(server, db, roles):
     """pgbench's tables at scale 10 in `db`, readable and writable by `roles`."""
     server.run(f"{PGBIN}/pgbench", "-i", "-s", "10", "-q", "-h", server.dir, "-p", str(server.port),
                "-U", "postgres", db, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sql_in(server, db, f"GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO {', '.join(roles)}")
-    sql_in(server, db, "VACUUM ANALYZE")
+    server.sql(f"GRANT SELECT, UPDATE, INSERT ON ALL TABLES IN SCHEMA public TO {', '.join(roles)}",
+               db=db)
+    server.sql("VACUUM ANALYZE", db=db)
 
 
 def prepare(server):
@@ -102,7 +94,7 @@ def prepare_within_start(server):
         server.sql(f"CREATE DATABASE {db}")
         pgbench_tables(server, db, [ON, OFF])
     # The comparison rests on the role setting reaching pgbench's sessions.
-    seen = [sql_in(server, DATABASES[0], "SHOW pg_stride.enabled", user) for user in (ON, OFF)]
+    seen = [server.sql("SHOW pg_stride.enabled", user=user, db=DATABASES[0]) for user in (ON, OFF)]
     if seen != ["on", "off"]:
         raise RuntimeError(f"pg_stride.enabled is {seen} for {ON}, {OFF}, not on, off")
 
@@ -180,7 +172,7 @@ def take_turns(sides, first, workload):
         shutil.rmtree(work, ignore_errors=True)
         # Keep the tables from growing apart: both sides get the same clean-up.
         for server, _, db in sides:
-            sql_in(server, db, "VACUUM pgbench_branches, pgbench_tellers")
+            server.sql("VACUUM pgbench_branches, pgbench_tellers", db=db)
 
 
 def round_rates(servers, settings, first, workload):

@@ -79,9 +79,11 @@ class Server:
                               "-p", str(self.port), "-U", user, "-d", db,
                               "-v", "ON_ERROR_STOP=1"] + ([] if sql is None else ["-c", sql])
 
-    def sql(self, sql, user="postgres"):
-        """Runs `sql` and returns its output; raises RuntimeError with psql's error."""
-        out = subprocess.run(self.psql_args(sql, user), env=self.env, capture_output=True, text=True)
+    def sql(self, sql, user="postgres", db="postgres"):
+        """Runs `sql` as `user` in database `db` and returns its output; raises
+        RuntimeError with psql's error."""
+        out = subprocess.run(self.psql_args(sql, user, db), env=self.env, capture_output=True,
+                             text=True)
         if out.returncode != 0:
             raise RuntimeError(f"{sql!r} failed: {out.stderr.strip()}")
         return out.stdout.strip()
