@@ -905,6 +905,9 @@ def main(argv=None):
                     "(app-pool: the full run's default, not the quick run's)")
     ap.add_argument("--app-pool-clients", type=int, metavar="N",
                     help="the application-pool form's client connections (default 16)")
+    ap.add_argument("--app-pool-rounds", type=int, metavar="N",
+                    help="the application-pool form's rounds per configuration, all with the "
+                    "same arrivals, the order alternating (default 2)")
     ap.add_argument("--workload", choices=["tpch", "synthetic"],
                     help="--quick / --full: the TPC-H queries at two scales (tpch, the "
                     "default) or a synthetic event log whose two classes are different "
@@ -1006,6 +1009,10 @@ def main(argv=None):
             ap.error("the mixed part runs TPC-H clients: not with --workload synthetic")
     if args.app_pool_clients:
         plan.app_pool_clients = args.app_pool_clients
+    if args.app_pool_rounds is not None:
+        if args.app_pool_rounds < 1:
+            ap.error("--app-pool-rounds needs at least 1")
+        plan.app_pool_reps = args.app_pool_rounds
     if args.phase_duration:
         plan.phase_duration = args.phase_duration
     if args.reps is not None:
