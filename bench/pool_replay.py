@@ -62,12 +62,12 @@ def write_workload(txns, script_info, cpu, scale, grouped, path):
                      f"1,{priority},{zlib.crc32(repr(q).encode()) + 1}\n")
 
 
-def summary(results: Path, isolated: dict, classes: list) -> tuple:
-    """Short mean / p99 slowdown (against each query's traced CPU) and the most arrivals
-    in the system, waiting for a connection included."""
+def summary(results: Path) -> tuple:
+    """Short mean / p99 slowdown (against each query's CPU: one process each) and the
+    most arrivals in the system, waiting for a connection included."""
     rows = list(csv.DictReader(open(results)))
-    short = [float(r["latency_ms"]) / iso for r, iso, c in zip(rows, isolated, classes)
-             if c == "short"]
+    short = [float(r["latency_ms"]) / float(r["isolated_ms"]) for r in rows
+             if r["class"] == "short"]
     events = sorted([(float(r["arrival_ms"]), 1) for r in rows]
                     + [(float(r["finish_ms"]), -1) for r in rows])
     most, now = 0, 0
@@ -92,7 +92,6 @@ def main():
     txns = sorted((t for t in analysis.parse_logs(str(a.run_dir / "app_pool" / a.round))
                    if not t.failed), key=lambda t: t.arrival_s)
     cpu = cpu_per_query(a.cpu_from, a.config, a.alpha)
-    classes = [script_info[t.script][1] for t in txns]
     print(f"# Replay of {a.round} ({len(txns)} arrivals, {a.connections} connections)\n\n"
           f"Run `{a.run_dir}`; each query's CPU: the median of its statements in "
           f"`{a.cpu_from}`, {a.config} at α {a.alpha}; 2 slots, the shipped decay "
@@ -103,15 +102,15 @@ def main():
     span_s = txns[-1].arrival_s - txns[0].arrival_s
     with tempfile.TemporaryDirectory() as tmp:
         for scale in map(float, a.scale.split(",")):
-            isolated = [cpu[script_info[t.script]] * scale for t in txns]
-            load = sum(isolated) / 1000 / span_s / 2
+            need_s = sum(cpu[script_info[t.script]] for t in txns) * scale / 1000
+            load = need_s / span_s / 2
             cells = []
             for _, args, grouped in POLICIES:
                 wl, res = Path(tmp) / "wl.csv", Path(tmp) / "res.csv"
                 write_workload(txns, script_info, cpu, scale, grouped, wl)
                 sim(["run", *DEFAULTS, "--slots", 2, "--max-active", a.connections, *args,
                      "--results", res, wl])
-                mean, p99, most = summary(res, isolated, classes)
+                mean, p99, most = summary(res)
                 cells.append(f"{mean:.2f} / {p99:.2f} ({most})")
             print(f"| {scale:g} | {load:.2f} | " + " | ".join(cells) + " |")
 
