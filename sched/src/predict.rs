@@ -440,7 +440,12 @@ impl<'a> Table<'a> {
     /// learns) with planner cost `cost` that used `cpu_us` µs and ended at `now`, after
     /// it was predicted as `prediction`; `short_us` is the threshold its prediction is
     /// judged by. A fingerprint not in the table takes an empty slot of its set, else
-    /// the least recently seen one's.
+    /// the least recently seen one-off's (a fingerprint recorded once), else the least
+    /// recently seen one's: a stream of statements that never repeat (ad hoc reports, a
+    /// tool that writes each query anew) cycles through the set's one-offs and leaves
+    /// the fingerprints that repeat, which are the ones a history predicts, in place;
+    /// the first newcomer into a set that holds no one-off still evicts, so a set never
+    /// closes to new fingerprints (the probation of 2Q, Johnson and Shasha 1994).
     pub fn record(
         &mut self,
         key: u64,
@@ -458,9 +463,12 @@ impl<'a> Table<'a> {
         let set = set_of(key, self.slots.len());
         let slots = &mut self.slots[set];
         let at = slots.iter().position(|h| h.key == key).unwrap_or_else(|| {
-            // an empty slot has key 0 and last_seen 0, so it goes first
+            // an empty slot has key 0, so it goes first
             let victim = (0..slots.len())
-                .min_by_key(|&i| (slots[i].key != 0, slots[i].last_seen))
+                .min_by_key(|&i| {
+                    let h = &slots[i];
+                    (h.key != 0, h.executions > 1, h.last_seen)
+                })
                 .unwrap_or(0);
             slots[victim] = History {
                 key,
@@ -637,6 +645,33 @@ mod tests {
             assert!(t.view().history(k).is_some(), "{k} was evicted");
         }
         assert_eq!(t.view().histories().count(), WAYS);
+    }
+
+    #[test]
+    fn statements_that_never_repeat_leave_the_repeating_ones_in_place() {
+        let mut parts = Parts::new(WAYS); // one set
+        let mut t = parts.table();
+        for k in 1..=WAYS as u64 {
+            t.record(k, 0.0, 1.0, k, None, 1.0);
+            t.record(k, 0.0, 1.0, k, None, 1.0);
+        }
+        // a hundred one-offs, each newer than every repeating fingerprint: the first
+        // takes the least recent one's slot (1), the rest take each other's
+        for k in 1000..1100 {
+            t.record(k, 0.0, 1.0, k, None, 1.0);
+        }
+        assert!(t.view().history(1).is_none());
+        for k in 2..=WAYS as u64 {
+            assert!(t.view().history(k).is_some(), "{k} was evicted by one-offs");
+        }
+        assert!(t.view().history(1099).is_some());
+        assert!(t.view().history(1098).is_none());
+        // a newcomer that repeats before the next one-off arrives is kept as well
+        t.record(2000, 0.0, 1.0, 2000, None, 1.0);
+        t.record(2000, 0.0, 1.0, 2001, None, 1.0);
+        t.record(3000, 0.0, 1.0, 3000, None, 1.0);
+        assert_eq!(t.view().history(2000).map(|h| h.executions), Some(2));
+        assert!(t.view().history(2).is_none(), "the least recent repeating one goes");
     }
 
     #[test]
