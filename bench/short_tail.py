@@ -4,7 +4,7 @@ first slot of the short single-process statements, their waits for a slot, and t
 short mean and p99 slowdown with one part of every short statement's response time
 taken out (stride_bench/simgap.py, TAIL_PARTS).
 
-Usage: bench/short_tail.py RUN_DIR --config stride-pinned-lowmin [--alpha 0.95]
+Usage: bench/short_tail.py RUN_DIR --config stride-pinned-lowmin [--alpha 0.95] [--query q01]
 
 The point must come from a configuration with `pg_stride.trace = on`. Prints Markdown.
 """
@@ -24,14 +24,20 @@ def main():
     ap.add_argument("run_dir")
     ap.add_argument("--config", required=True)
     ap.add_argument("--alpha", default=None, help="load point (default: the highest)")
+    ap.add_argument("--query", help="only this query's statements (q01, s03, ...)")
     a = ap.parse_args()
     run_dir = Path(a.run_dir).resolve()
     meta = json.loads((run_dir / "results.json").read_text())
     alpha = a.alpha or max(meta["open_loop"][a.config], key=float)
-    stmts = simgap.short_statements(simgap.Point(run_dir, a.config, alpha))
+    pt = simgap.Point(run_dir, a.config, alpha)
+    stmts = [s for s in simgap.short_statements(pt) if a.query in (None, s["query"])]
+    if not stmts:
+        sys.exit(f"no traced short statements{' of ' + a.query if a.query else ''} in the window")
     w = simgap.first_slot_times(stmts)
-    print(f"# Short tail: {a.config}, α = {alpha}\n\nRun `{run_dir}`; {len(stmts)} short "
-          "statements in the measurement window.\n")
+    what = f"{a.query}'s" if a.query else "short"
+    print(f"# Short tail: {a.config}, α = {alpha}{', ' + a.query if a.query else ''}\n\n"
+          f"Run `{run_dir}`; {len(stmts)} traced {what} statements in the measurement "
+          "window.\n")
     print(f"From arrival to the first slot (parse, plan, executor start and any wait for "
           f"the slot), of the {w['n']} single-process ones: median {w['p50']:.2f} ms, "
           f"p90 {w['p90']:.2f} ms, p99 {w['p99']:.2f} ms; {w['over_10ms']} took more "
