@@ -68,13 +68,9 @@ def summary(results: Path) -> tuple:
     rows = list(csv.DictReader(open(results)))
     short = [float(r["latency_ms"]) / float(r["isolated_ms"]) for r in rows
              if r["class"] == "short"]
-    events = sorted([(float(r["arrival_ms"]), 1) for r in rows]
-                    + [(float(r["finish_ms"]), -1) for r in rows])
-    most, now = 0, 0
-    for _, d in events:
-        now += d
-        most = max(most, now)
-    return statistics.mean(short), analysis.percentile(short, 99), most
+    done = [analysis.Txn(0, 0, float(r["latency_ms"]) / 1000, float(r["finish_ms"]) / 1000, 0.0)
+            for r in rows]
+    return statistics.mean(short), analysis.percentile(short, 99), analysis.max_in_system(done)
 
 
 def main():
@@ -104,12 +100,14 @@ def main():
         for scale in map(float, a.scale.split(",")):
             need_s = sum(cpu[script_info[t.script]] for t in txns) * scale / 1000
             load = need_s / span_s / 2
-            cells = []
-            for _, args, grouped in POLICIES:
-                wl, res = Path(tmp) / "wl.csv", Path(tmp) / "res.csv"
+            workloads = {grouped: Path(tmp) / f"wl{int(grouped)}.csv" for grouped in (False, True)}
+            for grouped, wl in workloads.items():
                 write_workload(txns, script_info, cpu, scale, grouped, wl)
+            cells = []
+            res = Path(tmp) / "res.csv"
+            for _, args, grouped in POLICIES:
                 sim(["run", *DEFAULTS, "--slots", 2, "--max-active", a.connections, *args,
-                     "--results", res, wl])
+                     "--results", res, workloads[grouped]])
                 mean, p99, most = summary(res)
                 cells.append(f"{mean:.2f} / {p99:.2f} ({most})")
             print(f"| {scale:g} | {load:.2f} | " + " | ".join(cells) + " |")
