@@ -17,6 +17,10 @@ started at and the view shows it:
 - a statement never seen is predicted from its plan's cost (the cost model calibrated by
   the others), and has a history of its own once it ended;
 - a statement cancelled by statement_timeout adds nothing to its history;
+- a statement whose plan is above the tiny bound runs unscheduled (the trace does not
+  record it) once its history shows at least three executions under half a slice, its
+  class then tiny, and is still recorded; once it grows past that, its next run is
+  scheduled again;
 - a parallel statement predicted short gets its planned workers on an idle server and
   none beside another running statement (with pg_stride.predict off it gets them there
   too);
@@ -261,6 +265,55 @@ def a_statement_predicted_short_takes_no_workers_under_load(s):
           f"with predict off {unpredicted}")
 
 
+def traced_runs(s, qid, since):
+    """How many runs of `qid` that arrived after `since` the trace recorded: the
+    scheduled ones."""
+    return int(s.sql(f"SELECT count(*) FROM pg_stride.trace WHERE query_id = {qid} "
+                     f"AND arrival > '{since}'"))
+
+
+@check
+def a_repeated_statement_under_half_a_slice_runs_unscheduled_until_it_grows(s):
+    # Catches: a statement whose plan is above the tiny bound but whose history shows it
+    # ends well inside one slice still joining CPU scheduling, where it would wait for a
+    # slot behind long statements for longer than it runs; or one that grew staying
+    # unscheduled. With 50-ms slices the bound is 1,250 cost units and 25 ms of CPU: a
+    # count over MID costs more than the first and uses a few ms. Runs 1-3 are
+    # scheduled (the trace records them) and make its history; runs 4-6 are not, and
+    # are still recorded into it. Then MID grows tenfold: the first run after that
+    # still goes unscheduled (its history said short), uses more than the bound and
+    # schedules the next.
+    sql = "SELECT count(*) FROM predict_mid WHERE a > 0"
+    cost = float(s.sql(f"EXPLAIN (FORMAT JSON) {sql}", user=APP)
+                 .split('"Total Cost":')[1].split(",")[0])
+    assert cost > 25 * 50, f"the count costs {cost}: a tiny plan at 50-ms slices"
+    qid = query_id(s, sql)
+    s.sql(f"ALTER ROLE {APP} SET pg_stride.trace = on; ALTER ROLE {APP} SET pg_stride.slice = '50ms'")
+    try:
+        since = s.sql("SELECT now()")
+        run_app(s, sql, 6)
+        short = traced_runs(s, qid, since)
+        calls, mean, p95, _, _ = history(s, qid)
+        cls = s.sql(f"SET pg_stride.slice = '50ms'; SELECT class FROM pg_stride.statements "
+                    f"WHERE queryid = {qid}")
+        s.sql("INSERT INTO predict_mid SELECT g FROM generate_series(1, 1000000) g")
+        since = s.sql("SELECT now()")
+        run_app(s, sql, 2)
+        grown = traced_runs(s, qid, since)
+        after = history(s, qid)
+        cls_after = s.sql(f"SET pg_stride.slice = '50ms'; SELECT class FROM pg_stride.statements "
+                          f"WHERE queryid = {qid}")
+    finally:
+        s.sql(f"ALTER ROLE {APP} RESET pg_stride.trace; ALTER ROLE {APP} RESET pg_stride.slice")
+        s.sql("TRUNCATE predict_mid; INSERT INTO predict_mid SELECT g FROM generate_series(1, 100000) g")
+    assert (short, calls) == (3, 6) and p95 <= 25, (short, calls, mean, p95)
+    assert cls == "tiny", cls
+    # both grown runs recorded; the second scheduled, and traced
+    assert after[0] == 8 and cls_after != "tiny" and grown == 1, (after, cls_after, grown)
+    print(f"    cost {cost:.0f}, mean {mean:.2f} ms, p95 {p95:.2f} ms: 3 of 6 runs scheduled; "
+          f"grown tenfold, 1 of 2")
+
+
 @check
 def quality_counts_each_scheduled_statement_once(s):
     s.sql("SELECT pg_stride.reset_stats()")
@@ -340,8 +393,9 @@ def setup(s):
           f"CREATE ROLE {STATS} LOGIN IN ROLE pg_read_all_stats")
     s.sql("CREATE TABLE predict_big AS SELECT g AS a FROM generate_series(1, 3000000) g")
     s.sql("CREATE TABLE predict_small AS SELECT g AS a FROM generate_series(1, 20000) g")
-    s.sql("VACUUM ANALYZE predict_big, predict_small")
-    s.sql(f"GRANT SELECT ON predict_big, predict_small TO {APP}, {OTHER}")
+    s.sql("CREATE TABLE predict_mid AS SELECT g AS a FROM generate_series(1, 100000) g")
+    s.sql("VACUUM ANALYZE predict_big, predict_small, predict_mid")
+    s.sql(f"GRANT SELECT ON predict_big, predict_small, predict_mid TO {APP}, {OTHER}")
 
 
 def main():

@@ -384,6 +384,9 @@ def a_new_statement_does_not_wait_for_a_decayed_holders_slice(s):
     try:
         holder, prober = concurrency.Session(s), concurrency.Session(s)
         pid = holder.run("SET pg_stride.slice = '1s'; SELECT pg_backend_pid()")[0]
+        # Every probe must be scheduled: with prediction on, a probe of about a
+        # millisecond would run unscheduled by its history from its fourth run on.
+        prober.run("SET pg_stride.predict = off; SELECT 1")
         before = yield_requests(s)
         holder.send(LONG)
         time.sleep(2.5)

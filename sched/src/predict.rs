@@ -71,6 +71,8 @@ pub struct History {
     pub var_us2: f64,
     /// Largest CPU of one execution, µs (bounds the p95 estimate).
     pub max_us: f64,
+    /// CPU of the latest execution, µs, uncapped ([`History::runs_unscheduled`]).
+    pub last_us: f64,
 }
 
 impl History {
@@ -94,6 +96,7 @@ impl History {
         self.mean_us += w * delta;
         self.var_us2 = (1.0 - w) * (self.var_us2 + w * delta * delta);
         self.max_us = self.max_us.max(cpu_us);
+        self.last_us = cpu_us;
         self.last_seen = now;
     }
 
@@ -107,7 +110,36 @@ impl History {
     pub fn p95_us(&self) -> f64 {
         (self.mean_us + 1.645 * self.sd_us()).min(self.max_us)
     }
+
+    /// Whether the fingerprint's next execution may run without CPU scheduling, where a
+    /// slice is `slice_us`: it ran at least [`UNSCHEDULED_AFTER`] times, its executions
+    /// all but the rarest ([`History::p95_us`]) and its latest used at most
+    /// [`UNSCHEDULED_SLICE_SHARE`] of a slice.
+    ///
+    /// Such a statement ends within its first quantum once it holds a slot, so
+    /// scheduling it changes nothing but its wait for that slot, which a long statement
+    /// holds up to a slice between two yield points: the wait of a 0.3-ms statement
+    /// beside long ones is mostly that
+    /// (bench/results/short-beside-long/synthetic_s03_20261205.md). Unscheduled, it takes at most that share of a slice
+    /// from the holders, through the kernel's scheduler, as a plan too small to schedule
+    /// does. The latest execution counts on its own so that one that grew (its table
+    /// did, or its parameters select more) is scheduled from the next execution on,
+    /// before its mean has caught up; the caller records unscheduled executions too, so
+    /// that the history keeps following them.
+    pub fn runs_unscheduled(&self, slice_us: f64) -> bool {
+        let bound = UNSCHEDULED_SLICE_SHARE * slice_us;
+        self.executions >= UNSCHEDULED_AFTER && self.p95_us() <= bound && self.last_us <= bound
+    }
 }
+
+/// Executions a fingerprint's history needs before [`History::runs_unscheduled`] trusts
+/// it: one or two say little about the spread.
+pub const UNSCHEDULED_AFTER: u64 = 3;
+
+/// The share of a slice below which a fingerprint's executions run without CPU
+/// scheduling ([`History::runs_unscheduled`]): half, so that the latest execution may
+/// double before one runs past the slice that scheduling would have given it at once.
+pub const UNSCHEDULED_SLICE_SHARE: f64 = 0.5;
 
 /// The prior for a fingerprint without history: CPU ≈ planner cost × ratio, with the
 /// ratio's logarithm averaged over the executions recorded ([`WINDOW`]-weighted like a
@@ -569,6 +601,44 @@ mod tests {
         tiny.add(10_000.0, 2);
         assert_eq!(tiny.max_us, 10_000.0);
         assert!((tiny.mean_us - (2.0 + 10_000.0) / 2.0).abs() < 1e-6, "{tiny:?}");
+    }
+
+    #[test]
+    fn a_fingerprint_runs_unscheduled_once_its_executions_stay_under_half_a_slice() {
+        let slice_us = 2_000.0;
+        let mut h = History::default();
+        // 0.3 ms each: trusted from the third execution on, not before
+        for t in 0..UNSCHEDULED_AFTER {
+            assert!(!h.runs_unscheduled(slice_us), "after {t}: {h:?}");
+            h.add(300.0, t);
+        }
+        assert!(h.runs_unscheduled(slice_us), "{h:?}");
+        // the same executions are scheduled under a slice of half a millisecond
+        assert!(!h.runs_unscheduled(500.0), "{h:?}");
+        // once the window is full, one that ran past half a slice schedules the next
+        // at once, although neither the mean nor the p95 estimate has caught up
+        let mut t = UNSCHEDULED_AFTER;
+        while t < 2 * WINDOW {
+            h.add(300.0, t);
+            t += 1;
+        }
+        h.add(1_500.0, t);
+        assert!(h.p95_us() < 1_000.0 && !h.runs_unscheduled(slice_us), "{h:?}");
+        // short again: unscheduled from the next execution on
+        h.add(300.0, t + 1);
+        assert!(h.runs_unscheduled(slice_us), "{h:?}");
+    }
+
+    #[test]
+    fn a_fingerprint_whose_executions_vary_widely_stays_scheduled() {
+        // a mean of 0.95 ms made of runs of 0.1 and 1.8 ms: its p95 is above the bound
+        // although its latest run and its mean are below
+        let mut h = History::default();
+        for t in 0..20 {
+            h.add(if t % 2 == 0 { 1_800.0 } else { 100.0 }, t);
+        }
+        assert!(h.last_us <= 1_000.0 && h.mean_us <= 1_000.0, "{h:?}");
+        assert!(!h.runs_unscheduled(2_000.0), "{h:?}");
     }
 
     #[test]

@@ -62,9 +62,10 @@ pub use settings::{
     tuner_on,
 };
 pub use slots::{begin_run, end_run};
+pub use prediction::record_unscheduled;
 pub use tiny::{
     below_bound, counts_as_far_too_long, counts_as_long, is_tiny, may_have_run_long, ran_long,
-    sweep_long_runs,
+    sweep_long_runs, tiny_by_history,
 };
 pub use trace::{read_window, Arrival};
 pub use watchdog::watchdog;
@@ -248,14 +249,14 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
                 acct,
             };
             trace::record_end(shared, &ended, s);
-            if !m.shared {
+            if !m.shared && !failed {
                 prediction::record(
                     shared,
                     sched,
                     (m.query_id, m.plan_cost),
                     m.prediction,
-                    s,
-                    failed,
+                    s.group.0 as usize,
+                    s.cpu_ns,
                 );
             }
         }

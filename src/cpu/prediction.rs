@@ -3,11 +3,12 @@
 //! recorded when it ends (`pg_stride_sched::predict`; docs/design.md §2).
 //!
 //! Only statements that reach a check-in are predicted and recorded: the rest never
-//! compete for a slot, and cost nothing here.
+//! compete for a slot, and cost nothing here. Once a history says a fingerprint's
+//! executions stay under half a slice, they run unscheduled (`tiny::tiny_by_history`)
+//! and are still recorded, so that the history follows them.
 
-use crate::{pg, shmem};
-use pg_stride_sched::predict::{Prediction, StartPolicy};
-use pg_stride_sched::shared::QuerySnapshot;
+use crate::{pg, plan_costs, shmem};
+use pg_stride_sched::predict::{Prediction, Source, StartPolicy};
 use pg_stride_sched::SchedShared;
 
 /// The prediction for a statement of group slot `group` with query identifier
@@ -35,9 +36,11 @@ pub(super) fn predict(
     Some((prediction, start))
 }
 
-/// Records what a statement that ran scheduled used (its query entry's `snapshot` as it
-/// left it), after it was predicted as `prediction`. A failed statement (an error, a
-/// cancel, a timeout) is not recorded: it used less than it would have.
+/// Records the CPU, `cpu_ns`, that a statement of group slot `group` used, after it was
+/// predicted as `prediction`: one that ran scheduled (its query entry's CPU as it left
+/// it), or one that ran unscheduled by its history ([`record_unscheduled`]). A failed
+/// statement (an error, a cancel, a timeout) is not recorded: it used less than it would
+/// have; its caller does not call this.
 // Out of line, as predict.
 #[inline(never)]
 pub(super) fn record(
@@ -45,17 +48,40 @@ pub(super) fn record(
     sched: &SchedShared,
     (query_id, plan_cost): (u64, f64),
     prediction: Option<Prediction>,
-    snapshot: &QuerySnapshot,
-    failed: bool,
+    group: usize,
+    cpu_ns: u64,
 ) {
-    if failed {
-        return;
-    }
-    let cpu_us = snapshot.cpu_ns as f64 / 1000.0;
-    let short_us = sched.short_threshold_us(snapshot.group.0 as usize);
+    let cpu_us = cpu_ns as f64 / 1000.0;
+    let short_us = sched.short_threshold_us(group);
     let now = pg::now_timestamp().max(0) as u64;
     shared
         .histories
         .locked()
         .record(query_id, plan_cost, cpu_us, now, prediction, short_us);
+}
+
+/// A statement of group slot `group` that ran unscheduled by its history
+/// (`tiny::tiny_by_history`, which predicted `predicted_us`) ended normally after using
+/// `cpu_ns` of CPU: recorded as a scheduled one is, so that its history follows it.
+/// `plan_cost` is its plan's cost as given, scaled here to the default costs.
+pub fn record_unscheduled(
+    shared: &shmem::Shared,
+    group: usize,
+    (query_id, plan_cost): (u64, f64),
+    predicted_us: f64,
+    cpu_ns: u64,
+) {
+    let Some(sched) = shared.sched() else { return };
+    let prediction = Prediction {
+        cpu_us: predicted_us,
+        source: Source::History,
+    };
+    record(
+        shared,
+        sched,
+        (query_id, plan_costs::at_defaults(plan_cost)),
+        Some(prediction),
+        group,
+        cpu_ns,
+    );
 }

@@ -8,6 +8,12 @@
 //! user-defined function, say — pay admission alone, as a write does (docs/design.md §4
 //! rule 2).
 //!
+//! A plan above the bound runs unscheduled too once its fingerprint's history says its
+//! executions stay under half a slice of CPU ([`tiny_by_history`]): a repeated
+//! statement of a fraction of a millisecond that reads a few hundred pages would
+//! otherwise wait for a slot at its first check-in, behind long statements that hold
+//! the slots a slice at a time, for longer than it runs.
+//!
 //! A plan is an estimate. A statement that was called tiny but whose ExecutorRuns took
 //! more than [`RAN_LONG_SLICES`] slices (stale statistics, a function that returns far
 //! more rows than it declares), twice, in any backend, is known for the next ten
@@ -44,13 +50,45 @@ const RAN_LONG_SLICES: u64 = 10;
 /// session that lowered them (to 0, say) lowers it alike (`plan_costs::scale`), and gets
 /// no unscheduled statements by it.
 pub fn is_tiny(plan_cost: f64, relation: u32, fingerprint: impl FnOnce() -> u64) -> bool {
-    below_bound(plan_cost)
-        && !shmem::shared().is_some_and(|shared| {
-            shared.long_runs.may_be_scheduled(relation)
-                && shared
-                    .long_runs
-                    .is_scheduled(relation, fingerprint(), now_s())
-        })
+    below_bound(plan_cost) && !ran_long_lately(relation, fingerprint)
+}
+
+/// Whether a statement with relation key `relation` and fingerprint `fingerprint()` ran
+/// long twice in the last ten minutes ([`ran_long`]): scheduled, whatever its plan or
+/// history say. The fingerprint is computed only if one with the same key did.
+fn ran_long_lately(relation: u32, fingerprint: impl FnOnce() -> u64) -> bool {
+    shmem::shared().is_some_and(|shared| {
+        shared.long_runs.may_be_scheduled(relation)
+            && shared
+                .long_runs
+                .is_scheduled(relation, fingerprint(), now_s())
+    })
+}
+
+/// The CPU predicted, µs, for a serial read whose plan is above the bound but whose
+/// query identifier's history says its executions stay under half a slice
+/// (`pg_stride_sched::predict::History::runs_unscheduled`); `None` for any other.
+/// Such a statement runs as a tiny one does, its ExecutorRuns timed, and its CPU is
+/// recorded into its history when it ends ([`super::record_unscheduled`]), so that one
+/// that grows is scheduled again. Only with `pg_stride.predict` on, and for a statement
+/// with an identifier (`query_id`, 0 for none); one that ran long twice lately
+/// ([`ran_long_lately`]) is scheduled like a tiny plan that did.
+pub fn tiny_by_history(
+    query_id: u64,
+    relation: u32,
+    fingerprint: impl FnOnce() -> u64,
+) -> Option<f64> {
+    if query_id == 0 || !super::settings::predicts() {
+        return None;
+    }
+    let slice_us = super::settings::slice_ms() * 1000.0;
+    let mean_us = shmem::shared()?.histories.read(|table| {
+        table
+            .history(query_id)
+            .filter(|h| h.runs_unscheduled(slice_us))
+            .map(|h| h.mean_us)
+    })?;
+    (!ran_long_lately(relation, fingerprint)).then_some(mean_us)
 }
 
 /// Whether a plan whose total cost is `plan_cost` is below the bound of a tiny one. With

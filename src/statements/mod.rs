@@ -8,8 +8,9 @@
 //! is admitted (or skips the queue: exempt, or its backend already holds an admission),
 //! and is registered as a [`Statement`] in stage [`Stage::Admitted`], its parallel
 //! workers reserved. Once ExecutorStart built its plan state, a statement that may be
-//! paused, unless its plan is too small to schedule (`cpu::is_tiny`; its ExecutorRuns
-//! are then only timed, to learn a misestimate), joins CPU scheduling
+//! paused, unless its plan is too small to schedule (`cpu::is_tiny`) or its
+//! fingerprint's history says its executions are (`cpu::tiny_by_history`; its
+//! ExecutorRuns are then only timed, to learn a misestimate), joins CPU scheduling
 //! ([`executor_started`], [`Stage::Joined`]): its scans
 //! become yield points, and from its first check-in it holds a CPU slot or waits for
 //! one (`cpu`). Each ExecutorRun takes the slot and gives it back ([`run_begins`],
@@ -84,11 +85,28 @@ struct Statement {
     workers: Grant,
     /// When it arrived and was admitted, for the tuner's trace.
     arrival: cpu::Arrival,
-    /// Whether its plan is too small for CPU scheduling (`cpu::is_tiny`): it never
-    /// joins, and its end tells whether it really was.
+    /// Whether its plan is too small for CPU scheduling (`cpu::is_tiny`), or its
+    /// fingerprint's history says so (`by_history`): it never joins, and its end tells
+    /// whether it really was.
     tiny: bool,
+    /// For a statement unscheduled by its history: what its end records there.
+    by_history: Option<ByHistory>,
     /// Wall time its ExecutorRuns took so far, ns, measured for a tiny one only.
     ran_ns: u64,
+}
+
+/// A statement that runs unscheduled because its fingerprint's history says its
+/// executions stay under half a slice (`cpu::tiny_by_history`): its CPU is recorded
+/// into that history when it ends (`cpu::record_unscheduled`).
+#[derive(Clone, Copy)]
+struct ByHistory {
+    /// Its query identifier and plan cost.
+    query_id: u64,
+    plan_cost: f64,
+    /// The CPU its history predicted, µs.
+    predicted_us: f64,
+    /// This thread's CPU clock when it arrived, ns.
+    cpu_at_arrival: u64,
 }
 
 /// The backend's registered statements: one, or a few open cursors.
@@ -192,7 +210,20 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         (pg::query_id_and_cost(stmt), (*stmt).parallelModeNeeded)
     };
     let pausable = cpu::is_pausable(desc);
-    let tiny = pausable && !parallel && cpu::is_tiny(plan_cost, relation, fingerprint);
+    let serial_read = pausable && !parallel;
+    let tiny_plan = serial_read && cpu::is_tiny(plan_cost, relation, fingerprint);
+    // A plan above the bound may still be tiny by its fingerprint's history: one lookup
+    // of the histories, for statements that would otherwise be scheduled only.
+    let by_history = (serial_read && !tiny_plan)
+        .then(|| cpu::tiny_by_history(query_id, relation, fingerprint))
+        .flatten()
+        .map(|predicted_us| ByHistory {
+            query_id,
+            plan_cost,
+            predicted_us,
+            cpu_at_arrival: os::thread_cpu_ns(),
+        });
+    let tiny = tiny_plan || by_history.is_some();
     let joins = pausable && !tiny;
     // The clocks are read for the trace of a statement that joins CPU scheduling only.
     let mut arrival = if joins {
@@ -230,6 +261,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
             workers: Grant::default(),
             arrival,
             tiny,
+            by_history,
             ran_ns: 0,
         })
     });
@@ -533,6 +565,16 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
             // included, is still whole at ExecutorEnd.
             if !failed && cpu::counts_as_long(r.ran_ns) {
                 unadmitted::learn_long_run(r.desc);
+            }
+            if let (false, Some(h)) = (failed, r.by_history) {
+                let cpu_ns = os::thread_cpu_ns().saturating_sub(h.cpu_at_arrival);
+                cpu::record_unscheduled(
+                    shared,
+                    r.group,
+                    (h.query_id, h.plan_cost),
+                    h.predicted_us,
+                    cpu_ns,
+                );
             }
         }
         parallel::return_workers(shared, r.group, r.workers);

@@ -3,12 +3,14 @@
 //! (how good the predictions were).
 
 use super::shared_access::require_shared;
+use crate::cpu;
 use pg_stride_sched::predict::{self, ERROR_SPAN};
 use pgrx::prelude::*;
 
 /// One row per fingerprint (query identifier) with a history: the CPU of its scheduled
-/// executions, whose decayed mean is its prediction, and its class under the server's
-/// decay settings in force (the tuner's while it is on; a group with a `decay_start` of
+/// executions, whose decayed mean is its prediction, and its class: `tiny` when its
+/// next execution would run unscheduled in this session (`cpu::tiny_by_history`), else
+/// `short` or `long` under the server's decay settings in force (the tuner's while it is on; a group with a `decay_start` of
 /// its own classifies by that, as `pg_stride.activity` shows); the `pg_stride.statements` view, readable by members of
 /// `pg_read_all_stats` (a fingerprint is shared by every role that runs the statement).
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
@@ -33,6 +35,10 @@ fn statements_state() -> TableIterator<
     let histories: Vec<_> = shared
         .histories
         .read(|table| table.histories().copied().collect());
+    // As this session would run them (`cpu::tiny_by_history`): its slice, its predict.
+    let slice_us = cpu::slice_ms() * 1000.0;
+    let predicts = cpu::predicts();
+    let unscheduled = move |h: &predict::History| predicts && h.runs_unscheduled(slice_us);
     let rows = histories.into_iter().map(move |h| {
         (
             h.key as i64,
@@ -42,6 +48,7 @@ fn statements_state() -> TableIterator<
             h.p95_us() / 1e3,
             h.max_us / 1e3,
             match predict::Class::of(h.mean_us, short_us) {
+                _ if unscheduled(&h) => "tiny",
                 predict::Class::Short => "short",
                 predict::Class::Long => "long",
             },
@@ -52,7 +59,7 @@ fn statements_state() -> TableIterator<
 }
 
 /// How good the predictions were since the server started or `pg_stride.reset_stats()`,
-/// counted as each scheduled statement ended; the `pg_stride.prediction_quality` view.
+/// counted as each scheduled statement ended, and each one unscheduled by its history; the `pg_stride.prediction_quality` view.
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]
 fn prediction_quality_state() -> TableIterator<
