@@ -6,6 +6,9 @@ taken out (stride_bench/simgap.py, TAIL_PARTS).
 
 Usage: bench/short_tail.py RUN_DIR --config stride-pinned-lowmin [--alpha 0.95] [--query q01]
 
+Short statements that the trace did not record (they ran without CPU scheduling) are
+counted apart, with their own slowdowns.
+
 The point must come from a configuration with `pg_stride.trace = on`. Prints Markdown.
 """
 
@@ -31,13 +34,20 @@ def main():
     alpha = a.alpha or max(meta["open_loop"][a.config], key=float)
     pt = simgap.Point(run_dir, a.config, alpha)
     stmts = [s for s in simgap.short_statements(pt) if a.query in (None, s["query"])]
-    if not stmts:
-        sys.exit(f"no traced short statements{' of ' + a.query if a.query else ''} in the window")
-    w = simgap.first_slot_times(stmts)
+    untraced = [sd for q, sd in simgap.untraced_short(pt) if a.query in (None, q)]
     what = f"{a.query}'s" if a.query else "short"
     print(f"# Short tail: {a.config}, α = {alpha}{', ' + a.query if a.query else ''}\n\n"
           f"Run `{run_dir}`; {len(stmts)} traced {what} statements in the measurement "
           "window.\n")
+    if untraced:
+        # The trace records scheduled statements only.
+        print(f"{len(untraced)} more were not traced: they ran without CPU scheduling (a "
+              "tiny plan, or one whose history says it ends within half a slice); their "
+              f"slowdown mean {sum(untraced) / len(untraced):.2f}, p99 "
+              f"{analysis.percentile(untraced, 99):.2f}. Nothing below counts them.\n")
+    if not stmts:
+        sys.exit(f"no traced short statements{' of ' + a.query if a.query else ''} in the window")
+    w = simgap.first_slot_times(stmts)
     print(f"From arrival to the first slot (parse, plan, executor start and any wait for "
           f"the slot), of the {w['n']} single-process ones: median {w['p50']:.2f} ms, "
           f"p90 {w['p90']:.2f} ms, p99 {w['p99']:.2f} ms; {w['over_10ms']} took more "

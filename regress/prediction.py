@@ -280,9 +280,9 @@ def a_repeated_statement_under_half_a_slice_runs_unscheduled_until_it_grows(s):
     # unscheduled. With 50-ms slices the bound is 1,250 cost units and 25 ms of CPU: a
     # count over MID costs more than the first and uses a few ms. Runs 1-3 are
     # scheduled (the trace records them) and make its history; runs 4-6 are not, and
-    # are still recorded into it. Then MID grows tenfold: the first run after that
-    # still goes unscheduled (its history said short), uses more than the bound and
-    # schedules the next.
+    # are still recorded into it, as is a loop over it. Then MID grows 31-fold: the
+    # first run after that still goes unscheduled (its history said short), uses more
+    # than the bound and schedules the next.
     sql = "SELECT count(*) FROM predict_mid WHERE a > 0"
     cost = float(s.sql(f"EXPLAIN (FORMAT JSON) {sql}", user=APP)
                  .split('"Total Cost":')[1].split(",")[0])
@@ -296,7 +296,15 @@ def a_repeated_statement_under_half_a_slice_runs_unscheduled_until_it_grows(s):
         calls, mean, p95, _, _ = history(s, qid)
         cls = s.sql(f"SET pg_stride.slice = '50ms'; SELECT class FROM pg_stride.statements "
                     f"WHERE queryid = {qid}")
-        s.sql("INSERT INTO predict_mid SELECT g FROM generate_series(1, 1000000) g")
+        # The same statement as the query of a PL/pgSQL loop (the same identifier) whose
+        # body runs LONG between the loop's fetches: unscheduled, it records the CPU of
+        # its own runs, not LONG's quarter of a second.
+        loop = (f"DO $$DECLARE r record; BEGIN FOR r IN {sql} LOOP "
+                f"PERFORM * FROM ({LONG}) l; END LOOP; END$$")
+        since = s.sql("SELECT now()")
+        s.sql(loop, user=APP)
+        beside = traced_runs(s, qid, since), history(s, qid)
+        s.sql("INSERT INTO predict_mid SELECT g FROM generate_series(1, 3000000) g")
         since = s.sql("SELECT now()")
         run_app(s, sql, 2)
         grown = traced_runs(s, qid, since)
@@ -308,10 +316,13 @@ def a_repeated_statement_under_half_a_slice_runs_unscheduled_until_it_grows(s):
         s.sql("TRUNCATE predict_mid; INSERT INTO predict_mid SELECT g FROM generate_series(1, 100000) g")
     assert (short, calls) == (3, 6) and p95 <= 25, (short, calls, mean, p95)
     assert cls == "tiny", cls
+    (loop_traced, (loop_calls, _, _, loop_max, _)) = beside
+    assert (loop_traced, loop_calls) == (0, 7) and loop_max <= 25, beside
     # both grown runs recorded; the second scheduled, and traced
-    assert after[0] == 8 and cls_after != "tiny" and grown == 1, (after, cls_after, grown)
+    assert after[0] == 9 and cls_after != "tiny" and grown == 1, (after, cls_after, grown)
     print(f"    cost {cost:.0f}, mean {mean:.2f} ms, p95 {p95:.2f} ms: 3 of 6 runs scheduled; "
-          f"grown tenfold, 1 of 2")
+          f"as a loop's query beside LONG, unscheduled, its largest run {loop_max:.2f} ms; "
+          f"grown 31-fold, 1 of 2")
 
 
 @check

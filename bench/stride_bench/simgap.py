@@ -449,6 +449,20 @@ def short_statements(pt: Point) -> list:
     return out
 
 
+def untraced_short(pt: Point) -> list:
+    """(query, slowdown) of each short statement of the point's window that no trace
+    record matched: one that ran without CPU scheduling, which the trace does not
+    record."""
+    out = []
+    for i, t in enumerate(pt.txns):
+        q, cls = pt.script_info[t.script]
+        if (cls != "short" or t.failed or i in pt.pairs
+                or not pt.window[0] <= t.arrival_s < pt.window[1]):
+            continue
+        out.append((q, (t.end_s - t.arrival_s) / pt.iso[(q, cls)]))
+    return out
+
+
 def without_part(stmts: list, part) -> tuple:
     """(mean, p99) of the short slowdowns with `part` (a key, or None) taken out of
     each statement's response (never below 1 % of its isolated latency)."""

@@ -926,6 +926,13 @@ class SimGapTest(unittest.TestCase):
         self.assertAlmostEqual(simgap.without_part(stmts, "pre")[0], (2 + 2.8 + 5) / 3)
         w = simgap.first_slot_times(stmts)
         self.assertEqual((w["n"], w["over_10ms"]), (3, 1))
+        self.assertEqual(simgap.untraced_short(pt), [])
+        # the second run was not traced (it ran unscheduled), nor a failed one after it
+        pt.pairs = {0: 0, 2: 2, 3: 3}
+        pt.txns = txns + [analysis.Txn(4, 0, 0.050, 100.8, 0.0, failed=True)]
+        self.assertEqual([round(s["lat"], 6) for s in simgap.short_statements(pt)], [20.0, 60.0])
+        self.assertEqual([(q, round(sd, 6)) for q, sd in simgap.untraced_short(pt)],
+                         [("q01", 3.0)])
 
 
     def test_class_groups_are_replayed_as_groups_of_their_own(self):

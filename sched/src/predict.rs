@@ -22,8 +22,9 @@
 //! * [`start_policy`] — what a prediction does to a statement's priority.
 //!
 //! Only executions that reached CPU scheduling are recorded (the extension joins a
-//! statement to scheduling at its first check-in): a history is that of the statements
-//! the scheduler had to place, which is the distribution its decision is about.
+//! statement to scheduling at its first check-in), and those that ran unscheduled
+//! because their history said so ([`History::runs_unscheduled`]): a history is that of
+//! the statements the scheduler had to place, or chose not to.
 
 use crate::decay::{DecayParams, PriorityRange};
 
@@ -31,7 +32,7 @@ use crate::decay::{DecayParams, PriorityRange};
 pub const WAYS: usize = 8;
 
 /// Fingerprints the extension's table holds (pg_stat_statements keeps 5000 by default;
-/// this table keeps only statements that reached CPU scheduling): 96 kB of shared memory.
+/// this table keeps only statements that reached CPU scheduling): 112 kB of shared memory.
 pub const CAPACITY: usize = 2048;
 
 /// Executions averaged exactly before a history becomes an exponentially weighted mean

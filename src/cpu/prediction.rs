@@ -3,11 +3,11 @@
 //! recorded when it ends (`pg_stride_sched::predict`; docs/design.md §2).
 //!
 //! Only statements that reach a check-in are predicted and recorded: the rest never
-//! compete for a slot, and cost nothing here. Once a history says a fingerprint's
-//! executions stay under half a slice, they run unscheduled (`tiny::tiny_by_history`)
-//! and are still recorded, so that the history follows them.
+//! compete for a slot. Once a history says a fingerprint's executions stay under half a
+//! slice, they run unscheduled (`tiny::tiny_by_history`) and are still recorded, so
+//! that the history follows them.
 
-use crate::{pg, plan_costs, shmem};
+use crate::{pg, shmem};
 use pg_stride_sched::predict::{Prediction, Source, StartPolicy};
 use pg_stride_sched::SchedShared;
 
@@ -61,9 +61,10 @@ pub(super) fn record(
 }
 
 /// A statement of group slot `group` that ran unscheduled by its history
-/// (`tiny::tiny_by_history`, which predicted `predicted_us`) ended normally after using
-/// `cpu_ns` of CPU: recorded as a scheduled one is, so that its history follows it.
-/// `plan_cost` is its plan's cost as given, scaled here to the default costs.
+/// (`tiny::tiny_by_history`, which predicted `predicted_us`) ended normally after its
+/// ExecutorRuns used `cpu_ns` of CPU: recorded as a scheduled one is, so that its
+/// history follows it. `plan_cost` is its plan's cost at the default CPU costs
+/// (`plan_costs::at_defaults`, taken when it started, as a scheduled one's is).
 pub fn record_unscheduled(
     shared: &shmem::Shared,
     group: usize,
@@ -79,7 +80,7 @@ pub fn record_unscheduled(
     record(
         shared,
         sched,
-        (query_id, plan_costs::at_defaults(plan_cost)),
+        (query_id, plan_cost),
         Some(prediction),
         group,
         cpu_ns,

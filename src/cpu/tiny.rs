@@ -65,15 +65,18 @@ fn ran_long_lately(relation: u32, fingerprint: impl FnOnce() -> u64) -> bool {
     })
 }
 
-/// The CPU predicted, µs, for a serial read whose plan is above the bound but whose
-/// query identifier's history says its executions stay under half a slice
-/// (`pg_stride_sched::predict::History::runs_unscheduled`); `None` for any other.
-/// Such a statement runs as a tiny one does, its ExecutorRuns timed, and its CPU is
-/// recorded into its history when it ends ([`super::record_unscheduled`]), so that one
-/// that grows is scheduled again. Only with `pg_stride.predict` on, and for a statement
-/// with an identifier (`query_id`, 0 for none); one that ran long twice lately
-/// ([`ran_long_lately`]) is scheduled like a tiny plan that did.
+/// The CPU predicted, µs, for a serial read of group slot `group` whose plan is above
+/// the bound but whose query identifier's history says its executions stay under half
+/// a slice (`pg_stride_sched::predict::History::runs_unscheduled`); `None` for any
+/// other. Such a statement runs as a tiny one does, its ExecutorRuns timed, and the CPU
+/// they used is recorded into its history when it ends ([`super::record_unscheduled`]),
+/// so that one that grows is scheduled again. Only with `pg_stride.predict` on, for a
+/// statement with an identifier (`query_id`, 0 for none) outside pinned groups (whose
+/// statements keep their static priority and are not predicted); one that ran long
+/// twice lately ([`ran_long_lately`]) is scheduled like a tiny plan that did.
 pub fn tiny_by_history(
+    shared: &shmem::Shared,
+    group: usize,
     query_id: u64,
     relation: u32,
     fingerprint: impl FnOnce() -> u64,
@@ -82,13 +85,14 @@ pub fn tiny_by_history(
         return None;
     }
     let slice_us = super::settings::slice_ms() * 1000.0;
-    let mean_us = shmem::shared()?.histories.read(|table| {
+    let mean_us = shared.histories.read(|table| {
         table
             .history(query_id)
             .filter(|h| h.runs_unscheduled(slice_us))
             .map(|h| h.mean_us)
     })?;
-    (!ran_long_lately(relation, fingerprint)).then_some(mean_us)
+    let pinned = shared.groups.settings_of(group).is_some_and(|s| s.pinned);
+    (!pinned && !ran_long_lately(relation, fingerprint)).then_some(mean_us)
 }
 
 /// Whether a plan whose total cost is `plan_cost` is below the bound of a tiny one. With

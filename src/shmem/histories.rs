@@ -1,8 +1,8 @@
 //! The statement histories that predict a statement's CPU (`pg_stride_sched::predict`):
 //! `predict::CAPACITY` fingerprints with their cost model and quality counts, read under the
-//! `Histories` lock in shared mode when a statement joins CPU scheduling and written in
-//! exclusive mode when it ends. Both happen once per scheduled statement (one that
-//! reached a check-in), never per slice.
+//! `Histories` lock in shared mode when a serial read above the tiny bound arrives and
+//! when a statement joins CPU scheduling, and written in exclusive mode when it ends.
+//! Each happens at most once per statement, never per slice.
 
 use super::locks::{LockId, ShmemLock};
 use pg_stride_sched::predict::{self, CostModel, History, Prediction, Quality, Table, View};

@@ -49,7 +49,7 @@ use crate::gucs::Setting;
 use crate::os;
 use crate::parallel::{self, Grant};
 use crate::shmem::{self, ProcEntry};
-use crate::{admission, cpu, groups, pg, plan_tree};
+use crate::{admission, cpu, groups, pg, plan_costs, plan_tree};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
@@ -105,8 +105,10 @@ struct ByHistory {
     plan_cost: f64,
     /// The CPU its history predicted, µs.
     predicted_us: f64,
-    /// This thread's CPU clock when it arrived, ns.
-    cpu_at_arrival: u64,
+    /// The CPU its ExecutorRuns used so far, ns: its own, as a scheduled statement's
+    /// is charged only inside its runs, whatever else the backend ran meanwhile (an
+    /// open cursor's other statements, a loop's body).
+    cpu_ns: u64,
 }
 
 /// The backend's registered statements: one, or a few open cursors.
@@ -115,6 +117,9 @@ static REGISTERED: BackendLocal<RefCell<Vec<Statement>>> =
 /// How many of them are tiny: outside the list, so that the ExecutorRun of every other
 /// statement learns with one load that it need not be timed.
 static TINY_REGISTERED: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
+/// How many of those are tiny by their history: their runs' CPU is measured too (a
+/// system call each way, which the runs of tiny plans do not pay).
+static BY_HISTORY_REGISTERED: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
 /// Whether the shared entry may hold what a statement writes there only once it joined
 /// CPU scheduling or planned workers (rows, prediction, workers, pauses and the workers'
 /// CPU): the next registered statement clears them then, and only then, since most
@@ -162,7 +167,7 @@ static PLANS_IDENTIFIED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(
 /// replace the statement's plan by a copy with fewer workers. Returns whether the
 /// statement joins CPU scheduling once the executor started it ([`executor_started`]):
 /// one that may be paused (docs/design.md §4 rule 2: writes are never paused) and whose
-/// plan is not too small to schedule.
+/// plan is not too small to schedule, nor its history (`cpu::tiny_by_history`).
 pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // Computed once, if at all (only for a statement whose relation key a statement
     // that ran long may have).
@@ -215,13 +220,13 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // A plan above the bound may still be tiny by its fingerprint's history: one lookup
     // of the histories, for statements that would otherwise be scheduled only.
     let by_history = (serial_read && !tiny_plan)
-        .then(|| cpu::tiny_by_history(query_id, relation, fingerprint))
+        .then(|| cpu::tiny_by_history(shared, group, query_id, relation, fingerprint))
         .flatten()
         .map(|predicted_us| ByHistory {
             query_id,
-            plan_cost,
+            plan_cost: plan_costs::at_defaults(plan_cost),
             predicted_us,
-            cpu_at_arrival: os::thread_cpu_ns(),
+            cpu_ns: 0,
         });
     let tiny = tiny_plan || by_history.is_some();
     let joins = pausable && !tiny;
@@ -267,6 +272,9 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     });
     if tiny {
         TINY_REGISTERED.set(TINY_REGISTERED.get() + 1);
+    }
+    if by_history.is_some() {
+        BY_HISTORY_REGISTERED.set(BY_HISTORY_REGISTERED.get() + 1);
     }
     // The owner alone writes the count (docs/design.md §3): a store, not a locked add.
     let count = entry.registered.load(Ordering::Relaxed);
@@ -376,19 +384,35 @@ pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
 
 /// A top-level ExecutorRun of a registered statement that runs on no CPU slot begins:
 /// returns when, if a tiny statement is registered (its runs are timed,
-/// [`unscheduled_run_ended`]). Cannot panic: the executor hooks call it outside pgrx's
-/// error boundary.
-pub fn unscheduled_run_begins() -> Option<u64> {
-    (TINY_REGISTERED.get() > 0).then(os::monotonic_ns)
+/// [`unscheduled_run_ended`]), and the thread's CPU clock then if one tiny by its
+/// history is. Cannot panic: the executor hooks call it outside pgrx's error boundary.
+pub fn unscheduled_run_begins() -> Option<RunStart> {
+    (TINY_REGISTERED.get() > 0).then(|| RunStart {
+        wall_ns: os::monotonic_ns(),
+        cpu_ns: (BY_HISTORY_REGISTERED.get() > 0).then(os::thread_cpu_ns),
+    })
+}
+
+/// When an unscheduled ExecutorRun began ([`unscheduled_run_begins`]).
+pub struct RunStart {
+    wall_ns: u64,
+    cpu_ns: Option<u64>,
 }
 
 /// The ExecutorRun of `desc` that began at `started` ended: a tiny statement adds its
-/// time. Cannot panic, as above. A run that ends with an ERROR is not counted.
-pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
-    let took = os::monotonic_ns().saturating_sub(started);
+/// time, and one tiny by its history its CPU. Cannot panic, as above. A run that ends
+/// with an ERROR is not counted.
+pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: RunStart) {
+    let took = os::monotonic_ns().saturating_sub(started.wall_ns);
+    let used = started
+        .cpu_ns
+        .map(|at| os::thread_cpu_ns().saturating_sub(at));
     REGISTERED.try_with_borrow_mut(|list| {
         if let Some(r) = list.iter_mut().find(|r| r.desc == desc && r.tiny) {
             r.ran_ns = r.ran_ns.saturating_add(took);
+            if let (Some(h), Some(used)) = (r.by_history.as_mut(), used) {
+                h.cpu_ns = h.cpu_ns.saturating_add(used);
+            }
         }
     });
 }
@@ -566,15 +590,18 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
             if !failed && cpu::counts_as_long(r.ran_ns) {
                 unadmitted::learn_long_run(r.desc);
             }
-            if let (false, Some(h)) = (failed, r.by_history) {
-                let cpu_ns = os::thread_cpu_ns().saturating_sub(h.cpu_at_arrival);
-                cpu::record_unscheduled(
-                    shared,
-                    r.group,
-                    (h.query_id, h.plan_cost),
-                    h.predicted_us,
-                    cpu_ns,
-                );
+            if let Some(h) = r.by_history {
+                BY_HISTORY_REGISTERED.set(BY_HISTORY_REGISTERED.get().saturating_sub(1));
+                // One that never ran (a cursor closed unfetched) says nothing.
+                if !failed && r.ran_ns > 0 {
+                    cpu::record_unscheduled(
+                        shared,
+                        r.group,
+                        (h.query_id, h.plan_cost),
+                        h.predicted_us,
+                        h.cpu_ns,
+                    );
+                }
             }
         }
         parallel::return_workers(shared, r.group, r.workers);
