@@ -121,9 +121,9 @@ impl History {
     /// scheduling it changes nothing but its wait for that slot, which a long statement
     /// holds up to a slice between two yield points: the wait of a 0.3-ms statement
     /// beside long ones is mostly that
-    /// (bench/results/short-beside-long/synthetic_s03_20261205.md). Unscheduled, it takes at most that share of a slice
-    /// from the holders, through the kernel's scheduler, as a plan too small to schedule
-    /// does. The latest execution counts on its own so that one that grew (its table
+    /// (bench/results/short-beside-long/synthetic_s03_20261205.md). Unscheduled, it
+    /// takes at most that share of a slice from the holders, through the kernel's
+    /// scheduler, as a plan too small to schedule does. The latest execution counts on its own so that one that grew (its table
     /// did, or its parameters select more) is scheduled from the next execution on,
     /// before its mean has caught up; the caller records unscheduled executions too, so
     /// that the history keeps following them.

@@ -65,7 +65,7 @@ pub use slots::{begin_run, end_run};
 pub use prediction::record_unscheduled;
 pub use tiny::{
     below_bound, counts_as_far_too_long, counts_as_long, is_tiny, may_have_run_long, ran_long,
-    sweep_long_runs, tiny_by_history,
+    history_runs_unscheduled, sweep_long_runs, tiny_by_history,
 };
 pub use trace::{read_window, Arrival};
 pub use watchdog::watchdog;

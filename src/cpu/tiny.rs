@@ -30,6 +30,7 @@
 //! key may be a known statement's.
 
 use crate::{os, shmem};
+use pg_stride_sched::predict::History;
 
 /// Plans estimated below this many planner cost units per millisecond of slice run
 /// unscheduled: 50 for a 2-ms slice is about 50 cached pages or 5,000 tuples read, well
@@ -84,15 +85,23 @@ pub fn tiny_by_history(
     if query_id == 0 || !super::settings::predicts() {
         return None;
     }
-    let slice_us = super::settings::slice_ms() * 1000.0;
     let mean_us = shared.histories.read(|table| {
         table
             .history(query_id)
-            .filter(|h| h.runs_unscheduled(slice_us))
+            .filter(|h| history_runs_unscheduled(h))
             .map(|h| h.mean_us)
     })?;
     let pinned = shared.groups.settings_of(group).is_some_and(|s| s.pinned);
     (!pinned && !ran_long_lately(relation, fingerprint)).then_some(mean_us)
+}
+
+/// Whether this session would run the next execution of a fingerprint with history `h`
+/// unscheduled, were it a serial read above the bound outside pinned groups that did
+/// not run long lately ([`tiny_by_history`]): with `pg_stride.predict` on, under its
+/// `pg_stride.slice` (`History::runs_unscheduled`). Also the `tiny` class of
+/// `pg_stride.statements`.
+pub fn history_runs_unscheduled(h: &History) -> bool {
+    super::settings::predicts() && h.runs_unscheduled(super::settings::slice_ms() * 1000.0)
 }
 
 /// Whether a plan whose total cost is `plan_cost` is below the bound of a tiny one. With

@@ -9,10 +9,12 @@ use pgrx::prelude::*;
 
 /// One row per fingerprint (query identifier) with a history: the CPU of its scheduled
 /// executions, whose decayed mean is its prediction, and its class: `tiny` when its
-/// next execution would run unscheduled in this session (`cpu::tiny_by_history`), else
-/// `short` or `long` under the server's decay settings in force (the tuner's while it is on; a group with a `decay_start` of
-/// its own classifies by that, as `pg_stride.activity` shows); the `pg_stride.statements` view, readable by members of
-/// `pg_read_all_stats` (a fingerprint is shared by every role that runs the statement).
+/// next execution would run unscheduled in this session
+/// (`cpu::history_runs_unscheduled`), else `short` or `long` under the server's decay
+/// settings in force (the tuner's while it is on; a group with a `decay_start` of its
+/// own classifies by that, as `pg_stride.activity` shows); the `pg_stride.statements`
+/// view, readable by members of `pg_read_all_stats` (a fingerprint is shared by every
+/// role that runs the statement).
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]
 fn statements_state() -> TableIterator<
@@ -35,10 +37,6 @@ fn statements_state() -> TableIterator<
     let histories: Vec<_> = shared
         .histories
         .read(|table| table.histories().copied().collect());
-    // As this session would run them (`cpu::tiny_by_history`): its slice, its predict.
-    let slice_us = cpu::slice_ms() * 1000.0;
-    let predicts = cpu::predicts();
-    let unscheduled = move |h: &predict::History| predicts && h.runs_unscheduled(slice_us);
     let rows = histories.into_iter().map(move |h| {
         (
             h.key as i64,
@@ -47,10 +45,13 @@ fn statements_state() -> TableIterator<
             h.sd_us() / 1e3,
             h.p95_us() / 1e3,
             h.max_us / 1e3,
-            match predict::Class::of(h.mean_us, short_us) {
-                _ if unscheduled(&h) => "tiny",
-                predict::Class::Short => "short",
-                predict::Class::Long => "long",
+            if cpu::history_runs_unscheduled(&h) {
+                "tiny"
+            } else {
+                match predict::Class::of(h.mean_us, short_us) {
+                    predict::Class::Short => "short",
+                    predict::Class::Long => "long",
+                }
             },
             h.last_seen.min(i64::MAX as u64) as i64,
         )
@@ -59,7 +60,8 @@ fn statements_state() -> TableIterator<
 }
 
 /// How good the predictions were since the server started or `pg_stride.reset_stats()`,
-/// counted as each scheduled statement ended, and each one unscheduled by its history; the `pg_stride.prediction_quality` view.
+/// counted as each scheduled statement ended, and each one unscheduled by its history;
+/// the `pg_stride.prediction_quality` view.
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]
 fn prediction_quality_state() -> TableIterator<
