@@ -30,7 +30,8 @@ started at and the view shows it:
   scheduled statement on, not before: that one is predicted from its plan's cost;
 - pg_stride.statements is for members of pg_read_all_stats (it shows other roles'
   fingerprints); prediction_quality is for everyone; an ordinary role cannot change
-  pg_stride.predict for itself (off, its long statements would start higher).
+  pg_stride.predict for itself (off, its long statements would start higher), nor
+  pg_stride.slice (raised, more of its statements would run unscheduled).
 
 Prints one line per check, then "prediction: N passed, N failed".
 """
@@ -347,7 +348,7 @@ def quality_counts_each_scheduled_statement_once(s):
 
 
 @check
-def an_ordinary_role_neither_reads_fingerprints_nor_sets_predict(s):
+def an_ordinary_role_neither_reads_fingerprints_nor_sets_predict_or_slice(s):
     out = subprocess.run(s.psql_args("SELECT count(*) FROM pg_stride.statements", user=OTHER),
                          env=ENV, capture_output=True, text=True)
     assert out.returncode != 0 and "permission denied" in out.stderr, out
@@ -356,8 +357,12 @@ def an_ordinary_role_neither_reads_fingerprints_nor_sets_predict(s):
     assert direct.returncode != 0 and "permission denied" in direct.stderr, direct
     assert int(s.sql("SELECT count(*) FROM pg_stride.statements", user=STATS)) >= 2
     assert s.sql("SELECT fingerprints >= 2 FROM pg_stride.prediction_quality", user=OTHER) == "t"
-    for value in ("off", "on"):
-        setting = subprocess.run(s.psql_args(f"SET pg_stride.predict = {value}", user=OTHER),
+    # Nor pg_stride.slice: half of it bounds the statements its history runs
+    # unscheduled, so a role that raised it could run statements of up to half a
+    # second outside CPU scheduling.
+    for setting_sql in ("SET pg_stride.predict = off", "SET pg_stride.predict = on",
+                        "SET pg_stride.slice = '1000ms'"):
+        setting = subprocess.run(s.psql_args(setting_sql, user=OTHER),
                                  env=ENV, capture_output=True, text=True)
         assert setting.returncode != 0 and "permission denied to set parameter" in setting.stderr, \
             setting
