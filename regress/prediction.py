@@ -19,8 +19,9 @@ started at and the view shows it:
 - a statement cancelled by statement_timeout adds nothing to its history;
 - a statement whose plan is above the tiny bound runs unscheduled (the trace does not
   record it) once its history shows at least three executions under half a slice, its
-  class then tiny, and is still recorded; once it grows past that, its next run is
-  scheduled again;
+  class then tiny, and is still recorded; once it grows past that, the run that grew
+  takes a slot after a slice of CPU (the trace records it) and the next runs scheduled
+  from its start;
 - a parallel statement predicted short gets its planned workers on an idle server and
   none beside another running statement (with pg_stride.predict off it gets them there
   too);
@@ -274,16 +275,18 @@ def traced_runs(s, qid, since):
 
 
 @check
-def a_repeated_statement_under_half_a_slice_runs_unscheduled_until_it_grows(s):
+def a_repeated_statement_under_half_a_slice_skips_the_slots_until_it_grows(s):
     # Catches: a statement whose plan is above the tiny bound but whose history shows it
-    # ends well inside one slice still joining CPU scheduling, where it would wait for a
-    # slot behind long statements for longer than it runs; or one that grew staying
-    # unscheduled. With 50-ms slices the bound is 1,250 cost units and 25 ms of CPU: a
-    # count over MID costs more than the first and uses a few ms. Runs 1-3 are
-    # scheduled (the trace records them) and make its history; runs 4-6 are not, and
-    # are still recorded into it, as is a loop over it. Then MID grows 31-fold: the
-    # first run after that still goes unscheduled (its history said short), uses more
-    # than the bound and schedules the next.
+    # ends well inside one slice still taking a slot, where it would wait for one
+    # behind long statements for longer than it runs; one that grew staying
+    # unscheduled for the rest of that run (outside the slots' order, decay and
+    # runaway-query rules), or for its next runs. With 50-ms slices the bound is 1,250
+    # cost units and 25 ms of CPU: a count over MID costs more than the first and uses
+    # a few ms. Runs 1-3 are scheduled (the trace records them) and make its history;
+    # runs 4-6 are not, and are still recorded into it, as is a loop over it. Then MID
+    # grows 31-fold: the first run after that starts unscheduled (its history said
+    # short) and takes a slot once it has used a slice (traced), and the next is
+    # scheduled from its start (traced). Both are recorded once each.
     sql = "SELECT count(*) FROM predict_mid WHERE a > 0"
     cost = float(s.sql(f"EXPLAIN (FORMAT JSON) {sql}", user=APP)
                  .split('"Total Cost":')[1].split(",")[0])
@@ -298,8 +301,8 @@ def a_repeated_statement_under_half_a_slice_runs_unscheduled_until_it_grows(s):
         cls = s.sql(f"SET pg_stride.slice = '50ms'; SELECT class FROM pg_stride.statements "
                     f"WHERE queryid = {qid}")
         # The same statement as the query of a PL/pgSQL loop (the same identifier) whose
-        # body runs LONG between the loop's fetches: unscheduled, it records the CPU of
-        # its own runs, not LONG's quarter of a second.
+        # body runs LONG between the loop's fetches: it records the CPU of its own runs,
+        # not LONG's quarter of a second.
         loop = (f"DO $$DECLARE r record; BEGIN FOR r IN {sql} LOOP "
                 f"PERFORM * FROM ({LONG}) l; END LOOP; END$$")
         since = s.sql("SELECT now()")
@@ -317,13 +320,17 @@ def a_repeated_statement_under_half_a_slice_runs_unscheduled_until_it_grows(s):
         s.sql("TRUNCATE predict_mid; INSERT INTO predict_mid SELECT g FROM generate_series(1, 100000) g")
     assert (short, calls) == (3, 6) and p95 <= 25, (short, calls, mean, p95)
     assert cls == "tiny", cls
+    # The loop's body is not tiny by its history: the query the two share is scheduled
+    # from the body's first check-in as the body's (traced under LONG's identifier, not
+    # the loop's); the loop's own runs are recorded into its history.
     (loop_traced, (loop_calls, _, _, loop_max, _)) = beside
     assert (loop_traced, loop_calls) == (0, 7) and loop_max <= 25, beside
-    # both grown runs recorded; the second scheduled, and traced
-    assert after[0] == 9 and cls_after != "tiny" and grown == 1, (after, cls_after, grown)
+    # both grown runs recorded, once each; both took slots, and are traced
+    assert after[0] == 9 and cls_after != "tiny" and grown == 2, (after, cls_after, grown)
+    assert after[3] > 50, after
     print(f"    cost {cost:.0f}, mean {mean:.2f} ms, p95 {p95:.2f} ms: 3 of 6 runs scheduled; "
-          f"as a loop's query beside LONG, unscheduled, its largest run {loop_max:.2f} ms; "
-          f"grown 31-fold, 1 of 2")
+          f"as a loop's query beside LONG, its largest run {loop_max:.2f} ms; "
+          f"grown 31-fold, 2 of 2 (largest {after[3]:.0f} ms)")
 
 
 @check

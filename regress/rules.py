@@ -13,7 +13,10 @@ through ALTER ROLE … SET, while other sessions run beside them.
   pg_stride.activity, and with one CPU slot, moved to a group of weight 1, it gets
   almost none of the CPU while another group's statement runs, so that one finishes
   well before it although both started together with as much work;
-- a rule fires once per statement, and again for the next statement.
+- a rule fires once per statement, and again for the next statement;
+- a statement that its history calls tiny (it ran unscheduled) but that grew is
+  cancelled by the `cpu_time` rule once it has used a slice: it runs unscheduled for
+  that slice only.
 
 Prints one line per check, then "rules: N passed, N failed".
 """
@@ -90,6 +93,38 @@ def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
     assert seen[APP] == seen["postgres"] != "hidden" and seen[OTHER] == "hidden", seen
     explained = s.sql(f"EXPLAIN (VERBOSE, COSTS OFF) {LONG}", user=APP)
     assert f"Query Identifier: {seen[APP]}" in explained, (seen, explained)
+
+
+@check
+def a_statement_its_history_called_tiny_meets_the_rules_once_it_grew(s):
+    # Catches: a statement whose fingerprint's history says it ends within half a
+    # slice running unscheduled to its end however much it does this time, out of the
+    # reach of cpu_time rules, which act at check-ins of scheduled statements. With
+    # 20-ms slices for the role, SMALL (a few hundred index lookups, above the tiny
+    # plan's bound of 500 cost units) uses a few ms: after three runs its class is tiny.
+    # The same statement over every row (the same query identifier) uses LONG's CPU.
+    small = LONG.replace("a.v >= 0", "a.id <= 300")
+    grown = LONG.replace("a.v >= 0", "a.id <= 1000000")
+    cost = float(s.sql(f"EXPLAIN (FORMAT JSON) {small}", user=APP)
+                 .split('"Total Cost":')[1].split(",")[0])
+    assert cost > 25 * 20, f"SMALL costs {cost}: a tiny plan at 20-ms slices"
+    s.sql(f"ALTER ROLE {APP} SET pg_stride.slice = '20ms'")
+    set_rules(s, "cpu_time > 100ms: cancel")
+    try:
+        for _ in range(3):
+            rc, out, err = finish(s.client_as(APP, small), timeout=60)
+            assert rc == 0 and out == "300", (rc, out, err)
+        plan = s.sql(f"EXPLAIN (VERBOSE, COSTS OFF) {small}", user=APP)
+        qid = plan.split("Query Identifier: ")[1].split()[0]
+        cls = s.sql("SET pg_stride.slice = '20ms'; "
+                    f"SELECT class FROM pg_stride.statements WHERE queryid = {qid}")
+        since = now(s)
+        rc, out, err = finish(s.client_as(APP, grown), timeout=120)
+    finally:
+        s.sql(f"ALTER ROLE {APP} RESET pg_stride.slice")
+    assert cls == "tiny", cls
+    assert rc != 0 and 'due to rule "cpu_time > 100ms: cancel"' in err, (rc, out, err)
+    assert [h[0] for h in hits(s, since)] == ["cpu_time > 100ms: cancel"], hits(s, since)
 
 
 @check

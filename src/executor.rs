@@ -312,9 +312,10 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
         // SAFETY: a guarded function.
         unsafe { begin_run(on_cpu) };
     }
-    // A tiny registered statement's runs are timed too.
-    let timed = if top_level && !on_cpu {
-        statements::unscheduled_run_begins()
+    // A tiny registered statement's runs are timed too, and those of one tiny by its
+    // history, which runs on a CPU slot once it has used a slice.
+    let timed = if top_level {
+        statements::timed_run_begins(on_cpu)
     } else {
         None
     };
@@ -324,7 +325,7 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
         unsafe { end_run() };
     }
     if let Some(started) = timed {
-        statements::unscheduled_run_ended(desc, started);
+        statements::timed_run_ended(desc, started);
     }
 }
 

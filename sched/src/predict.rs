@@ -22,8 +22,8 @@
 //! * [`start_policy`] — what a prediction does to a statement's priority.
 //!
 //! Only executions that reached CPU scheduling are recorded (the extension joins a
-//! statement to scheduling at its first check-in), and those that ran unscheduled
-//! because their history said so ([`History::runs_unscheduled`]): a history is that of
+//! statement to scheduling at its first check-in), and those its history let skip the
+//! slots for their first slice ([`History::runs_unscheduled`]): a history is that of
 //! the statements the scheduler had to place, or chose not to.
 
 use crate::decay::{DecayParams, PriorityRange};
@@ -112,8 +112,9 @@ impl History {
         (self.mean_us + 1.645 * self.sd_us()).min(self.max_us)
     }
 
-    /// Whether the fingerprint's next execution may run without CPU scheduling, where a
-    /// slice is `slice_us`: it ran at least [`UNSCHEDULED_AFTER`] times, its executions
+    /// Whether the fingerprint's next execution may skip the CPU slots for its first
+    /// slice (the extension joins it to scheduling only past that), where a slice is
+    /// `slice_us`: it ran at least [`UNSCHEDULED_AFTER`] times, its executions
     /// all but the rarest ([`History::p95_us`]) and its latest used at most
     /// [`UNSCHEDULED_SLICE_SHARE`] of a slice.
     ///
@@ -123,10 +124,11 @@ impl History {
     /// beside long ones is mostly that
     /// (bench/results/short-beside-long/synthetic_s03_20261205.md). Unscheduled, it
     /// takes at most that share of a slice from the holders, through the kernel's
-    /// scheduler, as a plan too small to schedule does. The latest execution counts on its own so that one that grew (its table
-    /// did, or its parameters select more) is scheduled from the next execution on,
-    /// before its mean has caught up; the caller records unscheduled executions too, so
-    /// that the history keeps following them.
+    /// scheduler, as a plan too small to schedule does. The latest execution counts on
+    /// its own so that one that grew (its table did, or its parameters select more) is
+    /// scheduled from its start from the next execution on, before its mean has caught
+    /// up; the caller records these executions too, so that the history keeps
+    /// following them.
     pub fn runs_unscheduled(&self, slice_us: f64) -> bool {
         let bound = UNSCHEDULED_SLICE_SHARE * slice_us;
         self.executions >= UNSCHEDULED_AFTER && self.p95_us() <= bound && self.last_us <= bound

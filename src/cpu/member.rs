@@ -8,7 +8,7 @@ use crate::backend_local::BackendLocal;
 use crate::os::{self, thread_cpu_ns};
 use crate::shmem;
 use pg_stride_sched::predict::Prediction;
-use pg_stride_sched::slice::SliceClock;
+use pg_stride_sched::slice::{SliceClock, MAX_CHUNK};
 use pg_stride_sched::tuner::{Accounting, TraceRecord};
 use pg_stride_sched::{ProcId, QueryId};
 use std::cell::{Cell, RefCell};
@@ -63,6 +63,18 @@ pub(super) struct Member {
     pub(super) paused_run_delay_ns: Option<u64>,
     /// The thread's run delay when it started working for the statements, while traced.
     pub(super) start_run_delay_ns: Option<u64>,
+    /// Whether the first statement was tiny by its history (`tiny::tiny_by_history`):
+    /// its end records its CPU there, not the query's (`prediction::record`).
+    pub(super) by_history: bool,
+    /// For such a statement, the thread CPU time (ns) before which its check-ins do not
+    /// join the query: it takes a slot only once it has used a slice, so that one that
+    /// ends within its history's bound never waits for one, and one that grew (its
+    /// parameters select more, its table grew) runs unscheduled for at most about a
+    /// slice before the slots, decay and runaway-query rules order it as any other.
+    /// Cleared by a statement beside it that is not tiny by its history.
+    pub(super) join_after_ns: Option<u64>,
+    /// While the join is deferred, the tuples the countdown was last armed for.
+    pub(super) deferred_chunk: u32,
 }
 
 impl Member {
@@ -93,7 +105,52 @@ impl Member {
             left_run_delay_ns: None,
             paused_run_delay_ns: None,
             start_run_delay_ns: trace::enabled().then(os::thread_run_delay_ns),
+            by_history: false,
+            join_after_ns: None,
+            deferred_chunk: 0,
         }
+    }
+
+    /// The statement is tiny by its history: its check-ins join the query only once it
+    /// has used a slice of CPU from now ([`Member::join_after_ns`]).
+    pub(super) fn defer_join(&mut self) {
+        let now = thread_cpu_ns();
+        self.by_history = true;
+        self.join_after_ns = Some(now.saturating_add(super::settings::slice_ns()));
+        self.deferred_run_begins(self.clock.chunk());
+    }
+
+    /// At a check-in before the query was joined: whether joining is still deferred
+    /// ([`Member::join_after_ns`]). If so, the countdown is armed for the tuples that the
+    /// chunk just done says take it to the deadline. Not the slice clock's doubling
+    /// chunks: a statement that ends within its history's bound, as most do, then
+    /// checks in once instead of at every doubling, each check-in reading the thread's
+    /// CPU clock (a system call). The first chunk is measured from the run's start, so
+    /// the rate errs low and the next check-in comes early.
+    pub(super) fn defers_join(&mut self) -> bool {
+        let Some(after) = self.join_after_ns else {
+            return false;
+        };
+        let now = thread_cpu_ns();
+        if now >= after {
+            self.join_after_ns = None;
+            return false;
+        }
+        let elapsed = now.saturating_sub(self.chunk_start_ns).max(1);
+        self.chunk_start_ns = now;
+        let done = f64::from(self.deferred_chunk.max(1));
+        let to_deadline = done * (after - now) as f64 / elapsed as f64;
+        self.deferred_chunk = to_deadline.ceil().clamp(1.0, f64::from(MAX_CHUNK)) as u32;
+        arm_countdown(self.deferred_chunk);
+        true
+    }
+
+    /// An ExecutorRun of a member whose join is deferred begins with the countdown armed
+    /// for `chunk` tuples: its first chunk is measured from here, not from the end of
+    /// the previous run (what ran between runs is not its CPU).
+    pub(super) fn deferred_run_begins(&mut self, chunk: u32) {
+        self.chunk_start_ns = thread_cpu_ns();
+        self.deferred_chunk = chunk;
     }
 
     /// The process runs on a slot from now on (after a pause, if one began).

@@ -11,8 +11,9 @@
 //!   a statement that ends sooner — an index lookup, most of OLTP — is too short to be
 //!   worth scheduling and costs the scheduler nothing (no entry, no slot, no clock
 //!   read). One whose plan is estimated tiny does not even get yield points
-//!   (`tiny.rs`). A plan that may launch workers joins at once, so that they find the
-//!   entry;
+//!   (`tiny.rs`); one whose history says it ends within half a slice joins only at its
+//!   first check-in past a slice of CPU (`tiny::tiny_by_history`). A plan that may
+//!   launch workers joins at once, so that they find the entry;
 //! * a process takes a slot when ExecutorRun starts and gives it back when it ends, so
 //!   a cursor between FETCHes, or a session idle in a transaction, holds none;
 //! * the leaf scan nodes are wrapped with a *yield point*: every N tuples (N from the
@@ -110,13 +111,16 @@ pub fn configure_group(sched: &SchedShared, slot: usize, settings: &GroupSetting
 /// `group`: becomes (or stays, with its open cursors) a member of CPU scheduling and
 /// wraps the statement's scans with yield points. The query entry is registered at the
 /// first check-in, or now for a plan whose Gathers may launch workers (`with_workers`),
-/// so that they find it. Call after ExecutorStart.
+/// so that they find it; for a statement tiny by its history (`by_history`,
+/// [`tiny_by_history`]), at the first check-in after it has used a slice of CPU
+/// (`Member::join_after_ns`). Call after ExecutorStart.
 pub fn start_statement(
     shared: &shmem::Shared,
     desc: *const pg_sys::QueryDesc,
     group: usize,
     arrival: Arrival,
     with_workers: bool,
+    by_history: bool,
 ) {
     let Some(sched) = shared.sched() else { return };
     let Some(procno) = pg::my_procno() else {
@@ -132,11 +136,21 @@ pub fn start_statement(
             m.statements += 1;
             m.shared = true;
             m.procs = m.procs.max(procs);
+            // A statement that is not tiny by its history schedules the query from its
+            // first check-in; if the query has not been joined yet, it is this one's (a
+            // loop's body beside the loop's query): predicted and traced as itself.
+            if !by_history && m.join_after_ns.take().is_some() && m.query.is_none() {
+                (m.arrival, m.query_id) = (arrival, query_id);
+                m.plan_cost = plan_costs::at_defaults(plan_cost);
+            }
         }
         None => {
             let mut m = Member::new(ProcId(procno as u32), group, None, true);
             (m.arrival, m.query_id, m.procs) = (arrival, query_id, procs);
             m.plan_cost = plan_costs::at_defaults(plan_cost);
+            if by_history {
+                m.defer_join();
+            }
             // The leader's run delay counts from the arrival: ExecutorStart included.
             m.start_run_delay_ns = arrival.run_delay_ns.or(m.start_run_delay_ns);
             *member = Some(m);
@@ -249,7 +263,9 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
                 acct,
             };
             trace::record_end(shared, &ended, s);
-            if !m.shared && !failed {
+            // One tiny by its history is recorded by `record_unscheduled`, with the CPU
+            // of its own runs, before and after it joined.
+            if !m.shared && !failed && !m.by_history {
                 prediction::record(
                     shared,
                     sched,

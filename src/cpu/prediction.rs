@@ -4,8 +4,8 @@
 //!
 //! Only statements that reach a check-in are predicted and recorded: the rest never
 //! compete for a slot. Once a history says a fingerprint's executions stay under half a
-//! slice, they run unscheduled (`tiny::tiny_by_history`) and are still recorded, so
-//! that the history follows them.
+//! slice, they take no slot before they used a whole one (`tiny::tiny_by_history`) and
+//! are still recorded, so that the history follows them.
 
 use crate::{pg, shmem};
 use pg_stride_sched::predict::{Prediction, Source, StartPolicy};
@@ -38,7 +38,7 @@ pub(super) fn predict(
 
 /// Records the CPU, `cpu_ns`, that a statement of group slot `group` used, after it was
 /// predicted as `prediction`: one that ran scheduled (its query entry's CPU as it left
-/// it), or one that ran unscheduled by its history ([`record_unscheduled`]). A failed
+/// it), or one tiny by its history ([`record_unscheduled`], whether it joined or not). A failed
 /// statement (an error, a cancel, a timeout) is not recorded: it used less than it would
 /// have; its caller does not call this.
 // Out of line, as predict.
@@ -60,9 +60,10 @@ pub(super) fn record(
         .record(query_id, plan_cost, cpu_us, now, prediction, short_us);
 }
 
-/// A statement of group slot `group` that ran unscheduled by its history
-/// (`tiny::tiny_by_history`, which predicted `predicted_us`) ended normally after its
-/// ExecutorRuns used `cpu_ns` of CPU: recorded as a scheduled one is, so that its
+/// A statement of group slot `group` tiny by its history (`tiny::tiny_by_history`,
+/// which predicted `predicted_us`; it took no slot for its first slice, and one if it
+/// grew past it) ended normally after its own ExecutorRuns used `cpu_ns` of CPU:
+/// recorded as a scheduled one is, also beside another statement, so that its
 /// history follows it. `plan_cost` is its plan's cost at the default CPU costs
 /// (`plan_costs::at_defaults`, taken when it started, as a scheduled one's is).
 pub fn record_unscheduled(

@@ -100,6 +100,9 @@ pub fn begin_run(shared: &shmem::Shared) {
         m.clock.set_target_ns(super::settings::slice_ns());
         m.clock.restart();
         arm_countdown(m.clock.chunk());
+        if m.join_after_ns.is_some() {
+            m.deferred_run_begins(m.clock.chunk());
+        }
         m.query?;
         m.restart_charging();
         Some(m.proc)
@@ -355,8 +358,12 @@ pub(super) fn count_check_in(shared: &shmem::Shared) {
 }
 
 /// The statement's scans produced their first chunk: it is long enough to be scheduled.
-/// Joins its query and takes a slot (pausing if none is free), where a pause is allowed.
+/// Joins its query and takes a slot (pausing if none is free), where a pause is allowed;
+/// one tiny by its history only once it has used a slice (`Member::defers_join`).
 fn join_at_first_check_in(shared: &shmem::Shared, sched: &'static SchedShared) {
+    if MEMBER.with_borrow_mut(|m| m.as_mut().is_some_and(Member::defers_join)) {
+        return;
+    }
     if transaction_wrote() {
         // Rule 2: a statement of a transaction holding row locks is never paused.
         disarm_countdown();

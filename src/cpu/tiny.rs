@@ -8,11 +8,14 @@
 //! user-defined function, say — pay admission alone, as a write does (docs/design.md §4
 //! rule 2).
 //!
-//! A plan above the bound runs unscheduled too once its fingerprint's history says its
-//! executions stay under half a slice of CPU ([`tiny_by_history`]): a repeated
-//! statement of a fraction of a millisecond that reads a few hundred pages would
-//! otherwise wait for a slot at its first check-in, behind long statements that hold
-//! the slots a slice at a time, for longer than it runs.
+//! A plan above the bound takes no slot for its first slice of CPU once its
+//! fingerprint's history says its executions stay under half a slice
+//! ([`tiny_by_history`]): a repeated statement of a fraction of a millisecond that reads
+//! a few hundred pages would otherwise wait for a slot at its first check-in, behind
+//! long statements that hold the slots a slice at a time, for longer than it runs. Its
+//! scans stay yield points, so that an execution that grew joins CPU scheduling (and
+//! meets the runaway-query rules) after that slice instead of running to its end
+//! unscheduled.
 //!
 //! A plan is an estimate. A statement that was called tiny but whose ExecutorRuns took
 //! more than [`RAN_LONG_SLICES`] slices (stale statistics, a function that returns far
@@ -69,9 +72,10 @@ fn ran_long_lately(relation: u32, fingerprint: impl FnOnce() -> u64) -> bool {
 /// The CPU predicted, µs, for a serial read of group slot `group` whose plan is above
 /// the bound but whose query identifier's history says its executions stay under half
 /// a slice (`pg_stride_sched::predict::History::runs_unscheduled`); `None` for any
-/// other. Such a statement runs as a tiny one does, its ExecutorRuns timed, and the CPU
+/// other. Such a statement joins CPU scheduling only at its first check-in past a
+/// slice of CPU (`start_statement`'s `by_history`), its ExecutorRuns timed, and the CPU
 /// they used is recorded into its history when it ends ([`super::record_unscheduled`]),
-/// so that one that grows is scheduled again. Only with `pg_stride.predict` on, for a
+/// so that one that grows is scheduled from its start again. Only with `pg_stride.predict` on, for a
 /// statement with an identifier (`query_id`, 0 for none) outside pinned groups (whose
 /// statements keep their static priority and are not predicted); one that ran long
 /// twice lately ([`ran_long_lately`]) is scheduled like a tiny plan that did.

@@ -8,12 +8,13 @@
 //! is admitted (or skips the queue: exempt, or its backend already holds an admission),
 //! and is registered as a [`Statement`] in stage [`Stage::Admitted`], its parallel
 //! workers reserved. Once ExecutorStart built its plan state, a statement that may be
-//! paused, unless its plan is too small to schedule (`cpu::is_tiny`) or its
-//! fingerprint's history says its executions are (`cpu::tiny_by_history`; its
-//! ExecutorRuns are then only timed, to learn a misestimate), joins CPU scheduling
+//! paused, unless its plan is too small to schedule (`cpu::is_tiny`; its ExecutorRuns
+//! are then only timed, to learn a misestimate), joins CPU scheduling
 //! ([`executor_started`], [`Stage::Joined`]): its scans
 //! become yield points, and from its first check-in it holds a CPU slot or waits for
-//! one (`cpu`). Each ExecutorRun takes the slot and gives it back ([`run_begins`],
+//! one (`cpu`). One whose fingerprint's history says its executions end within half a
+//! slice (`cpu::tiny_by_history`) joins too, but takes a slot only once it has used a
+//! slice of CPU: until then its yield points only count. Each ExecutorRun takes the slot and gives it back ([`run_begins`],
 //! [`run_ends`]), taking back first an admission lent while the client was away
 //! ([`resume`]). The statement ends at ExecutorEnd ([`end`]), giving back, in reverse
 //! order, its CPU scheduling, its workers, its memory and its admission.
@@ -85,19 +86,20 @@ struct Statement {
     workers: Grant,
     /// When it arrived and was admitted, for the tuner's trace.
     arrival: cpu::Arrival,
-    /// Whether its plan is too small for CPU scheduling (`cpu::is_tiny`), or its
-    /// fingerprint's history says so (`by_history`): it never joins, and its end tells
-    /// whether it really was.
+    /// Whether its plan is too small for CPU scheduling (`cpu::is_tiny`): it never
+    /// joins, and its end tells whether it really was.
     tiny: bool,
-    /// For a statement unscheduled by its history: what its end records there.
+    /// For a statement its history says is tiny: what its end records there.
     by_history: Option<ByHistory>,
-    /// Wall time its ExecutorRuns took so far, ns, measured for a tiny one only.
+    /// Wall time its ExecutorRuns took so far, ns, measured for a tiny one, or one tiny
+    /// by its history, only.
     ran_ns: u64,
 }
 
-/// A statement that runs unscheduled because its fingerprint's history says its
-/// executions stay under half a slice (`cpu::tiny_by_history`): its CPU is recorded
-/// into that history when it ends (`cpu::record_unscheduled`).
+/// A statement whose fingerprint's history says its executions stay under half a slice
+/// (`cpu::tiny_by_history`): it takes no slot before it has used a slice of CPU, and
+/// the CPU of its ExecutorRuns is recorded into that history when it ends
+/// (`cpu::record_unscheduled`), whether it took one or not.
 #[derive(Clone, Copy)]
 struct ByHistory {
     /// Its query identifier and plan cost.
@@ -117,8 +119,8 @@ static REGISTERED: BackendLocal<RefCell<Vec<Statement>>> =
 /// How many of them are tiny: outside the list, so that the ExecutorRun of every other
 /// statement learns with one load that it need not be timed.
 static TINY_REGISTERED: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
-/// How many of those are tiny by their history: their runs' CPU is measured too (a
-/// system call each way, which the runs of tiny plans do not pay).
+/// How many are tiny by their history: their runs' CPU is measured (a system call each
+/// way, which the runs of tiny plans do not pay).
 static BY_HISTORY_REGISTERED: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
 /// Whether the shared entry may hold what a statement writes there only once it joined
 /// CPU scheduling or planned workers (rows, prediction, workers, pauses and the workers'
@@ -167,7 +169,8 @@ static PLANS_IDENTIFIED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(
 /// replace the statement's plan by a copy with fewer workers. Returns whether the
 /// statement joins CPU scheduling once the executor started it ([`executor_started`]):
 /// one that may be paused (docs/design.md §4 rule 2: writes are never paused) and whose
-/// plan is not too small to schedule, nor its history (`cpu::tiny_by_history`).
+/// plan is not too small to schedule (one tiny by its history joins, and takes a slot
+/// only past a slice of CPU: `cpu::tiny_by_history`).
 pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // Computed once, if at all (only for a statement whose relation key a statement
     // that ran long may have).
@@ -228,7 +231,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
             predicted_us,
             cpu_ns: 0,
         });
-    let tiny = tiny_plan || by_history.is_some();
+    let tiny = tiny_plan;
     let joins = pausable && !tiny;
     // The clocks are read for the trace of a statement that joins CPU scheduling only.
     let mut arrival = if joins {
@@ -336,14 +339,14 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
     let registered = REGISTERED.with_borrow_mut(|list| {
         let r = list.iter_mut().find(|r| r.desc == desc)?;
         r.stage = Stage::Joined;
-        Some((r.group, r.arrival, r.workers))
+        Some((r.group, r.arrival, r.workers, r.by_history.is_some()))
     });
-    if let Some((group, arrival, workers)) = registered {
+    if let Some((group, arrival, workers, by_history)) = registered {
         ENTRY_WRITTEN.set(true);
         // SAFETY: ExecutorStart's QueryDesc holds its PlannedStmt.
         let parallel = unsafe { (*(*desc).plannedstmt).parallelModeNeeded };
         let with_workers = parallel && parallel::may_launch_workers(workers);
-        cpu::start_statement(shared, desc, group, arrival, with_workers);
+        cpu::start_statement(shared, desc, group, arrival, with_workers, by_history);
         // This backend runs statements worth scheduling: from its next one on, they
         // carry query identifiers for their prediction and the trace (see `install`).
         // Asked at every such statement, since a `compute_query_id = off` in force the
@@ -382,18 +385,20 @@ pub fn runs_on_cpu_slots(desc: *const pg_sys::QueryDesc) -> bool {
             }) == Some(true))
 }
 
-/// A top-level ExecutorRun of a registered statement that runs on no CPU slot begins:
-/// returns when, if a tiny statement is registered (its runs are timed,
-/// [`unscheduled_run_ended`]), and the thread's CPU clock then if one tiny by its
-/// history is. Cannot panic: the executor hooks call it outside pgrx's error boundary.
-pub fn unscheduled_run_begins() -> Option<RunStart> {
-    (TINY_REGISTERED.get() > 0).then(|| RunStart {
+/// A top-level ExecutorRun begins: returns when, if a tiny statement is registered and
+/// this run is on no CPU slot (`on_cpu`), and the thread's CPU clock then if a
+/// statement tiny by its history is registered (the runs of such statements are timed,
+/// [`timed_run_ended`]). Cannot panic: the executor hooks call it outside pgrx's error
+/// boundary.
+pub fn timed_run_begins(on_cpu: bool) -> Option<RunStart> {
+    let by_history = BY_HISTORY_REGISTERED.get() > 0;
+    ((!on_cpu && TINY_REGISTERED.get() > 0) || by_history).then(|| RunStart {
         wall_ns: os::monotonic_ns(),
-        cpu_ns: (BY_HISTORY_REGISTERED.get() > 0).then(os::thread_cpu_ns),
+        cpu_ns: by_history.then(os::thread_cpu_ns),
     })
 }
 
-/// When an unscheduled ExecutorRun began ([`unscheduled_run_begins`]).
+/// When a timed ExecutorRun began ([`timed_run_begins`]).
 pub struct RunStart {
     wall_ns: u64,
     cpu_ns: Option<u64>,
@@ -402,13 +407,16 @@ pub struct RunStart {
 /// The ExecutorRun of `desc` that began at `started` ended: a tiny statement adds its
 /// time, and one tiny by its history its CPU. Cannot panic, as above. A run that ends
 /// with an ERROR is not counted.
-pub fn unscheduled_run_ended(desc: *const pg_sys::QueryDesc, started: RunStart) {
+pub fn timed_run_ended(desc: *const pg_sys::QueryDesc, started: RunStart) {
     let took = os::monotonic_ns().saturating_sub(started.wall_ns);
     let used = started
         .cpu_ns
         .map(|at| os::thread_cpu_ns().saturating_sub(at));
     REGISTERED.try_with_borrow_mut(|list| {
-        if let Some(r) = list.iter_mut().find(|r| r.desc == desc && r.tiny) {
+        if let Some(r) = list
+            .iter_mut()
+            .find(|r| r.desc == desc && (r.tiny || r.by_history.is_some()))
+        {
             r.ran_ns = r.ran_ns.saturating_add(took);
             if let (Some(h), Some(used)) = (r.by_history.as_mut(), used) {
                 h.cpu_ns = h.cpu_ns.saturating_add(used);
@@ -495,6 +503,7 @@ pub fn end_at_once(desc: *const pg_sys::QueryDesc) -> Ending {
         [r] if r.desc == desc
             && r.stage == Stage::Admitted
             && !r.tiny
+            && r.by_history.is_none()
             && !r.reserved_memory
             && r.workers.granted == 0 =>
         {
@@ -590,18 +599,18 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
             if !failed && cpu::counts_as_long(r.ran_ns) {
                 unadmitted::learn_long_run(r.desc);
             }
-            if let Some(h) = r.by_history {
-                BY_HISTORY_REGISTERED.set(BY_HISTORY_REGISTERED.get().saturating_sub(1));
-                // One that never ran (a cursor closed unfetched) says nothing.
-                if !failed && r.ran_ns > 0 {
-                    cpu::record_unscheduled(
-                        shared,
-                        r.group,
-                        (h.query_id, h.plan_cost),
-                        h.predicted_us,
-                        h.cpu_ns,
-                    );
-                }
+        }
+        if let Some(h) = r.by_history {
+            BY_HISTORY_REGISTERED.set(BY_HISTORY_REGISTERED.get().saturating_sub(1));
+            // One that never ran (a cursor closed unfetched) says nothing.
+            if !failed && r.ran_ns > 0 {
+                cpu::record_unscheduled(
+                    shared,
+                    r.group,
+                    (h.query_id, h.plan_cost),
+                    h.predicted_us,
+                    h.cpu_ns,
+                );
             }
         }
         parallel::return_workers(shared, r.group, r.workers);

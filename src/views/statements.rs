@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 
 /// One row per fingerprint (query identifier) with a history: the CPU of its scheduled
 /// executions, whose decayed mean is its prediction, and its class: `tiny` when its
-/// next execution would run unscheduled in this session
+/// next execution would take no slot for its first slice in this session
 /// (`cpu::history_runs_unscheduled`), else `short` or `long` under the server's decay
 /// settings in force (the tuner's while it is on; a group with a `decay_start` of its
 /// own classifies by that, as `pg_stride.activity` shows); the `pg_stride.statements`
@@ -60,7 +60,7 @@ fn statements_state() -> TableIterator<
 }
 
 /// How good the predictions were since the server started or `pg_stride.reset_stats()`,
-/// counted as each scheduled statement ended, and each one unscheduled by its history;
+/// counted as each scheduled statement ended, and each one tiny by its history;
 /// the `pg_stride.prediction_quality` view.
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]
