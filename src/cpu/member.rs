@@ -114,10 +114,12 @@ impl Member {
     /// The statement is tiny by its history: its check-ins join the query only once it
     /// has used a slice of CPU from now ([`Member::join_after_ns`]).
     pub(super) fn defer_join(&mut self) {
-        let now = thread_cpu_ns();
         self.by_history = true;
-        self.join_after_ns = Some(now.saturating_add(super::settings::slice_ns()));
         self.deferred_run_begins(self.clock.chunk());
+        self.join_after_ns = Some(
+            self.chunk_start_ns
+                .saturating_add(super::settings::slice_ns()),
+        );
     }
 
     /// At a check-in before the query was joined: whether joining is still deferred

@@ -58,15 +58,15 @@ use priority::priority_range;
 use slots::{join_query, transaction_wrote};
 use yield_points::wrap_scans;
 
+pub use prediction::record_unscheduled;
 pub use settings::{
     decay_params, effective_cpu_slots, predicts, register_settings, slice_ms, slice_ns, traces,
     tuner_on,
 };
 pub use slots::{begin_run, end_run};
-pub use prediction::record_unscheduled;
 pub use tiny::{
-    below_bound, counts_as_far_too_long, counts_as_long, is_tiny, may_have_run_long, ran_long,
-    history_runs_unscheduled, sweep_long_runs, tiny_by_history,
+    below_bound, counts_as_far_too_long, counts_as_long, history_runs_unscheduled, is_tiny,
+    may_have_run_long, ran_long, sweep_long_runs, tiny_by_history,
 };
 pub use trace::{read_window, Arrival};
 pub use watchdog::watchdog;

@@ -38,9 +38,9 @@ pub(super) fn predict(
 
 /// Records the CPU, `cpu_ns`, that a statement of group slot `group` used, after it was
 /// predicted as `prediction`: one that ran scheduled (its query entry's CPU as it left
-/// it), or one tiny by its history ([`record_unscheduled`], whether it joined or not). A failed
-/// statement (an error, a cancel, a timeout) is not recorded: it used less than it would
-/// have; its caller does not call this.
+/// it), or one tiny by its history ([`record_unscheduled`], whether it joined or not).
+/// A failed statement (an error, a cancel, a timeout) is not recorded: it used less than
+/// it would have; its caller does not call this.
 // Out of line, as predict.
 #[inline(never)]
 pub(super) fn record(

@@ -14,10 +14,11 @@
 //! become yield points, and from its first check-in it holds a CPU slot or waits for
 //! one (`cpu`). One whose fingerprint's history says its executions end within half a
 //! slice (`cpu::tiny_by_history`) joins too, but takes a slot only once it has used a
-//! slice of CPU: until then its yield points only count. Each ExecutorRun takes the slot and gives it back ([`run_begins`],
-//! [`run_ends`]), taking back first an admission lent while the client was away
-//! ([`resume`]). The statement ends at ExecutorEnd ([`end`]), giving back, in reverse
-//! order, its CPU scheduling, its workers, its memory and its admission.
+//! slice of CPU: until then its yield points only count. Each ExecutorRun takes the
+//! slot and gives it back ([`run_begins`], [`run_ends`]), taking back first an
+//! admission lent while the client was away ([`resume`]). The statement ends at
+//! ExecutorEnd ([`end`]), giving back, in reverse order, its CPU scheduling, its
+//! workers, its memory and its admission.
 //!
 //! A statement is registered when the executor starts it and unregistered when the
 //! executor ends it. When a statement fails, is cancelled or times out, ExecutorEnd never
