@@ -91,9 +91,12 @@ class Session:
         self._send((b"P", _cstr(name) + _cstr(sql) + struct.pack("!h", 0)), (b"S", b""))
         self._until_ready()
 
-    def execute(self, name):
-        """Runs prepared statement `name` to completion (Bind, Execute); returns its rows."""
-        bind = _cstr("") + _cstr(name) + struct.pack("!hhh", 0, 0, 0)
+    def execute(self, name, params=()):
+        """Runs prepared statement `name` to completion (Bind, Execute) with `params`
+        (strings, sent as text); returns its rows."""
+        values = b"".join(struct.pack("!i", len(v)) + v for v in (p.encode() for p in params))
+        bind = (_cstr("") + _cstr(name) + struct.pack("!hh", 0, len(params)) + values
+                + struct.pack("!h", 0))
         self._send((b"B", bind), (b"E", _cstr("") + struct.pack("!i", 0)), (b"S", b""))
         return self._until_ready()
 

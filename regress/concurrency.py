@@ -790,8 +790,8 @@ def reads_too_small_to_admit_run_at_once_beside_a_full_group(s):
     # group (an ordinary role) run at once, unadmitted, a join of two included. What
     # could run longer than its plan's cost says still queues: a lookup that calls a
     # user-defined function, or a built-in one by name (pg_sleep), functions in FROM, a
-    # statement without FROM; a plan that is not tiny; the queries of a DO block and of
-    # CREATE TABLE AS (a utility runs them).
+    # statement without FROM; a plan that is not tiny; the queries of a DO block (also
+    # after it rolled back its transaction) and of CREATE TABLE AS (a utility runs them).
     with Judging(s, "TRUNCATE scratch") as judging:
         judging.hold(10)
         judging.answer_at_once("lookups", [
@@ -804,6 +804,8 @@ def reads_too_small_to_admit_run_at_once_beside_a_full_group(s):
                            "SELECT pg_sleep(0.01)",
                            "SELECT count(*) FROM big",
                            "DO $$ BEGIN PERFORM v FROM big WHERE id = 7; END $$",
+                           # After a ROLLBACK inside it, the block runs on.
+                           "DO $$ BEGIN ROLLBACK; PERFORM v FROM big WHERE id = 7; END $$",
                            "CREATE TEMP TABLE looked_up AS SELECT v FROM big WHERE id = 7"])
 
 
@@ -926,6 +928,40 @@ def a_statement_prepared_again_is_judged_by_its_new_plan(s):
         if client is not None:
             client.close()
         s.sql("SELECT pg_stride.drop_group('judged'); DROP TABLE judged_w; DROP FUNCTION judged_noop()")
+
+
+@check
+def an_array_a_generic_plan_cannot_see_keeps_its_statement_admitted(s):
+    # The planner prices `= ANY (array)` at 10 elements when it cannot see the array (a
+    # parameter of a generic plan), however many the array holds when it runs: such a
+    # lookup is admitted (group arrays' admitted_total counts each execution). The same
+    # lookup planned for its parameter's value (a custom plan), over a constant array, or
+    # over ARRAY[…] of a parameter runs unadmitted. (The LIMIT keeps every plan's cost
+    # far below the tiny bound, 10 elements included.)
+    s.sql("SELECT pg_stride.create_group('arrays')")
+    admitted = lambda: int(s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'arrays'"))
+    client = None
+    try:
+        client = wire.Session(s.dir, s.port)
+        client.query(f"SET pg_stride.resource_group = 'arrays'; SET ROLE {ROLE}")
+        for mode, sql, params, admissions in [
+                ("force_generic_plan", "SELECT v FROM big WHERE id = ANY($1) LIMIT 1", ["{7,8}"], 3),
+                ("force_custom_plan", "SELECT v FROM big WHERE id = ANY($1) LIMIT 1", ["{7,8}"], 0),
+                ("force_generic_plan", "SELECT v FROM big WHERE id = ANY('{7,8}') LIMIT 1", [], 0),
+                ("force_generic_plan", "SELECT v FROM big WHERE id = ANY(ARRAY[$1::int, 8]) LIMIT 1",
+                 ["7"], 0),
+                ("force_generic_plan", "SELECT v FROM big WHERE id = ANY(ARRAY[$1::int[]]) LIMIT 1",
+                 ["{7,8}"], 3)]:
+            client.query(f"SET plan_cache_mode = {mode}")
+            client.prepare("a", sql)
+            before = admitted()
+            assert [client.execute("a", params) for _ in range(3)] == [[["7"]]] * 3, (mode, sql)
+            assert admitted() - before == admissions, (mode, sql, admitted() - before)
+            client.deallocate("a")
+    finally:
+        if client is not None:
+            client.close()
+        s.sql("SELECT pg_stride.drop_group('arrays')")
 
 
 @check

@@ -570,9 +570,10 @@ unsafe extern "C-unwind" fn learn_long_run(desc: *mut pg_sys::QueryDesc) {
     statements::learn_long_run(desc);
 }
 
-/// The one transaction callback of pg_stride. When a transaction aborts no statement
-/// runs any more: the ERROR that aborted it left the depth of the statements it
-/// interrupted behind. A commit leaves the depth alone: a utility that commits on its
+/// The one transaction callback of pg_stride. When an ERROR aborts a transaction no
+/// statement runs any more: it left the depth of the statements it interrupted behind.
+/// (A procedure's or DO block's ROLLBACK aborts one too, between two of its statements,
+/// and the CALL or DO runs on.) A commit leaves the depth alone: a utility that commits on its
 /// way (CREATE INDEX CONCURRENTLY, ALTER TABLE … DETACH PARTITION CONCURRENTLY, VACUUM)
 /// is still running, and its later queries are still its own. A transaction that
 /// changed the groups table has them reloaded. Cannot panic: it returns before pgrx's
@@ -584,7 +585,12 @@ unsafe extern "C-unwind" fn on_xact_event(
     use pg_sys::XactEvent::*;
     if matches!(event, XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {
         NESTING.set(0);
-        statements::client_utility_ended();
+        // A procedure's or DO block's ROLLBACK aborts the transaction while its CALL or
+        // DO runs on: its later queries are still the client utility's, never too small
+        // to admit.
+        if !pg::portal_running() {
+            statements::client_utility_ended();
+        }
         statements::unadmitted_aborted();
     }
     if matches!(

@@ -387,6 +387,18 @@ pub fn portal_active() -> bool {
     unsafe { !pg_sys::ActivePortal.is_null() }
 }
 
+/// Whether the active portal is running: true while a procedure or DO block commits or
+/// rolls back the transaction it runs in (its portal stays active across), false when
+/// an ERROR aborts it, since PortalRun marks its portal failed and restores the portal
+/// that was active before (none, at the top level) on its way out.
+pub fn portal_running() -> bool {
+    // SAFETY: ActivePortal is null or a valid portal of this backend.
+    unsafe {
+        let portal = pg_sys::ActivePortal;
+        !portal.is_null() && (*portal).status == pg_sys::PortalStatus::PORTAL_ACTIVE
+    }
+}
+
 /// Whether a trigger function is running in this backend (`pg_trigger_depth() > 0`):
 /// a query that starts now is one of its own, or of a foreign-key check, wherever
 /// PostgreSQL fired it from — inside a statement's ExecutorRun, a COPY … FROM, or the

@@ -414,6 +414,22 @@ unsafe fn is_value(node: *const pg_sys::Node) -> bool {
     matches!(unsafe { (*node).type_ }, T_Var | T_Const | T_Param)
 }
 
+/// Whether the array `node` of a ScalarArrayOpExpr is one the planner prices for the
+/// elements it holds: a constant, or ARRAY[…] of elements (not of arrays).
+///
+/// # Safety
+/// `node` is a valid expression node.
+unsafe fn priced_for_its_length(node: *const pg_sys::Node) -> bool {
+    // SAFETY: the caller's promise; the tag tells the node's type.
+    unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_Const => true,
+            pg_sys::NodeTag::T_ArrayExpr => !(*node.cast::<pg_sys::ArrayExpr>()).multidims,
+            _ => false,
+        }
+    }
+}
+
 /// Whether the expression `node` is made of allowlisted nodes only: values, operators,
 /// casts, built-in aggregates and the conditional and structural expressions.
 ///
@@ -440,8 +456,16 @@ unsafe fn plain_expr(node: *const pg_sys::Node, depth: u32) -> bool {
                 let op = node.cast::<pg_sys::OpExpr>();
                 !(*op).opretset && plain_exprs((*op).args, depth)
             }
+            // `x op ANY (array)` (or ALL): the planner prices an array it cannot see (a
+            // parameter of a generic plan, a column, an expression, ARRAY[…] of arrays)
+            // at 10 elements (estimate_array_length), whatever the array holds when the
+            // plan runs; a constant array, or ARRAY[…] of elements, is priced for its
+            // length.
             T_ScalarArrayOpExpr => {
-                plain_exprs((*node.cast::<pg_sys::ScalarArrayOpExpr>()).args, depth)
+                let args = (*node.cast::<pg_sys::ScalarArrayOpExpr>()).args;
+                list_len(args) == 2
+                    && priced_for_its_length(list_nth(args, 1))
+                    && plain_exprs(args, depth)
             }
             T_BoolExpr => plain_exprs((*node.cast::<pg_sys::BoolExpr>()).args, depth),
             // A cast, written or implied, or one of the few quick built-ins a column's

@@ -22,7 +22,7 @@ pub fn client_utility_started(text: pg::StatementText) {
     CLIENT_UTILITY.set(Some((text, pg::current_subtransaction())));
 }
 
-/// The top-level utility has returned, or its transaction aborted.
+/// The top-level utility has returned, or an ERROR aborted its transaction.
 pub fn client_utility_ended() {
     CLIENT_UTILITY.set(None);
 }
