@@ -91,9 +91,9 @@ def pgbench_tables(server, db, roles):
 
 def prewarm(server, db):
     """Reads pgbench's tables and indexes in `db` into shared buffers: after a restart
-    they are cold, and a side's first slots would otherwise run slower than its last
-    (select-only's slots rose from 35,000 to 57,000 transactions per second over the
-    first four seconds)."""
+    they are cold, and a round's first slots would otherwise run slower than its last
+    (select-only's first four ran at 42,900, 35,000, 49,800 and 56,700 transactions
+    per second in one round)."""
     server.sql("SELECT sum(pg_prewarm(oid)) FROM pg_class "
                "WHERE relname LIKE 'pgbench\\_%' AND relkind IN ('r', 'i')", db=db)
 
