@@ -167,9 +167,11 @@ def take_turns(sides, first, workload):
     of its slots; the k-th slots of the two sides are next to each other in time."""
     work = tempfile.mkdtemp(prefix="pg_stride_overhead_")
     runs = [None, None]
+    # select-only's two sides read one database: prewarmed and vacuumed once.
+    databases = {(server, db) for server, _, db in sides}
     try:
         prefixes = [os.path.join(work, f"side{i}") for i in range(2)]
-        for server, db in {(server, db) for server, _, db in sides}:
+        for server, db in databases:
             prewarm(server, db)
         # Long enough to outlast the slots; checked below.
         total = WARMUP_S + 2 * SECONDS + 3
@@ -213,7 +215,7 @@ def take_turns(sides, first, workload):
                 run.wait()
         shutil.rmtree(work, ignore_errors=True)
         # Keep the tables from growing apart: both sides get the same clean-up.
-        for server, _, db in sides:
+        for server, db in databases:
             server.sql("VACUUM pgbench_branches, pgbench_tellers", db=db)
 
 
@@ -225,7 +227,8 @@ def round_rates(servers, settings, first, workload):
 
 
 def show(name, i, r, note):
-    print(f"{name} round {i + 1}: {r.ratio():.3f} (halves {r.halves()[0]:.3f}, {r.halves()[1]:.3f};"
+    first_half, second_half = r.halves()
+    print(f"{name} round {i + 1}: {r.ratio():.3f} (halves {first_half:.3f}, {second_half:.3f};"
           f" {note})", flush=True)
 
 
@@ -275,10 +278,10 @@ def half_correlation(rounds):
     if len(rounds) < 3:
         return float("nan")
     a, b = zip(*[(math.log(h0), math.log(h1)) for h0, h1 in (r.halves() for r in rounds)])
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
-    var = math.sqrt(sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b))
-    return cov / var if var > 0 else float("nan")
+    try:
+        return statistics.correlation(a, b)
+    except statistics.StatisticsError:  # a half the same in every round
+        return float("nan")
 
 
 def summary(ratios):

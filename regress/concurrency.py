@@ -887,6 +887,11 @@ def writes_too_small_to_admit_run_at_once_unless_their_table_does_more(s):
         assert s.sql("SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM w_plain") == "1:4"
 
 
+def admitted_total(s, group):
+    """How many statements group `group` admitted since it was created."""
+    return int(s.sql(f"SELECT admitted_total FROM pg_stride.groups WHERE name = '{group}'"))
+
+
 @check
 def a_statement_prepared_again_is_judged_by_its_new_plan(s):
     # What a saved plan is (a plain read or write, or neither) is kept by the plan's
@@ -903,7 +908,7 @@ def a_statement_prepared_again_is_judged_by_its_new_plan(s):
           "CREATE TABLE judged_w (id int PRIMARY KEY, v int); INSERT INTO judged_w VALUES (1, 0); "
           f"GRANT SELECT, UPDATE ON judged_w TO {ROLE}; "
           "CREATE FUNCTION judged_noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'")
-    admitted = lambda: int(s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'judged'"))
+    admitted = lambda: admitted_total(s, "judged")
     client = None
 
     def runs(name, rows, admissions, what):
@@ -939,7 +944,7 @@ def an_array_a_generic_plan_cannot_see_keeps_its_statement_admitted(s):
     # over ARRAY[…] of a parameter runs unadmitted. (The LIMIT keeps every plan's cost
     # far below the tiny bound, 10 elements included.)
     s.sql("SELECT pg_stride.create_group('arrays')")
-    admitted = lambda: int(s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'arrays'"))
+    admitted = lambda: admitted_total(s, "arrays")
     client = None
     try:
         client = wire.Session(s.dir, s.port)

@@ -573,9 +573,9 @@ unsafe extern "C-unwind" fn learn_long_run(desc: *mut pg_sys::QueryDesc) {
 /// The one transaction callback of pg_stride. When an ERROR aborts a transaction no
 /// statement runs any more: it left the depth of the statements it interrupted behind.
 /// (A procedure's or DO block's ROLLBACK aborts one too, between two of its statements,
-/// and the CALL or DO runs on.) A commit leaves the depth alone: a utility that commits on its
-/// way (CREATE INDEX CONCURRENTLY, ALTER TABLE … DETACH PARTITION CONCURRENTLY, VACUUM)
-/// is still running, and its later queries are still its own. A transaction that
+/// and the CALL or DO runs on.) A commit leaves the depth alone: a utility that commits
+/// on its way (CREATE INDEX CONCURRENTLY, ALTER TABLE … DETACH PARTITION CONCURRENTLY,
+/// VACUUM) is still running, and its later queries are still its own. A transaction that
 /// changed the groups table has them reloaded. Cannot panic: it returns before pgrx's
 /// error boundary on every event.
 unsafe extern "C-unwind" fn on_xact_event(

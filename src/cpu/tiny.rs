@@ -76,9 +76,10 @@ fn ran_long_lately(relation: u32, fingerprint: impl FnOnce() -> u64) -> bool {
 /// slice of CPU (`start_statement`'s `by_history`), its ExecutorRuns timed, and the CPU
 /// they used is recorded into its history when it ends ([`super::record_unscheduled`]),
 /// so that one that grows is scheduled from its start again. Only with
-/// `pg_stride.predict` on, for a statement with an identifier (`query_id`, 0 for none) outside pinned groups (whose
-/// statements keep their static priority and are not predicted); one that ran long
-/// twice lately ([`ran_long_lately`]) is scheduled like a tiny plan that did.
+/// `pg_stride.predict` on, for a statement with an identifier (`query_id`, 0 for none)
+/// outside pinned groups (whose statements keep their static priority and are not
+/// predicted); one that ran long twice lately ([`ran_long_lately`]) is scheduled like a
+/// tiny plan that did.
 pub fn tiny_by_history(
     shared: &shmem::Shared,
     group: usize,
