@@ -152,6 +152,27 @@ RESET ROLE;
 REVOKE SET ON PARAMETER pg_stride.resource_group FROM stride_member;
 SHOW pg_stride.resource_group;
 
+-- A statement is judged as the role that sent the client's command: the statements of
+-- a SECURITY DEFINER procedure owned by a superuser, called by stride_member, run as
+-- the superuser but are stride_member's. Its tag is passed over (stride_member may not
+-- set pg_stride.resource_group), and its statement is admitted (no superuser exemption).
+CREATE PROCEDURE definer_reports_its_group() LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+  g text;
+BEGIN
+  SELECT "group" INTO g FROM pg_stride.activity WHERE pid = pg_backend_pid();
+  RAISE NOTICE 'the procedure''s statement runs in group %', g;
+END
+$$;
+GRANT EXECUTE ON PROCEDURE definer_reports_its_group() TO stride_member;
+SELECT admitted_total AS admitted_before FROM pg_stride.groups WHERE name = 'default' \gset
+SET ROLE stride_member;
+/* pg_stride.resource_group=reporting */ CALL definer_reports_its_group();
+RESET ROLE;
+SELECT admitted_total - :admitted_before AS admitted_as_the_caller
+  FROM pg_stride.groups WHERE name = 'default';
+DROP PROCEDURE definer_reports_its_group();
+
 -- With max_concurrency 1, an open cursor holds the group's only admission. The
 -- session's next statements run under it instead of waiting for it, which would be
 -- waiting for itself (queue_timeout makes that fail here instead of hang), and so do
@@ -207,6 +228,23 @@ BEGIN
 END
 $$;
 SELECT count(*) AS temporary_groups FROM pg_stride.groups WHERE name = 'temporary';
+
+-- Nor can such a transaction be prepared (COMMIT PREPARED, from any session, would leave
+-- the groups in effect behind the table): PREPARE TRANSACTION fails and rolls it back.
+-- A transaction that changed no group prepares as usual.
+BEGIN;
+SELECT pg_stride.create_group('prepared');
+PREPARE TRANSACTION 'stride_groups';
+SELECT count(*) AS prepared_rows FROM pg_stride.resource_groups WHERE name = 'prepared';
+SELECT count(*) > 0 AS prepared FROM pg_prepared_xacts WHERE gid = 'stride_groups' \gset
+\if :prepared
+ROLLBACK PREPARED 'stride_groups';
+\endif
+SELECT :'prepared' AS prepared;
+BEGIN;
+SELECT count(*) AS groups_read FROM pg_stride.resource_groups WHERE name = 'prepared';
+PREPARE TRANSACTION 'stride_no_groups';
+COMMIT PREPARED 'stride_no_groups';
 
 -- A session whose group disappears runs in "default", with a WARNING.
 SET pg_stride.resource_group = 'batch';

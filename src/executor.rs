@@ -576,8 +576,9 @@ unsafe extern "C-unwind" fn learn_long_run(desc: *mut pg_sys::QueryDesc) {
 /// and the CALL or DO runs on.) A commit leaves the depth alone: a utility that commits
 /// on its way (CREATE INDEX CONCURRENTLY, ALTER TABLE … DETACH PARTITION CONCURRENTLY,
 /// VACUUM) is still running, and its later queries are still its own. A transaction that
-/// changed the groups table has them reloaded. Cannot panic: it returns before pgrx's
-/// error boundary on every event.
+/// changed the groups table has them reloaded, and cannot be prepared. Cannot panic: it
+/// returns before pgrx's error boundary on every event, and raises that ERROR through a
+/// guarded function.
 unsafe extern "C-unwind" fn on_xact_event(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
@@ -593,10 +594,17 @@ unsafe extern "C-unwind" fn on_xact_event(
         }
         statements::unadmitted_aborted();
     }
+    if event == XACT_EVENT_PRE_PREPARE && groups::changed_in_transaction() {
+        // SAFETY: a guarded function.
+        unsafe { refuse_to_prepare_group_changes() };
+    }
+    // PREPARE TRANSACTION ends the backend's transaction as a commit would: what this
+    // process kept for it goes (the pool's Gathers point into its memory, gone now).
     if matches!(
         event,
         XACT_EVENT_COMMIT
             | XACT_EVENT_ABORT
+            | XACT_EVENT_PREPARE
             | XACT_EVENT_PARALLEL_COMMIT
             | XACT_EVENT_PARALLEL_ABORT
     ) {
@@ -607,6 +615,21 @@ unsafe extern "C-unwind" fn on_xact_event(
         groups::transaction_ended();
         pool::transaction_ended();
     }
+}
+
+/// A transaction that changed the groups table cannot be prepared: the groups loader
+/// reloads the table when a transaction ends in this backend, and COMMIT PREPARED may
+/// come from any session, later, with nothing to tell the loader. PostgreSQL refuses
+/// to prepare work it cannot hand over in the same way (temporary tables, WITH HOLD
+/// cursors).
+#[pgrx::pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn refuse_to_prepare_group_changes() {
+    pg::raise(
+        pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        "cannot PREPARE a transaction that changed pg_stride resource groups".into(),
+        Some("Change resource groups in a transaction of their own, committed at once."),
+    )
 }
 
 /// A subtransaction that aborts returns to the depth it started at; the statements

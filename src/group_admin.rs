@@ -104,6 +104,27 @@ mod functions {
         name
     }
 
+    /// Takes the groups table from other writers until the transaction ends. Its mode,
+    /// SHARE ROW EXCLUSIVE, conflicts with itself and with every write, so group
+    /// functions run at once take turns, and each reads the table after the lock, under
+    /// READ COMMITTED as the one before left it: an alteration keeps the settings
+    /// another just committed, a group dropped meanwhile is not stored again, and two
+    /// creations of one name or beyond the last free slot cannot both pass their checks.
+    /// (Under REPEATABLE READ the reads see the transaction's snapshot, taken before the
+    /// lock: a change committed meanwhile makes the write fail with a serialization
+    /// error, but two creations of different groups may both pass the count, and the
+    /// groups loader then warns of the group left out.)
+    fn lock_table() {
+        Spi::run("LOCK TABLE pg_stride.resource_groups IN SHARE ROW EXCLUSIVE MODE")
+            .unwrap_or_else(|e| {
+                pg::raise(
+                    PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                    format!("pg_stride: cannot lock the resource groups table: {e}"),
+                    None,
+                )
+            });
+    }
+
     fn check_settings(name: &str, settings: &GroupSettings) {
         if let Err(detail) = validate(settings) {
             pg::raise(
@@ -228,6 +249,7 @@ mod functions {
             pinned: required(pinned, "pinned", leave_out),
         };
         check_settings(name, &settings);
+        lock_table();
         if stored(name).is_some() {
             pg::raise(
                 PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
@@ -236,19 +258,7 @@ mod functions {
             );
         }
         // Shared memory has a slot for `default` and MAX_GROUPS - 1 others; a group
-        // beyond them would never be in effect (config::reload_groups). The lock (which
-        // conflicts with itself and with writes) makes two sessions creating groups at
-        // once count one after the other. (Under REPEATABLE READ the count reads the
-        // transaction's snapshot, taken before the lock: two such creations at once may
-        // pass it, and the groups loader then warns of the group left out.)
-        Spi::run("LOCK TABLE pg_stride.resource_groups IN SHARE ROW EXCLUSIVE MODE")
-            .unwrap_or_else(|e| {
-                pg::raise(
-                    PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                    format!("pg_stride: cannot lock the resource groups table: {e}"),
-                    None,
-                )
-            });
+        // beyond them would never be in effect (config::reload_groups).
         let others = crate::groups::read_table()
             .iter()
             .filter(|g| g.name != DEFAULT_GROUP)
@@ -287,6 +297,7 @@ mod functions {
         rules_dry_run: default!(Option<bool>, "NULL"),
     ) {
         let name = check_caller(name);
+        lock_table();
         let Some(old) = stored(name) else {
             pg::raise(
                 PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
@@ -326,6 +337,7 @@ mod functions {
                 Some("Every session not assigned to another group runs in it; use pg_stride.alter_group() to change it."),
             );
         }
+        lock_table();
         if stored(name).is_none() {
             pg::raise(
                 PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,

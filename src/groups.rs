@@ -35,7 +35,12 @@ pub fn mark_changed() {
     CHANGED_IN_XACT.set(true);
 }
 
-/// The transaction ended (committed or aborted): if it changed the groups table, the
+/// Whether this backend's transaction changed the groups table.
+pub fn changed_in_transaction() -> bool {
+    CHANGED_IN_XACT.get()
+}
+
+/// The transaction ended (committed, aborted or prepared): if it changed the groups table, the
 /// loader reloads it. Cannot panic; called from the transaction callback.
 pub fn transaction_ended() {
     if CHANGED_IN_XACT.replace(false) {
@@ -53,14 +58,19 @@ static LAST_GROUP: BackendLocal<Cell<(u64, u64, usize)>> =
     BackendLocal::new(Cell::new((u64::MAX, u64::MAX, 0)));
 
 /// The group whose slot a statement runs in: the one its comment's tag names
-/// (`pg_stride_sched::group_tag`), if it has one and the role may set
-/// `pg_stride.resource_group`; otherwise the session's group. A tag that the role may not
-/// use or that names no group is passed over with a WARNING, and the statement runs.
-pub fn resolve_statement_group(directory: &GroupDirectory, tag: Option<String>) -> usize {
+/// (`pg_stride_sched::group_tag`), if it has one and `role`, the role that sent the
+/// statement, may set `pg_stride.resource_group`; otherwise the session's group. A tag
+/// that the role may not use or that names no group is passed over with a WARNING, and
+/// the statement runs.
+pub fn resolve_statement_group(
+    directory: &GroupDirectory,
+    tag: Option<String>,
+    role: pg_sys::Oid,
+) -> usize {
     let Some(name) = tag else {
         return resolve_session_group(directory);
     };
-    let (code, message, hint) = if !pg::may_set_parameter(c"pg_stride.resource_group") {
+    let (code, message, hint) = if !pg::may_set_parameter(c"pg_stride.resource_group", role) {
         (
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("permission denied to set parameter \"pg_stride.resource_group\" to \"{name}\""),

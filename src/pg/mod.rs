@@ -419,18 +419,30 @@ pub fn is_superuser() -> bool {
     unsafe { pg_sys::superuser() }
 }
 
-/// Whether the current role may `SET` the parameter `name`: a superuser, or a role
-/// granted SET on it (`GRANT SET ON PARAMETER`). Looks the grant up in the syscache, so
-/// it runs inside a transaction.
-pub fn may_set_parameter(name: &std::ffi::CStr) -> bool {
-    // SAFETY: plain calls into PostgreSQL's privilege check; the name is a valid C string
-    // and the current user exists while it is current.
+/// The current role (GetUserId): inside a SECURITY DEFINER function or procedure, its
+/// owner. A plain read of process-local state, which cannot fail.
+pub fn current_role() -> pg_sys::Oid {
+    // SAFETY: plain read of the current user id, set from the session's start on.
+    unsafe { pg_sys::GetUserId() }
+}
+
+/// Whether `role` is a superuser (a role dropped since counts as none). Looks the role
+/// up in the syscache, so it runs inside a transaction.
+pub fn is_superuser_role(role: pg_sys::Oid) -> bool {
+    // SAFETY: plain call into PostgreSQL's role check, which answers false for a role
+    // that does not exist.
+    unsafe { pg_sys::superuser_arg(role) }
+}
+
+/// Whether `role` may `SET` the parameter `name`: a superuser, or a role granted SET on
+/// it (`GRANT SET ON PARAMETER`). Looks the grant up in the syscache, so it runs inside
+/// a transaction.
+pub fn may_set_parameter(name: &std::ffi::CStr, role: pg_sys::Oid) -> bool {
+    // SAFETY: plain calls into PostgreSQL's privilege check; the name is a valid C
+    // string, and a role that does not exist has no privilege.
     unsafe {
-        pg_sys::pg_parameter_aclcheck(
-            name.as_ptr(),
-            pg_sys::GetUserId(),
-            pg_sys::ACL_SET as pg_sys::AclMode,
-        ) == pg_sys::AclResult::ACLCHECK_OK
+        pg_sys::pg_parameter_aclcheck(name.as_ptr(), role, pg_sys::ACL_SET as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK
     }
 }
 

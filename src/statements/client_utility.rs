@@ -1,25 +1,40 @@
 //! The client's command, while it is a utility whose queries are the client's (EXECUTE,
 //! DECLARE, EXPLAIN ANALYZE, CREATE TABLE AS, DO, CALL): the utility hook records it,
-//! and the statements it runs take the group its tag names (docs/design.md §4 rule 4).
+//! and the statements it runs take the group its tag names (docs/design.md §4 rule 4)
+//! and are judged as statements of the role that sent it (rule 11).
 
 use crate::backend_local::BackendLocal;
 use crate::pg;
+use pgrx::pg_sys;
 use std::cell::Cell;
 
 /// The statement the client sent, while it is a utility whose queries are the client's
 /// (EXECUTE, DECLARE, EXPLAIN ANALYZE, CREATE TABLE AS, DO, CALL): its queries run in
-/// portals of their own, or in no new portal, but take the group its tag names. With it,
-/// the subtransaction that was current when it started: if that one aborts (an ERROR
-/// inside the client's savepoint), the utility ended with it. Beside the statements, not
-/// one of them: it is the client's command, which the executor does not run, and it
-/// outlives the statements it runs.
-static CLIENT_UTILITY: BackendLocal<Cell<Option<(pg::StatementText, u32)>>> =
+/// portals of their own, or in no new portal, but take the group its tag names. Beside
+/// the statements, not one of them: it is the client's command, which the executor does
+/// not run, and it outlives the statements it runs.
+static CLIENT_UTILITY: BackendLocal<Cell<Option<ClientUtility>>> =
     BackendLocal::new(Cell::new(None));
 
+#[derive(Clone, Copy)]
+struct ClientUtility {
+    text: pg::StatementText,
+    /// The subtransaction current when it started: if that one aborts (an ERROR inside
+    /// the client's savepoint), the utility ended with it.
+    subtransaction: u32,
+    /// The role that sent it: the statements of a SECURITY DEFINER procedure it calls
+    /// run as the procedure's owner, and are still the caller's.
+    role: pg_sys::Oid,
+}
+
 /// A top-level utility whose queries are the client's starts. Plain stores and reads
-/// that cannot fail, as the next two: called from hooks, outside pgrx's guard.
+/// that cannot fail, as the next three: called from hooks, outside pgrx's guard.
 pub fn client_utility_started(text: pg::StatementText) {
-    CLIENT_UTILITY.set(Some((text, pg::current_subtransaction())));
+    CLIENT_UTILITY.set(Some(ClientUtility {
+        text,
+        subtransaction: pg::current_subtransaction(),
+        role: pg::current_role(),
+    }));
 }
 
 /// The top-level utility has returned, or an ERROR aborted its transaction.
@@ -29,8 +44,8 @@ pub fn client_utility_ended() {
 
 /// The subtransaction `subid` aborted: a utility that started inside it has ended.
 pub fn subtransaction_aborted(subid: u32) {
-    if let Some((_, started_in)) = CLIENT_UTILITY.get() {
-        if subid <= started_in {
+    if let Some(utility) = CLIENT_UTILITY.get() {
+        if subid <= utility.subtransaction {
             CLIENT_UTILITY.set(None);
         }
     }
@@ -41,9 +56,18 @@ pub fn subtransaction_aborted(subid: u32) {
 pub(super) fn group_tag() -> Option<String> {
     CLIENT_UTILITY
         .get()
-        .map(|(text, _)| text)
+        .map(|utility| utility.text)
         .or_else(pg::StatementText::of_active_portal)?
         .group_tag()
+}
+
+/// The role whose statement this is, for what pg_stride allows it (a group tag, the
+/// superusers' exemption): the role that sent the running top-level utility, else the
+/// current one (a top-level statement runs as the role that sent it).
+pub(super) fn sender() -> pg_sys::Oid {
+    CLIENT_UTILITY
+        .get()
+        .map_or_else(pg::current_role, |utility| utility.role)
 }
 
 /// Whether a top-level utility whose queries are the client's is running: its queries

@@ -202,7 +202,8 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         return false;
     };
     claim(shared, entry);
-    let group = groups::resolve_statement_group(&shared.groups, client_utility::group_tag());
+    let sender = client_utility::sender();
+    let group = groups::resolve_statement_group(&shared.groups, client_utility::group_tag(), sender);
     admission::switch_group(shared, entry, group);
     // A backend that holds an admission already (an open cursor, the query of a FOR
     // loop in a DO block) runs its further statements under it: it runs one at a
@@ -240,7 +241,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     } else {
         cpu::Arrival::default()
     };
-    let exempt = || EXEMPT_SUPERUSER.get() && pg::is_superuser();
+    let exempt = || EXEMPT_SUPERUSER.get() && pg::is_superuser_role(sender);
     let mut need_kb = 0;
     let admitted = !holds_one && !exempt() && {
         need_kb = memory_need(shared, desc);
