@@ -28,7 +28,9 @@ pub enum FromItem {
     Relation(pg_sys::Oid),
     /// Functions in FROM; they are in the plan's Function Scans ([`from_functions`]).
     Functions,
-    /// A table function or a named tuplestore: never part of a monitoring query.
+    /// A table function, a named tuplestore or a recursive WITH's reference to itself:
+    /// never part of a monitoring query (the planner prices a recursive WITH at 10
+    /// rounds, whatever it runs, so the cost bound cannot bound it).
     Excluded,
 }
 
@@ -49,6 +51,7 @@ pub unsafe fn from_items(stmt: *const pg_sys::PlannedStmt) -> impl Iterator<Item
                 // Its functions are in its Function Scan (the flat rtable drops them).
                 RTE_FUNCTION => Some(FromItem::Functions),
                 RTE_TABLEFUNC | RTE_NAMEDTUPLESTORE => Some(FromItem::Excluded),
+                RTE_CTE if (*rte).self_reference => Some(FromItem::Excluded),
                 _ => None,
             }
         })
