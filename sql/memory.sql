@@ -19,7 +19,8 @@ SET max_parallel_workers_per_gather = 0;
 -- A superuser's statements are not admitted (pg_stride.exempt_superuser): an ordinary
 -- role's are.
 SET ROLE stride_mem;
--- Each statement reads its own reservation.
+-- Each statement reads its own reservation. That read is a Function Scan, whose rows go
+-- to a tuple store: work_mem (1024 kB) of each figure below is its own.
 \set own '(SELECT memory_kb FROM pg_stride.activity_state() WHERE pid = pg_backend_pid())'
 -- A plain aggregate keeps nothing: 0.
 EXPLAIN (COSTS OFF) SELECT count(*) FROM mem_t;
@@ -35,6 +36,20 @@ SET enable_sort = off;
 EXPLAIN (COSTS OFF) SELECT count(*) FROM (SELECT b FROM mem_t GROUP BY b) s;
 SELECT :own AS kb, count(*) FROM (SELECT b FROM mem_t GROUP BY b) s;
 RESET enable_sort;
+-- Aggregates that sort their input inside the Agg, which the plan shows no Sort for:
+-- work_mem each, ordered-set ones (WITHIN GROUP) here.
+EXPLAIN (COSTS OFF) SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY a), percentile_disc(0.5) WITHIN GROUP (ORDER BY b) FROM mem_t;
+SELECT :own AS kb, percentile_disc(0.5) WITHIN GROUP (ORDER BY a), percentile_disc(0.5) WITHIN GROUP (ORDER BY b) FROM mem_t;
+-- A bitmap scan's TID bitmap: work_mem.
+RESET ROLE;
+CREATE INDEX mem_t_b ON mem_t (b);
+SET ROLE stride_mem;
+SET enable_indexscan = off;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM mem_t WHERE b = 7;
+SELECT :own AS kb, count(*) FROM mem_t WHERE b = 7;
+RESET enable_indexscan;
+-- Each function of a Function Scan: work_mem.
+SELECT :own AS kb, count(*) FROM ROWS FROM (generate_series(1, 10), generate_series(1, 5));
 -- Below a Gather, once in the leader and once in each planned worker.
 SET max_parallel_workers_per_gather = 2;
 SET parallel_setup_cost = 0;
@@ -46,10 +61,10 @@ RESET max_parallel_workers_per_gather;
 RESET parallel_setup_cost;
 RESET parallel_tuple_cost;
 RESET min_parallel_table_scan_size;
--- Given back when the statement ends.
+-- Given back when the statement ends (read by the superuser, who reserves nothing).
+RESET ROLE;
 SELECT memory_reserved_kb, memory_waiting_kb FROM pg_stride.groups WHERE name = 'mem';
 -- Larger than the group's whole budget: runs alone, by default.
-RESET ROLE;
 SELECT pg_stride.alter_group('mem', memory_budget => 1000);
 SET ROLE stride_mem;
 SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a OFFSET 0) s;
@@ -63,7 +78,7 @@ SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a OFFSET 0) s;
 SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a OFFSET 0) s;
 \set VERBOSITY default
 -- A statement that needs no memory is not affected.
-SELECT :own AS kb, count(*) FROM mem_t;
+SELECT count(*) FROM mem_t;
 RESET ROLE;
 SELECT rejected_total, memory_reserved_kb FROM pg_stride.groups WHERE name = 'mem';
 RESET pg_stride.resource_group;

@@ -12,11 +12,14 @@
 //! The bound is an estimate from the plan alone, before anything runs:
 //!
 //! * each node that keeps its input in memory counts once per process that runs it:
-//!   sorts, incremental sorts, materialisations, window aggregates and CTE tuple stores
-//!   `work_mem`; hash joins' hash tables, hashed or mixed aggregation, hashed set
-//!   operations, memoize caches and recursive unions `work_mem × hash_mem_multiplier`;
-//! * plain and sorted aggregation keep one group's state at a time and count nothing
-//!   (a `count(*)` over a large table needs no memory to speak of);
+//!   sorts, incremental sorts, materialisations, window aggregates, CTE and table
+//!   function tuple stores, TID bitmaps, each function's tuple store in a function scan
+//!   and the sorts an aggregation runs inside itself (ordered and DISTINCT aggregates,
+//!   grouping-set phases) `work_mem`; hash joins' hash tables, hashed or mixed
+//!   aggregation, hashed set operations, memoize caches and recursive unions
+//!   `work_mem × hash_mem_multiplier`;
+//! * plain and sorted aggregation otherwise keep one group's state at a time and count
+//!   nothing (a `count(*)` over a large table needs no memory to speak of);
 //! * a node under a Gather runs in the leader and in each planned worker: it counts
 //!   (1 + workers) times.
 //!

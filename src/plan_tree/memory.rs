@@ -1,7 +1,7 @@
 //! The working memory a finished plan may keep at once, for memory-aware admission
 //! (`pg_stride_sched::memory` says what counts and why).
 
-use super::walk::{each_in_list, for_each_child, stride_gather_inner};
+use super::walk::{each_in_list, for_each_child, list_len, stride_gather_inner};
 use pg_stride_sched::memory::{node_need_kb, MemorySettings, NodeMemory};
 use pgrx::pg_sys;
 
@@ -75,9 +75,10 @@ unsafe fn keeps_nothing_in_a_chain(stmt: *const pg_sys::PlannedStmt) -> bool {
 
 /// Plan node types that keep nothing and whose only child is their lefttree (or
 /// their righttree, checked apart): one bit per type, from `T_Result`, the first plan
-/// node type, on. Anything else — a node that keeps memory, an Agg or a SetOp whose
-/// strategy decides, a node with a list of children, a type added later — takes the
-/// walk. One test per node: this runs for every statement while a budget is set.
+/// node type, on. Anything else — a node that keeps memory (a Bitmap Heap Scan's
+/// Bitmap Index Scan, a Function Scan's tuple stores), an Agg or a SetOp whose strategy
+/// and aggregates decide, a node with a list of children, a type added later — takes
+/// the walk. One test per node: this runs for every statement while a budget is set.
 const CHAIN_LINKS: u64 = {
     use pg_sys::NodeTag::*;
     let links = [
@@ -88,12 +89,9 @@ const CHAIN_LINKS: u64 = {
         T_SampleScan,
         T_IndexScan,
         T_IndexOnlyScan,
-        T_BitmapIndexScan,
         T_BitmapHeapScan,
         T_TidScan,
         T_TidRangeScan,
-        T_FunctionScan,
-        T_TableFuncScan,
         T_ValuesScan,
         T_NamedTuplestoreScan,
         T_WorkTableScan,
@@ -142,11 +140,9 @@ impl Units {
         }
         // SAFETY: the caller's promise; a Gather's or a Stride Gather's children are Plans.
         unsafe {
-            match kind_of(plan) {
-                NodeMemory::None => {}
-                NodeMemory::WorkMem => self.work = self.work.saturating_add(copies),
-                NodeMemory::HashMem => self.hash = self.hash.saturating_add(copies),
-            }
+            let (work, hash) = bound_of(plan);
+            self.work = self.work.saturating_add(work.saturating_mul(copies));
+            self.hash = self.hash.saturating_add(hash.saturating_mul(copies));
             // Below a Gather, the leader and each planned worker run the nodes (with
             // parallel_leader_participation off the leader does not: counted anyway).
             let below = match workers_of(plan) {
@@ -162,31 +158,94 @@ impl Units {
     }
 }
 
-/// How node `plan` bounds its memory.
+/// The bound of node `plan` alone: how many `work_mem`s and how many hash tables' bounds
+/// it may keep at once.
 ///
 /// # Safety
 /// `plan` is a valid Plan node.
-unsafe fn kind_of(plan: *const pg_sys::Plan) -> NodeMemory {
+unsafe fn bound_of(plan: *const pg_sys::Plan) -> (u64, u64) {
     use pg_sys::NodeTag::*;
     // SAFETY: the caller's promise; a Plan's tag tells its type.
     unsafe {
         match (*plan).type_ {
-            T_Sort | T_IncrementalSort | T_Material | T_WindowAgg | T_CteScan => {
-                NodeMemory::WorkMem
+            // A Bitmap Index Scan's TID bitmap is bounded by work_mem too (tbm_create),
+            // and a Table Function Scan keeps its rows in a tuple store.
+            T_Sort | T_IncrementalSort | T_Material | T_WindowAgg | T_CteScan
+            | T_BitmapIndexScan | T_TableFuncScan => (1, 0),
+            // Each function's rows go to a tuple store of their own
+            // (ExecMakeTableFunctionResult), whatever way the function returns them.
+            T_FunctionScan => (
+                list_len((*plan.cast::<pg_sys::FunctionScan>()).functions) as u64,
+                0,
+            ),
+            T_Hash | T_Memoize | T_RecursiveUnion => (0, 1),
+            T_Agg => {
+                let agg = plan.cast::<pg_sys::Agg>();
+                let hashed = matches!(
+                    (*agg).aggstrategy,
+                    pg_sys::AggStrategy::AGG_HASHED | pg_sys::AggStrategy::AGG_MIXED
+                );
+                (agg_sorts(agg), u64::from(hashed))
             }
-            T_Hash | T_Memoize | T_RecursiveUnion => NodeMemory::HashMem,
-            T_Agg => match (*plan.cast::<pg_sys::Agg>()).aggstrategy {
-                pg_sys::AggStrategy::AGG_HASHED | pg_sys::AggStrategy::AGG_MIXED => {
-                    NodeMemory::HashMem
-                }
-                _ => NodeMemory::None,
-            },
             T_SetOp => match (*plan.cast::<pg_sys::SetOp>()).strategy {
-                pg_sys::SetOpStrategy::SETOP_HASHED => NodeMemory::HashMem,
-                _ => NodeMemory::None,
+                pg_sys::SetOpStrategy::SETOP_HASHED => (0, 1),
+                _ => (0, 0),
             },
-            _ => NodeMemory::None,
+            _ => (0, 0),
         }
+    }
+}
+
+/// The sorts an Agg runs inside itself, which its plan shows no Sort node for: one per
+/// aggregate with DISTINCT or ORDER BY, or ordered-set (`WITHIN GROUP`), in each
+/// grouping set (nodeAgg.c sorts such an aggregate's input per group;
+/// `ordered_set_startup` likewise), and one per further grouping-set phase, whose input
+/// it sorts again (its `chain`). Plain and sorted aggregation keep nothing else.
+///
+/// # Safety
+/// `agg` is a valid Agg node.
+unsafe fn agg_sorts(agg: *const pg_sys::Agg) -> u64 {
+    let mut ordered = 0u64;
+    // SAFETY: the caller's promise; an Agg's targetlist and qual are expression trees,
+    // which expression_tree_walker walks (it raises an ERROR only on a node type it
+    // does not know, which a finished plan does not hold).
+    unsafe {
+        for list in [(*agg).plan.targetlist, (*agg).plan.qual] {
+            count_ordered_aggregates(list.cast(), (&raw mut ordered).cast());
+        }
+        let sets = list_len((*agg).groupingSets).max(1) as u64;
+        ordered
+            .saturating_mul(sets)
+            .saturating_add(list_len((*agg).chain) as u64)
+    }
+}
+
+/// expression_tree_walker's callback: adds to the count at `context` (a u64) each
+/// Aggref under `node` that sorts its input itself. Cannot panic (called from C).
+unsafe extern "C-unwind" fn count_ordered_aggregates(
+    node: *mut pg_sys::Node,
+    context: *mut std::ffi::c_void,
+) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: expression_tree_walker passes nodes of the tree and the context it was
+    // given, a u64.
+    unsafe {
+        if (*node).type_ == pg_sys::NodeTag::T_Aggref {
+            let aggref = node.cast::<pg_sys::Aggref>();
+            let sorts = !(*aggref).aggdistinct.is_null() || !(*aggref).aggorder.is_null();
+            // From PostgreSQL 16 on, the planner may sort the input below the Agg for
+            // one such aggregate (a Sort node, counted as such).
+            #[cfg(not(feature = "pg15"))]
+            let sorts = sorts && !(*aggref).aggpresorted;
+            if sorts {
+                *context.cast::<u64>() += 1;
+            }
+            // An aggregate's arguments hold no aggregate of the same level.
+            return false;
+        }
+        pg_sys::expression_tree_walker(node, Some(count_ordered_aggregates), context)
     }
 }
 
