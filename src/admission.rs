@@ -314,13 +314,14 @@ fn wait_for_turn(
     if pg::wait_until(admitted, deadline) {
         return Ok(());
     }
-    let still_queued = shared
-        .with_admission(|queue, waiters| queue.withdraw(&shared.admission, waiters, procno, wake));
-    // Admitted at the last moment: take it rather than fail.
-    if still_queued {
-        Err(())
-    } else {
+    // Admitted at the last moment: take it, with its memory, rather than fail.
+    let admitted = shared.with_admission(|queue, waiters| {
+        queue.stop_waiting(&shared.admission, waiters, procno, wake)
+    });
+    if admitted {
         Ok(())
+    } else {
+        Err(())
     }
 }
 

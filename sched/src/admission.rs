@@ -197,6 +197,13 @@ impl Counts {
         self.waiting.load(SeqCst) > 0
     }
 
+    /// Whether group `g`'s own limit has room for one more admission.
+    fn group_has_room(&self, g: usize) -> bool {
+        let group = &self.groups[g];
+        let limit = group.max_concurrency.load(SeqCst);
+        limit == 0 || group.active.load(SeqCst) < limit
+    }
+
     /// Takes one admission of group `g` if both limits have room.
     fn take(&self, g: usize) -> bool {
         let group = &self.groups[g];
@@ -631,6 +638,24 @@ impl Queue {
         }
     }
 
+    /// Process `p`'s wait ran out of time: it takes an admission granted meanwhile, with
+    /// the memory reserved for it (returns `true`), or leaves the queue ([`Queue::withdraw`],
+    /// `false`). Unlike [`Queue::withdraw`] alone, which gives that memory back for a
+    /// caller that gives the admission back too.
+    pub fn stop_waiting(
+        &mut self,
+        c: &Counts,
+        waiters: &mut [Waiter],
+        p: usize,
+        wake: impl FnMut(usize),
+    ) -> bool {
+        self.take_admitted(waiters, p) || {
+            let left = self.withdraw(c, waiters, p, wake);
+            debug_assert!(left, "an admission was taken above");
+            false
+        }
+    }
+
     /// Whether process `p` has been admitted; clears the mark when it has.
     pub fn take_admitted(&mut self, waiters: &mut [Waiter], p: usize) -> bool {
         if waiters[p].state == WaitState::Admitted {
@@ -685,13 +710,12 @@ impl Queue {
         kb > 0 && c.waiting() > 0
     }
 
-    /// The statement of group `g` that may be admitted next, by arrival, and whether the
-    /// group's first one waits for the server's memory. The first statement of the group
-    /// goes if its memory fits; if not, a later one that needs no memory may pass it
-    /// (it takes nothing the first one waits for). `memory_held`: a group before this
-    /// one in stride order waits for the server's memory, which then goes to nothing
-    /// else, so that a large statement is not starved by smaller ones.
-    fn next_of(&self, waiters: &[Waiter], g: usize, memory_held: bool) -> (Option<usize>, bool) {
+    /// The statement of group `g` that may be admitted next, by arrival, and whether
+    /// the group's first statement was held back for another's memory. The first
+    /// statement of the group goes if its memory fits and is not held; if not, a later
+    /// one that needs no memory may pass it (it takes nothing the first one waits for).
+    /// `held_for`: see [`Queue::memory_held_for`].
+    fn next_of(&self, waiters: &[Waiter], g: usize, held_for: Option<u64>) -> (Option<usize>, bool) {
         let queued = || {
             waiters
                 .iter()
@@ -701,15 +725,41 @@ impl Queue {
         let Some((first, w)) = queued().min_by_key(|(_, w)| w.ticket) else {
             return (None, false);
         };
-        let server_fits = self.memory.fits(w.need_kb) && !(memory_held && w.need_kb > 0);
-        if server_fits && self.groups[g].memory.fits(w.need_kb) {
+        let held = w.need_kb > 0 && held_for.is_some_and(|ticket| ticket < w.ticket);
+        if !held && self.memory.fits(w.need_kb) && self.groups[g].memory.fits(w.need_kb) {
             return (Some(first), false);
         }
         let passing = queued()
             .filter(|(_, w)| w.need_kb == 0)
             .min_by_key(|(_, w)| w.ticket)
             .map(|(p, _)| p);
-        (passing, !server_fits)
+        (passing, held)
+    }
+
+    /// The arrival ticket of the statement the server's memory goes to next: the first
+    /// to arrive of the statements that need memory, are first in their groups, and
+    /// that their groups' limits and budgets would let in. The server's memory goes to
+    /// no statement needing memory that came after it. By arrival, not by the groups'
+    /// places in stride order: a group's pass also advances with the statements needing
+    /// no memory that pass its large one, so a busy group ahead of it could otherwise
+    /// take every share of memory that frees up, for ever.
+    fn memory_held_for(&self, c: &Counts, waiters: &[Waiter]) -> Option<u64> {
+        let mut first_of_group = [None::<&Waiter>; MAX_GROUPS as usize];
+        for w in waiters.iter().filter(|w| w.state == WaitState::Queued) {
+            let slot = &mut first_of_group[w.group as usize];
+            if slot.is_none_or(|f| w.ticket < f.ticket) {
+                *slot = Some(w);
+            }
+        }
+        first_of_group
+            .iter()
+            .enumerate()
+            .filter_map(|(g, w)| w.map(|w| (g, w)))
+            .filter(|&(g, w)| {
+                w.need_kb > 0 && self.groups[g].memory.fits(w.need_kb) && c.group_has_room(g)
+            })
+            .map(|(_, w)| w.ticket)
+            .min()
     }
 
     /// Admits waiting statements while there is room, lowest next pass first (ties to
@@ -718,14 +768,19 @@ impl Queue {
     pub fn dispatch(&mut self, c: &Counts, waiters: &mut [Waiter], mut wake: impl FnMut(usize)) {
         // Groups whose limit (or the global one, or memory) had no room in this round.
         let mut full: u64 = 0;
-        let mut memory_held = false;
+        // Groups whose first statement was held back for another's memory: tried again
+        // once a statement needing memory was admitted.
+        let mut held: u64 = 0;
         loop {
             let best = (0..self.groups.len())
                 .filter(|&g| self.groups[g].waiting > 0 && full & (1 << g) == 0)
                 .min_by_key(|&g| (self.next_pass(g), g));
             let Some(g) = best else { return };
-            let (next, waits_for_memory) = self.next_of(waiters, g, memory_held);
-            memory_held |= waits_for_memory;
+            let held_for = self.memory_held_for(c, waiters);
+            let (next, was_held) = self.next_of(waiters, g, held_for);
+            if was_held {
+                held |= 1 << g;
+            }
             let Some(p) = next else {
                 if self.groups[g].waiting > 0
                     && !waiters
@@ -745,6 +800,10 @@ impl Queue {
             if !c.take(g) {
                 full |= 1 << g;
                 continue;
+            }
+            if waiters[p].need_kb > 0 {
+                full &= !held;
+                held = 0;
             }
             self.mark_admitted(c, waiters, p, g);
             wake(p);
@@ -1303,6 +1362,51 @@ mod tests {
     }
 
     #[test]
+    fn memory_goes_to_the_first_statement_waiting_for_it_whatever_its_groups_pass() {
+        let mut s = Server::new(10, 8);
+        s.q.set_memory_budget(1000);
+        assert_eq!(s.arrive_needing(0, 1, 400), Arrival::Admitted);
+        assert_eq!(s.arrive_needing(1, 1, 400), Arrival::Admitted);
+        assert_eq!(s.arrive_needing(2, 0, 800), Arrival::Queued);
+        assert_eq!(s.arrive_needing(3, 1, 400), Arrival::Queued);
+        // Statements of group 0 that need no memory pass its large one, and move the
+        // group's pass past group 1's.
+        for p in 4..8 {
+            assert_eq!(s.arrive_needing(p, 0, 0), Arrival::Admitted);
+            assert_eq!(s.finish(0), vec![]);
+        }
+        assert!(s.q.next_pass(0) > s.q.next_pass(1));
+        assert_eq!(
+            s.finish_needing(0, 1),
+            vec![],
+            "the 400 kB freed are held for process 2, which came before process 3"
+        );
+        assert_eq!(s.finish_needing(1, 1), vec![2]);
+        assert!(s.take_admitted(2));
+        assert_eq!(s.finish_needing(2, 0), vec![3]);
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_as_it_is_admitted_takes_the_admission_with_its_memory() {
+        let mut s = Server::new(10, 3);
+        s.q.set_memory_budget(100);
+        assert_eq!(s.arrive_needing(0, 0, 80), Arrival::Admitted);
+        assert_eq!(s.arrive_needing(1, 0, 80), Arrival::Queued);
+        assert_eq!(s.finish_needing(0, 0), vec![1]);
+        // Its timeout came just after the dispatch: it runs, and holds its 80 kB.
+        assert!(s.q.stop_waiting(&s.c, &mut s.w, 1, |_| {}));
+        assert_eq!((s.q.memory.reserved_kb, s.w[1].reserved_kb), (80, 80));
+        assert_eq!(
+            s.arrive_needing(2, 0, 80),
+            Arrival::Queued,
+            "the budget counts it"
+        );
+        // Still queued when it runs out: it leaves the queue and stops asking.
+        assert!(!s.q.stop_waiting(&s.c, &mut s.w, 2, |_| {}));
+        assert_eq!((s.q.memory.reserved_kb, s.q.memory.waiting_kb), (80, 0));
+    }
+
+    #[test]
     fn reserved_memory_stays_within_the_budget_unless_one_statement_runs_alone() {
         // Random arrivals, ends and withdrawals: the budget is exceeded only by a single
         // reservation, and every statement is admitted in the end.
@@ -1358,16 +1462,20 @@ mod tests {
             assert_eq!(reserved, s.q.memory.reserved_kb);
         }
         assert!(admitted_total > 1000, "{admitted_total}");
-        // Drain: everything waiting gets in.
-        for _ in 0..4 {
+        // Drain: everything waiting gets in, some in each round (with memory held by
+        // arrival, a round may admit only one).
+        while state.iter().any(Option::is_some) {
+            let mut progress = false;
             for (p, st) in state.iter_mut().enumerate() {
                 if let Some((g, admitted)) = *st {
                     if admitted || s.take_admitted(p) {
                         s.finish_needing(p, g);
                         *st = None;
+                        progress = true;
                     }
                 }
             }
+            assert!(progress, "nothing runs, and {state:?} wait");
         }
         assert!(state.iter().all(Option::is_none), "{state:?}");
         assert_eq!(
