@@ -40,14 +40,27 @@ RESET enable_sort;
 -- work_mem each, ordered-set ones (WITHIN GROUP) here.
 EXPLAIN (COSTS OFF) SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY a), percentile_disc(0.5) WITHIN GROUP (ORDER BY b) FROM mem_t;
 SELECT :own AS kb, percentile_disc(0.5) WITHIN GROUP (ORDER BY a), percentile_disc(0.5) WITHIN GROUP (ORDER BY b) FROM mem_t;
--- A bitmap scan's TID bitmap: work_mem.
+-- A bitmap scan's TID bitmap: work_mem; under a BitmapOr, one per index scan.
 RESET ROLE;
+CREATE INDEX mem_t_a ON mem_t (a);
 CREATE INDEX mem_t_b ON mem_t (b);
 SET ROLE stride_mem;
 SET enable_indexscan = off;
 EXPLAIN (COSTS OFF) SELECT count(*) FROM mem_t WHERE b = 7;
 SELECT :own AS kb, count(*) FROM mem_t WHERE b = 7;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM mem_t WHERE a = 7 OR b = 9;
+SELECT :own AS kb, count(*) FROM mem_t WHERE a = 7 OR b = 9;
 RESET enable_indexscan;
+-- (The sorts by a below stay sorts.)
+RESET ROLE;
+DROP INDEX mem_t_a;
+SET ROLE stride_mem;
+-- Grouping sets sorted in two phases: the Sort below the Agg, and the Agg's own sort
+-- for its second phase.
+SET enable_hashagg = off;
+EXPLAIN (COSTS OFF) SELECT a % 3, b % 5, count(*) FROM mem_t GROUP BY GROUPING SETS ((a % 3), (b % 5));
+SELECT :own AS kb, count(*) FROM (SELECT a % 3, b % 5, count(*) FROM mem_t GROUP BY GROUPING SETS ((a % 3), (b % 5))) s;
+RESET enable_hashagg;
 -- Each function of a Function Scan: work_mem.
 SELECT :own AS kb, count(*) FROM ROWS FROM (generate_series(1, 10), generate_series(1, 5));
 -- Below a Gather, once in the leader and once in each planned worker.

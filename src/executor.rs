@@ -381,6 +381,14 @@ unsafe extern "C-unwind" fn process_utility(
     // SAFETY: `tag` is the type of `stmt`.
     let nested = unsafe { !runs_client_queries(stmt, tag) };
     let drops_database = tag == Some(pg_sys::NodeTag::T_DropdbStmt);
+    // DROP EXTENSION (or DROP SCHEMA … CASCADE) drops the groups table without firing its
+    // trigger.
+    // SAFETY: a DropStmt's removeType is a plain field.
+    let drops_extension = tag == Some(pg_sys::NodeTag::T_DropStmt)
+        && matches!(
+            unsafe { (*stmt.cast::<pg_sys::DropStmt>()).removeType },
+            pg_sys::ObjectType::OBJECT_EXTENSION | pg_sys::ObjectType::OBJECT_SCHEMA
+        );
     if drops_database {
         watch_object_drops();
     }
@@ -418,6 +426,11 @@ unsafe extern "C-unwind" fn process_utility(
     }
     if drops_database {
         stop_watching_object_drops();
+    }
+    if drops_extension {
+        // The groups loader reloads when the transaction ends: without the table, only
+        // `default` stays in effect.
+        groups::mark_changed();
     }
 }
 

@@ -158,7 +158,46 @@ mod functions {
         }
     }
 
+    /// Inserts group `name` with settings `s`, or updates its row if it has one.
     fn upsert(name: &str, s: &GroupSettings) {
+        store(
+            name,
+            s,
+            "WITH stored AS (INSERT INTO pg_stride.resource_groups AS g \
+                 (name, weight, max_concurrency, max_queued, queue_timeout, \
+                  max_parallel_workers, priority_initial, priority_min, decay_lambda, \
+                  decay_start, pinned, memory_budget, reject_oversized, rules, rules_dry_run) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+             ON CONFLICT (name) DO UPDATE SET weight = $2, max_concurrency = $3, \
+                 max_queued = $4, queue_timeout = $5, max_parallel_workers = $6, \
+                 priority_initial = $7, priority_min = $8, decay_lambda = $9, \
+                 decay_start = $10, pinned = $11, memory_budget = $12, \
+                 reject_oversized = $13, rules = $14, rules_dry_run = $15 RETURNING 1) \
+             SELECT count(*) FROM stored",
+        );
+    }
+
+    /// Updates the row of group `name` to settings `s`; returns whether it had one.
+    /// Unlike an upsert, which inserts afresh a row deleted since the transaction's
+    /// snapshot was taken (REPEATABLE READ), an update of such a row fails with a
+    /// serialization error.
+    fn update(name: &str, s: &GroupSettings) -> bool {
+        store(
+            name,
+            s,
+            "WITH stored AS (UPDATE pg_stride.resource_groups SET weight = $2, \
+                 max_concurrency = $3, max_queued = $4, queue_timeout = $5, \
+                 max_parallel_workers = $6, priority_initial = $7, priority_min = $8, \
+                 decay_lambda = $9, decay_start = $10, pinned = $11, memory_budget = $12, \
+                 reject_oversized = $13, rules = $14, rules_dry_run = $15 \
+              WHERE name = $1 RETURNING 1) \
+             SELECT count(*) FROM stored",
+        ) > 0
+    }
+
+    /// Runs `statement`, which writes group `name`'s row from `$1` (the name) to `$15`
+    /// (the settings in the table's column order) and returns the rows it wrote.
+    fn store(name: &str, s: &GroupSettings, statement: &str) -> i64 {
         let rules = s.rules.to_string();
         let args: [DatumWithOid; 15] = [
             name.into(),
@@ -177,28 +216,17 @@ mod functions {
             rules.as_str().into(),
             s.rules_dry_run.into(),
         ];
-        Spi::run_with_args(
-            "INSERT INTO pg_stride.resource_groups AS g \
-                 (name, weight, max_concurrency, max_queued, queue_timeout, \
-                  max_parallel_workers, priority_initial, priority_min, decay_lambda, \
-                  decay_start, pinned, memory_budget, reject_oversized, rules, rules_dry_run) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
-             ON CONFLICT (name) DO UPDATE SET weight = $2, max_concurrency = $3, \
-                 max_queued = $4, queue_timeout = $5, max_parallel_workers = $6, \
-                 priority_initial = $7, priority_min = $8, decay_lambda = $9, \
-                 decay_start = $10, pinned = $11, memory_budget = $12, \
-                 reject_oversized = $13, rules = $14, rules_dry_run = $15",
-            &args,
-        )
-        .unwrap_or_else(|e| {
-            // An SQL error inside keeps its own SQLSTATE (pgrx re-raises it); what comes
-            // back here is SPI failing by itself, a bug.
-            pg::raise(
-                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                format!("pg_stride: cannot store resource group \"{name}\": {e}"),
-                None,
-            )
-        });
+        Spi::get_one_with_args::<i64>(statement, &args)
+            .map(Option::unwrap_or_default)
+            .unwrap_or_else(|e| {
+                // An SQL error inside keeps its own SQLSTATE (pgrx re-raises it); what
+                // comes back here is SPI failing by itself, a bug.
+                pg::raise(
+                    PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                    format!("pg_stride: cannot store resource group \"{name}\": {e}"),
+                    None,
+                )
+            })
     }
 
     /// Creates a resource group. Settings left NULL follow the server-wide GUCs.
@@ -322,7 +350,17 @@ mod functions {
             pinned: pinned.unwrap_or(old.pinned),
         };
         check_settings(name, &settings);
-        upsert(name, &settings);
+        if !update(name, &settings) {
+            // `default` has a row only once altered; any other group was found above.
+            if name != DEFAULT_GROUP {
+                pg::raise(
+                    PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                    format!("resource group \"{name}\" does not exist"),
+                    Some("List the groups in pg_stride.groups."),
+                );
+            }
+            upsert(name, &settings);
+        }
     }
 
     /// Drops a resource group that no statement runs in. Sessions still set to it fall

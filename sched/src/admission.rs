@@ -769,14 +769,27 @@ impl Queue {
         // Groups whose limit (or the global one, or memory) had no room in this round.
         let mut full: u64 = 0;
         // Groups whose first statement was held back for another's memory: tried again
-        // once a statement needing memory was admitted.
+        // once the statement the memory is held for changes (admitted, or its group's
+        // limit reached by a statement that passed it).
         let mut held: u64 = 0;
+        let mut last_held_for = None;
         loop {
+            // Without a server budget, or with nobody asking for memory, it is held for
+            // nobody (and the scan is saved).
+            let held_for = if self.memory.limit_kb > 0 && self.memory.waiting_kb > 0 {
+                self.memory_held_for(c, waiters)
+            } else {
+                None
+            };
+            if held_for != last_held_for {
+                full &= !held;
+                held = 0;
+                last_held_for = held_for;
+            }
             let best = (0..self.groups.len())
                 .filter(|&g| self.groups[g].waiting > 0 && full & (1 << g) == 0)
                 .min_by_key(|&g| (self.next_pass(g), g));
             let Some(g) = best else { return };
-            let held_for = self.memory_held_for(c, waiters);
             let (next, was_held) = self.next_of(waiters, g, held_for);
             if was_held {
                 held |= 1 << g;
@@ -800,10 +813,6 @@ impl Queue {
             if !c.take(g) {
                 full |= 1 << g;
                 continue;
-            }
-            if waiters[p].need_kb > 0 {
-                full &= !held;
-                held = 0;
             }
             self.mark_admitted(c, waiters, p, g);
             wake(p);
@@ -1384,6 +1393,27 @@ mod tests {
         assert_eq!(s.finish_needing(1, 1), vec![2]);
         assert!(s.take_admitted(2));
         assert_eq!(s.finish_needing(2, 0), vec![3]);
+    }
+
+    #[test]
+    fn memory_is_held_for_a_statement_only_while_its_group_could_let_it_in() {
+        let mut s = Server::new(10, 6);
+        s.q.set_memory_budget(1000);
+        s.configure(1, 100, 2);
+        assert_eq!(s.arrive_needing(0, 0, 800), Arrival::Admitted);
+        assert_eq!(s.arrive_needing(1, 1, 0), Arrival::Admitted);
+        assert_eq!(s.arrive_needing(2, 1, 400), Arrival::Queued);
+        assert_eq!(
+            s.arrive_needing(3, 2, 100),
+            Arrival::Queued,
+            "the memory is held for process 2"
+        );
+        // A statement of group 1 needing no memory passes process 2 and fills the
+        // group: process 2 cannot be let in before one of them ends, and the memory goes
+        // to process 3 in the same dispatch.
+        assert_eq!(s.arrive_needing(4, 1, 0), Arrival::Admitted);
+        assert!(s.take_admitted(3));
+        assert_eq!(s.q.memory.reserved_kb, 900);
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //!   sorts, incremental sorts, materialisations, window aggregates, CTE and table
 //!   function tuple stores, TID bitmaps, each function's tuple store in a function scan
 //!   and the sorts an aggregation runs inside itself (ordered and DISTINCT aggregates,
-//!   grouping-set phases) `work_mem`; hash joins' hash tables, hashed or mixed
+//!   sorted grouping-set phases) `work_mem`; hash joins' hash tables, hashed or mixed
 //!   aggregation, hashed set operations, memoize caches and recursive unions
 //!   `work_mem × hash_mem_multiplier`;
 //! * plain and sorted aggregation otherwise keep one group's state at a time and count

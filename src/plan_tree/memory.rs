@@ -1,7 +1,7 @@
 //! The working memory a finished plan may keep at once, for memory-aware admission
 //! (`pg_stride_sched::memory` says what counts and why).
 
-use super::walk::{each_in_list, for_each_child, list_len, stride_gather_inner};
+use super::walk::{each_in_list, for_each_child, list_len, list_ptrs, stride_gather_inner};
 use pg_stride_sched::memory::{node_need_kb, MemorySettings, NodeMemory};
 use pgrx::pg_sys;
 
@@ -168,10 +168,11 @@ unsafe fn bound_of(plan: *const pg_sys::Plan) -> (u64, u64) {
     // SAFETY: the caller's promise; a Plan's tag tells its type.
     unsafe {
         match (*plan).type_ {
-            // A Bitmap Index Scan's TID bitmap is bounded by work_mem too (tbm_create),
-            // and a Table Function Scan keeps its rows in a tuple store.
+            // A Table Function Scan keeps its rows in a tuple store.
             T_Sort | T_IncrementalSort | T_Material | T_WindowAgg | T_CteScan
-            | T_BitmapIndexScan | T_TableFuncScan => (1, 0),
+            | T_TableFuncScan => (1, 0),
+            // TID bitmaps, each bounded by work_mem (tbm_create).
+            T_BitmapIndexScan | T_BitmapAnd | T_BitmapOr => (bitmaps(plan), 0),
             // Each function's rows go to a tuple store of their own
             // (ExecMakeTableFunctionResult), whatever way the function returns them.
             T_FunctionScan => (
@@ -196,11 +197,38 @@ unsafe fn bound_of(plan: *const pg_sys::Plan) -> (u64, u64) {
     }
 }
 
+/// The TID bitmaps under a Bitmap Index Scan, BitmapAnd or BitmapOr (whose children
+/// the plan walk does not visit): one per Bitmap Index Scan, an upper bound (a
+/// BitmapOr's index scans add to one bitmap; a BitmapAnd keeps two at a time).
+///
+/// # Safety
+/// `plan` is a valid Plan node.
+unsafe fn bitmaps(plan: *const pg_sys::Plan) -> u64 {
+    use pg_sys::NodeTag::*;
+    // SAFETY: the caller's promise; the bitmapplans of a BitmapAnd or BitmapOr are Plans.
+    unsafe {
+        let children = match (*plan).type_ {
+            T_BitmapIndexScan => return 1,
+            T_BitmapAnd => (*plan.cast::<pg_sys::BitmapAnd>()).bitmapplans,
+            T_BitmapOr => (*plan.cast::<pg_sys::BitmapOr>()).bitmapplans,
+            _ => return 0,
+        };
+        let mut n = 0u64;
+        for child in list_ptrs::<pg_sys::Plan>(children) {
+            n = n.saturating_add(bitmaps(child));
+        }
+        n
+    }
+}
+
 /// The sorts an Agg runs inside itself, which its plan shows no Sort node for: one per
 /// aggregate with DISTINCT or ORDER BY, or ordered-set (`WITHIN GROUP`), in each
-/// grouping set (nodeAgg.c sorts such an aggregate's input per group;
-/// `ordered_set_startup` likewise), and one per further grouping-set phase, whose input
-/// it sorts again (its `chain`). Plain and sorted aggregation keep nothing else.
+/// grouping set of the largest phase (nodeAgg.c sorts such an aggregate's input per
+/// group; `ordered_set_startup` likewise), and one per further grouping-set phase that
+/// sorts its input again (a chained Agg with a Sort below it; hashed phases sort
+/// nothing). Plain and sorted aggregation keep nothing else. An aggregate written twice
+/// (in the target list and in HAVING) shares one sort and is counted twice: an upper
+/// bound.
 ///
 /// # Safety
 /// `agg` is a valid Agg node.
@@ -208,15 +236,21 @@ unsafe fn agg_sorts(agg: *const pg_sys::Agg) -> u64 {
     let mut ordered = 0u64;
     // SAFETY: the caller's promise; an Agg's targetlist and qual are expression trees,
     // which expression_tree_walker walks (it raises an ERROR only on a node type it
-    // does not know, which a finished plan does not hold).
+    // does not know, which a finished plan does not hold); an Agg's chain is a List of
+    // Agg nodes.
     unsafe {
         for list in [(*agg).plan.targetlist, (*agg).plan.qual] {
             count_ordered_aggregates(list.cast(), (&raw mut ordered).cast());
         }
-        let sets = list_len((*agg).groupingSets).max(1) as u64;
+        let mut sets = list_len((*agg).groupingSets);
+        let mut phase_sorts = 0u64;
+        for phase in list_ptrs::<pg_sys::Agg>((*agg).chain) {
+            sets = sets.max(list_len((*phase).groupingSets));
+            phase_sorts += u64::from(!(*phase).plan.lefttree.is_null());
+        }
         ordered
-            .saturating_mul(sets)
-            .saturating_add(list_len((*agg).chain) as u64)
+            .saturating_mul(sets.max(1) as u64)
+            .saturating_add(phase_sorts)
     }
 }
 

@@ -44,7 +44,8 @@ unsafe fn walk(slot: *mut *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut pg_sys:
 /// Calls `f` with the address of each pointer to a child of `plan` (null ones
 /// included): the plans of an Append, Merge Append or custom scan, a subquery scan's
 /// subplan, then the left and right trees. Bitmap heap scans' BitmapAnd/BitmapOr are
-/// left out: no Gather, sort or hash can be under them.
+/// left out: no Gather, sort or hash can be under them (the memory bound counts the
+/// bitmaps below them itself).
 ///
 /// # Safety
 /// `plan` is a valid Plan node.
