@@ -1352,13 +1352,20 @@ mod tests {
         assert_eq!(s.finish_needing(0, 1), vec![1]);
     }
 
-    #[test]
-    fn memory_admitted_to_a_statement_that_stopped_waiting_is_given_back() {
+    /// A budget of 100 kB; process 1 waited for 80 kB that process 0 held, and has just
+    /// been admitted with them.
+    fn admitted_to_memory_just_now() -> Server {
         let mut s = Server::new(10, 3);
         s.q.set_memory_budget(100);
         assert_eq!(s.arrive_needing(0, 0, 80), Arrival::Admitted);
         assert_eq!(s.arrive_needing(1, 0, 80), Arrival::Queued);
         assert_eq!(s.finish_needing(0, 0), vec![1]);
+        s
+    }
+
+    #[test]
+    fn memory_admitted_to_a_statement_that_stopped_waiting_is_given_back() {
+        let mut s = admitted_to_memory_just_now();
         // Its wait timed out just as it was admitted.
         assert!(!s.q.withdraw(&s.c, &mut s.w, 1, |_| {}));
         assert_eq!(s.finish(0), vec![]);
@@ -1418,11 +1425,7 @@ mod tests {
 
     #[test]
     fn a_wait_that_runs_out_as_it_is_admitted_takes_the_admission_with_its_memory() {
-        let mut s = Server::new(10, 3);
-        s.q.set_memory_budget(100);
-        assert_eq!(s.arrive_needing(0, 0, 80), Arrival::Admitted);
-        assert_eq!(s.arrive_needing(1, 0, 80), Arrival::Queued);
-        assert_eq!(s.finish_needing(0, 0), vec![1]);
+        let mut s = admitted_to_memory_just_now();
         // Its timeout came just after the dispatch: it runs, and holds its 80 kB.
         assert!(s.q.stop_waiting(&s.c, &mut s.w, 1, |_| {}));
         assert_eq!((s.q.memory.reserved_kb, s.w[1].reserved_kb), (80, 80));
