@@ -589,7 +589,8 @@ unsafe extern "C-unwind" fn learn_long_run(desc: *mut pg_sys::QueryDesc) {
 /// and the CALL or DO runs on.) A commit leaves the depth alone: a utility that commits
 /// on its way (CREATE INDEX CONCURRENTLY, ALTER TABLE … DETACH PARTITION CONCURRENTLY,
 /// VACUUM) is still running, and its later queries are still its own. A transaction that
-/// changed the groups table has them reloaded, and cannot be prepared. Cannot panic: it
+/// changed the groups table cannot be prepared (`groups` has them reloaded once its locks
+/// are released). Cannot panic: it
 /// returns before pgrx's error boundary on every event, and raises that ERROR through a
 /// guarded function.
 unsafe extern "C-unwind" fn on_xact_event(
@@ -625,7 +626,6 @@ unsafe extern "C-unwind" fn on_xact_event(
         // A DROP DATABASE that failed, or one a commit outlived (it cannot: the
         // command returns before its transaction commits).
         stop_watching_object_drops();
-        groups::transaction_ended();
         pool::transaction_ended();
     }
 }

@@ -29,10 +29,37 @@ use std::ffi::CString;
 /// Whether this backend's transaction changed the groups table.
 static CHANGED_IN_XACT: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
 
+/// Whether [`after_transaction`] is registered in this process.
+static RELEASE_CALLBACK_SET: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+
 /// Remembers that the current transaction changed the groups table, so that the loader
 /// reloads it when the transaction ends.
 pub fn mark_changed() {
     CHANGED_IN_XACT.set(true);
+    if !RELEASE_CALLBACK_SET.replace(true) {
+        // SAFETY: registers a callback that cannot panic; PostgreSQL keeps it for the
+        // life of the process.
+        unsafe {
+            pg_sys::RegisterResourceReleaseCallback(Some(after_transaction), std::ptr::null_mut())
+        };
+    }
+}
+
+/// Resource-owner release callback: once the top-level transaction has released its
+/// locks, after it sent its catalog invalidations, a transaction that changed the
+/// groups table asks the loader to reload it. Not at the transaction callback's COMMIT,
+/// which comes before both: after a DROP EXTENSION the loader then found the table
+/// through its stale catalog cache, waited for the drop's lock, and failed on the
+/// dropped table. Cannot panic.
+unsafe extern "C-unwind" fn after_transaction(
+    phase: pg_sys::ResourceReleasePhase::Type,
+    _is_commit: bool,
+    is_top_level: bool,
+    _arg: *mut std::ffi::c_void,
+) {
+    if is_top_level && phase == pg_sys::ResourceReleasePhase::RESOURCE_RELEASE_AFTER_LOCKS {
+        transaction_ended();
+    }
 }
 
 /// Whether this backend's transaction changed the groups table.
@@ -41,8 +68,8 @@ pub fn changed_in_transaction() -> bool {
 }
 
 /// The transaction ended (committed, aborted or prepared): if it changed the groups table, the
-/// loader reloads it. Cannot panic; called from the transaction callback.
-pub fn transaction_ended() {
+/// loader reloads it. Cannot panic.
+fn transaction_ended() {
     if CHANGED_IN_XACT.replace(false) {
         if let Some(shared) = shmem::shared() {
             shared.groups.request_reload();
