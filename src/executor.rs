@@ -590,9 +590,8 @@ unsafe extern "C-unwind" fn learn_long_run(desc: *mut pg_sys::QueryDesc) {
 /// on its way (CREATE INDEX CONCURRENTLY, ALTER TABLE … DETACH PARTITION CONCURRENTLY,
 /// VACUUM) is still running, and its later queries are still its own. A transaction that
 /// changed the groups table cannot be prepared (`groups` has them reloaded once its locks
-/// are released). Cannot panic: it
-/// returns before pgrx's error boundary on every event, and raises that ERROR through a
-/// guarded function.
+/// are released). Cannot panic: it returns before pgrx's error boundary on every event,
+/// and raises that ERROR through a guarded function.
 unsafe extern "C-unwind" fn on_xact_event(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,

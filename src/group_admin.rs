@@ -158,6 +158,15 @@ mod functions {
         }
     }
 
+    /// Raises the ERROR for a function given a name that is no group.
+    fn no_such_group(name: &str) -> ! {
+        pg::raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("resource group \"{name}\" does not exist"),
+            Some("List the groups in pg_stride.groups."),
+        )
+    }
+
     /// Inserts group `name` with settings `s`, or updates its row if it has one.
     fn upsert(name: &str, s: &GroupSettings) {
         store(
@@ -326,13 +335,7 @@ mod functions {
     ) {
         let name = check_caller(name);
         lock_table();
-        let Some(old) = stored(name) else {
-            pg::raise(
-                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-                format!("resource group \"{name}\" does not exist"),
-                Some("List the groups in pg_stride.groups."),
-            );
-        };
+        let old = stored(name).unwrap_or_else(|| no_such_group(name));
         let settings = GroupSettings {
             weight: weight.unwrap_or(old.weight),
             max_concurrency: max_concurrency.unwrap_or(old.max_concurrency),
@@ -353,11 +356,7 @@ mod functions {
         if !update(name, &settings) {
             // `default` has a row only once altered; any other group was found above.
             if name != DEFAULT_GROUP {
-                pg::raise(
-                    PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-                    format!("resource group \"{name}\" does not exist"),
-                    Some("List the groups in pg_stride.groups."),
-                );
+                no_such_group(name);
             }
             upsert(name, &settings);
         }
@@ -377,11 +376,7 @@ mod functions {
         }
         lock_table();
         if stored(name).is_none() {
-            pg::raise(
-                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-                format!("resource group \"{name}\" does not exist"),
-                Some("List the groups in pg_stride.groups."),
-            );
+            no_such_group(name);
         }
         if let Some(shared) = shmem::shared() {
             if let Some(slot) = shared.groups.find(name) {

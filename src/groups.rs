@@ -67,8 +67,8 @@ pub fn changed_in_transaction() -> bool {
     CHANGED_IN_XACT.get()
 }
 
-/// The transaction ended (committed, aborted or prepared): if it changed the groups table, the
-/// loader reloads it. Cannot panic.
+/// The transaction ended (committed, aborted or prepared): if it changed the groups
+/// table, the loader reloads it. Cannot panic.
 fn transaction_ended() {
     if CHANGED_IN_XACT.replace(false) {
         if let Some(shared) = shmem::shared() {

@@ -115,6 +115,11 @@ struct GroupCount {
     max_concurrency: AtomicU32,
 }
 
+/// Whether `active` admissions leave room under a group's `limit` (0 = no limit).
+fn below_limit(active: u32, limit: u32) -> bool {
+    limit == 0 || active < limit
+}
+
 /// The counts and limits of admission, read and changed without the lock.
 #[derive(Debug)]
 #[repr(C)]
@@ -200,8 +205,7 @@ impl Counts {
     /// Whether group `g`'s own limit has room for one more admission.
     fn group_has_room(&self, g: usize) -> bool {
         let group = &self.groups[g];
-        let limit = group.max_concurrency.load(SeqCst);
-        limit == 0 || group.active.load(SeqCst) < limit
+        below_limit(group.active.load(SeqCst), group.max_concurrency.load(SeqCst))
     }
 
     /// Takes one admission of group `g` if both limits have room.
@@ -210,9 +214,7 @@ impl Counts {
         let limit = group.max_concurrency.load(SeqCst);
         let took_group = group
             .active
-            .fetch_update(SeqCst, SeqCst, |a| {
-                (limit == 0 || a < limit).then_some(a + 1)
-            })
+            .fetch_update(SeqCst, SeqCst, |a| below_limit(a, limit).then_some(a + 1))
             .is_ok();
         if !took_group {
             return false;
