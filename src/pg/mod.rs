@@ -59,6 +59,16 @@ pub fn report(level: PgLogLevel, code: PgSqlErrorCode, message: String, hint: Op
     report.report(level);
 }
 
+/// Rolls back the current transaction after an ERROR raised in it was caught, as
+/// PostgreSQL's own error recovery does in a process that goes on afterwards: its
+/// locks, snapshots, SPI connections and memory are released, and no transaction is
+/// in progress. The caught error's state is already flushed (pgrx does it).
+pub fn abort_transaction_after_error() {
+    // SAFETY: called outside any critical section, from the process's main code path;
+    // AbortCurrentTransaction copes with every transaction state, none included.
+    unsafe { pg_sys::AbortCurrentTransaction() }
+}
+
 /// Raises an ERROR with a SQLSTATE and an optional HINT.
 #[track_caller]
 pub fn raise(code: PgSqlErrorCode, message: String, hint: Option<&str>) -> ! {

@@ -29,7 +29,8 @@ use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::pg_sys;
-use pgrx::PgMemoryContexts;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::{PgLogLevel, PgMemoryContexts, PgSqlErrorCode, PgTryBuilder};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -39,6 +40,40 @@ use std::time::{Duration, Instant};
 pub const SCHEDULER_NAME: &str = "pg_stride scheduler";
 /// Name and `backend_type` of the groups loader.
 pub const LOADER_NAME: &str = "pg_stride groups";
+
+/// When the groups loader tries a failed read of its table again: 1 s after the first
+/// failure, twice as long after each one that follows, at most a minute, so that a
+/// table that stays unreadable (a column's type changed by hand) costs a WARNING a
+/// minute, not one a second.
+#[derive(Default)]
+struct RetryAfterFailure {
+    /// The wait before the next try; None while the last read succeeded.
+    backoff: Option<Duration>,
+    next_try: Option<Instant>,
+}
+
+impl RetryAfterFailure {
+    const FIRST: Duration = Duration::from_secs(1);
+    const LONGEST: Duration = Duration::from_secs(60);
+
+    fn record(&mut self, read: bool) {
+        self.backoff = (!read).then(|| {
+            self.backoff
+                .map_or(Self::FIRST, |b| (b * 2).min(Self::LONGEST))
+        });
+        self.next_try = self.backoff.map(|b| Instant::now() + b);
+    }
+
+    /// How long the loader may sleep: until the next try, or until woken.
+    fn wait(&self) -> Option<Duration> {
+        self.next_try
+            .map(|t| t.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)))
+    }
+
+    fn due(&self) -> bool {
+        self.next_try.is_some_and(|t| Instant::now() >= t)
+    }
+}
 
 /// How often the scheduler runs the CPU and admission watchdogs: a slot holder that
 /// waits on an event, or an admitted statement that waits for its client, is seen at
@@ -175,19 +210,20 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
         return;
     };
     shared.groups.set_loader(pg::my_procno());
-    reload_groups(shared);
+    let mut retry = RetryAfterFailure::default();
+    retry.record(reload_groups(shared));
     // The pool of this database starts now rather than at its first Gather, and again
     // when parallel_mode becomes pool; not at every reload (an idle pool may have
     // exited on purpose, pg_stride.pool_idle_timeout).
     let mut pool_mode = parallel::pool_mode();
     pool::prestart();
-    while BackgroundWorker::wait_latch(None) {
+    while BackgroundWorker::wait_latch(retry.wait()) {
         if reload_config_if_signalled() && parallel::pool_mode() != pool_mode {
             pool_mode = parallel::pool_mode();
             pool::prestart();
         }
-        if shared.groups.pending_reload().is_some() {
-            reload_groups(shared);
+        if retry.due() || shared.groups.pending_reload().is_some() {
+            retry.record(reload_groups(shared));
         }
     }
     shared.groups.set_loader(None);
@@ -195,17 +231,44 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
 }
 
 /// Reads the groups table into the directory, answering every request made before the
-/// read started.
-fn reload_groups(shared: &shmem::Shared) {
+/// read started; false if the read failed.
+///
+/// A failed read leaves the directory as it was (it is only written under its lock) and
+/// the requests pending, and the loader goes on: it tries again later
+/// ([`RetryAfterFailure`]), or at once when the groups change.
+/// Exiting instead would leave the groups as they were until the postmaster restarts
+/// the loader, 10 s on. The read fails, for one, when a `DROP EXTENSION` takes the
+/// table while the loader waits to read it: the loader found the table in the catalog
+/// before the drop committed.
+fn reload_groups(shared: &shmem::Shared) -> bool {
     let request = shared.groups.pending_reload();
-    // The directory is only written under its lock; an error while reading the table
-    // leaves it as it was.
-    BackgroundWorker::transaction(std::panic::AssertUnwindSafe(|| {
-        config::reload_groups(shared, true)
-    }));
-    if let Some(request) = request {
+    let read = PgTryBuilder::new(|| {
+        BackgroundWorker::transaction(std::panic::AssertUnwindSafe(|| {
+            config::reload_groups(shared, true)
+        }));
+        true
+    })
+    .catch_others(|error| {
+        pg::abort_transaction_after_error();
+        let message = match &error {
+            CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) => {
+                report.message()
+            }
+            CaughtError::RustPanic { ereport, .. } => ereport.message(),
+        };
+        pg::report(
+            PgLogLevel::WARNING,
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("pg_stride: could not reload the resource groups: {message}"),
+            Some("The groups stay as they were until a read succeeds; the loader tries again after 1 s, then less often, up to every minute."),
+        );
+        false
+    })
+    .execute();
+    if let (true, Some(request)) = (read, request) {
         shared.groups.reload_done(request);
     }
+    read
 }
 
 /// The admission watchdog (docs/design.md §4 rules 5 and 12, psaroudakis2013 §5
