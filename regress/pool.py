@@ -17,10 +17,13 @@ from its views (`pg_stride.pool`, `pg_stride.pool_fallbacks`) and counters
   reaches the session's next fragment;
 - an ERROR in a fragment reaches the leader with its SQLSTATE, and the pool worker
   serves on (same pids);
+- a worker's ERROR reaches a leader that waits for it at a Parallel Hash build's
+  barrier at once, and a PL/pgSQL block that catches it goes on;
 - statement_timeout and cancel of the leader stop its fragments: no wrong result, no
   lock left to a pool worker, the same pool afterwards;
-- a pool worker terminated mid-fragment, under a Gather or a Gather Merge, fails the
-  leader's statement cleanly and is replaced;
+- a pool worker terminated mid-fragment, under a Gather or a Gather Merge, or while
+  the leader waits for it at a hash build's barrier, fails the leader's statement
+  cleanly and is replaced;
 - a leader with an XID runs with PostgreSQL's own workers, and the fallback is counted;
 - DROP DATABASE is not blocked by that database's pool;
 - pool workers idle for pg_stride.pool_idle_timeout exit;
@@ -398,6 +401,60 @@ def an_error_in_a_fragment_reaches_the_leader_and_the_worker_serves_on(s):
           "ended in that ERROR, their workers serve on")
 
 
+# A Parallel Hash Join whose inner scan raises in every process but the leader (its pid
+# is the second argument): the workers fail after they attached to the hash build's
+# barrier, where the leader then waits for them.
+BARRIER_QUERY = ("SELECT count(*) FROM s1.t JOIN s2.t u USING (a) "
+                 "WHERE s1.fails_outside(u.b, {leader})")
+
+
+@check
+def a_workers_error_reaches_a_leader_waiting_at_a_parallel_hash_barrier(s):
+    """The leader runs its own part of the join and waits at the build barrier for the
+    failed workers: their ERROR must reach it there at once (as with PostgreSQL's own
+    workers), not after statement_timeout; and a PL/pgSQL block that catches the ERROR
+    goes on without a cancel left behind."""
+    pids = full_pool(s, SESSIONS[0][0])
+    before = counters(s)
+    x, sql, expected = session_going_on_after_errors(s, 0)
+    leader = x.run("SELECT pg_backend_pid()")[0]
+    failing = BARRIER_QUERY.format(leader=leader)
+    plan = s.sql("SET ROLE regress_pool_a; SET search_path = s1, public; "
+                 "EXPLAIN (COSTS OFF) " + BARRIER_QUERY.format(leader=leader))
+    assert "Parallel Hash Join" in plan and STRIDE_GATHER in plan, plan
+    x.run("SET statement_timeout = '10s'; SELECT 1")
+    took = []
+    for _ in range(5):
+        start = time.monotonic()
+        x.send(failing)
+        assert x.run("SELECT 'after'", timeout=20) == ["after"]
+        took.append(time.monotonic() - start)
+    # Caught in PL/pgSQL, the ERROR leaves no cancel behind: the block goes on.
+    caught = x.run(f"""DO $$
+BEGIN
+  BEGIN
+    PERFORM count(*) FROM s1.t JOIN s2.t u USING (a) WHERE s1.fails_outside(u.b, {leader});
+  EXCEPTION WHEN raise_exception THEN
+    PERFORM pg_sleep(0.2);
+    RAISE NOTICE 'caught: %', SQLERRM;
+  END;
+  PERFORM pg_sleep(0.2);
+END
+$$; SELECT 'went on'""", timeout=20)
+    assert caught == ["went on"], caught
+    assert x.run(sql) == expected
+    err = x.close()[2].decode()
+    assert err.count("ERROR:  worker part failed") == 5, err
+    assert "NOTICE:  caught: worker part failed" in err, err
+    assert "canceling statement" not in err, err
+    assert max(took) < 5, took
+    assert counted(s, before, "fragments_error") >= 6, counters(s)
+    assert_pool_clean(s, pids)
+    print(f"    5 of 5 statements failed with the workers' ERROR after "
+          f"{', '.join(f'{t:.2f}' for t in took)} s (statement_timeout 10 s); "
+          "a PL/pgSQL block caught it and went on")
+
+
 @check
 def statement_timeout_and_cancel_stop_the_fragments(s):
     pids = full_pool(s, SESSIONS[1][0])
@@ -453,6 +510,38 @@ def terminated_pool_worker_fails_the_statement(s, sql, node):
     assert len(set(after) & set(pids)) == POOL_SIZE - 1, (pids, after)
     print(f"    {node}: the leader's statement failed: {err.strip().splitlines()[0]!r}; "
           f"pool back to {len(after)} workers")
+
+
+@check
+def a_pool_worker_terminated_while_the_leader_waits_at_a_barrier_fails_the_statement(s):
+    """The leader has built its part of a Parallel Hash and waits at the barrier for
+    the workers, which sleep at each row; one is terminated: the leader's statement
+    fails with its FATAL at once, not at statement_timeout."""
+    pids = full_pool(s)
+    x = concurrency.Session(s)
+    leader = x.run("SELECT pg_backend_pid()")[0]
+    sql = ("SELECT count(*) FROM s1.t JOIN s2.t u USING (a) "
+           f"WHERE s1.slow_outside(u.b, {leader})")
+    assert "Parallel Hash Join" in s.sql("EXPLAIN (COSTS OFF) " + sql)
+    x.run("\\set ON_ERROR_STOP 0\nSET statement_timeout = '30s'; SELECT 1")
+    x.send(sql)
+    deadline = time.monotonic() + 20
+    while s.sql(f"SELECT wait_event FROM pg_stat_activity WHERE pid = {leader}") != "HashBuildHashInner":
+        assert time.monotonic() < deadline, s.sql(f"SELECT * FROM pg_stat_activity WHERE pid = {leader}")
+        time.sleep(0.05)
+    busy = s.sql("SELECT pid FROM pg_stride.pool WHERE state = 'busy' LIMIT 1")
+    start = time.monotonic()
+    s.sql(f"SELECT pg_terminate_backend({busy})")
+    assert x.run("SELECT 'after'", timeout=60) == ["after"]
+    took = time.monotonic() - start
+    err = x.close()[2].decode()
+    assert "due to administrator command" in err and "parallel worker" in err, err
+    assert took < 5, took
+    after = full_pool(s, fresh=False)
+    assert int(busy) not in after and len(after) == POOL_SIZE, (busy, after)
+    assert len(set(after) & set(pids)) == POOL_SIZE - 1, (pids, after)
+    print(f"    the leader waited at the hash build's barrier; it failed {took:.2f} s after "
+          f"the worker was terminated: {err.strip().splitlines()[0]!r}")
 
 
 @check
@@ -671,6 +760,12 @@ def setup(s):
     # plpgsql, so that the planner cannot inline it into the parallel scan
     s.sql("CREATE FUNCTION s1.restricted(int) RETURNS int LANGUAGE plpgsql PARALLEL "
           "RESTRICTED AS 'BEGIN RETURN $1 + 1; END'")
+    s.sql("CREATE FUNCTION s1.fails_outside(int, int) RETURNS bool LANGUAGE plpgsql "
+          "PARALLEL SAFE AS $$BEGIN IF pg_backend_pid() <> $2 THEN "
+          "RAISE EXCEPTION 'worker part failed'; END IF; RETURN true; END$$")
+    s.sql("CREATE FUNCTION s1.slow_outside(int, int) RETURNS bool LANGUAGE plpgsql "
+          "PARALLEL SAFE AS $$BEGIN IF pg_backend_pid() <> $2 THEN "
+          "PERFORM pg_sleep(0.001); END IF; RETURN true; END$$")
     s.sql("CREATE FUNCTION s1.own_work_mem() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE "
           "SET work_mem = '9MB' AS $$SELECT current_setting('work_mem')$$")
     for role, _, _ in SESSIONS:

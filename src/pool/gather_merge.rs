@@ -128,7 +128,7 @@ unsafe fn next_tuple(
             if !(*node).need_to_scan_locally {
                 return false;
             }
-            let slot = tickets::scan_locally(&raw mut (*node).ps, (*node).pei);
+            let slot = tickets::scan_locally(pg, &raw mut (*node).ps, (*node).pei);
             if tup_is_null(slot) {
                 (*node).need_to_scan_locally = false;
                 return false;

@@ -349,7 +349,7 @@ unsafe fn getnext(
                 }
             }
             if (*node).need_to_scan_locally {
-                let outslot = scan_locally(&raw mut (*node).ps, (*node).pei);
+                let outslot = scan_locally(pg, &raw mut (*node).ps, (*node).pei);
                 if !tup_is_null(outslot) {
                     return outslot;
                 }

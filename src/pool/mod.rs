@@ -13,6 +13,8 @@
 //! * [`leader`]: the Gather's ExecProcNode, its rounds and its tuples;
 //! * [`tickets`]: the leader's side of the hand-off: posting tickets, reading the
 //!   workers' queues, ending a round on every path;
+//! * [`failure_watch`]: a worker's ERROR reaches the leader while it runs its own part
+//!   of the round;
 //! * [`gather_merge`]: a Gather Merge's merged reading of the same queues;
 //! * [`lifecycle`]: starting pool workers, their caps, and ending them for commands
 //!   that need their database to themselves;
@@ -27,6 +29,7 @@
 //! others `pool` behaves as `native`.
 
 mod compat;
+mod failure_watch;
 mod ffi;
 mod gather_merge;
 mod identity;

@@ -12,7 +12,7 @@
 //! ERROR longjmps through them, so their frames hold nothing with a destructor.
 
 use super::ffi::*;
-use super::identity;
+use super::{failure_watch, identity};
 use super::port::{
     check_for_interrupts, exec_clear_tuple, exec_proc_node, hold_interrupts, raise,
     resume_interrupts, wait_latch, NOT_IN_PREREQUISITE_STATE,
@@ -115,6 +115,9 @@ pub struct PoolGather {
     /// start): a worker that declines its ticket then leaves no work undone, since the
     /// leader claims whatever no participant took.
     pub(super) leader_participates: bool,
+    /// The round's leader part runs watched (failure_watch.rs): the timer is on until
+    /// the round ends.
+    pub(super) watching: bool,
 }
 
 /// Gathers this backend replaced, by node (a transaction's worth; cleared at its end).
@@ -166,13 +169,17 @@ pub(super) unsafe fn remember(node: *mut pg_sys::PlanState, pg: *mut PoolGather)
 }
 
 /// The leader's own part of a Gather or Gather Merge (`ps`, with its parallel executor
-/// info `pei`, null when no parallel context was built): runs the child plan for one
-/// tuple with the context's DSA area installed, as ExecGather and ExecGatherMerge do.
+/// info `pei`, null when no parallel context was built; `pg`, the pool's state of it):
+/// runs the child plan for one tuple with the context's DSA area installed, as
+/// ExecGather and ExecGatherMerge do. While pool workers of the round may still be
+/// running, it runs watched (failure_watch.rs): a worker's ERROR is raised here even
+/// when the leader's part waits for that worker.
 pub(super) unsafe fn scan_locally(
+    pg: *mut PoolGather,
     ps: *mut pg_sys::PlanState,
     pei: *mut pg_sys::ParallelExecutorInfo,
 ) -> *mut pg_sys::TupleTableSlot {
-    // SAFETY: the caller's node, whose child the executor initialised.
+    // SAFETY: the caller's node, whose child the executor initialised; our state of it.
     unsafe {
         let estate = (*ps).state;
         (*estate).es_query_dsa = if pei.is_null() {
@@ -180,9 +187,55 @@ pub(super) unsafe fn scan_locally(
         } else {
             (*pei.cast::<ParallelExecutorInfo>()).area
         };
-        let slot = exec_proc_node((*ps).lefttree);
+        let mut slot = std::ptr::null_mut();
+        if (*pg).active && !(*pg).tqueues_detached {
+            if !(*pg).watching {
+                failure_watch::start();
+                (*pg).watching = true;
+            }
+            let ran = failure_watch::run_watched(a_worker_failed, pg.cast(), || {
+                slot = exec_proc_node((*ps).lefttree);
+            });
+            if !ran {
+                (*estate).es_query_dsa = std::ptr::null_mut();
+                poll(pg, true);
+                raise(
+                    NOT_IN_PREREQUISITE_STATE,
+                    c"lost connection to parallel worker (pg_stride pool)".as_ptr(),
+                );
+            }
+        } else {
+            slot = exec_proc_node((*ps).lefttree);
+        }
         (*estate).es_query_dsa = std::ptr::null_mut();
         slot
+    }
+}
+
+/// failure_watch's test for a round (`arg`, its PoolGather): a worker whose ticket of
+/// this round is not finished ended its fragment in an ERROR. Reads memory only.
+unsafe fn a_worker_failed(arg: *mut c_void) -> bool {
+    let Some(pool) = shared::shared() else {
+        return false;
+    };
+    // SAFETY: the PoolGather of the section running watched, in TopTransactionContext.
+    unsafe {
+        let pg = arg.cast::<PoolGather>();
+        (0..(*pg).nslots).any(|i| {
+            !(*pg).finished[i]
+                && pool.slots[(*pg).slot[i]].failed_gen.load(Ordering::Acquire) == (*pg).gen[i]
+        })
+    }
+}
+
+/// The round ended: its leader part no longer runs watched.
+unsafe fn stop_watching(pg: *mut PoolGather) {
+    // SAFETY: our state; the start it matches.
+    unsafe {
+        if (*pg).watching {
+            (*pg).watching = false;
+            failure_watch::stop();
+        }
     }
 }
 
@@ -524,6 +577,7 @@ pub(super) unsafe fn finish_round(pg: *mut PoolGather) {
             check_for_interrupts();
         }
         detach_tqueues(pg);
+        stop_watching(pg);
         let pei = (*pg).pei;
         for i in 0..(*pg).nslots {
             if (*pg).got_x[i] {
@@ -602,6 +656,7 @@ pub(super) unsafe fn wait_round(
             return;
         }
         hold_interrupts();
+        stop_watching(pg);
         if !in_callback {
             detach_tqueues(pg);
         }

@@ -99,6 +99,14 @@ unsafe extern "C-unwind" fn on_exit(_code: c_int, arg: pg_sys::Datum) {
             before = shared::unpack(w);
             Some(pack(before.0, State::Free))
         });
+    // A fragment that had entered ParallelQueryMain ends with the process: its FATAL
+    // went to the leader's error queue, which the leader reads even while it waits
+    // for this worker inside its own part of the plan (failure_watch.rs).
+    if matches!(before.1, State::Running | State::Cancel)
+        && slot.entered_gen.load(Ordering::Acquire) == before.0
+    {
+        slot.failed_gen.store(before.0, Ordering::Release);
+    }
     if matches!(
         before.1,
         State::Reserved | State::Posted | State::Running | State::Cancel
@@ -276,6 +284,7 @@ unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64) {
             // PostgreSQL's error state holds the ERROR: to the leader (while the error
             // queue is ours) and to the log, as a parallel worker's would go.
             EmitErrorReport();
+            slot.failed_gen.store(gen, Ordering::Release);
             pool.count(Counter::FragmentsError);
             slot.errors.fetch_add(1, Ordering::Relaxed);
         } else if FRAG.declined {
