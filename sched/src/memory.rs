@@ -35,8 +35,6 @@
 /// How a plan node bounds its memory, for [`node_need_kb`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeMemory {
-    /// Holds nothing beyond a tuple or a group at a time.
-    None,
     /// A tuple store or sort: up to `work_mem`.
     WorkMem,
     /// A hash table: up to `work_mem × hash_mem_multiplier`.
@@ -56,7 +54,6 @@ pub struct MemorySettings {
 /// in kB.
 pub fn node_need_kb(kind: NodeMemory, settings: MemorySettings, copies: u64) -> u64 {
     let each = match kind {
-        NodeMemory::None => 0,
         NodeMemory::WorkMem => settings.work_mem_kb,
         // PostgreSQL's get_hash_memory_limit: the product, capped at what a size_t holds.
         NodeMemory::HashMem => {
@@ -130,7 +127,6 @@ mod tests {
 
     #[test]
     fn nodes_count_their_bound_once_per_process() {
-        assert_eq!(node_need_kb(NodeMemory::None, SETTINGS, 3), 0);
         assert_eq!(node_need_kb(NodeMemory::WorkMem, SETTINGS, 1), 4096);
         assert_eq!(node_need_kb(NodeMemory::WorkMem, SETTINGS, 3), 3 * 4096);
         assert_eq!(node_need_kb(NodeMemory::HashMem, SETTINGS, 1), 8192);
