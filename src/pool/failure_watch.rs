@@ -23,6 +23,7 @@
 use pgrx::pg_sys;
 use std::ffi::{c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// How often the timer looks at the watched round: the longest a leader waits at a
 /// barrier for a worker that failed.
@@ -49,8 +50,11 @@ extern "C-unwind" {
 /// a signal handler: it may only read memory.
 pub(super) type FailedTest = unsafe fn(arg: *mut c_void) -> bool;
 
-/// The innermost section running watched, with its test; null when none runs.
-static mut WATCHED: (*mut c_void, Option<FailedTest>) = (ptr::null_mut(), None);
+/// The argument of the innermost section running watched; null when none runs. One
+/// word, so that the timer never sees it half written.
+static WATCHED: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
+/// The test of the sections, written before WATCHED is set (Release), never cleared.
+static mut TEST: Option<FailedTest> = None;
 /// The timer found the watched round's worker failed and asked for a cancel.
 static mut CANCEL_ASKED: bool = false;
 /// The timeout this process registered (-1: none yet).
@@ -94,14 +98,21 @@ pub(super) unsafe fn stop() {
 }
 
 /// The timer's handler (timeout.c calls it from its SIGALRM handler, then sets the
-/// latch): asks for a cancel if the watched round's worker failed.
+/// latch): asks for a cancel if the watched round's worker failed. It asks again at
+/// every tick while the section runs, in case code inside it caught the cancel (a
+/// `WHEN query_canceled` block) and went on waiting.
 unsafe extern "C-unwind" fn timer_fired() {
     // SAFETY: reads of process-local memory and writes of PostgreSQL's interrupt flags,
     // as StatementCancelHandler does; the test only reads memory.
     unsafe {
-        let (arg, test) = ptr::read_volatile(&raw const WATCHED);
-        let Some(test) = test else { return };
-        if ptr::read_volatile(&raw const CANCEL_ASKED) || !test(arg) {
+        let arg = WATCHED.load(Ordering::Acquire);
+        if arg.is_null() {
+            return;
+        }
+        let Some(test) = ptr::read_volatile(&raw const TEST) else {
+            return;
+        };
+        if !test(arg) {
             return;
         }
         ptr::write_volatile(&raw mut CANCEL_ASKED, true);
@@ -112,46 +123,47 @@ unsafe extern "C-unwind" fn timer_fired() {
 
 /// Runs `body` watched by `failed(arg)`, inside an error handler of its own. Returns
 /// true when `body` returned; false when an ERROR ended it that was the cancel the watch
-/// asked for: the error state is flushed, and the caller raises the worker's ERROR.
-/// Every other ERROR is rethrown.
+/// asked for: the error state is flushed, no cancel is pending, and the caller raises
+/// the worker's ERROR. Every other ERROR is rethrown.
 ///
 /// # Safety
 /// Called between [`start`] and [`stop`]. `body` runs executor code: nothing with a
 /// destructor may live in its frames, which an ERROR's longjmp skips.
 pub(super) unsafe fn run_watched(failed: FailedTest, arg: *mut c_void, body: impl FnOnce()) -> bool {
     // SAFETY: PG_TRY's steps: the handler's jump buffer is installed for `body` only,
-    // and the error context stack restored when an ERROR lands here.
+    // and the error context stack and memory context restored when an ERROR lands here
+    // (errfinish leaves ErrorContext current).
     unsafe {
-        let outer = WATCHED;
-        WATCHED = (arg, Some(failed));
+        TEST = Some(failed);
+        let outer = WATCHED.swap(arg, Ordering::Release);
         let prev_stack = pg_sys::PG_exception_stack;
         let prev_context_stack = pg_sys::error_context_stack;
+        let prev_memory = pg_sys::CurrentMemoryContext;
         let rc = cee_scape::call_with_sigsetjmp(false, |jump_buffer| {
             pg_sys::PG_exception_stack = ptr::from_ref(jump_buffer).cast_mut().cast();
             body();
             0
         });
         pg_sys::PG_exception_stack = prev_stack;
-        WATCHED = outer;
-        let asked = ptr::replace(&raw mut CANCEL_ASKED, false);
-        if rc == 0 {
-            if asked {
-                // The section ended before the cancel was raised: the caller's loop
-                // reads the worker's ERROR from its queue.
-                ptr::write_volatile(&raw mut pg_sys::QueryCancelPending, 0);
-            }
-            return true;
-        }
         pg_sys::error_context_stack = prev_context_stack;
+        WATCHED.store(outer, Ordering::Release);
+        let asked = ptr::replace(&raw mut CANCEL_ASKED, false);
         if asked {
-            if geterrcode() == pgrx::PgSqlErrorCode::ERRCODE_QUERY_CANCELED as c_int {
-                FlushErrorState();
-                return false;
-            }
-            // Another ERROR came first: the cancel asked for must not outlive it (a
-            // PL/pgSQL exception block may catch that ERROR and go on).
+            // The cancel the watch asked for ends with the section: raised here, or not
+            // raised yet (the caller's loop then reads the worker's ERROR from its
+            // queue). A user's cancel that came in the same instant goes with it; the
+            // statement fails with the worker's ERROR all the same.
             ptr::write_volatile(&raw mut pg_sys::QueryCancelPending, 0);
         }
+        if rc == 0 {
+            return true;
+        }
+        if asked && geterrcode() == pgrx::PgSqlErrorCode::ERRCODE_QUERY_CANCELED as c_int {
+            pg_sys::CurrentMemoryContext = prev_memory;
+            FlushErrorState();
+            return false;
+        }
+        // Another ERROR: a PL/pgSQL block may catch it and go on, with no cancel left.
         pg_re_throw()
     }
 }

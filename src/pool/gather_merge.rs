@@ -20,7 +20,8 @@
 
 use super::ffi::*;
 use super::port::{exec_clear_tuple, tup_is_null};
-use super::tickets::{self, PoolGather, Read};
+use super::gathers::PoolGather;
+use super::tickets::{self, Read};
 use pgrx::pg_sys;
 use std::ffi::c_void;
 

@@ -16,9 +16,10 @@ use super::port::{
     INTERNAL_ERROR,
 };
 use super::shared::{self, Counter, Fallback, PoolShared, State, MAX_TICKETS};
+use super::gathers::{lookup, plan_field, remember, state_field, GatherNode, PoolGather};
 use super::tickets::{
-    drop_reader, end_of_tuples, finish_round, lookup, on_detach, plan_field, poll, post_tickets,
-    remember, scan_locally, serves_this_leader, state_field, wait_round, GatherNode, PoolGather,
+    drop_reader, end_of_tuples, finish_round, on_detach, poll, post_tickets, scan_locally,
+    serves_this_leader, wait_round,
 };
 use super::{gather_merge, stride_gather};
 use pgrx::pg_sys;

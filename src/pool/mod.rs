@@ -16,6 +16,7 @@
 //! * [`failure_watch`]: a worker's ERROR reaches the leader while it runs its own part
 //!   of the round;
 //! * [`gather_merge`]: a Gather Merge's merged reading of the same queues;
+//! * [`gathers`]: the pool's state of each Gather (Merge) of the statement;
 //! * [`lifecycle`]: starting pool workers, their caps, and ending them for commands
 //!   that need their database to themselves;
 //! * [`identity`]: the leader's identity in a pool worker, and back;
@@ -32,6 +33,7 @@ mod compat;
 mod failure_watch;
 mod ffi;
 mod gather_merge;
+mod gathers;
 mod identity;
 mod leader;
 mod lifecycle;
@@ -54,7 +56,7 @@ pub use lifecycle::{prestart, publish_server_settings, release_database};
 pub use settings::register_settings;
 use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;
-pub use tickets::transaction_ended;
+pub use gathers::transaction_ended;
 
 /// The pool's shared memory, which `_PG_init` gives to `shmem::install`.
 pub const SHMEM_BLOCKS: &[crate::shmem::Block] = &[shared::SHMEM_BLOCK];

@@ -24,7 +24,7 @@
 
 use super::ffi::*;
 use super::port::{exec_proc_node, raise, INTERNAL_ERROR};
-use super::tickets;
+use super::gathers;
 use crate::plan_tree::{self, STRIDE_GATHER, STRIDE_GATHER_MERGE};
 use pgrx::pg_sys;
 use std::ffi::c_int;
@@ -244,7 +244,7 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
     unsafe {
         let inner = inner_of(node);
         ExecReScan(inner);
-        tickets::rescanned(inner);
+        gathers::rescanned(inner);
     }
 }
 
@@ -330,7 +330,7 @@ unsafe extern "C-unwind" fn explain(
             }
         }
         if (*es).analyze && (*es).verbose {
-            ExplainPropertyText(c"Pool".as_ptr(), tickets::describe_pool_use(inner), es);
+            ExplainPropertyText(c"Pool".as_ptr(), gathers::describe_pool_use(inner), es);
         }
     }
 }

@@ -99,12 +99,13 @@ unsafe extern "C-unwind" fn on_exit(_code: c_int, arg: pg_sys::Datum) {
             before = shared::unpack(w);
             Some(pack(before.0, State::Free))
         });
-    // A fragment that had entered ParallelQueryMain ends with the process: its FATAL
-    // went to the leader's error queue, which the leader reads even while it waits
-    // for this worker inside its own part of the plan (failure_watch.rs).
-    if matches!(before.1, State::Running | State::Cancel)
-        && slot.entered_gen.load(Ordering::Acquire) == before.0
-    {
+    // A fragment in ParallelQueryMain ends with the process: its FATAL went to the
+    // leader's error queue, which the leader reads even while it waits for this worker
+    // inside its own part of the plan (failure_watch.rs). Not once the fragment's part
+    // of the plan is done: the leader waits for it nowhere then.
+    // SAFETY: the process-local fragment state, read after the fragment's code stopped.
+    let in_plan = unsafe { FRAG.gen == before.0 && FRAG.entered && !FRAG.ok };
+    if matches!(before.1, State::Running | State::Cancel) && in_plan {
         slot.failed_gen.store(before.0, Ordering::Release);
     }
     if matches!(
@@ -283,8 +284,14 @@ unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64) {
         if failed {
             // PostgreSQL's error state holds the ERROR: to the leader (while the error
             // queue is ours) and to the log, as a parallel worker's would go.
+            // A leader waiting for this worker inside its own part of the plan learns
+            // of the failure now (failure_watch.rs) and reads the ERROR as it comes: the
+            // send may wait for room in the queue. A fragment that had not entered
+            // ParallelQueryMain holds up no leader.
+            if FRAG.entered {
+                slot.failed_gen.store(gen, Ordering::Release);
+            }
             EmitErrorReport();
-            slot.failed_gen.store(gen, Ordering::Release);
             pool.count(Counter::FragmentsError);
             slot.errors.fetch_add(1, Ordering::Relaxed);
         } else if FRAG.declined {

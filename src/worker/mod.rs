@@ -50,18 +50,30 @@ struct RetryAfterFailure {
     /// The wait before the next try; None while the last read succeeded.
     backoff: Option<Duration>,
     next_try: Option<Instant>,
+    /// The request pending when the last read failed: a newer one (the groups changed
+    /// again) is tried at once, not any other wake-up of the loader.
+    failed_request: Option<u64>,
 }
 
 impl RetryAfterFailure {
     const FIRST: Duration = Duration::from_secs(1);
     const LONGEST: Duration = Duration::from_secs(60);
 
-    fn record(&mut self, read: bool) {
+    fn record(&mut self, read: bool, request: Option<u64>) {
         self.backoff = (!read).then(|| {
             self.backoff
                 .map_or(Self::FIRST, |b| (b * 2).min(Self::LONGEST))
         });
         self.next_try = self.backoff.map(|b| Instant::now() + b);
+        self.failed_request = if read { None } else { request };
+    }
+
+    /// Whether to read the table now, with `pending` the newest request not answered.
+    fn should_try(&self, pending: Option<u64>) -> bool {
+        match self.backoff {
+            None => pending.is_some(),
+            Some(_) => self.due() || (pending.is_some() && pending != self.failed_request),
+        }
     }
 
     /// How long the loader may sleep: until the next try, or until woken.
@@ -211,7 +223,8 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
     };
     shared.groups.set_loader(pg::my_procno());
     let mut retry = RetryAfterFailure::default();
-    retry.record(reload_groups(shared));
+    let request = shared.groups.pending_reload();
+    retry.record(reload_groups(shared, request), request);
     // The pool of this database starts now rather than at its first Gather, and again
     // when parallel_mode becomes pool; not at every reload (an idle pool may have
     // exited on purpose, pg_stride.pool_idle_timeout).
@@ -222,16 +235,17 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
             pool_mode = parallel::pool_mode();
             pool::prestart();
         }
-        if retry.due() || shared.groups.pending_reload().is_some() {
-            retry.record(reload_groups(shared));
+        let request = shared.groups.pending_reload();
+        if retry.should_try(request) {
+            retry.record(reload_groups(shared, request), request);
         }
     }
     shared.groups.set_loader(None);
     exit_to_be_restarted();
 }
 
-/// Reads the groups table into the directory, answering every request made before the
-/// read started; false if the read failed.
+/// Reads the groups table into the directory, answering `request` (the newest made
+/// before the read started, if one is pending); false if the read failed.
 ///
 /// A failed read leaves the directory as it was (it is only written under its lock) and
 /// the requests pending, and the loader goes on: it tries again later
@@ -240,8 +254,7 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
 /// the loader, 10 s on. The read fails, for one, when a `DROP EXTENSION` takes the
 /// table while the loader waits to read it: the loader found the table in the catalog
 /// before the drop committed.
-fn reload_groups(shared: &shmem::Shared) -> bool {
-    let request = shared.groups.pending_reload();
+fn reload_groups(shared: &shmem::Shared, request: Option<u64>) -> bool {
     let read = PgTryBuilder::new(|| {
         BackgroundWorker::transaction(std::panic::AssertUnwindSafe(|| {
             config::reload_groups(shared, true)
