@@ -19,6 +19,8 @@ from its views (`pg_stride.pool`, `pg_stride.pool_fallbacks`) and counters
   serves on (same pids);
 - a worker's ERROR reaches a leader that waits for it at a Parallel Hash build's
   barrier at once, and a PL/pgSQL block that catches it goes on;
+- notices of workers that a leader waits for at a barrier all arrive, and the
+  statement does not wait for its timeout;
 - statement_timeout and cancel of the leader stop its fragments: no wrong result, no
   lock left to a pool worker, the same pool afterwards;
 - a pool worker terminated mid-fragment, under a Gather or a Gather Merge, or while
@@ -456,6 +458,30 @@ $$; SELECT 'went on'""", timeout=20)
 
 
 @check
+def notices_of_workers_a_leader_waits_for_at_a_barrier_all_arrive(s):
+    """Every process of a Parallel Hash build raises a notice per 300 inner rows, more
+    than a worker's queue holds while the leader waits at the barrier without reading
+    it: the statement ends at once with the serial result, and the client gets every
+    notice (500), as with PostgreSQL's own workers."""
+    pids = full_pool(s, SESSIONS[0][0])
+    x, sql, expected = session_going_on_after_errors(s, 0)
+    noisy = ("SELECT count(*) FROM s1.t JOIN s2.t u USING (a) "
+             "WHERE s1.noisy(u.a)")
+    plan = s.sql("EXPLAIN (COSTS OFF) " + noisy)
+    assert "Parallel Hash Join" in plan and STRIDE_GATHER in plan, plan
+    x.run("SET statement_timeout = '10s'; SELECT 1")
+    start = time.monotonic()
+    assert x.run(noisy, timeout=20) == ["150000"]
+    took = time.monotonic() - start
+    assert x.run(sql) == expected
+    err = x.close()[2].decode()
+    assert err.count("NOTICE:  every 300th row") == 500, err[-2000:]
+    assert took < 5, took
+    assert_pool_clean(s, pids)
+    print(f"    the statement took {took:.2f} s; 500 of 500 notices reached the client")
+
+
+@check
 def statement_timeout_and_cancel_stop_the_fragments(s):
     pids = full_pool(s, SESSIONS[1][0])
     before = counters(s)
@@ -763,6 +789,9 @@ def setup(s):
     s.sql("CREATE FUNCTION s1.fails_outside(int, int) RETURNS bool LANGUAGE plpgsql "
           "PARALLEL SAFE AS $$BEGIN IF pg_backend_pid() <> $2 THEN "
           "RAISE EXCEPTION 'worker part failed'; END IF; RETURN true; END$$")
+    s.sql("CREATE FUNCTION s1.noisy(int) RETURNS bool LANGUAGE plpgsql PARALLEL SAFE AS "
+          "$$BEGIN IF $1 % 300 = 0 THEN RAISE NOTICE 'every 300th row'; END IF; "
+          "RETURN true; END$$")
     s.sql("CREATE FUNCTION s1.slow_outside(int, int) RETURNS bool LANGUAGE plpgsql "
           "PARALLEL SAFE AS $$BEGIN IF pg_backend_pid() <> $2 THEN "
           "PERFORM pg_sleep(0.001); END IF; RETURN true; END$$")

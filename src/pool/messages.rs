@@ -9,6 +9,7 @@
 use super::ffi::*;
 use super::port::*;
 use pgrx::pg_sys;
+use std::collections::VecDeque;
 use std::ffi::{c_char, c_int};
 
 /// The methods and destination the worker had before the fragment's redirection.
@@ -18,14 +19,29 @@ static mut SAVED_DEST: pg_sys::CommandDest::Type = pg_sys::CommandDest::DestNone
 static mut MQ_HANDLE: *mut pg_sys::shm_mq_handle = std::ptr::null_mut();
 /// A message is being sent: one sent meanwhile (from an interrupt) detaches the queue.
 static mut MQ_BUSY: bool = false;
+/// Notices the queue had no room for, each with its type byte first, oldest first: they
+/// go before any later message. A leader that runs its own part of the plan waits
+/// there for this worker without reading the queue (a Parallel Hash build's barrier;
+/// PostgreSQL reads its own workers' queues at any interrupt check, not the pool's), so
+/// a worker that waited for room to send a notice would wait for ever. Errors and the
+/// end of the fragment wait for room (the leader reads on: failure_watch.rs, and the
+/// round's end), after the notices before them.
+static mut DEFERRED: VecDeque<Vec<u8>> = VecDeque::new();
+static mut DEFERRED_BYTES: usize = 0;
+/// Beyond this many bytes deferred, a notice waits for room as an error does.
+const DEFER_LIMIT: usize = 8 << 20;
 
-/// A fragment begins: a longjmp out of a previous fragment's send left the flag set.
+/// A fragment begins: a longjmp out of a previous fragment's send left the flag set, or
+/// notices deferred that never went.
 ///
 /// # Safety
 /// Called by the pool worker, between fragments.
 pub(super) unsafe fn reset() {
     // SAFETY: the caller's promise: no send is in progress.
-    unsafe { MQ_BUSY = false };
+    unsafe {
+        MQ_BUSY = false;
+        forget_deferred();
+    }
 }
 
 /// Sends what this process would send its client into `mqh`, the fragment's error
@@ -98,28 +114,96 @@ unsafe extern "C-unwind" fn comm_putmessage(
             return 0;
         }
         MQ_BUSY = true;
-        let mut kind = msgtype;
-        let mut iov = [
-            pg_sys::shm_mq_iovec {
-                data: &raw mut kind,
-                len: 1,
-            },
-            pg_sys::shm_mq_iovec { data: s, len },
-        ];
-        let result = loop {
-            let r = shm_mq_sendv(MQ_HANDLE, iov.as_mut_ptr(), 2, true, true);
-            if r != pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK {
-                break r;
-            }
-            wait_latch(None, wait_event::MQ_PUT_MESSAGE);
-            check_for_interrupts();
-        };
+        let deferrable = msgtype as u8 == b'N' && DEFERRED_BYTES + len < DEFER_LIMIT;
+        let mut result = send_deferred(!deferrable);
+        if result == pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
+            let mut kind = msgtype;
+            let mut iov = [
+                pg_sys::shm_mq_iovec {
+                    data: &raw mut kind,
+                    len: 1,
+                },
+                pg_sys::shm_mq_iovec { data: s, len },
+            ];
+            result = send(iov.as_mut_ptr(), 2, !deferrable);
+        }
+        if result == pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK {
+            // Only a notice gets here: it follows the ones already deferred, or is the
+            // one whose send began (the next try resends the same bytes, as shm_mq
+            // requires of a send it could not finish).
+            let payload = std::slice::from_raw_parts(s.cast::<u8>(), len);
+            let mut message = Vec::with_capacity(len + 1);
+            message.push(msgtype as u8);
+            message.extend_from_slice(payload);
+            DEFERRED_BYTES += message.len();
+            (*(&raw mut DEFERRED)).push_back(message);
+            result = pg_sys::shm_mq_result::SHM_MQ_SUCCESS;
+        }
         MQ_BUSY = false;
         if result == pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
             0
         } else {
             -1
         }
+    }
+}
+
+/// Sends one message (`iov`, `iovcnt` parts) into the fragment's queue; with `wait`,
+/// waits for room, otherwise may give SHM_MQ_WOULD_BLOCK.
+///
+/// # Safety
+/// Inside comm_putmessage, with the fragment's queue attached.
+unsafe fn send(iov: *mut pg_sys::shm_mq_iovec, iovcnt: c_int, wait: bool) -> pg_sys::shm_mq_result::Type {
+    // SAFETY: the caller's promise.
+    unsafe {
+        loop {
+            let r = shm_mq_sendv(MQ_HANDLE, iov, iovcnt, true, true);
+            if r != pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK || !wait {
+                return r;
+            }
+            wait_latch(None, wait_event::MQ_PUT_MESSAGE);
+            check_for_interrupts();
+        }
+    }
+}
+
+/// Sends the deferred notices, oldest first; with `wait`, all of them, otherwise as many
+/// as fit now (SHM_MQ_WOULD_BLOCK if some are left).
+///
+/// # Safety
+/// As [`send`].
+unsafe fn send_deferred(wait: bool) -> pg_sys::shm_mq_result::Type {
+    // SAFETY: the caller's promise; process-local statics.
+    unsafe {
+        let deferred = &mut *(&raw mut DEFERRED);
+        while let Some(message) = deferred.front_mut() {
+            let mut iov = pg_sys::shm_mq_iovec {
+                data: message.as_mut_ptr().cast(),
+                len: message.len(),
+            };
+            let r = send(&mut iov, 1, wait);
+            if r != pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
+                if r != pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK {
+                    forget_deferred();
+                }
+                return r;
+            }
+            DEFERRED_BYTES -= message.len();
+            deferred.pop_front();
+        }
+        pg_sys::shm_mq_result::SHM_MQ_SUCCESS
+    }
+}
+
+/// Drops the deferred notices (their queue is gone, or a new fragment begins).
+///
+/// # Safety
+/// Process-local statics, outside comm_putmessage's sends.
+unsafe fn forget_deferred() {
+    // SAFETY: the caller's promise.
+    unsafe {
+        (*(&raw mut DEFERRED)).clear();
+        DEFERRED_BYTES = 0;
     }
 }
 unsafe extern "C-unwind" fn comm_putmessage_noblock(msgtype: c_char, s: *const c_char, len: usize) {
