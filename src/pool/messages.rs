@@ -136,7 +136,7 @@ unsafe extern "C-unwind" fn comm_putmessage(
             message.push(msgtype as u8);
             message.extend_from_slice(payload);
             DEFERRED_BYTES += message.len();
-            (*(&raw mut DEFERRED)).push_back(message);
+            deferred().push_back(message);
             result = pg_sys::shm_mq_result::SHM_MQ_SUCCESS;
         }
         MQ_BUSY = false;
@@ -173,25 +173,41 @@ unsafe fn send(iov: *mut pg_sys::shm_mq_iovec, iovcnt: c_int, wait: bool) -> pg_
 /// # Safety
 /// As [`send`].
 unsafe fn send_deferred(wait: bool) -> pg_sys::shm_mq_result::Type {
-    // SAFETY: the caller's promise; process-local statics.
+    // SAFETY: the caller's promise; process-local statics, each reference to the
+    // deferred notices dropped before the next is taken.
     unsafe {
-        let deferred = &mut *(&raw mut DEFERRED);
-        while let Some(message) = deferred.front_mut() {
+        loop {
+            let Some(message) = deferred().front_mut() else {
+                return pg_sys::shm_mq_result::SHM_MQ_SUCCESS;
+            };
+            let len = message.len();
             let mut iov = pg_sys::shm_mq_iovec {
                 data: message.as_mut_ptr().cast(),
-                len: message.len(),
+                len,
             };
             let r = send(&mut iov, 1, wait);
-            if r != pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
-                if r != pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK {
-                    forget_deferred();
-                }
-                return r;
+            if r == pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
+                DEFERRED_BYTES -= len;
+                deferred().pop_front();
+                continue;
             }
-            DEFERRED_BYTES -= message.len();
-            deferred.pop_front();
+            if r != pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK {
+                forget_deferred();
+            }
+            return r;
         }
-        pg_sys::shm_mq_result::SHM_MQ_SUCCESS
+    }
+}
+
+/// The deferred notices.
+///
+/// # Safety
+/// Process-local; no other reference to them is alive.
+unsafe fn deferred() -> &'static mut VecDeque<Vec<u8>> {
+    // SAFETY: the caller's promise.
+    #[allow(clippy::deref_addrof)]
+    unsafe {
+        &mut *&raw mut DEFERRED
     }
 }
 
@@ -202,7 +218,7 @@ unsafe fn send_deferred(wait: bool) -> pg_sys::shm_mq_result::Type {
 unsafe fn forget_deferred() {
     // SAFETY: the caller's promise.
     unsafe {
-        (*(&raw mut DEFERRED)).clear();
+        deferred().clear();
         DEFERRED_BYTES = 0;
     }
 }
