@@ -8,7 +8,8 @@ through ALTER ROLE … SET, while other sessions run beside them.
 - the same rule with rules_dry_run: the statement finishes, the hit says dry_run;
 - an `elapsed` rule that cancels a statement that reaches no yield point (pg_sleep):
   after its grace period it is cancelled as pg_cancel_backend would;
-- a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills;
+- a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills, in
+  the statement's own process or only in its parallel workers;
 - a `move` rule: the moved statement shows its new group as its cpu_group in
   pg_stride.activity, and with one CPU slot, moved to a group of weight 1, it gets
   almost none of the CPU while another group's statement runs, so that one finishes
@@ -163,6 +164,24 @@ def rows_and_temp_bytes_rules_log_once_per_statement(s):
     rules = [x[0] for x in hits(s, since)]
     assert rules.count("rows > 100000: log") == 1, rules
     assert rules.count("temp_bytes > 1MB: log") >= 2, rules
+
+
+@check
+def a_temp_bytes_rule_counts_the_parallel_workers_spills(s):
+    """A sort that spills only in parallel workers (the leader takes no part): the
+    statement's temp_bytes are its workers', and the rule hits it."""
+    set_rules(s, "temp_bytes > 2MB: log")
+    since = now(s)
+    settings = ("SET max_parallel_workers_per_gather = 2; SET parallel_leader_participation = off; "
+                "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET work_mem = '64kB'; ")
+    sort = "SELECT count(*) FROM (SELECT * FROM rules_big ORDER BY v DESC, id OFFSET 0) x"
+    plan = s.client_as(APP, settings + "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sort)
+    rc, out, err = finish(plan, timeout=120)
+    assert rc == 0 and "Gather Merge" in out and "Workers Launched: 0" not in out, (rc, out, err)
+    rc, out, err = finish(s.client_as(APP, settings + sort), timeout=120)
+    assert rc == 0 and out.splitlines()[-1] == "1000000", (rc, out[-200:], err)
+    rules = [x[0] for x in hits(s, since)]
+    assert rules.count("temp_bytes > 2MB: log") >= 1, rules
 
 
 @check

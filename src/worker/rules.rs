@@ -48,7 +48,9 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
         return;
     }
     let temp = if groups.values().any(|(_, r, _)| r.uses(Metric::TempBytes)) {
-        temp_bytes_by_pid()
+        let mut temp = temp_bytes_by_pid();
+        add_workers_to_leaders(shared, &mut temp);
+        temp
     } else {
         HashMap::new()
     };
@@ -157,6 +159,23 @@ fn statement_cpu_ns(shared: &shmem::Shared, entry: &shmem::ProcEntry) -> u64 {
             .sched()
             .and_then(|s| s.query_snapshot(QueryId(q - 1)))
             .map_or(0, |s| s.cpu_ns),
+    }
+}
+
+/// Adds the temporary files of each parallel worker (or pool worker) to those of its
+/// leader, the process whose statement the rules judge: a worker's own sort or hash
+/// spills under its own pid. Lock-group membership is read without a lock; a worker
+/// that joins or leaves meanwhile is counted at the next sweep.
+fn add_workers_to_leaders(shared: &shmem::Shared, temp: &mut HashMap<i32, u64>) {
+    for procno in 0..shared.procs().len() {
+        let leader = pg::proc_lock_group_leader(procno);
+        if leader == procno {
+            continue;
+        }
+        let Some(&bytes) = temp.get(&pg::proc_pid(procno)) else {
+            continue;
+        };
+        *temp.entry(pg::proc_pid(leader)).or_insert(0) += bytes;
     }
 }
 
