@@ -522,6 +522,7 @@ def terminated_pool_worker_fails_the_statement(s, sql, node):
     deadline = time.monotonic() + 20
     while True:
         busy = s.sql("SELECT pid FROM pg_stride.pool WHERE state = 'busy' LIMIT 1")
+        assert busy, s.sql("SELECT * FROM pg_stride.pool")
         if busy:
             break
         assert time.monotonic() < deadline, "no pool worker took the fragment"
@@ -542,32 +543,41 @@ def terminated_pool_worker_fails_the_statement(s, sql, node):
 def a_pool_worker_terminated_while_the_leader_waits_at_a_barrier_fails_the_statement(s):
     """The leader has built its part of a Parallel Hash and waits at the barrier for
     the workers, which sleep at each row; one is terminated: the leader's statement
-    fails with its FATAL at once, not at statement_timeout."""
-    pids = full_pool(s)
-    x = concurrency.Session(s)
-    leader = x.run("SELECT pg_backend_pid()")[0]
-    sql = ("SELECT count(*) FROM s1.t JOIN s2.t u USING (a) "
-           f"WHERE s1.slow_outside(u.b, {leader})")
-    assert "Parallel Hash Join" in s.sql("EXPLAIN (COSTS OFF) " + sql)
-    x.run("\\set ON_ERROR_STOP 0\nSET statement_timeout = '30s'; SELECT 1")
-    x.send(sql)
-    deadline = time.monotonic() + 20
-    while s.sql(f"SELECT wait_event FROM pg_stat_activity WHERE pid = {leader}") != "HashBuildHashInner":
-        assert time.monotonic() < deadline, s.sql(f"SELECT * FROM pg_stat_activity WHERE pid = {leader}")
-        time.sleep(0.05)
-    busy = s.sql("SELECT pid FROM pg_stride.pool WHERE state = 'busy' LIMIT 1")
-    start = time.monotonic()
-    s.sql(f"SELECT pg_terminate_backend({busy})")
-    assert x.run("SELECT 'after'", timeout=60) == ["after"]
-    took = time.monotonic() - start
-    err = x.close()[2].decode()
-    assert "due to administrator command" in err and "parallel worker" in err, err
-    assert took < 5, took
-    after = full_pool(s, fresh=False)
-    assert int(busy) not in after and len(after) == POOL_SIZE, (busy, after)
-    assert len(set(after) & set(pids)) == POOL_SIZE - 1, (pids, after)
-    print(f"    the leader waited at the hash build's barrier; it failed {took:.2f} s after "
-          f"the worker was terminated: {err.strip().splitlines()[0]!r}")
+    fails with its FATAL at once, not at statement_timeout. Twice: the second time the
+    workers also raise a notice per row, so that the terminated one has notices its
+    full queue could not take when its FATAL comes."""
+    for noisy in (False, True):
+        pids = full_pool(s)
+        x = concurrency.Session(s)
+        leader = x.run("SELECT pg_backend_pid()")[0]
+        sql = ("SELECT count(*) FROM s1.t JOIN s2.t u USING (a) "
+               f"WHERE s1.slow_outside(u.b, {leader}, {noisy})")
+        assert "Parallel Hash Join" in s.sql("EXPLAIN (COSTS OFF) " + sql)
+        x.run("\\set ON_ERROR_STOP 0\nSET statement_timeout = '30s'; SELECT 1")
+        x.send(sql)
+        deadline = time.monotonic() + 20
+        # HashBuildHashInner, or HashGrowBucketsElect when the table grows meanwhile.
+        while s.sql(f"SELECT wait_event LIKE 'Hash%' FROM pg_stat_activity WHERE pid = {leader}") != "t":
+            assert time.monotonic() < deadline, s.sql(f"SELECT * FROM pg_stat_activity WHERE pid = {leader}")
+            time.sleep(0.05)
+        if noisy:
+            time.sleep(0.5)  # about 500 notices per worker, its 16 kB queue holds ~100
+        busy = s.sql("SELECT pid FROM pg_stride.pool WHERE state = 'busy' LIMIT 1")
+        assert busy, s.sql("SELECT * FROM pg_stride.pool")
+        start = time.monotonic()
+        s.sql(f"SELECT pg_terminate_backend({busy})")
+        assert x.run("SELECT 'after'", timeout=60) == ["after"]
+        took = time.monotonic() - start
+        err = x.close()[2].decode()
+        error = next((line for line in err.splitlines() if line.startswith("ERROR:")), err)
+        assert "due to administrator command" in error and "parallel worker" in err, err[-2000:]
+        assert took < 5, took
+        after = full_pool(s, fresh=False)
+        assert int(busy) not in after and len(after) == POOL_SIZE, (busy, after)
+        assert len(set(after) & set(pids)) == POOL_SIZE - 1, (pids, after)
+        print(f"    {'with' if noisy else 'without'} notices: the leader waited at the hash "
+              f"build's barrier; it failed {took:.2f} s after the worker was terminated: "
+              f"{error!r}")
 
 
 @check
@@ -792,8 +802,9 @@ def setup(s):
     s.sql("CREATE FUNCTION s1.noisy(int) RETURNS bool LANGUAGE plpgsql PARALLEL SAFE AS "
           "$$BEGIN IF $1 % 300 = 0 THEN RAISE NOTICE 'every 300th row'; END IF; "
           "RETURN true; END$$")
-    s.sql("CREATE FUNCTION s1.slow_outside(int, int) RETURNS bool LANGUAGE plpgsql "
+    s.sql("CREATE FUNCTION s1.slow_outside(int, int, bool) RETURNS bool LANGUAGE plpgsql "
           "PARALLEL SAFE AS $$BEGIN IF pg_backend_pid() <> $2 THEN "
+          "IF $3 THEN RAISE NOTICE 'row %', $1; END IF; "
           "PERFORM pg_sleep(0.001); END IF; RETURN true; END$$")
     s.sql("CREATE FUNCTION s1.own_work_mem() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE "
           "SET work_mem = '9MB' AS $$SELECT current_setting('work_mem')$$")

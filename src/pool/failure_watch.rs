@@ -129,7 +129,11 @@ unsafe extern "C-unwind" fn timer_fired() {
 /// # Safety
 /// Called between [`start`] and [`stop`]. `body` runs executor code: nothing with a
 /// destructor may live in its frames, which an ERROR's longjmp skips.
-pub(super) unsafe fn run_watched(failed: FailedTest, arg: *mut c_void, body: impl FnOnce()) -> bool {
+pub(super) unsafe fn run_watched(
+    failed: FailedTest,
+    arg: *mut c_void,
+    body: impl FnOnce(),
+) -> bool {
     // SAFETY: PG_TRY's steps: the handler's jump buffer is installed for `body` only,
     // and the error context stack and memory context restored when an ERROR lands here
     // (errfinish leaves ErrorContext current).

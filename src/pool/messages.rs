@@ -11,6 +11,7 @@ use super::port::*;
 use pgrx::pg_sys;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The methods and destination the worker had before the fragment's redirection.
 static mut SAVED_COMM: *const PQcommMethods = std::ptr::null();
@@ -19,6 +20,11 @@ static mut SAVED_DEST: pg_sys::CommandDest::Type = pg_sys::CommandDest::DestNone
 static mut MQ_HANDLE: *mut pg_sys::shm_mq_handle = std::ptr::null_mut();
 /// A message is being sent: one sent meanwhile (from an interrupt) detaches the queue.
 static mut MQ_BUSY: bool = false;
+/// While the fragment runs the plan: its slot's failure mark and its ticket's
+/// generation. An ERROR or FATAL sets the mark before it waits for room in the queue,
+/// so that a leader waiting for this worker inside its own part of the plan reads the
+/// queue (failure_watch.rs).
+static mut FAILURE_MARK: Option<(*const AtomicU64, u64)> = None;
 /// Notices the queue had no room for, each with its type byte first, oldest first: they
 /// go before any later message. A leader that runs its own part of the plan waits
 /// there for this worker without reading the queue (a Parallel Hash build's barrier;
@@ -28,8 +34,11 @@ static mut MQ_BUSY: bool = false;
 /// round's end), after the notices before them.
 static mut DEFERRED: VecDeque<Vec<u8>> = VecDeque::new();
 static mut DEFERRED_BYTES: usize = 0;
-/// Beyond this many bytes deferred, a notice waits for room as an error does.
+/// Beyond this many bytes deferred (bookkeeping included), a notice waits for room as
+/// an error does.
 const DEFER_LIMIT: usize = 8 << 20;
+/// What keeping one notice costs beyond its bytes: its Vec and its place in the deque.
+const DEFER_OVERHEAD: usize = 48;
 
 /// A fragment begins: a longjmp out of a previous fragment's send left the flag set, or
 /// notices deferred that never went.
@@ -40,6 +49,7 @@ pub(super) unsafe fn reset() {
     // SAFETY: the caller's promise: no send is in progress.
     unsafe {
         MQ_BUSY = false;
+        FAILURE_MARK = None;
         forget_deferred();
     }
 }
@@ -74,6 +84,25 @@ pub(super) unsafe fn send_terminate() {
     }
 }
 
+/// The fragment entered the plan: from now until [`plan_done`], an error marks
+/// `mark` with `gen` before it is sent (FAILURE_MARK).
+///
+/// # Safety
+/// `mark` is the slot's failure mark in shared memory; called by the pool worker.
+pub(super) unsafe fn plan_entered(mark: &AtomicU64, gen: u64) {
+    // SAFETY: the caller's promise; a process-local static.
+    unsafe { FAILURE_MARK = Some((std::ptr::from_ref(mark), gen)) };
+}
+
+/// The fragment's part of the plan ended: no leader waits for it there any more.
+///
+/// # Safety
+/// Called by the pool worker.
+pub(super) unsafe fn plan_done() {
+    // SAFETY: a process-local static.
+    unsafe { FAILURE_MARK = None };
+}
+
 /// Gives the worker back the methods and destination it had before [`redirect_to`].
 ///
 /// # Safety
@@ -84,6 +113,8 @@ pub(super) unsafe fn restore() {
         PqCommMethods = SAVED_COMM;
         pg_sys::whereToSendOutput = SAVED_DEST;
         MQ_HANDLE = std::ptr::null_mut();
+        FAILURE_MARK = None;
+        forget_deferred();
     }
 }
 
@@ -114,7 +145,13 @@ unsafe extern "C-unwind" fn comm_putmessage(
             return 0;
         }
         MQ_BUSY = true;
-        let deferrable = msgtype as u8 == b'N' && DEFERRED_BYTES + len < DEFER_LIMIT;
+        if msgtype as u8 == b'E' {
+            if let Some((mark, gen)) = FAILURE_MARK {
+                (*mark).store(gen, Ordering::Release);
+            }
+        }
+        let deferrable =
+            msgtype as u8 == b'N' && DEFERRED_BYTES + len + DEFER_OVERHEAD < DEFER_LIMIT;
         let mut result = send_deferred(!deferrable);
         if result == pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
             let mut kind = msgtype;
@@ -131,13 +168,30 @@ unsafe extern "C-unwind" fn comm_putmessage(
             // Only a notice gets here: it follows the ones already deferred, or is the
             // one whose send began (the next try resends the same bytes, as shm_mq
             // requires of a send it could not finish).
-            let payload = std::slice::from_raw_parts(s.cast::<u8>(), len);
-            let mut message = Vec::with_capacity(len + 1);
-            message.push(msgtype as u8);
-            message.extend_from_slice(payload);
-            DEFERRED_BYTES += message.len();
-            deferred().push_back(message);
-            result = pg_sys::shm_mq_result::SHM_MQ_SUCCESS;
+            result = if defer(
+                msgtype as u8,
+                std::slice::from_raw_parts(s.cast::<u8>(), len),
+            ) {
+                pg_sys::shm_mq_result::SHM_MQ_SUCCESS
+            } else {
+                // No memory to keep it: it waits for room, as an error does.
+                let mut kind = msgtype;
+                let mut iov = [
+                    pg_sys::shm_mq_iovec {
+                        data: &raw mut kind,
+                        len: 1,
+                    },
+                    pg_sys::shm_mq_iovec { data: s, len },
+                ];
+                if deferred().is_empty() {
+                    send(iov.as_mut_ptr(), 2, true)
+                } else {
+                    match send_deferred(true) {
+                        pg_sys::shm_mq_result::SHM_MQ_SUCCESS => send(iov.as_mut_ptr(), 2, true),
+                        failed => failed,
+                    }
+                }
+            };
         }
         MQ_BUSY = false;
         if result == pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
@@ -148,12 +202,39 @@ unsafe extern "C-unwind" fn comm_putmessage(
     }
 }
 
+/// Keeps a notice (its type byte, then `payload`) after those already deferred. False
+/// when there is no memory for it: an allocation that fails must not abort the
+/// process, as Rust's allocator would.
+///
+/// # Safety
+/// Inside comm_putmessage.
+unsafe fn defer(kind: u8, payload: &[u8]) -> bool {
+    let mut message = Vec::new();
+    // SAFETY: the caller's promise; process-local statics.
+    unsafe {
+        if message.try_reserve_exact(payload.len() + 1).is_err()
+            || deferred().try_reserve(1).is_err()
+        {
+            return false;
+        }
+        message.push(kind);
+        message.extend_from_slice(payload);
+        DEFERRED_BYTES += message.len() + DEFER_OVERHEAD;
+        deferred().push_back(message);
+    }
+    true
+}
+
 /// Sends one message (`iov`, `iovcnt` parts) into the fragment's queue; with `wait`,
 /// waits for room, otherwise may give SHM_MQ_WOULD_BLOCK.
 ///
 /// # Safety
 /// Inside comm_putmessage, with the fragment's queue attached.
-unsafe fn send(iov: *mut pg_sys::shm_mq_iovec, iovcnt: c_int, wait: bool) -> pg_sys::shm_mq_result::Type {
+unsafe fn send(
+    iov: *mut pg_sys::shm_mq_iovec,
+    iovcnt: c_int,
+    wait: bool,
+) -> pg_sys::shm_mq_result::Type {
     // SAFETY: the caller's promise.
     unsafe {
         loop {
@@ -187,7 +268,7 @@ unsafe fn send_deferred(wait: bool) -> pg_sys::shm_mq_result::Type {
             };
             let r = send(&mut iov, 1, wait);
             if r == pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
-                DEFERRED_BYTES -= len;
+                DEFERRED_BYTES -= len + DEFER_OVERHEAD;
                 deferred().pop_front();
                 continue;
             }
@@ -211,14 +292,15 @@ unsafe fn deferred() -> &'static mut VecDeque<Vec<u8>> {
     }
 }
 
-/// Drops the deferred notices (their queue is gone, or a new fragment begins).
+/// Drops the deferred notices and the memory that held them (their queue is gone, or
+/// the fragment ended).
 ///
 /// # Safety
 /// Process-local statics, outside comm_putmessage's sends.
 unsafe fn forget_deferred() {
     // SAFETY: the caller's promise.
     unsafe {
-        deferred().clear();
+        *deferred() = VecDeque::new();
         DEFERRED_BYTES = 0;
     }
 }

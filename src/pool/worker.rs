@@ -284,13 +284,8 @@ unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64) {
         if failed {
             // PostgreSQL's error state holds the ERROR: to the leader (while the error
             // queue is ours) and to the log, as a parallel worker's would go.
-            // A leader waiting for this worker inside its own part of the plan learns
-            // of the failure now (failure_watch.rs) and reads the ERROR as it comes: the
-            // send may wait for room in the queue. A fragment that had not entered
-            // ParallelQueryMain holds up no leader.
-            if FRAG.entered {
-                slot.failed_gen.store(gen, Ordering::Release);
-            }
+            // Sending it marks the slot failed first (messages.rs), while the fragment
+            // is in the plan.
             EmitErrorReport();
             pool.count(Counter::FragmentsError);
             slot.errors.fetch_add(1, Ordering::Relaxed);
@@ -454,6 +449,7 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         EnterParallelMode();
         FRAG.entered = true;
         slot.entered_gen.store(FRAG.gen, Ordering::SeqCst);
+        messages::plan_entered(&slot.failed_gen, FRAG.gen);
         pool.count(Counter::FragmentsEntered);
         FRAG.t_entered = crate::os::monotonic_ns();
         slot.last_setup_ns.store(
@@ -462,6 +458,7 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
             Ordering::Relaxed,
         );
         ParallelQueryMain(seg, toc);
+        messages::plan_done();
         FRAG.t_ran = crate::os::monotonic_ns();
         ExitParallelMode();
         PopActiveSnapshot();
