@@ -282,8 +282,8 @@ SELECT count(*) AS dropped
          WHERE name NOT IN ('default', 'one_too_many')) d;
 -- Dropping the extension drops the table without firing its trigger; its groups go out
 -- of effect all the same once the transaction commits (the loader finds no table). A
--- reload of the loader's that the drop interrupts fails; the loader tries again 1 s
--- later (regress/specs/groups_loader.spec): up to 5 s here.
+-- reload of the loader's that the drop interrupts fails; the loader tries again at
+-- once for the drop's own request (regress/specs/groups_loader.spec): up to 5 s here.
 DROP EXTENSION pg_stride;
 DO $$
 BEGIN

@@ -22,6 +22,7 @@
 //! * [`tuner`] — the self-tuner's trace records and search over [`sim`] (wagner2021 §4).
 //! * [`numa`] — NUMA topology and placement rules (psaroudakis2016).
 //! * [`pool`](mod@pool) — the pool's checked server releases and worker-slot caps.
+//! * [`retry`] — when the groups loader tries a failed read of its table again.
 //!
 //! # How the extension drives the shared form
 //!
@@ -101,6 +102,7 @@ pub mod numa;
 pub mod pin_word;
 pub mod pool;
 pub mod predict;
+pub mod retry;
 pub mod rules;
 pub mod shared;
 pub mod sim;

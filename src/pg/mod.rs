@@ -180,7 +180,8 @@ pub fn lower_cpu_priority(niceness: i32) {
     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, niceness) };
 }
 
-/// Number of PGPROCs in ProcGlobal->allProcs: every process and prepared transaction.
+/// Number of PGPROCs in ProcGlobal->allProcs that processes use: backends, background
+/// workers and auxiliary processes (prepared transactions' come after them).
 fn all_procs_count() -> usize {
     // SAFETY: ProcGlobal is set up before any process that runs pg_stride code exists.
     unsafe { (*pg_sys::ProcGlobal).allProcCount as usize }

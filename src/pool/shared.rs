@@ -102,9 +102,9 @@ pub struct Slot {
     pub t_posted_ns: AtomicU64,
     /// Generation of the last ticket whose fragment entered ParallelQueryMain here.
     pub entered_gen: AtomicU64,
-    /// Generation of the last ticket whose fragment ended in an ERROR here, or with the
-    /// process, set once the ERROR (FATAL) is in the leader's error queue
-    /// (failure_watch.rs).
+    /// Generation of the last ticket whose fragment failed in its part of the plan: set
+    /// when its ERROR or FATAL is about to go into the leader's error queue
+    /// (messages.rs), or when the process exits there (failure_watch.rs reads it).
     pub failed_gen: AtomicU64,
     pub fragments: AtomicU64,
     /// Fragments of this worker that ended in an ERROR.

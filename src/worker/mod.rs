@@ -25,6 +25,7 @@ use signals::{exit_to_be_restarted, reload_config_if_signalled};
 
 use crate::{admission, config, cpu, groups, parallel, pg, pool, shmem};
 use pg_stride_sched::hint;
+use pg_stride_sched::retry::RetryAfterFailure;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -40,52 +41,6 @@ use std::time::{Duration, Instant};
 pub const SCHEDULER_NAME: &str = "pg_stride scheduler";
 /// Name and `backend_type` of the groups loader.
 pub const LOADER_NAME: &str = "pg_stride groups";
-
-/// When the groups loader tries a failed read of its table again: 1 s after the first
-/// failure, twice as long after each one that follows, at most a minute, so that a
-/// table that stays unreadable (a column's type changed by hand) costs a WARNING a
-/// minute, not one a second.
-#[derive(Default)]
-struct RetryAfterFailure {
-    /// The wait before the next try; None while the last read succeeded.
-    backoff: Option<Duration>,
-    next_try: Option<Instant>,
-    /// The request pending when the last read failed: a newer one (the groups changed
-    /// again) is tried at once, not any other wake-up of the loader.
-    failed_request: Option<u64>,
-}
-
-impl RetryAfterFailure {
-    const FIRST: Duration = Duration::from_secs(1);
-    const LONGEST: Duration = Duration::from_secs(60);
-
-    fn record(&mut self, read: bool, request: Option<u64>) {
-        self.backoff = (!read).then(|| {
-            self.backoff
-                .map_or(Self::FIRST, |b| (b * 2).min(Self::LONGEST))
-        });
-        self.next_try = self.backoff.map(|b| Instant::now() + b);
-        self.failed_request = if read { None } else { request };
-    }
-
-    /// Whether to read the table now, with `pending` the newest request not answered.
-    fn should_try(&self, pending: Option<u64>) -> bool {
-        match self.backoff {
-            None => pending.is_some(),
-            Some(_) => self.due() || (pending.is_some() && pending != self.failed_request),
-        }
-    }
-
-    /// How long the loader may sleep: until the next try, or until woken.
-    fn wait(&self) -> Option<Duration> {
-        self.next_try
-            .map(|t| t.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)))
-    }
-
-    fn due(&self) -> bool {
-        self.next_try.is_some_and(|t| Instant::now() >= t)
-    }
-}
 
 /// How often the scheduler runs the CPU and admission watchdogs: a slot holder that
 /// waits on an event, or an admitted statement that waits for its client, is seen at
@@ -224,20 +179,21 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
     shared.groups.set_loader(pg::my_procno());
     let mut retry = RetryAfterFailure::default();
     let request = shared.groups.pending_reload();
-    retry.record(reload_groups(shared, request), request);
+    retry.record(Instant::now(), reload_groups(shared, request), request);
     // The pool of this database starts now rather than at its first Gather, and again
     // when parallel_mode becomes pool; not at every reload (an idle pool may have
     // exited on purpose, pg_stride.pool_idle_timeout).
     let mut pool_mode = parallel::pool_mode();
     pool::prestart();
-    while BackgroundWorker::wait_latch(retry.wait()) {
+    while BackgroundWorker::wait_latch(retry.wait(Instant::now())) {
         if reload_config_if_signalled() && parallel::pool_mode() != pool_mode {
             pool_mode = parallel::pool_mode();
             pool::prestart();
         }
         let request = shared.groups.pending_reload();
-        if retry.should_try(request) {
-            retry.record(reload_groups(shared, request), request);
+        if retry.should_try(Instant::now(), request) {
+            let read = reload_groups(shared, request);
+            retry.record(Instant::now(), read, request);
         }
     }
     shared.groups.set_loader(None);
@@ -248,8 +204,8 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
 /// before the read started, if one is pending); false if the read failed.
 ///
 /// A failed read leaves the directory as it was (it is only written under its lock) and
-/// the requests pending, and the loader goes on: it tries again later
-/// ([`RetryAfterFailure`]), or at once when the groups change.
+/// the requests pending, and the loader goes on: it tries again later, or at once when
+/// the groups change again (`pg_stride_sched::retry`).
 /// Exiting instead would leave the groups as they were until the postmaster restarts
 /// the loader, 10 s on. The read fails, for one, when a `DROP EXTENSION` takes the
 /// table while the loader waits to read it: the loader found the table in the catalog

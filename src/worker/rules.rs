@@ -172,7 +172,13 @@ fn add_workers_to_leaders(shared: &shmem::Shared, temp: &mut HashMap<i32, u64>) 
         if leader == procno {
             continue;
         }
-        let Some(&bytes) = temp.get(&pg::proc_pid(procno)) else {
+        let pid = pg::proc_pid(procno);
+        // The same leader after the pid was read: the pid is the member's, not that of
+        // a process that took the PGPROC since.
+        if pg::proc_lock_group_leader(procno) != leader {
+            continue;
+        }
+        let Some(&bytes) = temp.get(&pid) else {
             continue;
         };
         *temp.entry(pg::proc_pid(leader)).or_insert(0) += bytes;
