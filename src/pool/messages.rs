@@ -150,18 +150,18 @@ unsafe extern "C-unwind" fn comm_putmessage(
                 (*mark).store(gen, Ordering::Release);
             }
         }
+        let mut kind = msgtype;
+        let mut iov = [
+            pg_sys::shm_mq_iovec {
+                data: &raw mut kind,
+                len: 1,
+            },
+            pg_sys::shm_mq_iovec { data: s, len },
+        ];
         let deferrable =
             msgtype as u8 == b'N' && DEFERRED_BYTES + len + DEFER_OVERHEAD < DEFER_LIMIT;
         let mut result = send_deferred(!deferrable);
         if result == pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
-            let mut kind = msgtype;
-            let mut iov = [
-                pg_sys::shm_mq_iovec {
-                    data: &raw mut kind,
-                    len: 1,
-                },
-                pg_sys::shm_mq_iovec { data: s, len },
-            ];
             result = send(iov.as_mut_ptr(), 2, !deferrable);
         }
         if result == pg_sys::shm_mq_result::SHM_MQ_WOULD_BLOCK {
@@ -174,22 +174,11 @@ unsafe extern "C-unwind" fn comm_putmessage(
             ) {
                 pg_sys::shm_mq_result::SHM_MQ_SUCCESS
             } else {
-                // No memory to keep it: it waits for room, as an error does.
-                let mut kind = msgtype;
-                let mut iov = [
-                    pg_sys::shm_mq_iovec {
-                        data: &raw mut kind,
-                        len: 1,
-                    },
-                    pg_sys::shm_mq_iovec { data: s, len },
-                ];
-                if deferred().is_empty() {
-                    send(iov.as_mut_ptr(), 2, true)
-                } else {
-                    match send_deferred(true) {
-                        pg_sys::shm_mq_result::SHM_MQ_SUCCESS => send(iov.as_mut_ptr(), 2, true),
-                        failed => failed,
-                    }
+                // No memory to keep it: it waits for room, as an error does, after the
+                // notices kept before it.
+                match send_deferred(true) {
+                    pg_sys::shm_mq_result::SHM_MQ_SUCCESS => send(iov.as_mut_ptr(), 2, true),
+                    failed => failed,
                 }
             };
         }
