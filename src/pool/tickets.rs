@@ -66,20 +66,13 @@ pub(super) unsafe fn scan_locally(
 }
 
 /// A worker of the round failed while the leader ran its own part: raises its ERROR,
-/// read from its queue as it comes (a worker sending a long ERROR into a queue already
-/// holding its notices waits for this read), or "lost connection" once every ticket is
-/// finished without one.
+/// read from its queue as it comes by [`finish_round`] (a worker sending a long ERROR
+/// into a queue already holding its notices waits for that read), or "lost connection"
+/// once every ticket is finished without one.
 unsafe fn raise_failed_workers_error(pg: *mut PoolGather) {
-    // SAFETY: our state; poll raises the ERROR it reads.
+    // SAFETY: our state; finish_round's poll raises the ERROR it reads.
     unsafe {
-        loop {
-            check_for_interrupts();
-            poll(pg, true);
-            if (0..(*pg).nslots).all(|i| (*pg).finished[i]) {
-                break;
-            }
-            wait_latch(Some(10), wait_event::PARALLEL_FINISH);
-        }
+        finish_round(pg);
         raise(
             NOT_IN_PREREQUISITE_STATE,
             c"lost connection to parallel worker (pg_stride pool)".as_ptr(),
