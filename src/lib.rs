@@ -93,7 +93,7 @@ pub extern "C-unwind" fn _PG_init() {
     // executor and utility hooks with the transaction callbacks, the relation and catalog
     // cache callbacks of statements and monitoring; the object-access hook
     // only while a DROP DATABASE runs, and the resource-release callback that ends a
-    // failed statement from a backend's first admitted statement on (statements::claim).
+    // failed statement from a backend's first admitted statement on (statements::ending::claim).
     shmem::install(pool::SHMEM_BLOCKS, || shmem::Initial {
         max_active_queries: admission::max_active_queries(),
         cpu_slots: cpu::effective_cpu_slots(),

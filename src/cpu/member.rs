@@ -227,7 +227,7 @@ impl Member {
 }
 
 /// The process's membership, while it has scheduled statements. The process's, not one
-/// statement's (`statements::Statement`): the statements of a backend (open cursors)
+/// statement's (`statements::registry::Statement`): the statements of a backend (open cursors)
 /// share one query and one slot, and a parallel worker is a member without a statement.
 pub(super) static MEMBER: BackendLocal<RefCell<Option<Member>>> =
     BackendLocal::new(RefCell::new(None));

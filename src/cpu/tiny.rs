@@ -90,14 +90,15 @@ pub fn tiny_by_history(
     if query_id == 0 || !super::settings::predicts() {
         return None;
     }
-    let mean_us = shared.histories.read(|table| {
-        table
-            .history(query_id)
-            .filter(|h| history_runs_unscheduled(h))
-            .map(|h| h.mean_us)
-    })?;
+    // Copied out, so that the settings are read outside the table's lock.
+    let history = shared
+        .histories
+        .read(|table| table.history(query_id).copied())?;
+    if !history_runs_unscheduled(&history) {
+        return None;
+    }
     let pinned = shared.groups.settings_of(group).is_some_and(|s| s.pinned);
-    (!pinned && !ran_long_lately(relation, fingerprint)).then_some(mean_us)
+    (!pinned && !ran_long_lately(relation, fingerprint)).then_some(history.mean_us)
 }
 
 /// Whether this session would run the next execution of a fingerprint with history `h`

@@ -15,7 +15,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// Wrapped scan nodes, by node address, with the function each one ran before and the
 /// statement it belongs to. A yield point looks its node up for every tuple, so this is
 /// a hash table (O(1), no allocation on lookup) rather than a list: a plan over 500
-/// partitions has 500 wrapped scans. Apart from `statements::Statement`: a parallel
+/// partitions has 500 wrapped scans. Apart from `statements::registry::Statement`: a parallel
 /// worker wraps its nodes without a statement of its own, and the per-tuple lookup must
 /// not go through the statement list.
 static WRAPPED: BackendLocal<RefCell<HashMap<usize, Wrapped, BuildHasherDefault<AddressHasher>>>> =

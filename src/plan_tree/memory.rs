@@ -169,8 +169,9 @@ unsafe fn bound_of(plan: *const pg_sys::Plan) -> (u64, u64) {
     unsafe {
         match (*plan).type_ {
             // A Table Function Scan keeps its rows in a tuple store.
-            T_Sort | T_IncrementalSort | T_Material | T_WindowAgg | T_CteScan
-            | T_TableFuncScan => (1, 0),
+            T_Sort | T_IncrementalSort | T_Material | T_WindowAgg | T_CteScan | T_TableFuncScan => {
+                (1, 0)
+            }
             // TID bitmaps, each bounded by work_mem (tbm_create).
             T_BitmapIndexScan | T_BitmapAnd | T_BitmapOr => (bitmaps(plan), 0),
             // Each function's rows go to a tuple store of their own

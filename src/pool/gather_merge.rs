@@ -19,8 +19,8 @@
 //! destructor.
 
 use super::ffi::*;
-use super::port::{exec_clear_tuple, tup_is_null};
 use super::gathers::PoolGather;
+use super::port::{exec_clear_tuple, tup_is_null};
 use super::tickets::{self, Read};
 use pgrx::pg_sys;
 use std::ffi::c_void;

@@ -11,12 +11,12 @@
 //! with a destructor.
 
 use super::ffi::*;
+use super::gathers::{lookup, plan_field, remember, state_field, GatherNode, PoolGather};
 use super::port::{
     check_for_interrupts, exec_clear_tuple, exec_project, raise, tup_is_null, wait_latch,
     INTERNAL_ERROR,
 };
 use super::shared::{self, Counter, Fallback, PoolShared, State, MAX_TICKETS};
-use super::gathers::{lookup, plan_field, remember, state_field, GatherNode, PoolGather};
 use super::tickets::{
     drop_reader, end_of_tuples, finish_round, on_detach, poll, post_tickets, scan_locally,
     serves_this_leader, wait_round,

@@ -52,11 +52,11 @@ pub use worker_row::WorkerRow;
 use crate::{gucs, parallel, pg};
 use pgrx::pg_sys;
 
+pub use gathers::transaction_ended;
 pub use lifecycle::{prestart, publish_server_settings, release_database};
 pub use settings::register_settings;
 use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;
-pub use gathers::transaction_ended;
 
 /// The pool's shared memory, which `_PG_init` gives to `shmem::install`.
 pub const SHMEM_BLOCKS: &[crate::shmem::Block] = &[shared::SHMEM_BLOCK];

@@ -11,12 +11,12 @@
 
 use super::ffi::*;
 use super::gathers::{GatherNode, PoolGather};
-use super::{failure_watch, identity};
 use super::port::{
     check_for_interrupts, exec_clear_tuple, exec_proc_node, hold_interrupts, raise,
     resume_interrupts, wait_latch, NOT_IN_PREREQUISITE_STATE,
 };
 use super::shared::{self, Counter, PoolShared, Slot, State};
+use super::{failure_watch, identity};
 use pgrx::pg_sys;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
