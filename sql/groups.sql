@@ -265,6 +265,39 @@ SELECT count(*) > 0 AS sees_groups FROM pg_stride.groups;
 RESET ROLE;
 DROP ROLE stride_user;
 
+-- The functions and the groups loader name every function and operator of their SQL
+-- with its schema: a schema a database owner controls, put first on the search path
+-- (ALTER DATABASE ... SET search_path, which applies to the loader too), cannot stand
+-- in for them and run its code as the superuser who manages the groups. Each stand-in
+-- would fail the statement that called it.
+CREATE ROLE stride_owner;
+CREATE SCHEMA stand_ins AUTHORIZATION stride_owner;
+SET ROLE stride_owner;
+CREATE FUNCTION stand_ins.current_database() RETURNS name LANGUAGE plpgsql
+    AS $$BEGIN RAISE 'stand_ins.current_database ran as %', current_user; END$$;
+CREATE FUNCTION stand_ins.to_regclass(text) RETURNS regclass LANGUAGE plpgsql
+    AS $$BEGIN RAISE 'stand_ins.to_regclass ran as %', current_user; END$$;
+CREATE FUNCTION stand_ins.text_equal(text, text) RETURNS boolean LANGUAGE plpgsql
+    AS $$BEGIN RAISE 'stand_ins.= ran as %', current_user; END$$;
+CREATE OPERATOR stand_ins.= (LEFTARG = text, RIGHTARG = text,
+    FUNCTION = stand_ins.text_equal);
+CREATE FUNCTION stand_ins.count_step(bigint) RETURNS bigint LANGUAGE plpgsql
+    AS $$BEGIN RAISE 'stand_ins.count ran as %', current_user; END$$;
+CREATE AGGREGATE stand_ins.count(*) (SFUNC = stand_ins.count_step, STYPE = bigint);
+RESET ROLE;
+SET search_path = stand_ins, pg_catalog;
+-- The stand-ins do take the unqualified names.
+SELECT count(*) FROM pg_stride.groups;
+SELECT pg_stride.create_group('searched');
+SELECT pg_stride.alter_group('searched', weight => 7);
+SELECT name, weight FROM pg_stride.groups WHERE name OPERATOR(pg_catalog.=) 'searched';
+SELECT pg_stride.drop_group('searched');
+RESET search_path;
+SET client_min_messages = warning;
+DROP SCHEMA stand_ins CASCADE;
+RESET client_min_messages;
+DROP ROLE stride_owner;
+
 SELECT pg_stride.drop_group('reporting');
 SELECT name FROM pg_stride.groups;
 

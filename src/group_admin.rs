@@ -82,10 +82,7 @@ mod functions {
             );
         }
         let database = crate::groups::database_name();
-        let current = Spi::get_one::<String>("SELECT current_database()::text")
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let current = pg::current_database();
         if current != database {
             pg::raise(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -182,7 +179,7 @@ mod functions {
                  priority_initial = $7, priority_min = $8, decay_lambda = $9, \
                  decay_start = $10, pinned = $11, memory_budget = $12, \
                  reject_oversized = $13, rules = $14, rules_dry_run = $15 RETURNING 1) \
-             SELECT count(*) FROM stored",
+             SELECT pg_catalog.count(*) FROM stored",
         );
     }
 
@@ -199,8 +196,8 @@ mod functions {
                  max_parallel_workers = $6, priority_initial = $7, priority_min = $8, \
                  decay_lambda = $9, decay_start = $10, pinned = $11, memory_budget = $12, \
                  reject_oversized = $13, rules = $14, rules_dry_run = $15 \
-              WHERE name = $1 RETURNING 1) \
-             SELECT count(*) FROM stored",
+              WHERE name OPERATOR(pg_catalog.=) $1 RETURNING 1) \
+             SELECT pg_catalog.count(*) FROM stored",
         ) > 0
     }
 
@@ -391,7 +388,7 @@ mod functions {
         }
         let args: [DatumWithOid; 1] = [name.into()];
         Spi::run_with_args(
-            "DELETE FROM pg_stride.resource_groups WHERE name = $1",
+            "DELETE FROM pg_stride.resource_groups WHERE name OPERATOR(pg_catalog.=) $1",
             &args,
         )
         .unwrap_or_else(|e| {
@@ -411,10 +408,7 @@ mod functions {
     #[pg_extern(volatile, parallel_unsafe, schema = "pg_stride")]
     fn publish_groups() {
         // The table of any other database is not the one that defines the groups.
-        let current = Spi::get_one::<String>("SELECT current_database()::text")
-            .ok()
-            .flatten();
-        if current.as_deref() != Some(crate::groups::database_name().as_str()) {
+        if pg::current_database() != crate::groups::database_name() {
             return;
         }
         crate::groups::mark_changed();

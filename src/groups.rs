@@ -183,7 +183,7 @@ pub fn read_table() -> Vec<Group> {
     Spi::connect(|client| {
         let exists = client
             .select(
-                "SELECT to_regclass('pg_stride.resource_groups') IS NOT NULL",
+                "SELECT pg_catalog.to_regclass('pg_stride.resource_groups') IS NOT NULL",
                 None,
                 &[],
             )?

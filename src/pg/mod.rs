@@ -430,6 +430,24 @@ pub fn is_superuser() -> bool {
     unsafe { pg_sys::superuser() }
 }
 
+/// The name of the database this process is connected to (`current_database()`, read
+/// without SQL, so that no function a schema on the search path holds can stand in for
+/// it); empty where the database has gone. Looks it up in the syscache, so it runs inside
+/// a transaction.
+pub fn current_database() -> String {
+    // SAFETY: MyDatabaseId is set once the process connected; get_database_name returns
+    // a palloc'd copy, or NULL for a database dropped meanwhile.
+    unsafe {
+        let name = pg_sys::get_database_name(pg_sys::MyDatabaseId);
+        if name.is_null() {
+            return String::new();
+        }
+        std::ffi::CStr::from_ptr(name)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
 /// The current role (GetUserId): inside a SECURITY DEFINER function or procedure, its
 /// owner. A plain read of process-local state, which cannot fail.
 pub fn current_role() -> pg_sys::Oid {
