@@ -271,6 +271,40 @@ def an_idle_session_keeps_no_statement_waiting(s):
 
 
 @check
+def a_lowered_group_limit_applies_to_sessions_that_keep_their_admissions(s):
+    # Sessions keep their admission between statements while nobody waits (their
+    # lease). A group limit lowered meanwhile applies to their next statements, though
+    # no other session arrives to claim the admissions.
+    s.sql("SELECT pg_stride.create_group('lowered')")
+    sessions = [Session(s) for _ in range(3)]
+    try:
+        for idle in sessions:
+            assert idle.run(f"SET pg_stride.resource_group = 'lowered'; SET ROLE {ROLE}; "
+                            "SELECT 1") == ["1"]
+        s.sql("SELECT pg_stride.alter_group('lowered', max_concurrency => 1)")
+        s.wait_until("SELECT max_concurrency FROM pg_stride.groups WHERE name = 'lowered'", "1")
+        for session in sessions:
+            session.send("SELECT pg_sleep(1)")
+        samples = []
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline and not all(x.has_result() for x in sessions):
+            samples.append(tuple(int(v) for v in s.group_state("lowered").split()))
+            time.sleep(0.1)
+        for session in sessions:
+            assert session.run("", lines=1, timeout=10, end="") == [""], "pg_sleep"
+        print(f"    (active, queued) in group lowered: max {max(a for a, _ in samples)} "
+              f"active, max {max(q for _, q in samples)} queued, {len(samples)} samples")
+        assert max(a for a, _ in samples) == 1, samples
+        assert max(q for _, q in samples) >= 1, samples
+    finally:
+        for session in sessions:
+            session.close()
+    s.wait_until("SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = 'lowered'",
+                 "0 0")
+    s.sql("SELECT pg_stride.drop_group('lowered')")
+
+
+@check
 def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
     script = s.script("four.sql", "SELECT count(*) FROM generate_series(1, 20000);\n")
     bench = subprocess.Popen(

@@ -479,6 +479,7 @@ pub fn configure(
             also(*slot, group);
         }
         shared.admission.set_memory_accounting(budgets);
+        queue.revoke_idle(&shared.admission, shared.procs().iter().map(|e| &e.lease));
         queue.dispatch(&shared.admission, waiters, wake);
     });
 }

@@ -6,9 +6,10 @@
 //! `max_concurrency` (0 = none). When both have room a statement is admitted at once;
 //! otherwise it waits. Whenever room appears, waiting statements are admitted greedily,
 //! choosing between groups by stride scheduling over admissions: a group's pass grows by
-//! `STRIDE_ONE / weight` with each statement admitted from the queue, and a group that has
-//! been idle rejoins at the virtual time, so it neither lost nor banked its share while
-//! away (wagner2021 §2.1, global pass for arrivals). Of two groups with equal passes the
+//! `STRIDE_ONE / weight` with each statement admitted from the queue, and a group that had
+//! no statement waiting (whether or not some ran) rejoins at the virtual time, so it
+//! neither lost nor banked its share while away (wagner2021 §2.1, global pass for
+//! arrivals). Of two groups with equal passes the
 //! heavier one goes first: the comparison is on the pass a group *would* have after the
 //! admission (Waldspurger's join at global pass plus one stride). Inside a group,
 //! statements are admitted in arrival order, which is what per-query stride order gives
@@ -202,10 +203,23 @@ impl Counts {
         self.waiting.load(SeqCst) > 0
     }
 
+    /// Whether one more admission of group `g` than there is room for is counted: the
+    /// counts include the admission asked about, so it is within the limits when they
+    /// are at most the limits (a limit lowered while admissions were held is not).
+    fn within_limits(&self, g: usize) -> bool {
+        let group = &self.groups[g];
+        let group_limit = group.max_concurrency.load(SeqCst);
+        (group_limit == 0 || group.active.load(SeqCst) <= group_limit)
+            && self.active.load(SeqCst) <= self.max_active.load(SeqCst)
+    }
+
     /// Whether group `g`'s own limit has room for one more admission.
     fn group_has_room(&self, g: usize) -> bool {
         let group = &self.groups[g];
-        below_limit(group.active.load(SeqCst), group.max_concurrency.load(SeqCst))
+        below_limit(
+            group.active.load(SeqCst),
+            group.max_concurrency.load(SeqCst),
+        )
     }
 
     /// Takes one admission of group `g` if both limits have room.
@@ -326,8 +340,10 @@ impl Lease {
         self.0.store(idle_lease(g) | IN_USE, SeqCst);
     }
 
-    /// The statement using the lease ended. Keeps the admission idle when nobody waits,
-    /// gives it back otherwise (a lent admission was given back already). Returns
+    /// The statement using the lease ended. Keeps the admission idle when nobody waits
+    /// and the counts are within the limits, gives it back otherwise (a lent admission
+    /// was given back already): a limit lowered while sessions held their admissions
+    /// applies once their statements end, even when nobody has to wait. Returns
     /// whether statements wait: then the caller takes the lock and calls
     /// [`Queue::dispatch`].
     ///
@@ -348,7 +364,7 @@ impl Lease {
                 }
                 continue;
             }
-            if c.waiting.load(SeqCst) == 0 {
+            if c.waiting.load(SeqCst) == 0 && c.within_limits(g) {
                 if !self.swap_state(state, idle_lease(g)) {
                     continue; // lent meanwhile
                 }
@@ -373,6 +389,7 @@ impl Lease {
 
     /// Takes the idle lease away and gives its admission back. `None`: there was none
     /// (or its process resumed it first); otherwise what [`Counts::leave`] returned.
+    /// Anyone may: a waiter ([`Queue::arrive`]), or new limits ([`Queue::revoke_idle`]).
     fn revoke(&self, c: &Counts) -> Option<bool> {
         let g = self.idle_group()?;
         self.swap_state(idle_lease(g), NO_LEASE).then(|| c.leave(g))
@@ -487,8 +504,8 @@ impl GroupQueue {
 #[repr(C)]
 pub struct Queue {
     next_ticket: u64,
-    /// Virtual time: the highest pass from which an admission was charged; idle groups
-    /// rejoin here.
+    /// Virtual time: the highest pass from which an admission was charged; groups that
+    /// had nobody waiting rejoin here.
     virtual_time: u64,
     /// The server's memory budget (`pg_stride.memory_budget`; 0 = none).
     pub memory: Budget,
@@ -523,6 +540,21 @@ impl Queue {
         self.groups[g].weight = weight.max(1);
         self.groups[g].memory.limit_kb = memory_budget_kb;
         c.set_max_concurrency(g, max_concurrency);
+    }
+
+    /// Gives back the idle leases that the limits no longer have room for (after a limit
+    /// was lowered), until the counts are within them: their sessions' next statements
+    /// are admitted, or wait, like any other. Under the queue's lock, as [`Queue::arrive`]
+    /// revokes them. Leases in use are given back when their statements end
+    /// ([`Lease::finish`]).
+    pub fn revoke_idle<'a>(&mut self, c: &Counts, leases: impl IntoIterator<Item = &'a Lease>) {
+        for lease in leases {
+            if let Some(g) = lease.idle_group() {
+                if !c.within_limits(g) {
+                    lease.revoke(c);
+                }
+            }
+        }
     }
 
     /// Sets the server's memory budget (kB, 0 = none). Call [`Queue::dispatch`]
@@ -569,9 +601,10 @@ impl Queue {
         for lease in leases {
             lease.revoke(c);
         }
-        if c.group_active(g) == 0 && self.groups[g].waiting == 0 {
-            // An idle group rejoins at the virtual time: what it did not use while idle
-            // is not owed to it later (wagner2021 §2.1).
+        if self.groups[g].waiting == 0 {
+            // A group that had nobody waiting rejoins the queue at the virtual time, even
+            // with statements running (admitted before, or at once): what it did not
+            // ask for meanwhile is not owed to it later (wagner2021 §2.1).
             let q = &mut self.groups[g];
             q.pass = q.pass.max(self.virtual_time);
         }
@@ -717,7 +750,12 @@ impl Queue {
     /// statement of the group goes if its memory fits and is not held; if not, a later
     /// one that needs no memory may pass it (it takes nothing the first one waits for).
     /// `held_for`: see [`Queue::memory_held_for`].
-    fn next_of(&self, waiters: &[Waiter], g: usize, held_for: Option<u64>) -> (Option<usize>, bool) {
+    fn next_of(
+        &self,
+        waiters: &[Waiter],
+        g: usize,
+        held_for: Option<u64>,
+    ) -> (Option<usize>, bool) {
         let queued = || {
             waiters
                 .iter()
@@ -1039,6 +1077,24 @@ mod tests {
     }
 
     #[test]
+    fn a_group_with_a_statement_running_rejoins_at_the_virtual_time() {
+        // As above, but group 2 has a long statement running all along (admitted before
+        // group 1's turns): it asked for nothing meanwhile, so it is owed nothing.
+        let mut s = Server::new(2, 6);
+        assert_eq!(s.arrive(5, 2), Arrival::Admitted);
+        s.arrive(0, 1);
+        for _ in 0..1000 {
+            assert_eq!(s.arrive(1, 1), Arrival::Queued);
+            assert_eq!(s.finish(1), vec![1]);
+            assert!(s.take_admitted(1));
+        }
+        s.finish(1);
+        let per_group = closed_loop(&mut s, &[0, 1, 1, 2, 2], 10);
+        assert_eq!((per_group[1], per_group[2]), (5, 5));
+        assert!(s.c.group_active(2) >= 1, "the long statement still runs");
+    }
+
+    #[test]
     fn withdraw_removes_a_waiter_or_reports_its_admission() {
         let mut s = Server::new(1, 3);
         s.arrive(0, 0);
@@ -1111,6 +1167,57 @@ mod tests {
         // Process 0's next statement has lost its lease and must queue behind the limit.
         assert!(!s.l[0].resume(1));
         assert_eq!(s.arrive_leasing(0, 1), (Arrival::Queued, false));
+    }
+
+    #[test]
+    fn a_lowered_group_limit_applies_to_sessions_that_keep_their_leases() {
+        let mut s = Server::new(10, 4);
+        // Four sessions of group 1 each keep an admission between their statements;
+        // two of them are running a statement when the limit drops from none to 1.
+        for p in 0..4 {
+            assert_eq!(s.arrive_leasing(p, 1), (Arrival::Admitted, true));
+        }
+        s.finish_leased(0);
+        s.finish_leased(1);
+        assert_eq!(s.c.group_active(1), 4);
+        s.configure(1, 100, 1);
+        s.q.revoke_idle(&s.c, &s.l);
+        // The idle leases are given back, and the statements still running give theirs
+        // back when they end, though nobody waits.
+        assert_eq!((s.l[0].idle_group(), s.l[1].idle_group()), (None, None));
+        assert_eq!(s.c.group_active(1), 2);
+        assert!(s.finish_leased(2).is_empty());
+        assert!(s.l[2].is_free());
+        // Within the limit again: the last session keeps its lease idle.
+        s.finish_leased(3);
+        assert_eq!(s.l[3].idle_group(), Some(1));
+        assert_eq!(s.c.group_active(1), 1);
+        // The sessions that lost their leases are admitted up to the limit, then wait.
+        assert_eq!(s.arrive_leasing(0, 1), (Arrival::Admitted, true));
+        assert_eq!(s.arrive_leasing(1, 1), (Arrival::Queued, false));
+        assert!(!s.l[3].resume(1), "the waiter revoked the idle lease");
+        assert_eq!(s.c.underflows(), 0);
+    }
+
+    #[test]
+    fn a_lowered_server_limit_applies_to_sessions_that_keep_their_leases() {
+        let mut s = Server::new(3, 3);
+        for p in 0..3 {
+            assert_eq!(s.arrive_leasing(p, p % 2), (Arrival::Admitted, true));
+        }
+        s.finish_leased(0);
+        s.c.set_max_active(1);
+        s.q.revoke_idle(&s.c, &s.l);
+        assert!(s.l[0].is_free());
+        assert!(s.finish_leased(1).is_empty());
+        assert!(s.l[1].is_free());
+        assert_eq!(s.totals(), (1, 0));
+        s.finish_leased(2);
+        assert_eq!(s.l[2].idle_group(), Some(0));
+        // Revoking stops once the counts are within the limits.
+        s.q.revoke_idle(&s.c, &s.l);
+        assert_eq!(s.l[2].idle_group(), Some(0));
+        assert_eq!(s.totals(), (1, 0));
     }
 
     #[test]
