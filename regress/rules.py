@@ -5,7 +5,8 @@ through ALTER ROLE … SET, while other sessions run beside them.
 - a `cpu_time` rule that cancels: the statement fails at its next yield point with
   SQLSTATE 57014 and the rule in the message; a statement of another group beside it
   runs on; the hit is in pg_stride.rule_hits and the server log;
-- the same rule with rules_dry_run: the statement finishes, the hit says dry_run;
+- the same rule with rules_dry_run: the statement finishes, the hit says dry_run; a
+  statement that met a rule in a dry run is acted on once the dry run is turned off;
 - an `elapsed` rule that cancels a statement that reaches no yield point (pg_sleep):
   after its grace period it is cancelled as pg_cancel_backend would;
 - a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills, in
@@ -93,6 +94,11 @@ def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
     query_id = f"SELECT coalesce(query_id::text, 'hidden') FROM pg_stride.rule_hits WHERE pid = {h[0][3]}"
     seen = {user: s.sql(query_id, user=user) for user in (APP, "postgres", OTHER)}
     assert seen[APP] == seen["postgres"] != "hidden" and seen[OTHER] == "hidden", seen
+    # So is the CPU time it had used, as pg_stat_activity hides another role's times.
+    value = f"SELECT coalesce(value::text, 'hidden') FROM pg_stride.rule_hits WHERE pid = {h[0][3]}"
+    values = {user: s.sql(value, user=user) for user in (APP, "postgres", OTHER)}
+    assert values[APP] == values["postgres"] != "hidden" and values[OTHER] == "hidden", values
+    assert int(values[APP]) > 100_000, values
     explained = s.sql(f"EXPLAIN (VERBOSE, COSTS OFF) {LONG}", user=APP)
     assert f"Query Identifier: {seen[APP]}" in explained, (seen, explained)
 
@@ -138,6 +144,25 @@ def a_dry_run_only_records_what_would_happen(s):
     h = hits(s, since)
     assert len(h) == 1 and h[0][1:3] == ["cancel", "true"], h
     assert "would cancel it (rules_dry_run)" in log_text(s)
+
+
+@check
+def a_rule_met_in_a_dry_run_acts_once_the_dry_run_ends(s):
+    # A DBA who saw "would cancel it" and turns the dry run off expects the statement
+    # still running to be cancelled.
+    set_rules(s, "elapsed > 300ms: cancel", dry_run=True)
+    since = now(s)
+    started = time.monotonic()
+    sleeper = s.client_as(APP, "SELECT pg_sleep(20)")
+    s.wait_until(f"SELECT count(*) FROM pg_stride.rule_hits WHERE \"group\" = '{GROUP}' "
+                 f"AND at >= '{since}' AND dry_run", "1")
+    s.sql(f"SELECT pg_stride.alter_group('{GROUP}', rules_dry_run => false)")
+    rc, out, err = finish(sleeper, timeout=60)
+    took = time.monotonic() - started
+    assert rc != 0 and "canceling statement" in err, (rc, out, err)
+    assert took < 10, f"cancelled after {took:.1f} s"
+    assert [x[1:3] for x in hits(s, since)] == [["cancel", "true"], ["cancel", "false"]], \
+        hits(s, since)
 
 
 @check

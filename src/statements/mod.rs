@@ -221,6 +221,12 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     if by_history.is_some() {
         BY_HISTORY_REGISTERED.set(BY_HISTORY_REGISTERED.get() + 1);
     }
+    // Cleared before the count that names the statement is published, so that a reader
+    // who sees the new count sees none of the last statement's figures under it (the
+    // runaway-query rules would judge this statement by the last one's rows).
+    if ENTRY_WRITTEN.replace(PLANNED_WORKERS.get()) {
+        entry.clear_statement();
+    }
     // The owner alone writes the count (docs/design.md §3): a store, not a locked add.
     let count = entry.registered.load(Ordering::Relaxed);
     entry
@@ -229,9 +235,6 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // Counted as running before its workers are reserved, so that statements reserving
     // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);
-    if ENTRY_WRITTEN.replace(PLANNED_WORKERS.get()) {
-        entry.clear_statement();
-    }
     // A plan with a Gather needs parallel mode; most plans have none, and
     // `reserve_workers` is called for the others only.
     if !parallel {

@@ -4,9 +4,9 @@ use super::shared_access::require_shared;
 use pgrx::prelude::*;
 
 /// One row per recent hit of a runaway-query rule (the last 64), oldest first; the
-/// `pg_stride.rule_hits` view. The query id is NULL to a role that may not read the
-/// statistics of the statement's role (pg::may_read_stats_of), as pg_stat_statements
-/// does.
+/// `pg_stride.rule_hits` view. The query id and the value measured are NULL to a role
+/// that may not read the statistics of the statement's role (pg::may_read_stats_of), as
+/// pg_stat_statements hides another role's query ids and pg_stat_activity its times.
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]
 fn rule_hits_state() -> TableIterator<
@@ -19,7 +19,7 @@ fn rule_hits_state() -> TableIterator<
         name!(rule, String),
         name!(action, &'static str),
         name!(dry_run, bool),
-        name!(value, i64),
+        name!(value, Option<i64>),
     ),
 > {
     let rows = require_shared().rule_hits.recent().into_iter().map(|hit| {
@@ -32,7 +32,7 @@ fn rule_hits_state() -> TableIterator<
             hit.rule.to_string(),
             hit.rule.action.name(),
             hit.dry_run,
-            hit.value.min(i64::MAX as u64) as i64,
+            visible.then_some(hit.value.min(i64::MAX as u64) as i64),
         )
     });
     TableIterator::new(rows.collect::<Vec<_>>())

@@ -11,7 +11,7 @@ use crate::{pg, shmem};
 use pg_stride_sched::rules::{Action, Metric, Rules, Usage};
 use pg_stride_sched::QueryId;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a statement asked to cancel itself at a yield point has before it is sent
@@ -19,11 +19,16 @@ use std::time::{Duration, Instant};
 const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
 /// What the worker remembers of a process's statement between sweeps.
+#[derive(Clone, Copy)]
 pub struct Seen {
     /// The statement: the process's count of registered statements when it was seen.
     key: u32,
-    /// Its rules that fired (bit i = rule i).
+    /// The rules it was judged by, and those that fired (bit i = rule i); bits of a dry
+    /// run apart, so that a rule met during one acts once `rules_dry_run` is off. Rules
+    /// changed meanwhile are judged afresh.
+    rules: Rules,
     fired: u8,
+    dry_fired: u8,
     /// When a rule asked it to cancel, and whether it was sent a query cancel since.
     cancel_asked: Option<Instant>,
     signalled: bool,
@@ -67,19 +72,21 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             seen.remove(&procno);
             continue;
         };
-        let s = seen.entry(procno).or_insert(Seen {
+        let fresh = Seen {
             key,
+            rules: *rules,
             fired: 0,
+            dry_fired: 0,
             cancel_asked: None,
             signalled: false,
-        });
+        };
+        let s = seen.entry(procno).or_insert(fresh);
         if s.key != key {
-            *s = Seen {
-                key,
-                fired: 0,
-                cancel_asked: None,
-                signalled: false,
-            };
+            *s = fresh;
+        } else if s.rules != *rules {
+            s.rules = *rules;
+            s.fired = 0;
+            s.dry_fired = 0;
         }
         let pid = entry.pid.load(Ordering::Relaxed);
         let usage = Usage {
@@ -88,8 +95,23 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             rows: entry.rows.load(Ordering::Relaxed),
             temp_bytes: temp.get(&pid).copied().unwrap_or(0),
         };
-        let hits = rules.newly_hit(&usage, s.fired);
-        s.fired |= hits;
+        // The figures above are statement `key`'s only if it is still the backend's
+        // statement after they were read: a statement that began meanwhile cleared them
+        // for itself (before it published its key), and is judged at the next sweep,
+        // never by them under the old key.
+        fence(Ordering::Acquire);
+        if entry.registered.load(Ordering::Relaxed) != key {
+            continue;
+        }
+        let hits = if *dry_run {
+            let hits = rules.newly_hit(&usage, s.fired | s.dry_fired);
+            s.dry_fired |= hits;
+            hits
+        } else {
+            let hits = rules.newly_hit(&usage, s.fired);
+            s.fired |= hits;
+            hits
+        };
         shared
             .groups
             .counters(group)
