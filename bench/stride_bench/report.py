@@ -274,7 +274,9 @@ def compact_table(meta) -> str:
         lines.append(f"application pool, {n}: " + "; ".join(app_pool_phrase(st) for st in reps))
     oh = overhead_summary(meta)
     if oh:
-        lines.append(f"overhead ({oh['other']} / {oh['base']}): " + ", ".join(
+        lines.append(f"overhead ({oh['other']} / {oh['base']}, median of "
+                     f"{oh['kinds']['tpcb']['rounds']} rounds; bench/overhead_ab.py measures it "
+                     "side by side): " + ", ".join(
             f"{k} TPS x{v['tps_ratio']:.3f} p99 x{v['p99_ratio']:.3f} CPU/txn x{v['cpu_ratio']:.3f}"
             for k, v in oh["kinds"].items()))
     return "\n".join(lines)
@@ -708,7 +710,9 @@ def markdown(meta, imgs: dict, img_prefix: str) -> str:
     if oh:
         w("")
         w(f"Overhead ({oh['other']} ÷ {oh['base']}, median of {oh['kinds']['tpcb']['rounds']} "
-          "interleaved rounds): " + "; ".join(
+          "interleaved rounds of a few seconds, a server start apart, which a shared machine's "
+          "drift moves by several per cent; `bench/overhead_ab.py` runs the two side by side "
+          "in 1-s turns): " + "; ".join(
               f"{'TPC-B' if k == 'tpcb' else 'select-only'} TPS ×{v['tps_ratio']:.3f}, "
               f"p99 ×{v['p99_ratio']:.3f}, server CPU per transaction ×{v['cpu_ratio']:.3f}"
               for k, v in oh["kinds"].items()) +
