@@ -213,15 +213,6 @@ impl Counts {
             && self.active.load(SeqCst) <= self.max_active.load(SeqCst)
     }
 
-    /// Whether group `g`'s own limit has room for one more admission.
-    fn group_has_room(&self, g: usize) -> bool {
-        let group = &self.groups[g];
-        below_limit(
-            group.active.load(SeqCst),
-            group.max_concurrency.load(SeqCst),
-        )
-    }
-
     /// Takes one admission of group `g` if both limits have room.
     fn take(&self, g: usize) -> bool {
         let group = &self.groups[g];
@@ -748,7 +739,9 @@ impl Queue {
     /// The statement of group `g` that may be admitted next, by arrival, and whether
     /// the group's first statement was held back for another's memory. The first
     /// statement of the group goes if its memory fits and is not held; if not, a later
-    /// one that needs no memory may pass it (it takes nothing the first one waits for).
+    /// one that needs no memory may pass it: it takes a place of the group, but not the
+    /// memory, which stays held for the first one until a place frees
+    /// ([`Queue::memory_held_for`]).
     /// `held_for`: see [`Queue::memory_held_for`].
     fn next_of(
         &self,
@@ -778,12 +771,15 @@ impl Queue {
 
     /// The arrival ticket of the statement the server's memory goes to next: the first
     /// to arrive of the statements that need memory, are first in their groups, and
-    /// that their groups' limits and budgets would let in. The server's memory goes to
+    /// that their groups' budgets would let in, whether or not their groups' limits have
+    /// room now: a group kept full by statements needing no memory (which pass its first
+    /// one while that one's memory does not fit) would otherwise see the memory go to
+    /// later statements of other groups, for ever. The server's memory goes to
     /// no statement needing memory that came after it. By arrival, not by the groups'
     /// places in stride order: a group's pass also advances with the statements needing
     /// no memory that pass its large one, so a busy group ahead of it could otherwise
     /// take every share of memory that frees up, for ever.
-    fn memory_held_for(&self, c: &Counts, waiters: &[Waiter]) -> Option<u64> {
+    fn memory_held_for(&self, waiters: &[Waiter]) -> Option<u64> {
         let mut first_of_group = [None::<&Waiter>; MAX_GROUPS as usize];
         for w in waiters.iter().filter(|w| w.state == WaitState::Queued) {
             let slot = &mut first_of_group[w.group as usize];
@@ -795,9 +791,7 @@ impl Queue {
             .iter()
             .enumerate()
             .filter_map(|(g, w)| w.map(|w| (g, w)))
-            .filter(|&(g, w)| {
-                w.need_kb > 0 && self.groups[g].memory.fits(w.need_kb) && c.group_has_room(g)
-            })
+            .filter(|&(g, w)| w.need_kb > 0 && self.groups[g].memory.fits(w.need_kb))
             .map(|(_, w)| w.ticket)
             .min()
     }
@@ -817,7 +811,7 @@ impl Queue {
             // Without a server budget, or with nobody asking for memory, it is held for
             // nobody (and the scan is saved).
             let held_for = if self.memory.limit_kb > 0 && self.memory.waiting_kb > 0 {
-                self.memory_held_for(c, waiters)
+                self.memory_held_for(waiters)
             } else {
                 None
             };
@@ -1512,7 +1506,7 @@ mod tests {
     }
 
     #[test]
-    fn memory_is_held_for_a_statement_only_while_its_group_could_let_it_in() {
+    fn memory_stays_held_for_a_statement_whose_group_is_full() {
         let mut s = Server::new(10, 6);
         s.q.set_memory_budget(1000);
         s.configure(1, 100, 2);
@@ -1525,11 +1519,54 @@ mod tests {
             "the memory is held for process 2"
         );
         // A statement of group 1 needing no memory passes process 2 and fills the
-        // group: process 2 cannot be let in before one of them ends, and the memory goes
-        // to process 3 in the same dispatch.
+        // group; the memory stays held for process 2, which came first.
         assert_eq!(s.arrive_needing(4, 1, 0), Arrival::Admitted);
-        assert!(s.take_admitted(3));
-        assert_eq!(s.q.memory.reserved_kb, 900);
+        assert!(!s.take_admitted(3));
+        assert_eq!(s.finish_needing(0, 0), vec![]);
+        // Once its group has room it goes, then process 3.
+        assert_eq!(s.finish_needing(1, 1), vec![2, 3]);
+        assert_eq!(s.q.memory.reserved_kb, 500);
+    }
+
+    #[test]
+    fn a_statement_needing_memory_is_not_passed_for_ever_by_its_groups_small_ones() {
+        // Group 1 (limit 2) keeps receiving statements that need no memory; group 2's
+        // statements need memory, as process 2 of group 1 does, and came after it. Every
+        // time a place of group 1 frees, one of its small statements could take it while
+        // process 2's memory does not fit yet; the memory group 2's statements free must
+        // still go to process 2, which then gets the next place of its group.
+        let mut s = Server::new(10, 8);
+        s.q.set_memory_budget(1000);
+        s.configure(1, 100, 2);
+        assert_eq!(s.arrive_needing(0, 2, 700), Arrival::Admitted);
+        assert_eq!(s.arrive_needing(1, 1, 0), Arrival::Admitted);
+        assert_eq!(s.arrive_needing(2, 1, 800), Arrival::Queued);
+        assert_eq!(s.arrive_needing(3, 2, 700), Arrival::Queued);
+        let mut small = 4;
+        assert_eq!(
+            s.arrive_needing(small, 1, 0),
+            Arrival::Admitted,
+            "passes process 2"
+        );
+        for _ in 0..20 {
+            // A small statement of group 1 ends and another takes its place: process 2's
+            // memory does not fit while process 0 holds 700 kB.
+            assert_eq!(s.arrive_needing(7 - (small - 4), 1, 0), Arrival::Queued);
+            let woken = s.finish_needing(small, 1);
+            assert_eq!(woken, vec![7 - (small - 4)]);
+            assert!(s.take_admitted(woken[0]));
+            small = woken[0];
+            assert!(
+                !s.take_admitted(3),
+                "process 3 would take process 2's memory"
+            );
+        }
+        // Group 2's statement ends: its memory goes to nobody before process 2, which
+        // is let in at its group's next free place.
+        assert_eq!(s.finish_needing(0, 2), vec![]);
+        assert_eq!(s.finish_needing(1, 1), vec![2]);
+        assert!(s.take_admitted(2));
+        assert_eq!(s.q.memory.reserved_kb, 800);
     }
 
     #[test]
