@@ -233,11 +233,20 @@ def a_move_rule_gives_the_statement_its_new_groups_weight(s):
         same = race(s)
         set_rules(s, "cpu_time > 200ms: move slow")
         since = now(s)
-        seen = []
-        moved = race(s, lambda: seen.append(s.sql(
-            f"SELECT \"group\" || ' ' || coalesce(cpu_group, '-') FROM pg_stride.activity "
-            f"WHERE usename = '{APP}'")))
+        seen, drops = [], []
+
+        def watch():
+            seen.append(s.sql(f"SELECT \"group\" || ' ' || coalesce(cpu_group, '-') "
+                              f"FROM pg_stride.activity WHERE usename = '{APP}'"))
+            # The group a statement was moved to is in use while it runs there.
+            if seen[-1] == "watched slow" and not drops:
+                try:
+                    drops.append(s.sql("SELECT pg_stride.drop_group('slow')"))
+                except RuntimeError as e:
+                    drops.append(str(e))
+        moved = race(s, watch)
         assert "watched slow" in seen, seen
+        assert len(drops) == 1 and 'resource group "slow" is in use' in drops[0], drops
         h = hits(s, since)
         assert [x[:2] for x in h] == [["cpu_time > 200ms: move slow", "move"]], h
         assert 'moves it to resource group "slow"' in log_text(s)

@@ -174,17 +174,31 @@ impl Shared {
         pid != 0 && pg::proc_pid(procno) == pid
     }
 
-    /// Whether a live process runs a statement in group slot `slot`, or uses an admission
-    /// of that group (a cursor opened before its session changed group), or a statement
-    /// of that group is in the admission queue (looked up there, under its lock: a
-    /// process counts itself queued only after it entered the queue).
+    /// Whether a live process runs a statement in group slot `slot` (admitted in it, or
+    /// moved there by a runaway-query rule: its CPU scheduling is that group's), or uses
+    /// an admission of that group (a cursor opened before its session changed group), or
+    /// a statement of that group is in the admission queue (looked up there, under its
+    /// lock: a process counts itself queued only after it entered the queue).
     pub fn slot_has_statements(&self, slot: usize) -> bool {
         self.procs().iter().enumerate().any(|(procno, e)| {
-            ((e.group.load(Ordering::Acquire) as usize == slot
-                && e.running.load(Ordering::Acquire) > 0)
+            ((e.running.load(Ordering::Acquire) > 0
+                && (e.group.load(Ordering::Acquire) as usize == slot
+                    || self.cpu_group_of(e) == Some(slot)))
                 || e.lease.group_in_use() == Some(slot))
                 && self.is_live(procno)
         }) || self.with_admission(|_, waiters| group_has_waiters(waiters, slot))
+    }
+
+    /// The group slot whose CPU share `entry`'s statement runs under, once it joined CPU
+    /// scheduling.
+    fn cpu_group_of(&self, entry: &ProcEntry) -> Option<usize> {
+        match entry.cpu_query.load(Ordering::Acquire) {
+            0 => None,
+            q => self
+                .sched()?
+                .query_snapshot(QueryId(q - 1))
+                .map(|s| s.group.0 as usize),
+        }
     }
 
     /// Statements of other processes that want CPU now: admitted and executing, not
