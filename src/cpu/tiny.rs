@@ -90,10 +90,8 @@ pub fn tiny_by_history(
     if query_id == 0 || !super::settings::predicts() {
         return None;
     }
-    // Copied out, so that the settings are read outside the table's lock.
-    let history = shared
-        .histories
-        .read(|table| table.history(query_id).copied())?;
+    // A copy: the settings are read outside the table's lock.
+    let history = shared.histories.history(query_id)?;
     if !history_runs_unscheduled(&history) {
         return None;
     }

@@ -45,6 +45,11 @@ impl Histories {
         f(View::new(&parts.slots, &parts.model, &parts.quality))
     }
 
+    /// A copy of fingerprint `key`'s history, if it has one.
+    pub fn history(&self, key: u64) -> Option<History> {
+        self.read(|table| table.history(key).copied())
+    }
+
     /// The CPU predicted for fingerprint `key` (0: none) with plan cost `cost`.
     pub fn predict(&self, key: u64, cost: f64) -> Option<Prediction> {
         self.read(|table| table.predict(key, cost))
