@@ -10,7 +10,8 @@ through ALTER ROLE … SET, while other sessions run beside them.
 - an `elapsed` rule that cancels a statement that reaches no yield point (pg_sleep):
   after its grace period it is cancelled as pg_cancel_backend would;
 - a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills, in
-  the statement's own process or only in its parallel workers;
+  the statement's own process or only in its parallel workers; a `rows` rule counts a
+  cursor's rows over all its fetches;
 - a `move` rule: the moved statement shows its new group as its cpu_group in
   pg_stride.activity, and with one CPU slot, moved to a group of weight 1, it gets
   almost none of the CPU while another group's statement runs, so that one finishes
@@ -190,6 +191,28 @@ def rows_and_temp_bytes_rules_log_once_per_statement(s):
     rules = [x[0] for x in hits(s, since)]
     assert rules.count("rows > 100000: log") == 1, rules
     assert rules.count("temp_bytes > 1MB: log") >= 2, rules
+
+
+@check
+def a_rows_rule_counts_every_fetch_of_a_cursor(s):
+    # A driver's fetch size, or psql's FETCH_COUNT, reads a result through a cursor, one
+    # ExecutorRun per batch: the rule counts the rows of all of them, not of the last.
+    set_rules(s, "rows > 100000: log")
+    since = now(s)
+    session = concurrency.Session(s, user=APP)
+    try:
+        session.send("BEGIN; DECLARE c NO SCROLL CURSOR FOR SELECT id FROM rules_big "
+                     "WHERE v >= 0; " + "MOVE 1000 IN c; " * 150)
+        # The cursor stays open, its session idle in the transaction, with 150,000 rows
+        # read in batches of 1,000.
+        s.wait_until(f"SELECT count(*) FROM pg_stride.rule_hits WHERE \"group\" = '{GROUP}' "
+                     f"AND at >= '{since}' AND rule = 'rows > 100000: log'", "1")
+        pid = s.sql(f"SELECT pid FROM pg_stride.rule_hits WHERE at >= '{since}'")
+        assert s.sql(f"SELECT usename FROM pg_stat_activity WHERE pid = {pid}") == APP
+    finally:
+        session.send("COMMIT")
+        rc, out, err = session.close()
+    assert rc == 0, (rc, out, err)
 
 
 def worker_spills_kb(s):

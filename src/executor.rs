@@ -322,7 +322,7 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
     run_nested(run);
     if on_cpu {
         // SAFETY: a guarded function.
-        unsafe { end_run() };
+        unsafe { end_run(desc) };
     }
     if let Some(started) = timed {
         statements::timed_run_ended(desc, started);
@@ -561,8 +561,8 @@ unsafe extern "C-unwind" fn begin_run(on_cpu_slot: bool) {
 
 #[pgrx::pg_guard]
 #[inline(never)]
-unsafe extern "C-unwind" fn end_run() {
-    statements::run_ends();
+unsafe extern "C-unwind" fn end_run(desc: *mut pg_sys::QueryDesc) {
+    statements::run_ends(desc);
 }
 
 #[pgrx::pg_guard]

@@ -59,6 +59,7 @@ use slots::{join_query, transaction_wrote};
 use yield_points::wrap_scans;
 
 pub use prediction::record_unscheduled;
+pub use runaway::run_ended;
 pub use settings::{
     decay_params, effective_cpu_slots, predicts, register_settings, slice_ms, slice_ns, traces,
     tuner_on,
@@ -203,6 +204,7 @@ pub fn is_member() -> bool {
 /// slot, and frees the entry when this process registered it, tracing it for the tuner.
 pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDesc>, failed: bool) {
     yield_points::forget(desc);
+    runaway::statement_ended(desc);
     // A pause that an error ended (cancel, statement_timeout) is over too.
     if let Some(entry) = shared.my_entry() {
         entry.paused.store(0, Ordering::Release);

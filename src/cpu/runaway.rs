@@ -5,12 +5,78 @@
 
 use super::member::MEMBER;
 use super::priority::priority_range;
+#[cfg(not(any(feature = "pg17", feature = "pg18")))]
+use crate::backend_local::BackendLocal;
 use crate::pg::{self, interrupts_can_be_processed};
 use crate::shmem;
 use pg_stride_sched::{GroupId, SchedShared};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
+#[cfg(not(any(feature = "pg17", feature = "pg18")))]
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
+
+/// The rows the ended ExecutorRuns of a statement produced, and the address of its
+/// EState: each run counts `es_processed` from 0 again, so a cursor's FETCHes (a driver's
+/// fetch size, psql's FETCH_COUNT) would each count from 0 and a `rows` rule never reach
+/// its threshold. PostgreSQL 17 keeps that sum itself (`es_total_processed`). One
+/// statement's: with two cursors fetched in turn, each counts from its latest turn.
+#[cfg(not(any(feature = "pg17", feature = "pg18")))]
+static ROWS_BEFORE: BackendLocal<Cell<(usize, u64)>> = BackendLocal::new(Cell::new((0, 0)));
+
+/// The rows `estate`'s statement produced so far, over all its ExecutorRuns.
+///
+/// # Safety
+/// `estate` is the EState of a statement that has started.
+unsafe fn rows_so_far(estate: *const pg_sys::EState) -> u64 {
+    // SAFETY: the caller's promise.
+    let (now, before) = unsafe {
+        #[cfg(any(feature = "pg17", feature = "pg18"))]
+        let before = (*estate).es_total_processed;
+        #[cfg(not(any(feature = "pg17", feature = "pg18")))]
+        let before = match ROWS_BEFORE.get() {
+            (at, rows) if at == estate as usize => rows,
+            _ => 0,
+        };
+        ((*estate).es_processed, before)
+    };
+    before.saturating_add(now)
+}
+
+/// An ExecutorRun of `desc`'s statement, which runs on CPU slots, ended: its rows count
+/// for the statement's next runs (before PostgreSQL 17, which counts them itself).
+/// Cannot panic.
+///
+/// # Safety
+/// `desc` is a started statement's QueryDesc.
+pub unsafe fn run_ended(desc: *const pg_sys::QueryDesc) {
+    #[cfg(not(any(feature = "pg17", feature = "pg18")))]
+    // SAFETY: the caller's promise.
+    unsafe {
+        let estate = (*desc).estate;
+        if !estate.is_null() {
+            ROWS_BEFORE.set((estate as usize, rows_so_far(estate)));
+        }
+    }
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    let _ = desc;
+}
+
+/// `desc`'s statement ended: its rows no longer count for a statement whose EState is
+/// allocated at the same address later.
+pub(super) fn statement_ended(desc: Option<*const pg_sys::QueryDesc>) {
+    #[cfg(not(any(feature = "pg17", feature = "pg18")))]
+    {
+        // SAFETY: a QueryDesc that ExecutorEnd or the cleanup of a failed statement
+        // passes is still valid; its estate may be null.
+        let ends = desc.is_none_or(|d| unsafe { (*d).estate } as usize == ROWS_BEFORE.get().0);
+        if ends {
+            ROWS_BEFORE.set((0, 0));
+        }
+    }
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    let _ = desc;
+}
 
 /// Publishes the rows the statement of `node`'s executor produced so far, from a
 /// leader (a parallel worker's count is of the rows it passed to its leader). Called
@@ -28,7 +94,7 @@ pub(super) unsafe fn publish_rows(node: *const pgrx::pg_sys::PlanState) {
         return;
     };
     // SAFETY: the caller's promise; a running node's EState is valid.
-    let rows = unsafe { (*(*node).state).es_processed };
+    let rows = unsafe { rows_so_far((*node).state) };
     entry.rows.store(rows, Ordering::Relaxed);
 }
 

@@ -403,8 +403,11 @@ pub fn run_begins() {
     }
 }
 
-/// ExecutorRun of a statement on CPU slots ended: its process gives its slot back.
-pub fn run_ends() {
+/// ExecutorRun of `desc`, a statement on CPU slots, ended: its process gives its slot
+/// back, and the rows of the run count for the statement's next ones.
+pub fn run_ends(desc: *const pg_sys::QueryDesc) {
+    // SAFETY: the QueryDesc whose ExecutorRun just returned.
+    unsafe { cpu::run_ended(desc) };
     if let Some(shared) = shmem::shared() {
         cpu::end_run(shared);
     }
