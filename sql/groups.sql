@@ -287,7 +287,12 @@ CREATE AGGREGATE stand_ins.count(*) (SFUNC = stand_ins.count_step, STYPE = bigin
 RESET ROLE;
 SET search_path = stand_ins, pg_catalog;
 -- The stand-ins do take the unqualified names.
+\set VERBOSITY terse
 SELECT count(*) FROM pg_stride.groups;
+SELECT current_database();
+SELECT to_regclass('pg_stride.resource_groups');
+SELECT name FROM pg_stride.groups WHERE name = 'default';
+\set VERBOSITY default
 SELECT pg_stride.create_group('searched');
 SELECT pg_stride.alter_group('searched', weight => 7);
 SELECT name, weight FROM pg_stride.groups WHERE name OPERATOR(pg_catalog.=) 'searched';

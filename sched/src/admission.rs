@@ -359,10 +359,11 @@ impl Lease {
                 if !self.swap_state(state, idle_lease(g)) {
                     continue; // lent meanwhile
                 }
-                if c.waiting.load(SeqCst) == 0 {
+                if c.waiting.load(SeqCst) == 0 && c.within_limits(g) {
                     return false;
                 }
-                // A waiter arrived meanwhile and may have missed the idle lease.
+                // A waiter arrived meanwhile and may have missed the idle lease, or new
+                // limits were set and revoked the idle leases before this one was idle.
                 return self.surrender(c);
             }
             if self.swap_state(state, NO_LEASE) {
@@ -738,16 +739,15 @@ impl Queue {
 
     /// The statement of group `g` that may be admitted next, by arrival, and whether
     /// the group's first statement was held back for another's memory. The first
-    /// statement of the group goes if its memory fits and is not held; if not, a later
-    /// one that needs no memory may pass it: it takes a place of the group, but not the
-    /// memory, which stays held for the first one until a place frees
-    /// ([`Queue::memory_held_for`]).
-    /// `held_for`: see [`Queue::memory_held_for`].
+    /// statement of the group goes if its memory fits, beside the memory kept for an
+    /// earlier statement; if not, a later one that needs no memory may pass it: it takes
+    /// a place of the group, but no memory. `held_for`: the ticket and need of the
+    /// statement memory is kept for ([`Queue::memory_held_for`]).
     fn next_of(
         &self,
         waiters: &[Waiter],
         g: usize,
-        held_for: Option<u64>,
+        held_for: Option<(u64, u64)>,
     ) -> (Option<usize>, bool) {
         let queued = || {
             waiters
@@ -758,7 +758,10 @@ impl Queue {
         let Some((first, w)) = queued().min_by_key(|(_, w)| w.ticket) else {
             return (None, false);
         };
-        let held = w.need_kb > 0 && held_for.is_some_and(|ticket| ticket < w.ticket);
+        let held = w.need_kb > 0
+            && held_for.is_some_and(|(ticket, kept_kb)| {
+                ticket < w.ticket && !self.memory.fits_beside(w.need_kb, kept_kb)
+            });
         if !held && self.memory.fits(w.need_kb) && self.groups[g].memory.fits(w.need_kb) {
             return (Some(first), false);
         }
@@ -769,17 +772,20 @@ impl Queue {
         (passing, held)
     }
 
-    /// The arrival ticket of the statement the server's memory goes to next: the first
-    /// to arrive of the statements that need memory, are first in their groups, and
-    /// that their groups' budgets would let in, whether or not their groups' limits have
-    /// room now: a group kept full by statements needing no memory (which pass its first
-    /// one while that one's memory does not fit) would otherwise see the memory go to
-    /// later statements of other groups, for ever. The server's memory goes to
-    /// no statement needing memory that came after it. By arrival, not by the groups'
-    /// places in stride order: a group's pass also advances with the statements needing
-    /// no memory that pass its large one, so a busy group ahead of it could otherwise
-    /// take every share of memory that frees up, for ever.
-    fn memory_held_for(&self, waiters: &[Waiter]) -> Option<u64> {
+    /// The arrival ticket and the need of the statement the server's memory is kept for:
+    /// the first to arrive of the statements that need memory, are first in their
+    /// groups, and that their groups' budgets would let in, whether or not their groups'
+    /// limits have room now. A statement needing memory that came after it is let in
+    /// only if the server's budget keeps room for both (`fits_beside`): the memory beyond
+    /// the kept statement's need is used meanwhile, and what it needs is there once its
+    /// group has a place. Kept while its group is full too: a group kept full by
+    /// statements needing no memory (which pass its first one while that one's memory
+    /// does not fit) would otherwise see the memory go to later statements of other
+    /// groups, for ever. By arrival, not by the groups' places in stride order: a group's
+    /// pass also advances with the statements needing no memory that pass its large one,
+    /// so a busy group ahead of it could otherwise take every share of memory that frees
+    /// up, for ever.
+    fn memory_held_for(&self, waiters: &[Waiter]) -> Option<(u64, u64)> {
         let mut first_of_group = [None::<&Waiter>; MAX_GROUPS as usize];
         for w in waiters.iter().filter(|w| w.state == WaitState::Queued) {
             let slot = &mut first_of_group[w.group as usize];
@@ -792,7 +798,7 @@ impl Queue {
             .enumerate()
             .filter_map(|(g, w)| w.map(|w| (g, w)))
             .filter(|&(g, w)| w.need_kb > 0 && self.groups[g].memory.fits(w.need_kb))
-            .map(|(_, w)| w.ticket)
+            .map(|(_, w)| (w.ticket, w.need_kb))
             .min()
     }
 
@@ -803,8 +809,7 @@ impl Queue {
         // Groups whose limit (or the global one, or memory) had no room in this round.
         let mut full: u64 = 0;
         // Groups whose first statement was held back for another's memory: tried again
-        // once the statement the memory is held for changes (admitted, or its group's
-        // limit reached by a statement that passed it).
+        // once the statement the memory is kept for changes (admitted, or withdrawn).
         let mut held: u64 = 0;
         let mut last_held_for = None;
         loop {
@@ -1506,7 +1511,7 @@ mod tests {
     }
 
     #[test]
-    fn memory_stays_held_for_a_statement_whose_group_is_full() {
+    fn memory_stays_kept_for_a_statement_whose_group_is_full() {
         let mut s = Server::new(10, 6);
         s.q.set_memory_budget(1000);
         s.configure(1, 100, 2);
@@ -1519,12 +1524,14 @@ mod tests {
             "the memory is held for process 2"
         );
         // A statement of group 1 needing no memory passes process 2 and fills the
-        // group; the memory stays held for process 2, which came first.
+        // group; process 2's 400 kB stay kept for it, which came first.
         assert_eq!(s.arrive_needing(4, 1, 0), Arrival::Admitted);
         assert!(!s.take_admitted(3));
-        assert_eq!(s.finish_needing(0, 0), vec![]);
-        // Once its group has room it goes, then process 3.
-        assert_eq!(s.finish_needing(1, 1), vec![2, 3]);
+        // The 800 kB come free: process 3 gets 100 of what is beyond process 2's need.
+        assert_eq!(s.finish_needing(0, 0), vec![3]);
+        assert!(s.take_admitted(3));
+        // Once its group has room, process 2 finds its memory there.
+        assert_eq!(s.finish_needing(1, 1), vec![2]);
         assert_eq!(s.q.memory.reserved_kb, 500);
     }
 

@@ -92,6 +92,19 @@ impl Budget {
             || self.reserved_kb.saturating_add(need_kb) <= self.limit_kb
     }
 
+    /// Whether a statement needing `need_kb` may reserve it now and leave room for
+    /// `kept_kb` that a statement before it waits for (with a budget, and needing memory:
+    /// no exception for an empty budget, which the statement kept for may need whole).
+    pub fn fits_beside(&self, need_kb: u64, kept_kb: u64) -> bool {
+        self.limit_kb == 0
+            || need_kb == 0
+            || self
+                .reserved_kb
+                .saturating_add(kept_kb)
+                .saturating_add(need_kb)
+                <= self.limit_kb
+    }
+
     /// Whether `need_kb` is larger than the whole budget.
     pub fn exceeds(&self, need_kb: u64) -> bool {
         self.limit_kb > 0 && need_kb > self.limit_kb

@@ -175,7 +175,8 @@ impl Shared {
     }
 
     /// Whether a live process runs a statement in group slot `slot` (admitted in it, or
-    /// moved there by a runaway-query rule: its CPU scheduling is that group's), or uses
+    /// moved there by a runaway-query rule: its CPU scheduling is that group's, or will be
+    /// at its next yield point, or once its parallel workers left), or uses
     /// an admission of that group (a cursor opened before its session changed group), or
     /// a statement of that group is in the admission queue (looked up there, under its
     /// lock: a process counts itself queued only after it entered the queue).
@@ -183,7 +184,8 @@ impl Shared {
         self.procs().iter().enumerate().any(|(procno, e)| {
             ((e.running.load(Ordering::Acquire) > 0
                 && (e.group.load(Ordering::Acquire) as usize == slot
-                    || self.cpu_group_of(e) == Some(slot)))
+                    || self.cpu_group_of(e) == Some(slot)
+                    || e.inbox.rule_move.load(Ordering::Acquire) as usize == slot + 1))
                 || e.lease.group_in_use() == Some(slot))
                 && self.is_live(procno)
         }) || self.with_admission(|_, waiters| group_has_waiters(waiters, slot))

@@ -62,7 +62,7 @@ use crate::{admission, cpu, groups, pg, plan_costs, plan_tree};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 
 /// Whether the shared entry may hold what a statement writes there only once it joined
 /// CPU scheduling or planned workers (rows, prediction, workers, pauses and the workers'
@@ -232,6 +232,10 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     entry
         .registered
         .store(count.wrapping_add(1), Ordering::Release);
+    // The statement's figures are written after its count: a reader who sees one of
+    // them and then reads the count again (behind an acquire fence, `worker::rules`)
+    // sees this count.
+    fence(Ordering::Release);
     // Counted as running before its workers are reserved, so that statements reserving
     // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);

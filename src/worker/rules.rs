@@ -97,8 +97,9 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
         };
         // The figures above are statement `key`'s only if it is still the backend's
         // statement after they were read: a statement that began meanwhile cleared them
-        // for itself (before it published its key), and is judged at the next sweep,
-        // never by them under the old key.
+        // for itself before it published its key, and wrote them after it (behind a
+        // release fence, `statements::arrive`), and is judged at the next sweep, never
+        // by them under the old key.
         fence(Ordering::Acquire);
         if entry.registered.load(Ordering::Relaxed) != key {
             continue;
