@@ -1058,12 +1058,10 @@ mod tests {
         assert!((ratio - 3.0).abs() < 0.05, "ratio {ratio}");
     }
 
-    #[test]
-    fn an_idle_group_rejoins_at_the_virtual_time() {
-        // Group 1 is admitted from the queue many times while group 2 is idle, then
-        // group 2 arrives. Group 2 must neither get a burst of admissions to catch up
-        // nor wait behind group 1's history: with equal weights the two alternate.
-        let mut s = Server::new(1, 5);
+    /// Group 1 is admitted from the queue 1000 times while group 2 waits for nothing,
+    /// then both groups' statements arrive in a closed loop: returns the admissions of
+    /// each in 10 turns.
+    fn after_a_thousand_admissions_of_group_1(mut s: Server) -> (u32, u32) {
         s.arrive(0, 1);
         for _ in 0..1000 {
             assert_eq!(s.arrive(1, 1), Arrival::Queued);
@@ -1072,7 +1070,15 @@ mod tests {
         }
         s.finish(1);
         let per_group = closed_loop(&mut s, &[0, 1, 1, 2, 2], 10);
-        assert_eq!((per_group[1], per_group[2]), (5, 5));
+        (per_group[1], per_group[2])
+    }
+
+    #[test]
+    fn an_idle_group_rejoins_at_the_virtual_time() {
+        // Group 2 must neither get a burst of admissions to catch up nor wait behind
+        // group 1's history: with equal weights the two alternate.
+        let s = Server::new(1, 5);
+        assert_eq!(after_a_thousand_admissions_of_group_1(s), (5, 5));
     }
 
     #[test]
@@ -1081,16 +1087,7 @@ mod tests {
         // group 1's turns): it asked for nothing meanwhile, so it is owed nothing.
         let mut s = Server::new(2, 6);
         assert_eq!(s.arrive(5, 2), Arrival::Admitted);
-        s.arrive(0, 1);
-        for _ in 0..1000 {
-            assert_eq!(s.arrive(1, 1), Arrival::Queued);
-            assert_eq!(s.finish(1), vec![1]);
-            assert!(s.take_admitted(1));
-        }
-        s.finish(1);
-        let per_group = closed_loop(&mut s, &[0, 1, 1, 2, 2], 10);
-        assert_eq!((per_group[1], per_group[2]), (5, 5));
-        assert!(s.c.group_active(2) >= 1, "the long statement still runs");
+        assert_eq!(after_a_thousand_admissions_of_group_1(s), (5, 5));
     }
 
     #[test]
@@ -1510,19 +1507,32 @@ mod tests {
         assert_eq!(s.finish_needing(2, 0), vec![3]);
     }
 
-    #[test]
-    fn memory_stays_kept_for_a_statement_whose_group_is_full() {
-        let mut s = Server::new(10, 6);
+    /// A budget of 1000 kB; process 0 of group `first.0` holds `first.1` kB, process 1
+    /// of group 1 (limit 2) none; process 2 of group 1 waits for `kb` kB, then process 3
+    /// of group `next.0` for `next.1` kB, which the memory kept for process 2 holds back.
+    fn memory_kept_for_process_2(
+        procs: usize,
+        first: (usize, u64),
+        kb: u64,
+        next: (usize, u64),
+    ) -> Server {
+        let mut s = Server::new(10, procs);
         s.q.set_memory_budget(1000);
         s.configure(1, 100, 2);
-        assert_eq!(s.arrive_needing(0, 0, 800), Arrival::Admitted);
+        assert_eq!(s.arrive_needing(0, first.0, first.1), Arrival::Admitted);
         assert_eq!(s.arrive_needing(1, 1, 0), Arrival::Admitted);
-        assert_eq!(s.arrive_needing(2, 1, 400), Arrival::Queued);
+        assert_eq!(s.arrive_needing(2, 1, kb), Arrival::Queued);
         assert_eq!(
-            s.arrive_needing(3, 2, 100),
+            s.arrive_needing(3, next.0, next.1),
             Arrival::Queued,
-            "the memory is held for process 2"
+            "the memory is kept for process 2"
         );
+        s
+    }
+
+    #[test]
+    fn memory_stays_kept_for_a_statement_whose_group_is_full() {
+        let mut s = memory_kept_for_process_2(6, (0, 800), 400, (2, 100));
         // A statement of group 1 needing no memory passes process 2 and fills the
         // group; process 2's 400 kB stay kept for it, which came first.
         assert_eq!(s.arrive_needing(4, 1, 0), Arrival::Admitted);
@@ -1542,13 +1552,7 @@ mod tests {
         // time a place of group 1 frees, one of its small statements could take it while
         // process 2's memory does not fit yet; the memory group 2's statements free must
         // still go to process 2, which then gets the next place of its group.
-        let mut s = Server::new(10, 8);
-        s.q.set_memory_budget(1000);
-        s.configure(1, 100, 2);
-        assert_eq!(s.arrive_needing(0, 2, 700), Arrival::Admitted);
-        assert_eq!(s.arrive_needing(1, 1, 0), Arrival::Admitted);
-        assert_eq!(s.arrive_needing(2, 1, 800), Arrival::Queued);
-        assert_eq!(s.arrive_needing(3, 2, 700), Arrival::Queued);
+        let mut s = memory_kept_for_process_2(8, (2, 700), 800, (2, 700));
         let mut small = 4;
         assert_eq!(
             s.arrive_needing(small, 1, 0),
