@@ -1630,6 +1630,38 @@ def a_dump_restores_groups_and_role_assignments(s):
 
 
 @check
+def a_database_owner_cannot_run_code_as_the_groups_loader(s):
+    # The groups loader connects to pg_stride.database as the bootstrap superuser, with
+    # that database's settings, which its owner (here an ordinary role) may set: a
+    # search_path with a to_regclass of the owner's first must not run as the loader.
+    fresh = Server(port=PORT + 3)
+    try:
+        fresh.start()
+        fresh.sql("CREATE EXTENSION pg_stride; CREATE ROLE regress_db_owner LOGIN; "
+                  "ALTER DATABASE postgres OWNER TO regress_db_owner")
+        fresh.sql("CREATE SCHEMA stand_ins; "
+                  "CREATE FUNCTION stand_ins.to_regclass(text) RETURNS regclass "
+                  "LANGUAGE plpgsql AS $$BEGIN ALTER ROLE regress_db_owner SUPERUSER; "
+                  "RETURN pg_catalog.to_regclass($1); END$$; "
+                  "ALTER DATABASE postgres SET search_path = stand_ins, pg_catalog",
+                  user="regress_db_owner")
+        # The loader connects anew, with the owner's search_path, and reads the table.
+        fresh.pg_ctl("-w", "-l", fresh.logfile, "restart", check=True,
+                     stdout=subprocess.DEVNULL)
+        fresh.wait_until("SELECT count(*) FROM pg_stat_activity "
+                         "WHERE backend_type = 'pg_stride groups'", "1")
+        # And again after a change, made from a session with a safe search_path.
+        fresh.sql("SET search_path = pg_catalog; SELECT pg_stride.create_group('changed')")
+        time.sleep(1)
+        assert fresh.sql("SELECT rolsuper FROM pg_roles WHERE rolname = 'regress_db_owner'") \
+            == "f", "the loader ran the owner's to_regclass: the owner is a superuser now"
+        with open(fresh.logfile) as log:
+            assert "stand_ins" not in log.read()
+    finally:
+        fresh.stop()
+
+
+@check
 def rows_written_without_the_trigger_are_in_effect_once_published(s):
     # A data-only restore with --disable-triggers, or rows written in replica mode, do not
     # fire the table's trigger; docs/resource-groups.md tells the DBA to publish them.
