@@ -203,9 +203,9 @@ impl Counts {
         self.waiting.load(SeqCst) > 0
     }
 
-    /// Whether one more admission of group `g` than there is room for is counted: the
-    /// counts include the admission asked about, so it is within the limits when they
-    /// are at most the limits (a limit lowered while admissions were held is not).
+    /// Whether an admission of group `g` that is already counted stays within the
+    /// limits: the counts include it, so they may equal the limits but not exceed them
+    /// (they do once a limit was lowered while admissions were held).
     fn within_limits(&self, g: usize) -> bool {
         let group = &self.groups[g];
         let group_limit = group.max_concurrency.load(SeqCst);
