@@ -8,7 +8,8 @@ through ALTER ROLE … SET, while other sessions run beside them.
 - the same rule with rules_dry_run: the statement finishes, the hit says dry_run; a
   statement that met a rule in a dry run is acted on once the dry run is turned off;
 - an `elapsed` rule that cancels a statement that reaches no yield point (pg_sleep):
-  after its grace period it is cancelled as pg_cancel_backend would;
+  after its grace period it is cancelled as pg_cancel_backend would; an `elapsed` rule
+  times each statement of a multi-statement query string from its own start;
 - a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills, in
   the statement's own process or only in its parallel workers; a `rows` rule counts a
   cursor's rows over all its fetches;
@@ -95,11 +96,16 @@ def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
     query_id = f"SELECT coalesce(query_id::text, 'hidden') FROM pg_stride.rule_hits WHERE pid = {h[0][3]}"
     seen = {user: s.sql(query_id, user=user) for user in (APP, "postgres", OTHER)}
     assert seen[APP] == seen["postgres"] != "hidden" and seen[OTHER] == "hidden", seen
-    # So is the CPU time it had used, as pg_stat_activity hides another role's times.
+    # So are the CPU time it had used, when, in which group and by which rule, as
+    # pg_stat_activity hides another role's times and state: the process stays.
     value = f"SELECT coalesce(value::text, 'hidden') FROM pg_stride.rule_hits WHERE pid = {h[0][3]}"
     values = {user: s.sql(value, user=user) for user in (APP, "postgres", OTHER)}
     assert values[APP] == values["postgres"] != "hidden" and values[OTHER] == "hidden", values
     assert int(values[APP]) > 100_000, values
+    row = ("SELECT concat_ws('|', at IS NULL, \"group\", rule, action, dry_run) "
+           f"FROM pg_stride.rule_hits WHERE pid = {h[0][3]}")
+    rows = {user: s.sql(row, user=user) for user in (APP, OTHER)}
+    assert rows == {APP: "f|watched|cpu_time > 100ms: cancel|cancel|f", OTHER: "t"}, rows
     explained = s.sql(f"EXPLAIN (VERBOSE, COSTS OFF) {LONG}", user=APP)
     assert f"Query Identifier: {seen[APP]}" in explained, (seen, explained)
 
@@ -176,6 +182,19 @@ def an_elapsed_rule_cancels_a_statement_that_reaches_no_yield_point(s):
     assert rc != 0 and "57014" not in out and "canceling statement" in err, (rc, out, err)
     assert took < 5, f"cancelled after {took:.1f} s"
     assert [x[:2] for x in hits(s, since)] == [["elapsed > 500ms: cancel", "cancel"]]
+
+
+@check
+def an_elapsed_rule_times_each_statement_of_a_query_string_from_its_own_start(s):
+    # Catches: a statement timed from the arrival of the client's message (PostgreSQL's
+    # statement start), so that each statement, all well under 2 s, is charged with
+    # the ones before it in the same query string.
+    set_rules(s, "elapsed > 2s: log")
+    since = now(s)
+    sql = f"SELECT pg_sleep(1.5); SELECT pg_sleep(1.5); {LONG}"
+    rc, out, err = finish(s.client_as(APP, sql), timeout=120)
+    assert rc == 0 and out.splitlines()[-1] == "1000000", (rc, out, err)
+    assert hits(s, since) == [], hits(s, since)
 
 
 @check

@@ -290,12 +290,15 @@ fn arrive(
     })
 }
 
-/// Records an admission without a wait, in the process's own entry only.
+/// Records an admission without a wait, in the process's own entry only. The time is
+/// read from the clock: PostgreSQL's statement start is when the client's message
+/// arrived, shared by every statement of a multi-statement query string, and an
+/// `elapsed` rule would charge a statement with the ones before it.
 fn admitted_at_once(entry: &ProcEntry) {
     entry.admitted_pending.fetch_add(1, Ordering::Relaxed);
     entry
         .admitted_at
-        .store(pg::statement_start_timestamp(), Ordering::Relaxed);
+        .store(pg::now_timestamp(), Ordering::Relaxed);
 }
 
 /// Waits until this backend's queued statement is admitted. Returns `Err` when

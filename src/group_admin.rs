@@ -3,7 +3,7 @@
 //! shared group directory in step with the table (see `groups`).
 
 use pg_stride_sched::groups::{validate, GroupSettings, DEFAULT_GROUP, MAX_NAME_LEN};
-use pg_stride_sched::rules::Rules;
+use pg_stride_sched::rules::{Action, Rules};
 use pgrx::prelude::*;
 
 extension_sql!(
@@ -141,6 +141,51 @@ mod functions {
                 Some("Write each rule as \"measure > value: action\", separated by \";\": measures cpu_time, elapsed, rows, temp_bytes; actions log, cancel, move GROUP."),
             )
         })
+    }
+
+    /// Warns of each `move` rule of group `name` whose target is no group. Such a rule is
+    /// kept, as `SET default_tablespace` in `ALTER DATABASE` keeps a tablespace not made
+    /// yet: its hits are only logged until the target is created (`worker/rules.rs`), and
+    /// a misspelt name would otherwise go unseen until a statement met the rule.
+    fn warn_of_missing_targets(name: &str, rules: &Rules) {
+        let groups = crate::groups::read_table();
+        let exists = |target: &str| {
+            target == name || target == DEFAULT_GROUP || groups.iter().any(|g| g.name == target)
+        };
+        for rule in rules.iter().filter(|r| r.action == Action::Move) {
+            let target = rule.target.as_str();
+            if !exists(target) {
+                pg::report(
+                    PgLogLevel::WARNING,
+                    PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                    format!("resource group \"{target}\" of rule \"{rule}\" does not exist"),
+                    Some("Its hits are only logged until the group is created with pg_stride.create_group()."),
+                );
+            }
+        }
+    }
+
+    /// Warns of the groups whose `move` rules name `dropped`: from now on their hits are
+    /// only logged.
+    fn warn_of_rules_moving_to(dropped: &str) {
+        for group in crate::groups::read_table() {
+            let moving = group
+                .settings
+                .rules
+                .iter()
+                .any(|r| r.action == Action::Move && r.target.as_str() == dropped);
+            if moving && group.name != dropped {
+                pg::report(
+                    PgLogLevel::WARNING,
+                    PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                    format!(
+                        "rules of resource group \"{}\" move statements to resource group \"{dropped}\"",
+                        group.name
+                    ),
+                    Some("Their hits are only logged from now on; change them with pg_stride.alter_group()."),
+                );
+            }
+        }
     }
 
     /// The stored settings of `name`; `default` without a row has the default settings.
@@ -307,6 +352,7 @@ mod functions {
                 Some("Drop a group that is not used, with pg_stride.drop_group(), to make room."),
             );
         }
+        warn_of_missing_targets(name, &settings.rules);
         upsert(name, &settings);
     }
 
@@ -350,6 +396,9 @@ mod functions {
             pinned: pinned.unwrap_or(old.pinned),
         };
         check_settings(name, &settings);
+        if rules.is_some() {
+            warn_of_missing_targets(name, &settings.rules);
+        }
         if !update(name, &settings) {
             // `default` has a row only once altered; any other group was found above.
             if name != DEFAULT_GROUP {
@@ -386,6 +435,7 @@ mod functions {
                 }
             }
         }
+        warn_of_rules_moving_to(name);
         let args: [DatumWithOid; 1] = [name.into()];
         Spi::run_with_args(
             "DELETE FROM pg_stride.resource_groups WHERE name OPERATOR(pg_catalog.=) $1",

@@ -26,7 +26,7 @@
 //! share of the slice's wall-clock time it ran ([`ran_permille`]), unless it blocked
 //! during the slice (I/O, a lock: not the run queue). A lower-priority holder that ran
 //! its own last slice nearly alone swaps CPUs with a higher one whose fresh share is
-//! below a threshold (`pg_stride.swap_below_share`, two thirds by default;
+//! below a threshold the caller sets (two thirds in the extension;
 //! [`contended`]).
 
 /// What a holder of a higher priority looked like at a slice end of the observer.

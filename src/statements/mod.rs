@@ -191,11 +191,11 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         arrival.admit_ns = os::monotonic_ns();
     }
     if !admitted {
-        // Runaway-query rules time a statement from its admission, and tell statements
-        // apart by it: one that skipped admission counts from its start.
+        // Runaway-query rules time a statement from its admission: one that skipped
+        // admission counts from here (as `admission::admitted_at_once` reads the clock).
         entry
             .admitted_at
-            .store(pg::statement_start_timestamp(), Ordering::Relaxed);
+            .store(pg::now_timestamp(), Ordering::Relaxed);
     }
     entry.query_id.store(query_id, Ordering::Relaxed);
     // SAFETY: CurrentResourceOwner is a plain process-local global.

@@ -4,34 +4,37 @@ use super::shared_access::require_shared;
 use pgrx::prelude::*;
 
 /// One row per recent hit of a runaway-query rule (the last 64), oldest first; the
-/// `pg_stride.rule_hits` view. The query id and the value measured are NULL to a role
-/// that may not read the statistics of the statement's role (pg::may_read_stats_of), as
-/// pg_stat_statements hides another role's query ids and pg_stat_activity its times.
+/// `pg_stride.rule_hits` view. To a role that may not read the statistics of the
+/// statement's role (pg::may_read_stats_of), a hit shows its process only, as
+/// pg_stat_activity shows another role's backend without its times or state: when a
+/// rule was met, which group it was in and what the rule measured would tell how long
+/// another role's statement ran, and its query id what it ran, as pg_stat_statements
+/// hides it.
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]
 fn rule_hits_state() -> TableIterator<
     'static,
     (
-        name!(at_us, i64),
+        name!(at_us, Option<i64>),
         name!(pid, i32),
         name!(query_id, Option<i64>),
-        name!(group_name, String),
-        name!(rule, String),
-        name!(action, &'static str),
-        name!(dry_run, bool),
+        name!(group_name, Option<String>),
+        name!(rule, Option<String>),
+        name!(action, Option<&'static str>),
+        name!(dry_run, Option<bool>),
         name!(value, Option<i64>),
     ),
 > {
     let rows = require_shared().rule_hits.recent().into_iter().map(|hit| {
         let visible = crate::pg::may_read_stats_of(pg_sys::Oid::from(hit.userid));
         (
-            hit.at_us,
+            visible.then_some(hit.at_us),
             hit.pid,
             (visible && hit.query_id != 0).then_some(hit.query_id as i64),
-            hit.group(),
-            hit.rule.to_string(),
-            hit.rule.action.name(),
-            hit.dry_run,
+            visible.then(|| hit.group()),
+            visible.then(|| hit.rule.to_string()),
+            visible.then_some(hit.rule.action.name()),
+            visible.then_some(hit.dry_run),
             visible.then_some(hit.value.min(i64::MAX as u64) as i64),
         )
     });
