@@ -24,7 +24,7 @@ must have launched PostgreSQL's workers.
 Also: the pool's own baseline does not leak into a fragment (the pool workers connect as
 the bootstrap superuser), and a command that fails its permission check leaves the pool
 alone (ALTER DATABASE, DROP DATABASE, CREATE DATABASE … TEMPLATE by a non-owner), while
-the same commands by the owner are not blocked by the pool.
+the same commands by the owner are not blocked by the pool, nor by the groups loader.
 
 Starts its own temporary server; prints one line per check, then
 "pool_identity: N passed, N failed".
@@ -328,6 +328,22 @@ def database_commands_of_the_owner_are_not_blocked_by_the_pool(s):
     s.sql("DROP TABLESPACE regress_ts")
     print("    rename, template copy, set tablespace, drop: "
           + ", ".join(f"{t:.2f} s" for t in timings))
+
+
+@check
+def database_commands_are_not_blocked_by_the_groups_loader(s):
+    """The groups loader stays connected to pg_stride.database (postgres here) between
+    reloads; a copy of that database, which needs it to have no other session, is made
+    at once, and the loader is back within its restart time."""
+    loader = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_stride groups'"
+    s.wait_until(loader, "1")
+    warm_pool(s, "postgres")
+    started = time.monotonic()
+    _, error = run_as(s, "postgres", "CREATE DATABASE regress_loader_copy TEMPLATE postgres")
+    took = time.monotonic() - started
+    assert error is None and took < 4, (error, took)
+    s.sql("DROP DATABASE regress_loader_copy")
+    s.wait_until(loader, "1", timeout=30)
 
 
 def setup(s):

@@ -631,3 +631,39 @@ pub fn test_fault(name: &str) -> bool {
         false
     }
 }
+
+/// PROC_IS_AUTOVACUUM of storage/proc.h.
+const PROC_IS_AUTOVACUUM: u8 = 0x01;
+/// ProcArrayLock's place in MainLWLockArray (lwlocknames.txt, 15 to 18).
+const PROC_ARRAY_LOCK: usize = 4;
+
+/// Marks this background worker's PGPROC as an autovacuum worker while it is idle
+/// (`idle`), and unmarks it before it works in its database again. Commands that need
+/// a database nobody is connected to (DROP, RENAME, SET TABLESPACE, CREATE DATABASE …
+/// TEMPLATE) wait up to 5 s for its other backends to leave, and send SIGTERM to its
+/// autovacuum workers (`CountOtherDBBackends`): a worker marked so ends (and its
+/// restart time, over 5 s, lets the command through) rather than make the command
+/// fail. It must hold no lock while marked: the flag's other meaning (a lock waiter
+/// cancels an autovacuum worker that blocks it) must never apply to it.
+///
+/// # Safety
+/// In a background worker connected to a database, holding no LWLock, outside a
+/// transaction when `idle`.
+pub unsafe fn show_as_autovacuum(idle: bool) {
+    // SAFETY: the caller's promise; statusFlags and its mirror in ProcGlobal are
+    // written under ProcArrayLock held exclusively, as vacuum does.
+    unsafe {
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(PROC_ARRAY_LOCK)).lock;
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let me = pg_sys::MyProc;
+        if idle {
+            (*me).statusFlags |= PROC_IS_AUTOVACUUM;
+        } else {
+            (*me).statusFlags &= !PROC_IS_AUTOVACUUM;
+        }
+        *(*pg_sys::ProcGlobal)
+            .statusFlags
+            .add((*me).pgxactoff as usize) = (*me).statusFlags;
+        pg_sys::LWLockRelease(lock);
+    }
+}

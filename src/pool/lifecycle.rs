@@ -12,7 +12,8 @@
 //!   command that fails its permission check must not touch it. PostgreSQL waits up to
 //!   5 s for the other backends of such a database to leave and sends SIGTERM to its
 //!   autovacuum workers, after its own checks (`CountOtherDBBackends`): an idle pool
-//!   worker shows itself to that check as an autovacuum worker ([`show_idle`]). DROP
+//!   worker shows itself to that check as an autovacuum worker
+//!   ([`crate::pg::show_as_autovacuum`]). DROP
 //!   DATABASE … WITH (FORCE) first terminates every backend of the database, pool
 //!   workers included, and refuses to if the caller may not signal them; its drop
 //!   hook, which runs right after the ownership check, releases the pool first
@@ -255,36 +256,4 @@ pub fn release_database(database: pg_sys::Oid) {
         },
         Some(Instant::now() + Duration::from_secs(5)),
     );
-}
-
-/// PROC_IS_AUTOVACUUM of storage/proc.h.
-const PROC_IS_AUTOVACUUM: u8 = 0x01;
-/// ProcArrayLock's place in MainLWLockArray (lwlocknames.txt, 15 to 18).
-const PROC_ARRAY_LOCK: usize = 4;
-
-/// Marks this pool worker's PGPROC as an autovacuum worker while it is idle (`idle`)
-/// and unmarks it before it runs a fragment, so that PostgreSQL's
-/// `CountOtherDBBackends` ends it as it ends autovacuum workers (module comment). An
-/// idle pool worker holds no lock, so the other meaning of the flag (a lock waiter
-/// cancels an autovacuum worker that blocks it) never applies to it.
-///
-/// # Safety
-/// In a pool worker, holding no LWLock.
-pub(super) unsafe fn show_idle(idle: bool) {
-    // SAFETY: the caller's promise; statusFlags and its mirror in ProcGlobal are
-    // written under ProcArrayLock held exclusively, as vacuum does.
-    unsafe {
-        let lock = &raw mut (*pg_sys::MainLWLockArray.add(PROC_ARRAY_LOCK)).lock;
-        super::ffi::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let me = pg_sys::MyProc;
-        if idle {
-            (*me).statusFlags |= PROC_IS_AUTOVACUUM;
-        } else {
-            (*me).statusFlags &= !PROC_IS_AUTOVACUUM;
-        }
-        *(*pg_sys::ProcGlobal)
-            .statusFlags
-            .add((*me).pgxactoff as usize) = (*me).statusFlags;
-        super::ffi::LWLockRelease(lock);
-    }
 }

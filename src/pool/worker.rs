@@ -10,7 +10,7 @@ use super::ffi::*;
 use super::port::*;
 use super::shared::{self, pack, set_latch_of, Counter, Slot, State, MAX_TICKETS};
 use super::{identity, lifecycle, messages, settings, worker_settings};
-use crate::{cpu, shmem};
+use crate::{cpu, pg, shmem};
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
 use std::sync::atomic::Ordering;
@@ -167,7 +167,7 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
         pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null());
     }
     // SAFETY: holding no LWLock.
-    unsafe { lifecycle::show_idle(true) };
+    unsafe { pg::show_as_autovacuum(true) };
     if !slot.cas((gen, State::Connecting), (gen, State::Idle)) {
         return;
     }
@@ -182,7 +182,7 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
         if state == State::Posted && slot.cas((gen, State::Posted), (gen, State::Running)) {
             // SAFETY: the ticket is ours; holding no LWLock.
             unsafe {
-                lifecycle::show_idle(false);
+                pg::show_as_autovacuum(false);
                 run_ticket(pool, slot, gen);
             }
             continue;
@@ -603,7 +603,7 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             proc_exit(0);
         }
         LAST_USED_MS = shared::now_ms();
-        lifecycle::show_idle(true);
+        pg::show_as_autovacuum(true);
         slot.word.store(pack(gen, State::Idle), Ordering::Release);
     }
 }

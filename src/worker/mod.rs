@@ -185,6 +185,11 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
     // exited on purpose, pg_stride.pool_idle_timeout).
     let mut pool_mode = parallel::pool_mode();
     pool::prestart();
+    // Between reloads the loader is out of its database's way, as an idle pool worker
+    // is (pg::show_as_autovacuum): DROP DATABASE, ALTER DATABASE … RENAME and CREATE
+    // DATABASE … TEMPLATE end it rather than fail, and it comes back 10 s later.
+    // SAFETY: between transactions, holding no LWLock.
+    unsafe { pg::show_as_autovacuum(true) };
     while BackgroundWorker::wait_latch(retry.wait(Instant::now())) {
         if reload_config_if_signalled() && parallel::pool_mode() != pool_mode {
             pool_mode = parallel::pool_mode();
@@ -192,7 +197,11 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
         }
         let request = shared.groups.pending_reload();
         if retry.should_try(Instant::now(), request) {
+            // SAFETY: as above; marked again once the reload's transaction ended.
+            unsafe { pg::show_as_autovacuum(false) };
             let read = reload_groups(shared, request);
+            // SAFETY: as above.
+            unsafe { pg::show_as_autovacuum(true) };
             retry.record(Instant::now(), read, request);
         }
     }
