@@ -31,6 +31,9 @@ and in SCHED_OTHER again once alone and after its statement; a server that may n
 the class (RLIMIT_NICE 0, no CAP_SYS_NICE) never enters it. As root the check restarts
 the server with CAP_SYS_NICE for the second part, and without it after.
 
+A statement that fails while another of its backend's statements stays open (a FOR
+loop's query) gives its slot back.
+
 Settings: a reload applies a new slot count at once.
 
 Starts its own temporary server and prints one line per check, then
@@ -657,6 +660,31 @@ def a_reload_applies_a_new_slot_count_at_once(s):
     finally:
         concurrency.set_server(s, "pg_stride.cpu_slots", None)
     s.wait_until("SELECT cpu_slots FROM pg_stride.scheduler", "2", timeout=15)
+
+
+@check
+def a_statement_failing_beside_an_open_query_gives_its_slot_back(s):
+    """A PL/pgSQL FOR loop over a scheduled query whose body runs a scheduled statement
+    that fails in an exception block: each failure ends a run on a slot while the loop's
+    query stays open. Catches: the failed statement keeping the slot its run held, so
+    that with two slots the third iteration waited for its own slots until the timeout,
+    and no slot was ever free again."""
+    do = ("SET statement_timeout = '30s'; "
+          "DO $$ DECLARE r record; n int := 0; BEGIN "
+          "FOR r IN SELECT a FROM big WHERE a % 500000 = 0 LOOP "
+          "BEGIN PERFORM count(*) FROM big WHERE 1 / (a - 1000000) >= 0; "
+          "EXCEPTION WHEN division_by_zero THEN n := n + 1; END; END LOOP; "
+          "RAISE NOTICE 'caught %', n; END $$; "
+          "SELECT slots_in_use FROM pg_stride.scheduler")
+    started = time.monotonic()
+    out = s.run(*s.psql_args(do)[len(concurrency.AS_POSTGRES):], capture_output=True, text=True)
+    took = time.monotonic() - started
+    assert out.returncode == 0 and "caught 4" in out.stderr, (out.returncode, out.stderr)
+    assert out.stdout.strip() == "0", out.stdout
+    assert took < 25, f"took {took:.1f} s"
+    sessions, pids, _ = start_scans(s, 2)
+    finish_scans(sessions, pids)
+    print(f"    four failures beside the loop's query in {took:.1f} s")
 
 
 def setup(s):

@@ -210,15 +210,22 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         entry.paused.store(0, Ordering::Release);
     }
     let Some(sched) = shared.sched() else { return };
+    let mut stays = false;
     let last = MEMBER.with_borrow_mut(|member| {
         let m = member.as_mut()?;
         m.statements = m.statements.saturating_sub(1);
         if desc.is_some() && m.statements > 0 {
+            stays = true;
             return None;
         }
         member.take()
     });
-    let Some(mut m) = last else { return };
+    let Some(mut m) = last else {
+        if stays && failed {
+            slots::abandon_run(shared, sched);
+        }
+        return;
+    };
     member::disarm_countdown();
     numa::unbind();
     let Some(query) = m.query else { return };

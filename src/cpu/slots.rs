@@ -148,6 +148,31 @@ pub fn end_run(shared: &shmem::Shared) {
     }
 }
 
+/// A statement failed while other statements of this process stay scheduled (an open
+/// cursor, the query of a PL/pgSQL FOR loop whose body caught the error): the error may
+/// have cut short an ExecutorRun whose [`end_run`] never came. Gives back the slot that
+/// run held, or leaves the wait for one that a cancel ended, as the process's last
+/// statement would at its end; the process stays in its query for the statements that
+/// stay, and takes a slot again at their next run.
+pub(super) fn abandon_run(shared: &shmem::Shared, sched: &'static SchedShared) {
+    disarm_countdown();
+    let Some((proc, used)) = MEMBER.with_borrow_mut(|m| {
+        let m = m.as_mut()?;
+        m.query?;
+        let used = thread_cpu_ns().saturating_sub(m.slice_start_ns);
+        if m.held_since_ns.is_some() {
+            m.slice_used(used);
+            m.left_slot();
+        }
+        Some((m.proc, used))
+    }) else {
+        return;
+    };
+    let used = if sched.is_running(proc) { used } else { 0 };
+    let to = sched.stop(proc, used);
+    placement::slot_given_back(shared, proc, to, used);
+}
+
 /// Shows this process as paused (`pg_stride.activity`, `pg_stride.scheduler`).
 fn mark_paused(shared: &shmem::Shared) {
     if let Some(entry) = shared.my_entry() {

@@ -11,8 +11,8 @@ use std::sync::atomic::Ordering::*;
 use super::entries::*;
 use super::{SchedError, SchedShared, MAX_SLOT_NODES};
 use crate::decay::PriorityRange;
-use crate::predict::StartPolicy;
 use crate::ids::{GroupId, ProcId, QueryId, NONE};
+use crate::predict::StartPolicy;
 use crate::stride::stride;
 
 /// A group's settings (docs/design.md §1).
@@ -167,8 +167,10 @@ impl SchedShared {
         let priority = options.pinned_priority.map_or(range.p0, |p| p.max(1));
         qe.group.store(g.0, Relaxed);
         qe.p0.store(range.p0, Relaxed);
-        qe.d_start
-            .store(start.map_or(GROUP_D_START, |s| s.d_start.min(GROUP_D_START - 1)), Relaxed);
+        qe.d_start.store(
+            start.map_or(GROUP_D_START, |s| s.d_start.min(GROUP_D_START - 1)),
+            Relaxed,
+        );
         qe.p_min.store(range.p_min, Relaxed);
         qe.pinned
             .store(options.pinned_priority.is_some() as u32, Relaxed);
@@ -315,17 +317,26 @@ impl SchedShared {
         if q == NONE {
             return None;
         }
-        let wake = match pe.state.load(SeqCst) {
-            PROC_RUNNING => self.release(p, 0),
-            PROC_WAITING => self.withdraw(p),
-            _ => None,
-        };
+        let wake = self.stop(p, 0);
         let qe = self.query(QueryId(q));
         let member = pe.member.load(Relaxed);
         pe.query.store(NONE, Relaxed);
         qe.members_used.fetch_and(!(1u64 << member), AcqRel);
         qe.members.fetch_sub(1, AcqRel);
         wake
+    }
+
+    /// Process `p` stops competing for slots but stays a member of its query: it gives
+    /// back the slot it holds, charging the `used_ns` of CPU since its last check-in, or
+    /// withdraws the wait it is in. For a process whose run an error cut short while it
+    /// goes on working for the query (another statement of it stays open). Returns the
+    /// process handed the slot, for waking.
+    pub fn stop(&self, p: ProcId, used_ns: u64) -> Option<ProcId> {
+        match self.proc(p).state.load(SeqCst) {
+            PROC_RUNNING => self.release(p, used_ns),
+            PROC_WAITING => self.withdraw(p),
+            _ => None,
+        }
     }
 
     /// The query that process `p` works for.

@@ -432,6 +432,32 @@ fn leaving_while_waiting_or_running() {
 }
 
 #[test]
+fn stopping_gives_back_the_slot_or_the_wait_and_keeps_the_query() {
+    let s = region(1, Policy::FairStride);
+    let a = query_with(&s, 0, 0);
+    query_with(&s, 0, 1);
+    query_with(&s, 1, 2);
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.acquire(ProcId(1)), WAIT);
+    // A waiter stops: it is no longer chosen, and stays in its query.
+    assert_eq!(s.stop(ProcId(1), 0), None);
+    assert!(!s.is_running(ProcId(1)));
+    assert_eq!(s.acquire(ProcId(2)), WAIT);
+    // The holder stops: its slot goes to the remaining waiter; stopping again, or an
+    // idle process, changes nothing.
+    assert_eq!(s.stop(ProcId(0), SLICE), Some(ProcId(2)));
+    assert_eq!(s.stop(ProcId(0), SLICE), None);
+    assert_eq!(s.running(), 1);
+    assert_eq!(s.query_of(ProcId(0)), Some(a));
+    // It takes a slot again in turn, as one that had released it.
+    assert_eq!(s.acquire(ProcId(0)), WAIT);
+    assert_eq!(s.release(ProcId(2), SLICE), Some(ProcId(0)));
+    assert_eq!(s.release(ProcId(0), 0), None);
+    assert_eq!(s.running(), 0);
+    assert!(s.nobody_waits());
+}
+
+#[test]
 fn members_of_one_query_take_turns() {
     let s = region(1, Policy::FairStride);
     let q = s
