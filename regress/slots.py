@@ -665,10 +665,11 @@ def a_reload_applies_a_new_slot_count_at_once(s):
 @check
 def a_statement_failing_beside_an_open_query_gives_its_slot_back(s):
     """A PL/pgSQL FOR loop over a scheduled query whose body runs a scheduled statement
-    that fails in an exception block: each failure ends a run on a slot while the loop's
-    query stays open. Catches: the failed statement keeping the slot its run held, so
-    that with two slots the third iteration waited for its own slots until the timeout,
-    and no slot was ever free again."""
+    that fails in an exception block, and failures rolled back to a savepoint beside an
+    open cursor: each failure ends a run on a slot while another query stays open.
+    Catches: the failed statement keeping the slot its run held, so that with two slots
+    the third failure waited for its own slots until the timeout, and no slot was ever
+    free again."""
     do = ("SET statement_timeout = '30s'; "
           "DO $$ DECLARE r record; n int := 0; BEGIN "
           "FOR r IN SELECT a FROM big WHERE a % 500000 = 0 LOOP "
@@ -682,6 +683,19 @@ def a_statement_failing_beside_an_open_query_gives_its_slot_back(s):
     assert out.returncode == 0 and "caught 4" in out.stderr, (out.returncode, out.stderr)
     assert out.stdout.strip() == "0", out.stdout
     assert took < 25, f"took {took:.1f} s"
+    # The same beside an open cursor, each failure rolled back to a savepoint, as
+    # psql's ON_ERROR_ROLLBACK or a driver's autosave do.
+    fail = ("SAVEPOINT s;\nSELECT count(*) FROM big WHERE 1 / (a - 1000000) >= 0;\n"
+            "ROLLBACK TO s;\n")
+    script = ("\\set ON_ERROR_STOP 0\nSET statement_timeout = '30s';\nBEGIN;\n"
+              "DECLARE c CURSOR FOR SELECT a FROM big WHERE a % 500000 = 0;\n"
+              "FETCH 1 FROM c;\n" + fail * 3 + "FETCH ALL FROM c;\nCOMMIT;\n"
+              "SELECT slots_in_use FROM pg_stride.scheduler;\n")
+    out = s.run(*s.psql_args(None)[len(concurrency.AS_POSTGRES):], input=script,
+                capture_output=True, text=True)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ERROR")]
+    assert errors == ["ERROR:  division by zero"] * 3, out.stderr
+    assert out.stdout.split() == ["500000", "1000000", "1500000", "2000000", "0"], out.stdout
     sessions, pids, _ = start_scans(s, 2)
     finish_scans(sessions, pids)
     print(f"    four failures beside the loop's query in {took:.1f} s")
