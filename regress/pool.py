@@ -651,6 +651,34 @@ def explain_shows_stride_gathers_and_per_worker_figures(s):
 
 
 @check
+def a_limit_met_early_lets_the_pool_workers_stop_as_postgresqls_do(s):
+    """A LIMIT met while pool workers still send rows ends the round as PostgreSQL ends
+    its own workers': their tuple queues are detached and they stop at their next row,
+    uncancelled, and give EXPLAIN ANALYZE their figures; the scan's filter takes a value
+    the leader computed (an initPlan's parameter). Catches: the round ended only by the
+    DSM-detach callback, after PostgreSQL had freed the parameters sent to the workers
+    (which a worker that had not started yet would read freed), cancelling every
+    worker still running and losing its figures."""
+    pids = full_pool(s)
+    no_leader = "SET parallel_leader_participation = off;"
+    queries = ["SELECT a FROM s1.t LIMIT 10",
+               "SELECT a FROM s1.t WHERE b >= (SELECT floor(random())::int) LIMIT 10"]
+    before = counters(s)
+    for sql in queries:
+        plan = explain_json(s, sql, no_leader)
+        [gather] = stride_gathers(plan)
+        assert gather["Pool"] == "used" and plan["Actual Rows"] == 10, gather
+        [scan] = [n for n in plan_nodes(plan) if n["Node Type"] == "Seq Scan"]
+        assert scan.get("Workers"), scan
+        for _ in range(10):
+            assert len(s.sql(f"{no_leader} {sql}").split()) == 10
+    assert counted(s, before, "gathers_pooled") == 22, counters(s)
+    assert counted(s, before, "cancels_sent") == 0, counters(s)
+    assert counted(s, before, "fragments_error") == 0, counters(s)
+    assert_pool_clean(s, pids)
+
+
+@check
 def explain_says_why_a_stride_gather_ran_without_the_pool(s):
     """The fallbacks show in EXPLAIN ANALYZE VERBOSE: a leader with an XID, and a plan
     cached in pool mode run after parallel_mode was set to native."""

@@ -23,7 +23,8 @@
 //! frames hold nothing with a destructor, and they call PostgreSQL through `ffi`.
 
 use super::ffi::*;
-use super::gathers;
+use super::shared;
+use super::{gathers, tickets};
 use super::port::{exec_proc_node, raise, INTERNAL_ERROR};
 use crate::plan_tree::{self, STRIDE_GATHER, STRIDE_GATHER_MERGE};
 use pgrx::pg_sys;
@@ -254,6 +255,14 @@ unsafe extern "C-unwind" fn shutdown(node: *mut pg_sys::CustomScanState) {
         let inner = inner_of(node);
         if inner.is_null() {
             return;
+        }
+        // A round the Gather ended early (a LIMIT met) ends before PostgreSQL's shutdown
+        // of the Gather: that waits only for its own workers (none in a pool round) and
+        // then frees the parameters sent to the workers, which a pool worker that has
+        // not started its fragment yet would read freed.
+        let pg = gathers::lookup(inner);
+        if let (false, Some(pool)) = (pg.is_null(), shared::shared()) {
+            tickets::wait_round(pool, pg, false, false);
         }
         if (*inner).type_ == pg_sys::NodeTag::T_GatherState {
             ExecShutdownGather(inner.cast());

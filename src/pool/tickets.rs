@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 /// After this long waiting for cancelled pool workers, they get SIGTERM.
 const TERM_AFTER: Duration = Duration::from_secs(5);
 
+/// After this long waiting for the workers of a round ended early to stop at their
+/// detached tuple queues, the fragments still running are cancelled.
+const CANCEL_AFTER: Duration = Duration::from_secs(1);
+
 /// The leader's own part of a Gather or Gather Merge (`ps`, with its parallel executor
 /// info `pei`, null when no parallel context was built; `pg`, the pool's state of it):
 /// runs the child plan for one tuple with the context's DSA area installed, as
@@ -455,10 +459,15 @@ fn cancel_ticket(pool: &PoolShared, slot: &Slot, gen: u64) {
     }
 }
 
-/// Waits until every ticket of the round is done, cancelling those whose worker has
-/// not finished (no 'X'); SIGTERM after [`TERM_AFTER`]. Never raises an ERROR: runs
-/// with interrupts held, from the DSM-detach callback during an abort too, where only
-/// TopTransactionContext memory may be touched (`in_callback`).
+/// Waits until every ticket of the round is done. `cancel`: cancels at once the
+/// fragments whose worker has not finished (no 'X'). Otherwise, as PostgreSQL ends its
+/// own workers' round when the Gather is shut down early (a LIMIT met): the tuple
+/// queues are detached, so that a worker stops at its next tuple and reports its
+/// figures to EXPLAIN ANALYZE; tickets not taken yet are revoked, and fragments still
+/// running after [`CANCEL_AFTER`] are cancelled. SIGTERM after a further [`TERM_AFTER`].
+/// Never raises an ERROR: runs with interrupts held, from the DSM-detach callback during
+/// an abort too, where only TopTransactionContext memory may be touched
+/// (`in_callback`).
 pub(super) unsafe fn wait_round(
     pool: &PoolShared,
     pg: *mut PoolGather,
@@ -475,14 +484,17 @@ pub(super) unsafe fn wait_round(
         if !in_callback {
             detach_tqueues(pg);
         }
-        if cancel {
+        let cancel_unfinished = |only_untaken: bool| {
             for i in 0..(*pg).nslots {
                 let slot = &pool.slots[(*pg).slot[i]];
-                if !(*pg).got_x[i] && !slot.done((*pg).gen[i]) {
+                let untaken = slot.load() == ((*pg).gen[i], State::Posted);
+                if !(*pg).got_x[i] && !slot.done((*pg).gen[i]) && (untaken || !only_untaken) {
                     cancel_ticket(pool, slot, (*pg).gen[i]);
                 }
             }
-        }
+        };
+        cancel_unfinished(!cancel);
+        let mut cancelled_at = cancel.then(Instant::now);
         let start = Instant::now();
         let mut escalated = false;
         loop {
@@ -492,7 +504,11 @@ pub(super) unsafe fn wait_round(
             if (0..(*pg).nslots).all(|i| pool.slots[(*pg).slot[i]].done((*pg).gen[i])) {
                 break;
             }
-            if !escalated && start.elapsed() > TERM_AFTER {
+            if cancelled_at.is_none() && start.elapsed() > CANCEL_AFTER {
+                cancel_unfinished(false);
+                cancelled_at = Some(Instant::now());
+            }
+            if !escalated && cancelled_at.is_some_and(|at| at.elapsed() > TERM_AFTER) {
                 escalated = true;
                 for i in 0..(*pg).nslots {
                     let slot = &pool.slots[(*pg).slot[i]];
