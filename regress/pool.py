@@ -279,7 +279,7 @@ def a_gather_merge_runs_in_the_pool_and_keeps_its_order(s):
                     (i, g, e) for i, (g, e) in enumerate(zip(got + [None], expected)) if g != e)
                 runs += 1
         assert counted(s, before, "gathers_pooled") == 10, counters(s)
-        # (with the LIMIT, the leader cancels the fragments once it has its rows)
+        # (with the LIMIT, the workers stop at their next row once the leader has its rows)
         assert counted(s, before, "fragments_entered") >= 10, counters(s)
     assert_pool_clean(s, pids)
     print(f"    {runs} of {runs} results in the serial order ({len(MERGES)} queries), "

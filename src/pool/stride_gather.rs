@@ -23,9 +23,9 @@
 //! frames hold nothing with a destructor, and they call PostgreSQL through `ffi`.
 
 use super::ffi::*;
+use super::port::{exec_proc_node, raise, INTERNAL_ERROR};
 use super::shared;
 use super::{gathers, tickets};
-use super::port::{exec_proc_node, raise, INTERNAL_ERROR};
 use crate::plan_tree::{self, STRIDE_GATHER, STRIDE_GATHER_MERGE};
 use pgrx::pg_sys;
 use std::ffi::c_int;
