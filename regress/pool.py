@@ -679,6 +679,20 @@ def a_limit_met_early_lets_the_pool_workers_stop_as_postgresqls_do(s):
 
 
 @check
+def a_fragments_statistics_count_at_its_end(s):
+    """The rows pool workers scanned count in pg_stat_user_tables once their fragments
+    end, as PostgreSQL's workers' do when they exit, while the pool workers live on.
+    Catches: a pool worker holding its statistics back until it exits."""
+    pids = full_pool(s)
+    read = "SELECT seq_tup_read FROM pg_stat_user_tables WHERE relid = 's1.t'::regclass"
+    before = int(s.sql(read))
+    s.sql("SET parallel_leader_participation = off; SELECT count(*) FROM s1.t")
+    s.wait_until(f"SELECT seq_tup_read - {before} FROM pg_stat_user_tables "
+                 "WHERE relid = 's1.t'::regclass", "200000", timeout=5)
+    assert pool_pids(s) == pids, (pool_pids(s), pids)
+
+
+@check
 def explain_says_why_a_stride_gather_ran_without_the_pool(s):
     """The fallbacks show in EXPLAIN ANALYZE VERBOSE: a leader with an XID, and a plan
     cached in pool mode run after parallel_mode was set to native."""

@@ -592,6 +592,10 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
             FRAG.retire = true;
             pool.count(Counter::RetiredForSettings);
         }
+        // The fragment's statistics (its scans, tuples, blocks, temporary files) are
+        // flushed now, as a parallel worker's are when it exits: a pool worker that
+        // lives on would hold them back while it serves, and until it exits.
+        pg_sys::pgstat_report_stat(true);
         pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null());
         pg_sys::CurrentMemoryContext = pg_sys::TopMemoryContext;
         MemoryContextReset(FRAGMENT_CONTEXT);
