@@ -693,6 +693,45 @@ def a_fragments_statistics_count_at_its_end(s):
 
 
 @check
+def a_workers_notices_keep_the_databases_encoding(s):
+    """In a UTF8 database whose client_encoding is set to LATIN1 (ALTER DATABASE … SET),
+    a notice with characters LATIN1 lacks, raised in pool workers, reaches a UTF8
+    client whole, also after the pool workers went back to their own settings (a
+    reload). Catches: a pool worker converting its messages to the client_encoding its
+    own settings restore, which the leader reads as the database's: the second round
+    failed in the workers ("has no equivalent in encoding LATIN1")."""
+    s.sql("CREATE DATABASE regress_utf8 TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'")
+    s.sql("ALTER DATABASE regress_utf8 SET client_encoding = 'LATIN1'")
+
+    def run(sql):
+        args = s.psql_args(sql)
+        args[args.index("-d") + 1] = "regress_utf8"
+        return s.run("env", "PGCLIENTENCODING=UTF8", *args[len(concurrency.AS_POSTGRES):],
+                     capture_output=True)
+
+    try:
+        out = run("CREATE TABLE t AS SELECT g AS a FROM generate_series(1, 100000) g; ANALYZE t; "
+                  "CREATE FUNCTION greet(int) RETURNS bool LANGUAGE plpgsql PARALLEL SAFE AS "
+                  "$$BEGIN IF $1 % 50000 = 0 THEN RAISE NOTICE 'Grüße € %', $1; END IF; "
+                  "RETURN true; END$$")
+        assert out.returncode == 0, out.stderr
+        sql = "SET parallel_leader_participation = off; SELECT count(*) FROM t WHERE greet(a)"
+        for round_ in range(3):
+            out = run(sql)
+            notices = sorted(line for line in out.stderr.decode("utf-8", "replace").splitlines()
+                             if line.startswith("NOTICE"))
+            assert out.returncode == 0 and out.stdout.decode().strip() == "100000", (round_, out)
+            assert notices == ["NOTICE:  Grüße € 100000", "NOTICE:  Grüße € 50000"], (round_, notices)
+            pooled = s.sql("SELECT count(*) FROM pg_stride.pool WHERE datname = 'regress_utf8'")
+            assert int(pooled) > 0, pooled
+            s.sql("SELECT pg_reload_conf()")
+            time.sleep(0.5)
+    finally:
+        s.sql("SELECT pg_terminate_backend(pid) FROM pg_stride.pool WHERE datname = 'regress_utf8'")
+        s.sql("DROP DATABASE regress_utf8 WITH (FORCE)")
+
+
+@check
 def explain_says_why_a_stride_gather_ran_without_the_pool(s):
     """The fallbacks show in EXPLAIN ANALYZE VERBOSE: a leader with an XID, and a plan
     cached in pool mode run after parallel_mode was set to native."""

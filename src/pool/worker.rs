@@ -152,7 +152,7 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
         // The bootstrap superuser, between fragments; each fragment takes its leader's
         // identity (identity.rs).
         pg_sys::BackgroundWorkerInitializeConnectionByOid(database.into(), pg_sys::InvalidOid, 0);
-        SetClientEncoding(GetDatabaseEncoding());
+        worker_settings::keep_database_encoding();
         FrontendProtocol = PG_PROTOCOL_LATEST;
         FRAGMENT_CONTEXT = pg_sys::AllocSetContextCreateInternal(
             pg_sys::TopMemoryContext,
@@ -246,6 +246,7 @@ unsafe fn reload_config_if_pending() {
             pg_sys::ConfigReloadPending = 0;
             worker_settings::back_to_baseline();
             ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+            worker_settings::keep_database_encoding();
             worker_settings::take_baseline();
         }
     }

@@ -151,7 +151,24 @@ pub(super) unsafe fn back_to_baseline() {
         RestoreGUCState(BASELINE_GUC.cast());
         CommitTransactionCommand();
         pg_sys::InitializingParallelWorker = initializing;
+        keep_database_encoding();
         IN_FORCE = InForce::Baseline;
+    }
+}
+
+/// Sends this process's messages to leaders in the database's encoding again, as a
+/// parallel worker does (ParallelWorkerMain), which is what a leader reads them in.
+/// Between fragments this process is no parallel worker, so a `client_encoding` that
+/// its own settings restore (`ALTER DATABASE … SET`, postgresql.conf) takes effect:
+/// the notices and errors of its next fragments would reach the leader converted to
+/// that encoding, garbled, or fail in the worker for a character it lacks.
+///
+/// # Safety
+/// In a pool worker.
+pub(super) unsafe fn keep_database_encoding() {
+    // SAFETY: the caller's promise; the database's encoding is always a valid one.
+    unsafe {
+        SetClientEncoding(GetDatabaseEncoding());
     }
 }
 
