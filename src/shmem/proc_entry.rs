@@ -56,7 +56,8 @@ pub struct ProcEntry {
     pub checkins: AtomicU32,
     /// The share of its last slice's wall-clock time this holder ran, ‰, and when that
     /// slice ended (CLOCK_MONOTONIC ns; 0 = no share to go by), published at its slice
-    /// ends with pinned slots (`slice_share::publish`).
+    /// ends with pinned slots (`slice_share::publish`). A holder that swaps CPUs with
+    /// this one withdraws its share (stores 0 in `slice_share_at_ns`, `slice_share::moved`).
     pub slice_ran_permille: AtomicU32,
     pub slice_share_at_ns: AtomicU64,
     /// When the statement that registered `cpu_query` arrived (before admission) and
