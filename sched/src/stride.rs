@@ -10,12 +10,35 @@
 //!
 //! Passes live in `u64` and wrap; they are compared by signed difference
 //! ([`pass_before`]), which is exact while the spread of live passes stays below
-//! 2^63 — at the lowest priority (1) one second of CPU advances a pass by about 2^50.
+//! 2^63 — at the lowest priority (1) one second of CPU advances a pass by about 2^50,
+//! so a query that runs for hours at priority 1 beside queries of high priority, which
+//! keep its group's virtual time almost still, would get there. Each pass is therefore
+//! kept within [`MAX_LAG`] of the virtual time it competes at ([`bounded`]): as it is
+//! charged, and when it starts waiting. A query that far ahead is last in any case,
+//! and one that far behind first.
 
 use std::cmp::Ordering;
 
 /// `K`: the stride of priority 1.
 pub const STRIDE_ONE: u64 = 1 << 40;
+
+/// How far a pass may lead or trail its virtual time: a quarter of the range over
+/// which signed differences order passes, so that two passes bounded by one virtual
+/// time are always ordered right (about 2,000 s of CPU at priority 1).
+pub const MAX_LAG: u64 = 1 << 61;
+
+/// `pass` brought within [`MAX_LAG`] of the virtual time `vtime`.
+#[inline]
+pub fn bounded(pass: u64, vtime: u64) -> u64 {
+    let lead = pass.wrapping_sub(vtime) as i64;
+    if lead > MAX_LAG as i64 {
+        vtime.wrapping_add(MAX_LAG)
+    } else if lead < -(MAX_LAG as i64) {
+        vtime.wrapping_sub(MAX_LAG)
+    } else {
+        pass
+    }
+}
 
 /// Right shift applied to `used_ns · stride` when charging.
 pub const CHARGE_SHIFT: u32 = 20;
@@ -48,6 +71,24 @@ pub fn pass_before(a: u64, b: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bounded_keeps_a_pass_within_the_lag_of_its_virtual_time_across_the_wrap() {
+        let v = u64::MAX - 5;
+        assert_eq!(bounded(v.wrapping_add(10), v), v.wrapping_add(10));
+        assert_eq!(bounded(v.wrapping_sub(10), v), v.wrapping_sub(10));
+        assert_eq!(
+            bounded(v.wrapping_add(MAX_LAG + 1), v),
+            v.wrapping_add(MAX_LAG)
+        );
+        assert_eq!(
+            bounded(v.wrapping_sub(MAX_LAG + 1), v),
+            v.wrapping_sub(MAX_LAG)
+        );
+        // A lead past 2^63 reads as a trail: bounded, it is still behind.
+        let far = v.wrapping_add((1 << 63) + 1);
+        assert!(pass_before(bounded(far, v), v));
+    }
 
     /// Equal up to the rounding of the fixed-point arithmetic.
     fn close(a: u64, b: u64) -> bool {

@@ -22,9 +22,23 @@ use std::sync::atomic::Ordering::*;
 use super::entries::{QueryEntry, GROUP_D_START, OWN_DECAY_LAMBDA, OWN_DECAY_START};
 use super::{Policy, SchedShared};
 use crate::decay::{DecayParams, PriorityRange};
-use crate::predict::{self, StartPolicy};
 use crate::ids::ProcId;
-use crate::stride::{charge, stride};
+use crate::predict::{self, StartPolicy};
+use crate::stride::{bounded, charge, stride};
+
+/// Adds `by` to `value`, returning the sum.
+fn add(value: &AtomicU64, by: u64) -> u64 {
+    value.fetch_add(by, Relaxed).wrapping_add(by)
+}
+
+/// Keeps `pass`, just made `now`, within [`crate::stride::MAX_LAG`] of `vtime` ([`bounded`]). A charge
+/// another process of the query adds meanwhile may be lost: only to a pass at the bound.
+pub(super) fn bound(pass: &AtomicU64, now: u64, vtime: u64) {
+    let within = bounded(now, vtime);
+    if within != now {
+        pass.store(within, Relaxed);
+    }
+}
 
 impl SchedShared {
     pub(super) fn charge(&self, p: ProcId, used_ns: u64) {
@@ -37,16 +51,18 @@ impl SchedShared {
             return;
         }
         let ge = &self.groups()[qe.group.load(Relaxed) as usize];
-        qe.pass
-            .fetch_add(charge(used_ns, qe.stride.load(Relaxed)), Relaxed);
-        ge.pass
-            .fetch_add(charge(used_ns, ge.stride.load(Relaxed)), Relaxed);
-        ge.vtime
-            .fetch_add(charge(used_ns, stride(ge.prio_sum.load(Relaxed))), Relaxed);
-        self.group_vtime.0.fetch_add(
-            charge(used_ns, stride(self.weight_sum.load(Relaxed))),
-            Relaxed,
+        let q_pass = add(&qe.pass, charge(used_ns, qe.stride.load(Relaxed)));
+        let g_pass = add(&ge.pass, charge(used_ns, ge.stride.load(Relaxed)));
+        let vtime = add(
+            &ge.vtime,
+            charge(used_ns, stride(ge.prio_sum.load(Relaxed))),
         );
+        let group_vtime = add(
+            &self.group_vtime.0,
+            charge(used_ns, stride(self.weight_sum.load(Relaxed))),
+        );
+        bound(&qe.pass, q_pass, vtime);
+        bound(&ge.pass, g_pass, group_vtime);
         if policy == Policy::DecayingStride && qe.pinned.load(Relaxed) == 0 {
             self.apply_decay(qe, &ge.prio_sum, before, used_ns);
         }

@@ -272,6 +272,32 @@ fn pinned_and_group_priorities() {
 }
 
 #[test]
+fn a_query_far_ahead_of_its_group_stays_behind_a_newcomer() {
+    // Passes live in u64 and are compared by signed difference. A query pinned at
+    // priority 1 runs for 9,000 s of CPU (2^50 pass units a second) beside a registered
+    // query of priority 10,000 that keeps its group's virtual time, where newcomers
+    // start, almost still: its lead passes 2^63 unless bounded, and it would come
+    // before every newcomer.
+    let s = region(1, Policy::DecayingStride);
+    let pinned = |priority| QueryOptions {
+        pinned_priority: Some(priority),
+        ..Default::default()
+    };
+    let long = s.register_query(GroupId(0), pinned(1)).unwrap();
+    s.join(ProcId(0), long).unwrap();
+    let high = s.register_query(GroupId(0), pinned(10_000)).unwrap();
+    s.join(ProcId(1), high).unwrap();
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    for _ in 0..9 {
+        assert_eq!(s.end_slice(ProcId(0), 1_000_000_000_000), RUN);
+    }
+    query_with(&s, 0, 2);
+    assert_eq!(s.acquire(ProcId(2)), WAIT);
+    let out = s.end_slice(ProcId(0), SLICE);
+    assert_eq!((out.turn, out.wake), (Turn::Wait, Some(ProcId(2))));
+}
+
+#[test]
 fn a_holders_priority_is_known_while_it_holds_its_slot() {
     let s = region(1, Policy::DecayingStride);
     let queries = [query_with(&s, 0, 0), query_with(&s, 0, 1)];

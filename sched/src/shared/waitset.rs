@@ -14,6 +14,7 @@
 use std::cmp::Ordering;
 use std::sync::atomic::Ordering::*;
 
+use super::charge::bound;
 use super::entries::*;
 use super::{chaos, Policy, SchedShared};
 use crate::ids::{ProcId, QueryId};
@@ -35,6 +36,15 @@ impl SchedShared {
         if !keep_steal && qe.may_steal.load(Relaxed) & bit != 0 {
             qe.may_steal.fetch_and(!bit, SeqCst);
         }
+        // A query that did not run for long (a cursor between its fetches) may trail its
+        // group by more than the passes can order (stride.rs).
+        let ge = &self.groups()[g];
+        bound(&qe.pass, qe.pass.load(Relaxed), ge.vtime.load(Relaxed));
+        bound(
+            &ge.pass,
+            ge.pass.load(Relaxed),
+            self.group_vtime.0.load(Relaxed),
+        );
         pe.state.store(PROC_WAITING, SeqCst);
         qe.waiting.fetch_or(bit, SeqCst);
         chaos::point();
