@@ -275,9 +275,12 @@ def a_move_rule_gives_the_statement_its_new_groups_weight(s):
         same = race(s)
         set_rules(s, "cpu_time > 200ms: move slow")
         since = now(s)
-        seen, drops = [], []
+        seen, drops, totals = [], [], []
+        cpu = ("SELECT string_agg(cpu_time_ms::text, ' ' ORDER BY name) FROM pg_stride.groups "
+               f"WHERE name IN ('{GROUP}', 'slow')")
 
         def watch():
+            totals.append([float(x) for x in s.sql(cpu).split()])
             seen.append(s.sql(f"SELECT \"group\" || ' ' || coalesce(cpu_group, '-') "
                               f"FROM pg_stride.activity WHERE usename = '{APP}'"))
             # The group a statement was moved to is in use while it runs there.
@@ -288,6 +291,12 @@ def a_move_rule_gives_the_statement_its_new_groups_weight(s):
                     drops.append(str(e))
         moved = race(s, watch)
         assert "watched slow" in seen, seen
+        # Each group's CPU total only grows (Prometheus reads a drop as a reset); the
+        # CPU used before the move stays with the group the statement left.
+        for before, after in zip(totals, totals[1:]):
+            assert after[0] >= before[0] and after[1] >= before[1], (before, after)
+        # (ordered by name: slow, watched)
+        assert totals[-1][1] - totals[0][1] >= 200 and totals[-1][0] > totals[0][0], totals
         assert len(drops) == 1 and 'resource group "slow" is in use' in drops[0], drops
         h = hits(s, since)
         assert [x[:2] for x in h] == [["cpu_time > 200ms: move slow", "move"]], h

@@ -291,10 +291,8 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
             let _lock = shared.registration_lock();
             sched.unregister_query(query)
         };
-        match (freed, snapshot) {
-            (Ok(()), Some(s)) => shared.groups.add_cpu(s.group.0 as usize, s.cpu_ns),
-            (Ok(()), None) => {}
-            (Err(_), _) => shared.orphan_query(query),
+        if freed.is_err() {
+            shared.orphan_query(query);
         }
     }
 }
@@ -306,15 +304,8 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
 pub fn reclaim(shared: &shmem::Shared) {
     let Some(sched) = shared.sched() else { return };
     shared.free_orphans(|query| {
-        let snapshot = sched.query_snapshot(query);
-        let freed = {
-            let _lock = shared.registration_lock();
-            sched.unregister_query(query).is_ok()
-        };
-        if let (true, Some(s)) = (freed, snapshot) {
-            shared.groups.add_cpu(s.group.0 as usize, s.cpu_ns);
-        }
-        freed
+        let _lock = shared.registration_lock();
+        sched.unregister_query(query).is_ok()
     });
 }
 

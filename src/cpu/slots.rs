@@ -144,7 +144,17 @@ pub fn end_run(shared: &shmem::Shared) {
     };
     if sched.is_running(proc) {
         let to = sched.release(proc, used);
+        count_group_cpu(shared, sched, proc, used);
         placement::slot_given_back(shared, proc, to, used);
+    }
+}
+
+/// Adds `used_ns`, just charged to `proc`'s query, to its group's CPU total
+/// (`pg_stride.groups.cpu_time_ms`) as it is charged: the total never goes back, and a
+/// statement that a rule moves leaves the CPU it used so far to its first group.
+fn count_group_cpu(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, used_ns: u64) {
+    if let Some(group) = sched.group_of(proc).filter(|_| used_ns > 0) {
+        shared.groups.add_cpu(group.0 as usize, used_ns);
     }
 }
 
@@ -170,6 +180,7 @@ pub(super) fn abandon_run(shared: &shmem::Shared, sched: &'static SchedShared) {
     };
     let used = if sched.is_running(proc) { used } else { 0 };
     let to = sched.stop(proc, used);
+    count_group_cpu(shared, sched, proc, used);
     placement::slot_given_back(shared, proc, to, used);
 }
 
@@ -346,6 +357,7 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
     // free until its next steal timeout or the watchdog's dispatch.
     let stealer = sched.away_from_home(proc);
     let outcome = sched.end_slice(proc, used_ns);
+    count_group_cpu(shared, sched, proc, used_ns);
     let gave_up = (outcome.turn == Turn::Wait).then_some(proc);
     // Before the wake-up: from then on the receiver may have this CPU, and the time this
     // process still needs to get to its pause (the receiver may preempt it on their

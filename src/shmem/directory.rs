@@ -55,7 +55,7 @@ impl GroupSlot {
 pub struct GroupCounters {
     /// Statements admitted.
     pub admitted: AtomicU64,
-    /// CPU time charged to the group's finished queries, ns.
+    /// CPU time charged to the group's queries, ns, slice by slice: it only grows.
     pub cpu_ns: AtomicU64,
     /// Statements that gave up waiting at `pg_stride.queue_timeout`.
     pub timed_out: AtomicU64,
@@ -194,7 +194,7 @@ impl GroupDirectory {
         })
     }
 
-    /// Adds the CPU time of a finished query to group slot `slot`.
+    /// Adds CPU time just charged to a query of group slot `slot`.
     pub fn add_cpu(&self, slot: usize, ns: u64) {
         if let Some(c) = self.counters.get(slot) {
             c.cpu_ns.fetch_add(ns, Ordering::Relaxed);

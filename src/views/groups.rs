@@ -43,18 +43,6 @@ fn groups_state() -> TableIterator<
     ),
 > {
     let shared = require_shared();
-    let mut live_cpu_ns = [0u64; shmem::MAX_GROUPS];
-    if let Some(sched) = shared.sched() {
-        for entry in shared.procs() {
-            let q = entry.cpu_query.load(Ordering::Acquire);
-            if let Some(s) = (q != 0)
-                .then(|| sched.query_snapshot(pg_stride_sched::QueryId(q - 1)))
-                .flatten()
-            {
-                live_cpu_ns[(s.group.0 as usize).min(shmem::MAX_GROUPS - 1)] += s.cpu_ns;
-            }
-        }
-    }
     let mut active = [0i64; shmem::MAX_GROUPS];
     // Admissions that processes counted and have not added to the group's counter.
     let mut pending = [0u64; shmem::MAX_GROUPS];
@@ -104,7 +92,7 @@ fn groups_state() -> TableIterator<
                 ms(c.queue_time_us.load(Ordering::Relaxed)),
                 c.queue_time_quantile_us(admitted, 0.5).map(ms),
                 c.queue_time_quantile_us(admitted, 0.99).map(ms),
-                (c.cpu_ns.load(Ordering::Relaxed) + live_cpu_ns[slot]) as f64 / 1e6,
+                c.cpu_ns.load(Ordering::Relaxed) as f64 / 1e6,
                 memory[slot].reserved_kb as i64,
                 memory[slot].waiting_kb as i64,
                 c.rule_hits.load(Ordering::Relaxed) as i64,

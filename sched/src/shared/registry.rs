@@ -347,6 +347,12 @@ impl SchedShared {
         }
     }
 
+    /// The group of the query that process `p` works for.
+    pub fn group_of(&self, p: ProcId) -> Option<GroupId> {
+        let q = self.query_of(p)?;
+        Some(GroupId(self.query(q).group.load(Relaxed)))
+    }
+
     /// A view of query `q`, or `None` when the entry is free.
     pub fn query_snapshot(&self, q: QueryId) -> Option<QuerySnapshot> {
         let qe = self.query(q);
