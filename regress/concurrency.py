@@ -830,8 +830,12 @@ def reads_too_small_to_admit_run_at_once_beside_a_full_group(s):
     # could run longer than its plan's cost says still queues: a lookup that calls a
     # user-defined function, or a built-in one by name (pg_sleep), functions in FROM, a
     # statement without FROM; a plan that is not tiny; the queries of a DO block (also
-    # after it rolled back its transaction) and of CREATE TABLE AS (a utility runs them).
-    with Judging(s, "TRUNCATE scratch") as judging:
+    # after it rolled back its transaction) and of CREATE TABLE AS (a utility runs them);
+    # a cast through text into an array of a domain, whose CHECK calls a function (the
+    # plan records no dependency on the domain).
+    s.sql("CREATE FUNCTION small_check(int) RETURNS bool LANGUAGE plpgsql IMMUTABLE AS "
+          "'BEGIN RETURN true; END'; CREATE DOMAIN small_d AS int CHECK (small_check(VALUE))")
+    with Judging(s, "TRUNCATE scratch; DROP DOMAIN small_d; DROP FUNCTION small_check(int)") as judging:
         judging.hold(10)
         judging.answer_at_once("lookups", [
             ("SELECT v FROM big WHERE id = 7", "7"),
@@ -845,7 +849,8 @@ def reads_too_small_to_admit_run_at_once_beside_a_full_group(s):
                            "DO $$ BEGIN PERFORM v FROM big WHERE id = 7; END $$",
                            # After a ROLLBACK inside it, the block runs on.
                            "DO $$ BEGIN ROLLBACK; PERFORM v FROM big WHERE id = 7; END $$",
-                           "CREATE TEMP TABLE looked_up AS SELECT v FROM big WHERE id = 7"])
+                           "CREATE TEMP TABLE looked_up AS SELECT v FROM big WHERE id = 7",
+                           "SELECT ('{' || v || '}')::small_d[] FROM big WHERE id = 7"])
 
 
 @check
@@ -1016,7 +1021,7 @@ def a_read_too_small_to_admit_that_ran_long_twice_is_admitted(s):
     # admission, and run long (over ten slices of 0.5 ms: 5 ms); the third is admitted,
     # so it queues. Each run is in a new connection, as an application that connects per
     # request sends it: what ran long is known server-wide, or such a read would never
-    # be admitted.
+    # be admitted; with a comment added, it queues too.
     s.sql("CREATE TABLE stale (id int, v int) WITH (autovacuum_enabled = false); "
           "INSERT INTO stale SELECT g, g FROM generate_series(1, 300000) g; "
           "CREATE INDEX ON stale (v); ANALYZE stale; UPDATE stale SET v = 1; "
@@ -1031,6 +1036,9 @@ def a_read_too_small_to_admit_that_ran_long_twice_is_admitted(s):
                 assert judging.answered_in("SELECT count(*) FROM stale WHERE v = 1", 0.005) == "300000", run
                 judging.reconnect()
             assert judging.queued("SELECT count(*) FROM stale WHERE v = 1")
+            # A comment that changes with each request does not make another statement
+            # of it, which would run unadmitted twice more.
+            assert judging.queued("SELECT count(*) /* request 18 */ FROM stale WHERE v = 1")
     except BaseException:
         s.sql("DROP TABLE IF EXISTS stale")
         raise

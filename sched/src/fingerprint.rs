@@ -7,13 +7,16 @@
 //! recognise a statement it has seen (a plan estimated tiny that ran long,
 //! `cpu::tiny`), the text serves, read only when needed: numeric and string constants
 //! are left out, so that the same statement with other values has the same
-//! fingerprint, as with a query identifier; runs of whitespace count as one space, and
-//! whitespace at the start as none. Identifiers that contain digits (`t1`, `$1`) are
-//! kept whole. Two statements that differ only in their constants' values share a
-//! fingerprint even where PostgreSQL would tell them apart (a constant's type), and so
-//! do two that differ only after a quote the scan takes for a string's start (one in a
-//! comment or a quoted identifier, or an escaped one in an `E'…'` string); the callers
-//! use it to schedule, never to decide what a statement may do.
+//! fingerprint, as with a query identifier; comments (`--`, `/* */`) and runs of
+//! whitespace count as one space, and at the start as none, so that a comment a client
+//! adds to each statement (a request id, a changing tag) does not make a new statement
+//! of it, which would escape what its fingerprint's long runs taught (`long_runs`).
+//! Identifiers that contain digits (`t1`, `$1`) are kept whole. Two statements that
+//! differ only in their constants' values share a fingerprint even where PostgreSQL
+//! would tell them apart (a constant's type), and so do two that differ only after a
+//! quote or a comment's start the scan takes for one (in a quoted identifier or a
+//! dollar-quoted string, or an escaped quote in an `E'…'` string); the callers use it to
+//! schedule, never to decide what a statement may do.
 //!
 //! Text is bytes in the server encoding; every byte looked at is ASCII, which no byte of
 //! a multibyte character in a server encoding is.
@@ -28,10 +31,15 @@ pub fn of_text(text: &[u8]) -> u64 {
     let mut pending_space = false;
     while i < text.len() {
         let b = text[i];
-        if b.is_ascii_whitespace() {
+        let comment = match (b, text.get(i + 1)) {
+            (b'-', Some(b'-')) => Some(line_end(text, i + 2)),
+            (b'/', Some(b'*')) => Some(comment_end(text, i + 2)),
+            _ => None,
+        };
+        if b.is_ascii_whitespace() || comment.is_some() {
             pending_space = hash.started;
             in_word = false;
-            i += 1;
+            i = comment.unwrap_or(i + 1);
             continue;
         }
         if pending_space {
@@ -52,6 +60,37 @@ pub fn of_text(text: &[u8]) -> u64 {
         }
     }
     hash.finish()
+}
+
+/// Where the line holding `i` ends: the byte after its newline, or the text's end.
+fn line_end(text: &[u8], i: usize) -> usize {
+    text[i.min(text.len())..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(text.len(), |n| i + n + 1)
+}
+
+/// Where the block comment whose first byte after the opening `/*` is at `i` ends: the
+/// byte after its closing `*/` (comments nest, as in PostgreSQL), or the text's end.
+fn comment_end(text: &[u8], mut i: usize) -> usize {
+    let mut depth = 1;
+    while i + 1 < text.len() {
+        match (text[i], text[i + 1]) {
+            (b'/', b'*') => {
+                depth += 1;
+                i += 2;
+            }
+            (b'*', b'/') => {
+                depth -= 1;
+                i += 2;
+                if depth == 0 {
+                    return i;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    text.len()
 }
 
 /// Where the string constant whose first byte after the opening quote is at `i` ends:
@@ -119,6 +158,29 @@ impl Fnv {
 #[cfg(test)]
 mod tests {
     use super::of_text;
+
+    #[test]
+    fn comments_do_not_count() {
+        let plain = of_text(b"SELECT count(*) FROM stale WHERE v = 1");
+        for text in [
+            &b"SELECT count(*) FROM stale WHERE v = 1 /* request 17 */"[..],
+            b"/* app: billing */ SELECT count(*) FROM stale WHERE v = 1",
+            b"SELECT count(*) -- n\nFROM stale WHERE v = 1 -- z",
+            b"SELECT count(*) /* a /* nested */ b */ FROM stale WHERE v = 1",
+            b"SELECT count(*)/**/FROM stale WHERE v = 1",
+        ] {
+            assert_eq!(of_text(text), plain, "{}", String::from_utf8_lossy(text));
+        }
+        // A comment's markers inside a string are the string's; the text still differs
+        // from the plain statement only by the string's value.
+        assert_eq!(
+            of_text(b"SELECT count(*) FROM stale WHERE v = '/* x'"),
+            of_text(b"SELECT count(*) FROM stale WHERE v = 'y'")
+        );
+        // What follows an unclosed comment is in it.
+        assert_eq!(of_text(b"SELECT 1 /* FROM t"), of_text(b"SELECT 1"));
+        assert_ne!(of_text(b"SELECT a - -b"), of_text(b"SELECT a"));
+    }
 
     #[test]
     fn constants_do_not_count() {

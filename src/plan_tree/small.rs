@@ -478,7 +478,14 @@ unsafe fn plain_expr(node: *const pg_sys::Node, depth: u32) -> bool {
                     && plain_exprs((*f).args, depth)
             }
             T_RelabelType => plain_expr_of((*node.cast::<pg_sys::RelabelType>()).arg, depth),
-            T_CoerceViaIO => plain_expr_of((*node.cast::<pg_sys::CoerceViaIO>()).arg, depth),
+            // A cast through text into a user-defined type may check a domain (an array
+            // of one, a row type with a domain column) whose CHECK calls any function,
+            // and the plan records no dependency on that type (`invalItems`).
+            T_CoerceViaIO => {
+                let coerce = node.cast::<pg_sys::CoerceViaIO>();
+                u32::from((*coerce).resulttype) < pg_sys::FirstNormalObjectId
+                    && plain_expr_of((*coerce).arg, depth)
+            }
             T_CollateExpr => plain_expr_of((*node.cast::<pg_sys::CollateExpr>()).arg, depth),
             T_NullTest => plain_expr_of((*node.cast::<pg_sys::NullTest>()).arg, depth),
             T_BooleanTest => plain_expr_of((*node.cast::<pg_sys::BooleanTest>()).arg, depth),
