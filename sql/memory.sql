@@ -61,6 +61,13 @@ SET enable_hashagg = off;
 EXPLAIN (COSTS OFF) SELECT a % 3, b % 5, count(*) FROM mem_t GROUP BY GROUPING SETS ((a % 3), (b % 5));
 SELECT :own AS kb, count(*) FROM (SELECT a % 3, b % 5, count(*) FROM mem_t GROUP BY GROUPING SETS ((a % 3), (b % 5))) s;
 RESET enable_hashagg;
+-- A hashed subquery (NOT IN over a small one; EXPLAIN shows "hashed SubPlan"): its
+-- hash table, work_mem × hash_mem_multiplier.
+SELECT :own AS kb, count(*) FROM mem_t WHERE a NOT IN (SELECT b FROM mem_t WHERE a <= 1000);
+-- A recursive UNION: its working and intermediate tables (work_mem each) and the rows
+-- seen (a hash table), and the CTE Scan over it (work_mem); UNION ALL keeps no hash.
+SELECT :own AS kb, count(*) FROM (WITH RECURSIVE r(n) AS (SELECT 1 UNION SELECT n + 1 FROM r WHERE n < 100) SELECT n FROM r) s;
+SELECT :own AS kb, count(*) FROM (WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 100) SELECT n FROM r) s;
 -- Each function of a Function Scan: work_mem.
 SELECT :own AS kb, count(*) FROM ROWS FROM (generate_series(1, 10), generate_series(1, 5));
 -- Below a Gather, once in the leader and once in each planned worker.
@@ -70,6 +77,15 @@ SET parallel_tuple_cost = 0;
 SET min_parallel_table_scan_size = 0;
 EXPLAIN (COSTS OFF) SELECT count(*) FROM (SELECT a FROM mem_t ORDER BY a) s;
 SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a) s;
+-- The same with the plan made for the pool: its Stride Gather Merge counts what is below
+-- it once.
+RESET ROLE;
+SET pg_stride.parallel_mode = pool;
+SET ROLE stride_mem;
+SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a) s;
+RESET ROLE;
+RESET pg_stride.parallel_mode;
+SET ROLE stride_mem;
 RESET max_parallel_workers_per_gather;
 RESET parallel_setup_cost;
 RESET parallel_tuple_cost;

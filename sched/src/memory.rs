@@ -15,8 +15,9 @@
 //!   sorts, incremental sorts, materialisations, window aggregates, CTE and table
 //!   function tuple stores, TID bitmaps, each function's tuple store in a function scan
 //!   and the sorts an aggregation runs inside itself (ordered and DISTINCT aggregates,
-//!   sorted grouping-set phases) `work_mem`; hash joins' hash tables, hashed or mixed
-//!   aggregation, hashed set operations, memoize caches and recursive unions
+//!   sorted grouping-set phases) and a recursive union's two tables `work_mem`; hash
+//!   joins' hash tables, hashed or mixed aggregation, hashed set operations, memoize
+//!   caches, a recursive `UNION`'s rows seen and hashed subqueries
 //!   `work_mem × hash_mem_multiplier`;
 //! * plain and sorted aggregation otherwise keep one group's state at a time and count
 //!   nothing (a `count(*)` over a large table needs no memory to speak of);

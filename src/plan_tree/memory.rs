@@ -32,7 +32,12 @@ pub unsafe fn need_kb(stmt: *const pg_sys::PlannedStmt, settings: MemorySettings
 /// As [`need_kb`].
 #[inline(never)]
 unsafe fn walked_kb(stmt: *const pg_sys::PlannedStmt, settings: MemorySettings) -> u64 {
-    let mut units = Units::default();
+    // SAFETY: the caller's promise.
+    let subplans = unsafe { !(*stmt).subplans.is_null() };
+    let mut units = Units {
+        subplans,
+        ..Units::default()
+    };
     // SAFETY: the caller's promise.
     unsafe {
         units.add(1, (*stmt).planTree);
@@ -127,6 +132,9 @@ fn is_chain_link(tag: pg_sys::NodeTag) -> bool {
 struct Units {
     work: u64,
     hash: u64,
+    /// Whether the statement has subplans: only then can a node's expressions hold a
+    /// hashed SubPlan ([`hashed_subplans`]).
+    subplans: bool,
 }
 
 impl Units {
@@ -140,7 +148,10 @@ impl Units {
         }
         // SAFETY: the caller's promise; a Gather's or a Stride Gather's children are Plans.
         unsafe {
-            let (work, hash) = bound_of(plan);
+            let (work, mut hash) = bound_of(plan);
+            if self.subplans {
+                hash = hash.saturating_add(hashed_subplans(plan));
+            }
             self.work = self.work.saturating_add(work.saturating_mul(copies));
             self.hash = self.hash.saturating_add(hash.saturating_mul(copies));
             // Below a Gather, the leader and each planned worker run the nodes (with
@@ -180,7 +191,13 @@ unsafe fn bound_of(plan: *const pg_sys::Plan) -> (u64, u64) {
                 list_len((*plan.cast::<pg_sys::FunctionScan>()).functions) as u64,
                 0,
             ),
-            T_Hash | T_Memoize | T_RecursiveUnion => (0, 1),
+            T_Hash | T_Memoize => (0, 1),
+            // Its working and intermediate tables are tuple stores (nodeRecursiveunion.c);
+            // UNION, not UNION ALL, also keeps the rows seen in a hash table.
+            T_RecursiveUnion => (
+                2,
+                u64::from((*plan.cast::<pg_sys::RecursiveUnion>()).numCols > 0),
+            ),
             T_Agg => {
                 let agg = plan.cast::<pg_sys::Agg>();
                 let hashed = matches!(
@@ -281,6 +298,52 @@ unsafe extern "C-unwind" fn count_ordered_aggregates(
             return false;
         }
         pg_sys::expression_tree_walker(node, Some(count_ordered_aggregates), context)
+    }
+}
+
+/// The hashed SubPlans in `plan`'s own expressions (its target list, its filter and,
+/// for a join, its join filter): `x NOT IN (SELECT …)` and the like keep the subquery's
+/// rows in a hash table in each process that evaluates the expression (nodeSubplan.c),
+/// which the planner chose only if it fits in `work_mem × hash_mem_multiplier`, and
+/// which does not spill.
+///
+/// # Safety
+/// `plan` is a valid Plan node.
+unsafe fn hashed_subplans(plan: *const pg_sys::Plan) -> u64 {
+    use pg_sys::NodeTag::*;
+    let mut hashed = 0u64;
+    // SAFETY: the caller's promise; a Join's joinqual is an expression list, walked as
+    // in [`agg_sorts`].
+    unsafe {
+        let joinqual = match (*plan).type_ {
+            T_NestLoop | T_MergeJoin | T_HashJoin => (*plan.cast::<pg_sys::Join>()).joinqual,
+            _ => std::ptr::null_mut(),
+        };
+        for list in [(*plan).targetlist, (*plan).qual, joinqual] {
+            count_hashed_subplans(list.cast(), (&raw mut hashed).cast());
+        }
+    }
+    hashed
+}
+
+/// expression_tree_walker's callback: adds to the count at `context` (a u64) each
+/// SubPlan under `node` that uses a hash table. Cannot panic (called from C).
+unsafe extern "C-unwind" fn count_hashed_subplans(
+    node: *mut pg_sys::Node,
+    context: *mut std::ffi::c_void,
+) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: expression_tree_walker passes nodes of the tree and the context it was
+    // given, a u64; it walks a SubPlan's arguments, not its plan.
+    unsafe {
+        if (*node).type_ == pg_sys::NodeTag::T_SubPlan
+            && (*node.cast::<pg_sys::SubPlan>()).useHashTable
+        {
+            *context.cast::<u64>() += 1;
+        }
+        pg_sys::expression_tree_walker(node, Some(count_hashed_subplans), context)
     }
 }
 

@@ -54,14 +54,23 @@ pub unsafe fn for_each_child<F: FnMut(*mut *mut pg_sys::Plan)>(plan: *mut pg_sys
     // SAFETY: the caller's promise; a Plan's tag tells its type, and the lists named
     // here hold Plan nodes.
     unsafe {
+        let mut left_listed = false;
         match (*plan).type_ {
             T_Append => each_in_list((*plan.cast::<pg_sys::Append>()).appendplans, f),
             T_MergeAppend => each_in_list((*plan.cast::<pg_sys::MergeAppend>()).mergeplans, f),
-            T_CustomScan => each_in_list((*plan.cast::<pg_sys::CustomScan>()).custom_plans, f),
+            T_CustomScan => {
+                let listed = (*plan.cast::<pg_sys::CustomScan>()).custom_plans;
+                // From 18 on a Stride Gather lists its child in custom_plans too
+                // (`stride_gather`): visited once.
+                left_listed = list_ptrs::<pg_sys::Plan>(listed).any(|p| p == (*plan).lefttree);
+                each_in_list(listed, f)
+            }
             T_SubqueryScan => f(&raw mut (*plan.cast::<pg_sys::SubqueryScan>()).subplan),
             _ => {}
         }
-        f(&raw mut (*plan).lefttree);
+        if !left_listed {
+            f(&raw mut (*plan).lefttree);
+        }
         f(&raw mut (*plan).righttree);
     }
 }
