@@ -27,7 +27,8 @@ view) and the higher one gets nearly a whole CPU.
 
 The idle class: of two pinned holders of different
 priorities, the lower one runs in SCHED_IDLE while the higher one holds the other slot,
-and in SCHED_OTHER again once alone and after its statement; a server that may not leave
+and in SCHED_OTHER again once alone, once its transaction wrote, and after its statement;
+a server that may not leave
 the class (RLIMIT_NICE 0, no CAP_SYS_NICE) never enters it. As root the check restarts
 the server with CAP_SYS_NICE for the second part, and without it after.
 
@@ -375,6 +376,9 @@ PROBE = "SELECT count(*) FROM mid"
 # the watchdog would lend a slot): it is cancelled once the probes are done.
 LONG = ("SELECT sum(x.n) FROM generate_series(1, 1000) g, "
         "LATERAL (SELECT count(*) AS n FROM big WHERE a > g) x")
+# LONG, whose transaction writes a row after three of its rescans (slots_note).
+WRITING = ("SELECT sum(slots_note(g) + x.n) FROM generate_series(1, 1000) g, "
+           "LATERAL (SELECT count(*) AS n FROM big WHERE a > g) x")
 
 
 @check
@@ -610,22 +614,30 @@ def outranked_policies(s):
         before_cancel = kernel_policy(pids["low"])
         cancel("low")
         low_after = kernel_policy(pids["low"])
+        # Outranked again, with a statement whose transaction writes once it ran a
+        # little: it keeps its slot from then on (rule 2), in the class of everything
+        # else rather than holding its row locks in the idle class.
+        sessions["low"].send(WRITING)
+        time.sleep(1.0)
+        writing = kernel_policy(pids["low"])
+        cancel("low")
         cancel("high")
         after = (low_after, kernel_policy(pids["high"]))
     finally:
         for x in sessions.values():
             x.close()
-    return both, alone, before_cancel, after
+    return both, alone, before_cancel, after, writing
 
 
 @check
 def an_outranked_holder_runs_in_the_idle_class_only_if_it_may_leave_it(s):
-    # The pinned holder that a higher one outranks runs in SCHED_IDLE, and goes back to SCHED_OTHER when it is outranked no more and when its
+    # The pinned holder that a higher one outranks runs in SCHED_IDLE, and goes back to
+    # SCHED_OTHER when it is outranked no more, when its transaction writes and when its
     # statement ends (here by a cancel): its next statement must not run in the idle
     # class. The kernel lets a process leave the class only with CAP_SYS_NICE or an
     # RLIMIT_NICE of 20, so without them no process enters it.
     assert not may_renice(postmaster_pid(s)), "the test server already may renice"
-    both, alone, before_cancel, after = outranked_policies(s)
+    both, alone, before_cancel, after, _ = outranked_policies(s)
     print(f"    without CAP_SYS_NICE: {len(both)} samples, low idle in "
           f"{sum(1 for lo, _ in both if lo == SCHED_IDLE)}")
     assert all(p == (SCHED_OTHER, SCHED_OTHER) for p in both), both
@@ -635,18 +647,20 @@ def an_outranked_holder_runs_in_the_idle_class_only_if_it_may_leave_it(s):
     restart(s, sys_nice=True)
     try:
         assert may_renice(postmaster_pid(s))
-        both, alone, before_cancel, after = outranked_policies(s)
+        both, alone, before_cancel, after, writing = outranked_policies(s)
     finally:
         restart(s, sys_nice=False)
     low_idle = sum(1 for lo, _ in both if lo == SCHED_IDLE) / len(both)
     print(f"    with CAP_SYS_NICE: low idle in {low_idle:.0%} of {len(both)} samples, high in "
           f"{sum(1 for _, hi in both if hi == SCHED_IDLE)}; low alone: {alone}; low "
-          f"outranked again: {before_cancel}; after the statements: {after}")
+          f"outranked again: {before_cancel}; after the statements: {after}; outranked "
+          f"after its transaction wrote: {writing}")
     assert low_idle >= 0.9, both
     assert all(hi == SCHED_OTHER for _, hi in both), both
     assert alone == SCHED_OTHER, alone
     assert before_cancel == SCHED_IDLE, before_cancel
     assert after == (SCHED_OTHER, SCHED_OTHER), after
+    assert writing == SCHED_OTHER, writing
 
 
 @check
@@ -707,6 +721,9 @@ def setup(s):
     s.sql("SELECT pg_stride.create_group('high', pinned => true)")
     s.sql("CREATE TABLE big AS SELECT g AS a FROM generate_series(1, 2000000) g")
     s.sql("CREATE TABLE mid AS SELECT g AS a FROM generate_series(1, 20000) g")
+    s.sql("CREATE TABLE slots_notes (g int); "
+          "CREATE FUNCTION slots_note(g int) RETURNS bigint LANGUAGE plpgsql AS "
+          "$$BEGIN IF g = 3 THEN INSERT INTO slots_notes VALUES (g); END IF; RETURN 0; END$$")
     s.sql("VACUUM ANALYZE big, mid")
 
 

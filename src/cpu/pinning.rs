@@ -177,6 +177,11 @@ pub fn unpin(shared: &shmem::Shared, me: ProcId) {
 /// wakes with a slot in the class of everything else and finds it was outranked only
 /// once it holds the slot again (a giver's `SCHED_BATCH` wake-up needs that class too).
 pub fn pausing(shared: &shmem::Shared, me: ProcId) {
+    leave_idle_class(shared, me);
+}
+
+/// Out of `SCHED_IDLE`, if this process is in it (no system call otherwise).
+pub fn leave_idle_class(shared: &shmem::Shared, me: ProcId) {
     if let Some(entry) = shared.procs().get(me.0 as usize) {
         fit_own_scheduling(entry, false);
     }

@@ -171,6 +171,12 @@ pub(super) fn pausing(shared: &shmem::Shared, proc: ProcId) {
     pinning::pausing(shared, proc);
 }
 
+/// This process's transaction wrote: it keeps its slot to its run's end (rule 2), out
+/// of `SCHED_IDLE` if an earlier slice end put it there.
+pub(super) fn writes(shared: &shmem::Shared, proc: ProcId) {
+    pinning::leave_idle_class(shared, proc);
+}
+
 /// A slice of `used_ns` of CPU ends at a check-in: the share of its wall-clock time this
 /// process ran, if it was measured (`slice_share::ends`).
 pub(super) fn slice_ends(shared: &shmem::Shared, used_ns: u64) -> Option<Ran> {

@@ -152,7 +152,12 @@ pub fn end_run(shared: &shmem::Shared) {
 /// Adds `used_ns`, just charged to `proc`'s query, to its group's CPU total
 /// (`pg_stride.groups.cpu_time_ms`) as it is charged: the total never goes back, and a
 /// statement that a rule moves leaves the CPU it used so far to its first group.
-fn count_group_cpu(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, used_ns: u64) {
+pub(super) fn count_group_cpu(
+    shared: &shmem::Shared,
+    sched: &SchedShared,
+    proc: ProcId,
+    used_ns: u64,
+) {
     if let Some(group) = sched.group_of(proc).filter(|_| used_ns > 0) {
         shared.groups.add_cpu(group.0 as usize, used_ns);
     }
@@ -347,7 +352,10 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
         return;
     }
     if transaction_wrote() {
-        // Rule 2: keep the slot rather than pause while holding row locks.
+        // Rule 2: keep the slot rather than pause while holding row locks, and run in
+        // the class of everything else: a holder outranked into SCHED_IDLE at an earlier
+        // slice end would hold its locks at the kernel's lowest priority.
+        placement::writes(shared, proc);
         return;
     }
     // A process on a slot away from its home got there by stealing and keeps the right
