@@ -71,9 +71,23 @@ unsafe fn consider(ps: *mut pg_sys::PlanState, found: &mut usize) {
     // SAFETY: a valid PlanState; GatherNode::of reads its tag.
     unsafe {
         if let Some(inner) = stride_gather::inner_state(ps) {
-            consider(inner, found);
+            consider_gather(inner, found);
             return;
         }
+        // A Gather that is no Stride Gather's (a plan cached before parallel_mode was
+        // set to pool, debug_parallel_query's) is shut down by PostgreSQL alone, which
+        // frees the parameters it sends its workers before the pool's round has ended
+        // (stride_gather.rs, `shutdown`): one that sends some stays PostgreSQL's.
+        if GatherNode::of(ps).is_some_and(|node| plan_field!(node, initParam).is_null()) {
+            consider_gather(ps, found);
+        }
+    }
+}
+
+/// [`consider`] for the Gather (Merge) state `ps`.
+unsafe fn consider_gather(ps: *mut pg_sys::PlanState, found: &mut usize) {
+    // SAFETY: a valid PlanState; GatherNode::of reads its tag.
+    unsafe {
         let Some(node) = GatherNode::of(ps) else {
             return;
         };

@@ -1,9 +1,10 @@
 //! The leader's side of the ticket protocol (shared.rs has the slot states): which
 //! idle pool workers a Gather's round may use and how it posts them tickets, reading
 //! their tuple and error queues, noticing a worker that is gone or gave its ticket back,
-//! ending a round, and the `on_dsm_detach` callback that cancels and waits for the
-//! round's workers on every path out of the Gather (its end, LIMIT, ERROR, cancel,
-//! FATAL), before the leader can finish its transaction or exit.
+//! ending a round (early, at a LIMIT: `stride_gather.rs`'s shutdown), and the
+//! `on_dsm_detach` callback that cancels and waits for the round's workers on every
+//! path out of the Gather (its end, ERROR, cancel, FATAL), before the leader can finish
+//! its transaction or exit.
 //! The pool's state of each Gather (Merge) state is gathers.rs's.
 //!
 //! These functions run outside pgrx's error boundary (leader.rs's module comment): an

@@ -244,10 +244,14 @@ unsafe fn reload_config_if_pending() {
     unsafe {
         if pg_sys::ConfigReloadPending != 0 {
             pg_sys::ConfigReloadPending = 0;
+            // Its transactions take locks: not as an idle worker that the command of a
+            // database, or a lock waiter, may end as it ends autovacuum.
+            pg::show_as_autovacuum(false);
             worker_settings::back_to_baseline();
             ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
             worker_settings::keep_database_encoding();
             worker_settings::take_baseline();
+            pg::show_as_autovacuum(true);
         }
     }
 }
