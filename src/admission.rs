@@ -194,8 +194,9 @@ fn reject(
 /// wait ran out (the group's or the session's queue timeout,
 /// `GroupSettings::queue_timeout_ms`); `count`
 /// records the admission and its wait in the group's statistics (a statement taking a
-/// lent admission back is not counted again, and shows queued from now rather than from
-/// its start). Raises an ERROR when the wait is cancelled, times out or the backend is
+/// lent admission back is not counted again). It shows queued from now: PostgreSQL's
+/// statement start is the arrival of the client's message, shared by every statement of
+/// a multi-statement query string. Raises an ERROR when the wait is cancelled, times out or the backend is
 /// terminated, having left the queue.
 fn wait_in_queue(
     shared: &shmem::Shared,
@@ -208,12 +209,9 @@ fn wait_in_queue(
     let settings = shared.groups.settings_of(group).unwrap_or_default();
     let timeout_ms = settings.queue_timeout_ms(QUEUE_TIMEOUT_MS.get());
     let started = Instant::now();
-    let since = if count {
-        pg::statement_start_timestamp()
-    } else {
-        pg::now_timestamp()
-    };
-    entry.queued_since.store(since, Ordering::Relaxed);
+    entry
+        .queued_since
+        .store(pg::now_timestamp(), Ordering::Relaxed);
     entry.queued.fetch_add(1, Ordering::AcqRel);
     let outcome = PgTryBuilder::new(|| wait_for_turn(shared, procno, started, timeout_ms))
         .catch_others(|error| {

@@ -23,7 +23,6 @@ mod ffi {
         pub fn GetCurrentSubTransactionId() -> pg_sys::SubTransactionId;
         #[cfg(not(feature = "pg13"))]
         pub fn EnableQueryId();
-        pub fn GetCurrentStatementStartTimestamp() -> pg_sys::TimestampTz;
         pub fn ExecSetExecProcNode(node: *mut pg_sys::PlanState, function: pg_sys::ExecProcNodeMtd);
     }
 
@@ -81,12 +80,6 @@ pub fn raise(code: PgSqlErrorCode, message: String, hint: Option<&str>) -> ! {
 pub fn top_transaction_id_if_any() -> pg_sys::TransactionId {
     // SAFETY: returns a field of the backend's transaction state (xact.c); no ERROR.
     unsafe { ffi::GetTopTransactionIdIfAny() }
-}
-
-/// When the current statement started (TimestampTz).
-pub fn statement_start_timestamp() -> pg_sys::TimestampTz {
-    // SAFETY: returns a variable of xact.c; no ERROR.
-    unsafe { ffi::GetCurrentStatementStartTimestamp() }
 }
 
 /// Asks PostgreSQL to compute query identifiers while `compute_query_id` is `auto` (the
