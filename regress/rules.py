@@ -187,9 +187,9 @@ def an_elapsed_rule_cancels_a_statement_that_reaches_no_yield_point(s):
 @check
 def an_elapsed_rule_times_each_statement_of_a_query_string_from_its_own_start(s):
     # Catches: a statement timed from the arrival of the client's message (PostgreSQL's
-    # statement start), so that each statement, all well under 2 s, is charged with
+    # statement start), so that each statement, all well under 2.5 s, is charged with
     # the ones before it in the same query string.
-    set_rules(s, "elapsed > 2s: log")
+    set_rules(s, "elapsed > 2500ms: log")
     since = now(s)
     sql = f"SELECT pg_sleep(1.5); SELECT pg_sleep(1.5); {LONG}"
     rc, out, err = finish(s.client_as(APP, sql), timeout=120)
@@ -292,11 +292,12 @@ def a_move_rule_gives_the_statement_its_new_groups_weight(s):
         moved = race(s, watch)
         assert "watched slow" in seen, seen
         # Each group's CPU total only grows (Prometheus reads a drop as a reset); the
-        # CPU used before the move stays with the group the statement left.
+        # CPU used before the move (over 200 ms, less what was charged before the first
+        # sample) stays with the group the statement left.
         for before, after in zip(totals, totals[1:]):
             assert after[0] >= before[0] and after[1] >= before[1], (before, after)
         # (ordered by name: slow, watched)
-        assert totals[-1][1] - totals[0][1] >= 200 and totals[-1][0] > totals[0][0], totals
+        assert totals[-1][1] - totals[0][1] >= 150 and totals[-1][0] > totals[0][0], totals
         assert len(drops) == 1 and 'resource group "slow" is in use' in drops[0], drops
         h = hits(s, since)
         assert [x[:2] for x in h] == [["cpu_time > 200ms: move slow", "move"]], h
