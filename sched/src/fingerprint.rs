@@ -21,6 +21,8 @@
 //! Text is bytes in the server encoding; every byte looked at is ASCII, which no byte of
 //! a multibyte character in a server encoding is.
 
+use crate::group_tag::block_comment_len;
+
 /// The fingerprint of `text`, never 0 (0 marks an empty entry in the callers' tables).
 pub fn of_text(text: &[u8]) -> u64 {
     let mut hash = Fnv::new();
@@ -33,7 +35,7 @@ pub fn of_text(text: &[u8]) -> u64 {
         let b = text[i];
         let comment = match (b, text.get(i + 1)) {
             (b'-', Some(b'-')) => Some(line_end(text, i + 2)),
-            (b'/', Some(b'*')) => Some(comment_end(text, i + 2)),
+            (b'/', Some(b'*')) => Some(i + block_comment_len(&text[i..])),
             _ => None,
         };
         if b.is_ascii_whitespace() || comment.is_some() {
@@ -68,29 +70,6 @@ fn line_end(text: &[u8], i: usize) -> usize {
         .iter()
         .position(|&b| b == b'\n')
         .map_or(text.len(), |n| i + n + 1)
-}
-
-/// Where the block comment whose first byte after the opening `/*` is at `i` ends: the
-/// byte after its closing `*/` (comments nest, as in PostgreSQL), or the text's end.
-fn comment_end(text: &[u8], mut i: usize) -> usize {
-    let mut depth = 1;
-    while i + 1 < text.len() {
-        match (text[i], text[i + 1]) {
-            (b'/', b'*') => {
-                depth += 1;
-                i += 2;
-            }
-            (b'*', b'/') => {
-                depth -= 1;
-                i += 2;
-                if depth == 0 {
-                    return i;
-                }
-            }
-            _ => i += 1,
-        }
-    }
-    text.len()
 }
 
 /// Where the string constant whose first byte after the opening quote is at `i` ends:

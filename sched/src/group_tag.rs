@@ -49,8 +49,9 @@ fn skip_comments(text: &[u8]) -> usize {
     }
 }
 
-/// Length of the block comment `text` starts with, nested comments included.
-fn block_comment_len(text: &[u8]) -> usize {
+/// Length of the block comment `text` starts with, nested comments included (all of
+/// `text` for one not closed).
+pub(crate) fn block_comment_len(text: &[u8]) -> usize {
     let mut depth = 0usize;
     let mut i = 0;
     while i + 1 < text.len() {

@@ -130,7 +130,20 @@ fn take_slot(shared: &shmem::Shared, sched: &'static SchedShared, proc: ProcId) 
 pub fn end_run(shared: &shmem::Shared) {
     disarm_countdown();
     let Some(sched) = shared.sched() else { return };
-    let Some((proc, used)) = MEMBER.with_borrow_mut(|m| {
+    let Some((proc, used)) = run_closed() else {
+        return;
+    };
+    if sched.is_running(proc) {
+        let to = sched.release(proc, used);
+        count_group_cpu(shared, sched, proc, used);
+        placement::slot_given_back(shared, proc, to, used);
+    }
+}
+
+/// A run of this process's statements ends: the CPU it used since its last check-in,
+/// with the time it held its slot closed. `None` for a process that works for no query.
+fn run_closed() -> Option<(ProcId, u64)> {
+    MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
         m.query?;
         let used = thread_cpu_ns().saturating_sub(m.slice_start_ns);
@@ -139,14 +152,7 @@ pub fn end_run(shared: &shmem::Shared) {
             m.left_slot();
         }
         Some((m.proc, used))
-    }) else {
-        return;
-    };
-    if sched.is_running(proc) {
-        let to = sched.release(proc, used);
-        count_group_cpu(shared, sched, proc, used);
-        placement::slot_given_back(shared, proc, to, used);
-    }
+    })
 }
 
 /// Adds `used_ns`, just charged to `proc`'s query, to its group's CPU total
@@ -171,16 +177,7 @@ pub(super) fn count_group_cpu(
 /// stay, and takes a slot again at their next run.
 pub(super) fn abandon_run(shared: &shmem::Shared, sched: &'static SchedShared) {
     disarm_countdown();
-    let Some((proc, used)) = MEMBER.with_borrow_mut(|m| {
-        let m = m.as_mut()?;
-        m.query?;
-        let used = thread_cpu_ns().saturating_sub(m.slice_start_ns);
-        if m.held_since_ns.is_some() {
-            m.slice_used(used);
-            m.left_slot();
-        }
-        Some((m.proc, used))
-    }) else {
+    let Some((proc, used)) = run_closed() else {
         return;
     };
     let used = if sched.is_running(proc) { used } else { 0 };
