@@ -46,6 +46,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import concurrency  # noqa: E402
+import wire  # noqa: E402
 
 POOL_SIZE = 4
 # Parallel plans for small tables (not for catalogs: a monitoring query whose leader
@@ -729,6 +730,61 @@ def a_workers_notices_keep_the_databases_encoding(s):
     finally:
         s.sql("SELECT pg_terminate_backend(pid) FROM pg_stride.pool WHERE datname = 'regress_utf8'")
         s.sql("DROP DATABASE regress_utf8 WITH (FORCE)")
+
+
+def peak_kb(pid):
+    """Process `pid`'s peak resident memory (VmHWM), kB."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+
+
+@check
+def a_workers_notices_do_not_grow_the_leaders_memory(s):
+    """200,000 NOTICEs raised by pool workers (one per row) reach the client while the
+    leader's peak memory grows by less than 32 MB. Catches: each notice parsed in the
+    statement's memory and kept there to its end (about 1 kB each: hundreds of MB)."""
+    full_pool(s)
+    s.sql("CREATE FUNCTION s1.loud(int) RETURNS bool LANGUAGE plpgsql PARALLEL SAFE AS "
+          "$$BEGIN RAISE NOTICE 'row %', $1; RETURN true; END$$")
+    x = wire.Session(s.dir, s.port, timeout=120)
+    try:
+        x.query("SET parallel_leader_participation = off; SET client_min_messages = notice")
+        pid = int(x.query("SELECT pg_backend_pid()")[0][0])
+        before = peak_kb(pid)
+        rows = x.query("SELECT count(*) FROM s1.t WHERE s1.loud(a)")
+        grew = peak_kb(pid) - before
+    finally:
+        x.close()
+        s.sql("DROP FUNCTION s1.loud(int)")
+    assert rows == [["200000"]], rows
+    print(f"    the leader's peak memory grew by {grew} kB over 200,000 notices")
+    assert grew < 32 * 1024, f"{grew} kB"
+
+
+@check
+def a_transaction_of_pooled_statements_keeps_its_memory_flat(s):
+    """One transaction runs a pooled parallel statement 50 and then 350 times: the
+    transaction's memory grows by less than 200 kB between the two. Catches: the pool's
+    state of each Gather run allocated anew each time and kept to the transaction's end
+    (about 1 kB each)."""
+    full_pool(s)
+    before = counters(s)
+    size = ("SELECT total_bytes FROM pg_backend_memory_contexts "
+            "WHERE name = 'TopTransactionContext'")
+    x = wire.Session(s.dir, s.port, timeout=60)
+    try:
+        x.query("SET parallel_leader_participation = off; BEGIN")
+        sizes = []
+        for runs in (50, 300):
+            for _ in range(runs):
+                assert x.query("SELECT count(*) FROM s1.t") == [["200000"]]
+            sizes.append(int(x.query(size)[0][0]))
+        x.query("COMMIT")
+    finally:
+        x.close()
+    print(f"    TopTransactionContext after 50 and 350 statements: {sizes} bytes")
+    assert counted(s, before, "gathers_pooled") >= 300, counters(s)
+    assert sizes[1] - sizes[0] < 200 * 1024, sizes
 
 
 @check

@@ -129,6 +129,12 @@ pub(super) unsafe fn lookup(node: *mut pg_sys::PlanState) -> *mut PoolGather {
     }
 }
 
+/// Whether [`remember`] can take a node it does not hold yet.
+pub(super) fn has_room() -> bool {
+    // SAFETY: process-local.
+    unsafe { MAP_LEN < MAP_SIZE }
+}
+
 pub(super) unsafe fn remember(node: *mut pg_sys::PlanState, pg: *mut PoolGather) -> bool {
     // SAFETY: process-local.
     unsafe {

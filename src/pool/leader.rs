@@ -11,7 +11,7 @@
 //! with a destructor.
 
 use super::ffi::*;
-use super::gathers::{lookup, plan_field, remember, state_field, GatherNode, PoolGather};
+use super::gathers::{has_room, lookup, plan_field, remember, state_field, GatherNode, PoolGather};
 use super::port::{
     check_for_interrupts, exec_clear_tuple, exec_project, raise, tup_is_null, wait_latch,
     INTERNAL_ERROR,
@@ -96,11 +96,23 @@ unsafe fn consider_gather(ps: *mut pg_sys::PlanState, found: &mut usize) {
         }
         // rescan_param is set on every Gather (create_gather_plan): a rescan is handled
         // by waiting for the previous round (start_round).
-        let pg = MemoryContextAllocZero(
-            pg_sys::TopTransactionContext,
-            std::mem::size_of::<PoolGather>(),
-        )
-        .cast::<PoolGather>();
+        // The state of a Gather freed at this address earlier in the transaction is used
+        // again, emptied, once its round is over and no DSM-detach callback holds it: a
+        // PL/pgSQL loop running a parallel statement a million times would otherwise
+        // leave a million of them in TopTransactionContext.
+        let kept = lookup(ps);
+        let pg = if !kept.is_null() && !(*kept).active && (*kept).registered_seg.is_null() {
+            std::ptr::write_bytes(kept, 0, 1);
+            kept
+        } else if kept.is_null() && !has_room() {
+            return;
+        } else {
+            MemoryContextAllocZero(
+                pg_sys::TopTransactionContext,
+                std::mem::size_of::<PoolGather>(),
+            )
+            .cast::<PoolGather>()
+        };
         (*pg).node = ps;
         (*pg).stock = (*ps).ExecProcNodeReal;
         (*pg).exec = Some(pool_exec_gather);

@@ -261,6 +261,35 @@ pub(super) unsafe fn drop_reader(pg: *mut PoolGather, position: usize) {
     }
 }
 
+/// Where a worker's notice or error is parsed: emptied before each, so that a fragment
+/// that raises a NOTICE for every row does not grow the leader's query memory by a
+/// message each (PostgreSQL's HandleParallelMessages keeps a context of its own for
+/// the same reason).
+static mut MESSAGE_CONTEXT: pg_sys::MemoryContext = std::ptr::null_mut();
+
+/// [`MESSAGE_CONTEXT`], emptied (made at the first message).
+///
+/// # Safety
+/// In a backend; may raise an ERROR (out of memory) the first time.
+unsafe fn message_context() -> pg_sys::MemoryContext {
+    // SAFETY: process-local; a context under TopMemoryContext lives as long as the
+    // process.
+    unsafe {
+        if MESSAGE_CONTEXT.is_null() {
+            MESSAGE_CONTEXT = pg_sys::AllocSetContextCreateInternal(
+                pg_sys::TopMemoryContext,
+                c"pg_stride pool messages".as_ptr(),
+                pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+                pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+                pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+            );
+        } else {
+            MemoryContextReset(MESSAGE_CONTEXT);
+        }
+        MESSAGE_CONTEXT
+    }
+}
+
 /// Reads the error queue of ticket `i`: rethrows an ERROR or a notice (when `rethrow`),
 /// notes 'X'. Returns whether the queue is detached.
 unsafe fn drain(pg: *mut PoolGather, i: usize, rethrow: bool) -> bool {
@@ -287,6 +316,8 @@ unsafe fn drain(pg: *mut PoolGather, i: usize, rethrow: bool) -> bool {
             match kind {
                 b'X' => (*pg).got_x[i] = true,
                 b'E' | b'N' if rethrow => {
+                    let previous = pg_sys::CurrentMemoryContext;
+                    pg_sys::CurrentMemoryContext = message_context();
                     let mut msg: pg_sys::StringInfoData = std::mem::zeroed();
                     initStringInfo(&mut msg);
                     appendBinaryStringInfo(&mut msg, data.cast(), nbytes as c_int);
@@ -299,6 +330,8 @@ unsafe fn drain(pg: *mut PoolGather, i: usize, rethrow: bool) -> bool {
                     } else {
                         psprintf(c"%s\nparallel worker".as_ptr(), edata.context)
                     };
+                    // ThrowErrorData copies what it reports into ErrorContext.
+                    pg_sys::CurrentMemoryContext = previous;
                     let saved = pg_sys::error_context_stack;
                     pg_sys::error_context_stack = (*pcxt).error_context_stack;
                     ThrowErrorData(&mut edata);
