@@ -3,9 +3,9 @@
 
 A server with one CPU slot runs several `SELECT count(*) FROM big` at once. The checks:
 the CPU time the view pg_stride.numa shows per node adds up to the CPU time charged to
-the groups (both are charged at the same two places, slice end and end of run); the
-main shared-memory segment, per node plus not resident, is the size PostgreSQL
-computed (shared_memory_size); and a second server with pg_stride.numa_topology = '0|1'
+the groups (both are charged together: at a slice end, at the end of a run, and when an
+error cuts a run short); the main shared-memory segment, per node plus not resident, is
+the size PostgreSQL computed (shared_memory_size); and a second server with pg_stride.numa_topology = '0|1'
 (each of two CPUs a fake node) shows two nodes whose CPU times add up the same way.
 On that server, `pg_stride.numa = bind`: two parallel queries get different home
 nodes, each leader and its worker run bound to their home node's CPU (read from
@@ -73,6 +73,22 @@ def cpu_per_node_adds_up_to_the_groups_cpu(s):
                        for r in f.read().strip().split(",") for a, _, b in [r.partition("-")])
     assert nodes_online == str(expected), f"{nodes_online} node rows, {expected} nodes online"
     nodes_add_up_to_groups(s)
+
+
+@check
+def a_statement_cut_short_charges_its_last_slice_to_its_node(s):
+    # One slice as long as allowed, a timeout well inside it: the statement's CPU is
+    # charged only when its error ends it, to its group and to its node alike.
+    s.sql("SELECT pg_stride.reset_stats()")
+    rc, out, err = concurrency.finish(subprocess.Popen(
+        s.psql_args("SET pg_stride.slice = 1000; SET statement_timeout = 400; "
+                    "SELECT count(*) FROM big, generate_series(1, 4)"),
+        env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE), timeout=60)
+    assert rc != 0 and "statement timeout" in err, (rc, out, err)
+    nodes, groups = cpu_totals(s)
+    print(f"    cancelled after 400 ms: nodes {nodes:.1f} ms, groups {groups:.1f} ms")
+    assert groups > 100, f"the statement was charged {groups} ms of CPU"
+    assert abs(nodes - groups) <= 0.05 * groups, f"nodes {nodes} ms, groups {groups} ms"
 
 
 @check

@@ -231,18 +231,18 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
     let Some(query) = m.query else { return };
     // A run that an error (or the process's exit) cut short gave its slot back at no
     // ExecutorRun end: its last slice is charged here, as that end would have.
-    let handed = sched.is_running(m.proc).then(|| {
+    let (handed, used) = if sched.is_running(m.proc) {
         let used = thread_cpu_ns().saturating_sub(m.slice_start_ns);
         m.slice_used(used);
-        let to = sched.stop(m.proc, used);
-        slots::count_group_cpu(shared, sched, m.proc, used);
-        to
-    });
+        (slots::stop_run(shared, sched, m.proc, used), used)
+    } else {
+        (None, 0)
+    };
     let snapshot = sched.query_snapshot(query);
     m.left_slot();
     m.count_runqueue();
     let left = sched.leave(m.proc);
-    placement::statement_left(shared, m.proc, handed.flatten().or(left));
+    placement::statement_left(shared, m.proc, handed.or(left), used);
     if let Some(leader) = m.leader {
         // A worker's CPU since its previous statement for a leader is this one's: for a
         // parallel worker of PostgreSQL's the whole process (the fork, attaching and

@@ -210,9 +210,17 @@ pub(super) fn slot_kept(
     }
 }
 
-/// This process's statement left its query; `to` was handed the slot it held: it runs
-/// with its own scheduling class and the postmaster's CPUs again.
-pub(super) fn statement_left(shared: &shmem::Shared, proc: ProcId, to: Option<ProcId>) {
+/// This process's statement left its query; `to` was handed the slot it held, whose last
+/// `used_ns` of CPU no ExecutorRun end charged (an error cut the run short) and are
+/// charged to this CPU's node here: it runs with its own scheduling class and the
+/// postmaster's CPUs again.
+pub(super) fn statement_left(
+    shared: &shmem::Shared,
+    proc: ProcId,
+    to: Option<ProcId>,
+    used_ns: u64,
+) {
+    numa::charge(shared, used_ns);
     hand_over(Some(proc), to, true);
     run_as_other(shared);
     pinning::leave(shared, proc);

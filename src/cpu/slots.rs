@@ -158,12 +158,7 @@ fn run_closed() -> Option<(ProcId, u64)> {
 /// Adds `used_ns`, just charged to `proc`'s query, to its group's CPU total
 /// (`pg_stride.groups.cpu_time_ms`) as it is charged: the total never goes back, and a
 /// statement that a rule moves leaves the CPU it used so far to its first group.
-pub(super) fn count_group_cpu(
-    shared: &shmem::Shared,
-    sched: &SchedShared,
-    proc: ProcId,
-    used_ns: u64,
-) {
+fn count_group_cpu(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, used_ns: u64) {
     if let Some(group) = sched.group_of(proc).filter(|_| used_ns > 0) {
         shared.groups.add_cpu(group.0 as usize, used_ns);
     }
@@ -181,9 +176,23 @@ pub(super) fn abandon_run(shared: &shmem::Shared, sched: &'static SchedShared) {
         return;
     };
     let used = if sched.is_running(proc) { used } else { 0 };
-    let to = sched.stop(proc, used);
-    count_group_cpu(shared, sched, proc, used);
+    let to = stop_run(shared, sched, proc, used);
     placement::slot_given_back(shared, proc, to, used);
+}
+
+/// `proc`'s run ends at no ExecutorRun end (an error cut it short, or the process
+/// exits): charges `used_ns`, the CPU since its last check-in (0 if it held no slot),
+/// to its query and its group, and returns who was handed the slot. The caller hands
+/// it over through `placement`, which charges the CPU's node.
+pub(super) fn stop_run(
+    shared: &shmem::Shared,
+    sched: &SchedShared,
+    proc: ProcId,
+    used_ns: u64,
+) -> Option<ProcId> {
+    let to = sched.stop(proc, used_ns);
+    count_group_cpu(shared, sched, proc, used_ns);
+    to
 }
 
 /// Shows this process as paused (`pg_stride.activity`, `pg_stride.scheduler`).
