@@ -7,6 +7,15 @@ use crate::{admission, cpu, groups, pg};
 /// Brings admission and CPU scheduling in line with the directory's groups and the
 /// GUCs (after a reload of either) and admits whoever the new limits let in.
 pub fn apply(shared: &shmem::Shared) {
+    apply_groups(shared);
+    if let Some(sched) = shared.sched() {
+        cpu::apply_settings(shared, sched);
+    }
+}
+
+/// Brings admission and CPU scheduling in line with the directory's groups; the decay
+/// in force, configured or tuned, stays.
+fn apply_groups(shared: &shmem::Shared) {
     let groups = shared.groups.groups();
     let sched = shared.sched();
     admission::configure(
@@ -20,9 +29,6 @@ pub fn apply(shared: &shmem::Shared) {
             }
         },
     );
-    if let Some(sched) = sched {
-        cpu::apply_settings(shared, sched);
-    }
 }
 
 /// Reads the groups table (in a transaction of the current database) into the
@@ -49,5 +55,11 @@ pub fn reload_groups(shared: &shmem::Shared, committed: bool) {
             Some("Drop a group that is not used, with pg_stride.drop_group(), to make room."),
         );
     }
-    apply(shared);
+    // A session's own value of `pg_stride.slice` (a superuser may SET it) is not the
+    // server's decay quantum: only the groups loader applies the settings with the table.
+    if committed {
+        apply(shared);
+    } else {
+        apply_groups(shared);
+    }
 }

@@ -282,4 +282,32 @@ mod tests {
         crate::config::apply(shared);
         assert_eq!(sched.decay(), configured);
     }
+
+    #[pg_test]
+    fn a_sessions_own_slice_is_not_published_by_its_groups_change() {
+        let shared = shmem::shared().unwrap();
+        let sched = shared.sched().unwrap();
+        set_as_reload(c"pg_stride.tuner", "on");
+        crate::config::apply(shared);
+        let configured = sched.decay();
+        let tuned = pg_stride_sched::DecayParams {
+            lambda: 0.97,
+            d_start: 40,
+            ..configured
+        };
+        assert!(shared
+            .tuner
+            .adopt(sched, tuned, shared.tuner.choice().generation()));
+        // A superuser's session sets its own slice, then changes the groups table (whose
+        // trigger publishes the table as the session sees it): the server's decay
+        // quantum, and the tuner's choice, stay as they were.
+        let own_ms = crate::cpu::slice_ms() * 10.0;
+        Spi::run(&format!("SET pg_stride.slice = {own_ms}")).unwrap();
+        crate::config::reload_groups(shared, false);
+        assert_eq!(sched.decay(), tuned);
+        Spi::run("RESET pg_stride.slice").unwrap();
+        set_as_reload(c"pg_stride.tuner", "off");
+        crate::config::apply(shared);
+        assert_eq!(sched.decay(), configured);
+    }
 }
