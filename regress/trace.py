@@ -267,13 +267,17 @@ def a_slots_receiver_woken_as_batch_runs_as_other_again(s):
         assert all(r[0] == 0 for r in results), results
         rows = [r for r in rows if r["first_slot_ms"] is not None]
         assert len(rows) >= 20, f"{len(rows)} counts took a slot: {rows}"
-        after_last = sum(
+        # Judged by the median count: one count that another process preempts for a
+        # kernel slice would move a mean of some thirty by most of the bound.
+        after = sorted(
             r["runqueue_ms"] - r["held_runqueue_ms"] - r["paused_runqueue_ms"]
-            - r["runqueue_before_slot_ms"] for r in rows) / len(rows)
+            - r["runqueue_before_slot_ms"] for r in rows)
+        after_last, after_mean = after[len(after) // 2], sum(after) / len(after)
     finally:
         set_server(s, "pg_stride.pin_slots", None)
         set_server(s, "pg_stride.cpu_slots", 0)
-    print(f"    runnable without a slot after the last, a count: {after_last:.3f} ms")
+    print(f"    runnable without a slot after the last, a count: median {after_last:.3f} ms, "
+          f"mean {after_mean:.3f} ms")
     print(f"    backends SCHED_BATCH at all of five readings 50 ms apart: {batch}")
     assert batch == [], batch
     assert after_last < 1.0, after_last
