@@ -14,7 +14,7 @@ the threshold after the first large free by default, and keeps such memory).
 - without a budget, six clients together keep more than the budget the next step sets
   (so that the budget has something to do), and with it (room for two) they keep at
   most the budget plus a margin of 12 MB per backend; every statement succeeds; with an
-  ample budget they are not slower than without one;
+  ample budget none of them waits;
 - a statement larger than the whole budget runs alone, while one that needs no memory
   passes it;
 - a wait for memory ends on the group's queue_timeout and the memory it asked for is
@@ -134,6 +134,11 @@ def group_memory(s):
                  f"WHERE name = '{GROUP}'")
 
 
+def queue_time_ms(s):
+    """The group's queue_time_total_ms: the time its statements waited for admission."""
+    return float(s.sql(f"SELECT queue_time_total_ms FROM pg_stride.groups WHERE name = '{GROUP}'"))
+
+
 def all_succeeded(outcomes, rounds):
     for rc, out, err in outcomes:
         assert rc == 0 and not err and out.split() == ["1000000"] * rounds, (rc, out, err)
@@ -142,27 +147,38 @@ def all_succeeded(outcomes, rounds):
 @check
 def six_clients_stay_within_the_memory_budget(s):
     budget_kb = int(2.5 * STATEMENT_KB)
+    bound = budget_kb + CLIENTS * MARGIN_KB_PER_BACKEND
     set_server(s, "pg_stride.memory_budget", 0)
-    peak_none, t_none, outcomes = run_clients(s, CLIENTS, 2)
-    all_succeeded(outcomes, 2)
+    # How many statements overlap without a budget is up to the machine: the budget has
+    # something to do only in a round where they held more than it, so up to three
+    # rounds are run until one does.
+    for _ in range(3):
+        peak_none, t_none, outcomes = run_clients(s, CLIENTS, 2)
+        all_succeeded(outcomes, 2)
+        if peak_none > bound:
+            break
     set_server(s, "pg_stride.memory_budget", f"'{budget_kb}kB'")
     peak_budget, t_budget, outcomes = run_clients(s, CLIENTS, 2)
     all_succeeded(outcomes, 2)
     assert group_memory(s) == "0 0", group_memory(s)
     set_server(s, "pg_stride.memory_budget", f"'{CLIENTS * STATEMENT_KB * 4}kB'")
+    queued_before = queue_time_ms(s)
     peak_ample, t_ample, outcomes = run_clients(s, CLIENTS, 2)
+    queued_ample = queue_time_ms(s) - queued_before
     all_succeeded(outcomes, 2)
     set_server(s, "pg_stride.memory_budget", None)
-    bound = budget_kb + CLIENTS * MARGIN_KB_PER_BACKEND
     print(f"  {CLIENTS} clients x 2 statements of {STATEMENT_KB // 1024} MB reserved: peak private "
           f"memory above baseline, all backends: no budget {peak_none // 1024} MB in {t_none:.1f} s; "
           f"budget {budget_kb // 1024} MB: {peak_budget // 1024} MB in {t_budget:.1f} s "
-          f"(bound {bound // 1024} MB); ample budget: {peak_ample // 1024} MB in {t_ample:.1f} s")
+          f"(bound {bound // 1024} MB); ample budget: {peak_ample // 1024} MB in {t_ample:.1f} s, "
+          f"{queued_ample:.1f} ms queued in all")
     assert peak_none > bound, f"without a budget the clients keep only {peak_none} kB"
     assert peak_budget <= bound, f"{peak_budget} kB above the bound {bound} kB"
-    # Loose: a budget with room for all must not serialise them (that would take about
-    # twice as long on two CPUs); the figures above are the measurement.
-    assert t_ample < 1.5 * t_none, (t_ample, t_none)
+    # A budget with room for all must not make any of them wait (a statement waiting
+    # for another's memory would queue for seconds); the run times are the backstop
+    # (serialised, they would take about twice as long on two CPUs).
+    assert queued_ample < 100, (queued_ample, t_ample, t_none)
+    assert t_ample < 2.5 * t_none, (t_ample, t_none)
 
 
 @check
