@@ -182,6 +182,28 @@ def six_clients_stay_within_the_memory_budget(s):
 
 
 @check
+def a_group_change_keeps_the_budget_of_a_reload_its_session_has_not_read(s):
+    # A backend reads a reload between client messages: the session that asks for one
+    # and changes a group in the same message still has the old budget itself, after
+    # the scheduler worker put the new one in force. The group change must leave it,
+    # in the change's transaction (read in the same message) and after it.
+    s.sql("ALTER SYSTEM SET pg_stride.memory_budget = '1GB'")
+    try:
+        during = s.sql("SELECT pg_reload_conf(); SELECT pg_sleep(1); "
+                       f"SELECT pg_stride.alter_group('{GROUP}', weight => 100); "
+                       "SELECT current_setting('pg_stride.memory_budget') || ' ' "
+                       "|| memory_budget_kb FROM pg_stride.scheduler").splitlines()[-1]
+        after = s.sql("SELECT memory_budget_kb FROM pg_stride.scheduler")
+        print(f"    the session's own budget and the one in force after its group change: "
+              f"{during}; after its commit: {after} kB")
+        assert during.split()[1] == after == str(1024 * 1024), (during, after)
+    finally:
+        s.sql("ALTER SYSTEM RESET pg_stride.memory_budget")
+        s.sql("SELECT pg_reload_conf()")
+        s.wait_until("SELECT memory_budget_kb FROM pg_stride.scheduler", "0")
+
+
+@check
 def a_statement_larger_than_the_budget_runs_alone_and_one_needing_none_passes_it(s):
     set_server(s, "pg_stride.memory_budget", f"'{STATEMENT_KB // 2}kB'")
     try:

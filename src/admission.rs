@@ -453,20 +453,22 @@ fn count_crossing(shared: &shmem::Shared, group: usize) {
         .fetch_add(1, Ordering::Relaxed);
 }
 
-/// Brings the admission limits in line with the settings (after a reload or a group
-/// change) and admits whoever the new limits let in. `also` runs for each group under
-/// the admission lock, which is also the CPU scheduler's registration lock.
+/// Brings the admission limits in line with the groups and, given `limits` (the
+/// server's `max_active_queries` and `memory_budget` in kB, after a reload), with those,
+/// and admits whoever the new limits let in. `also` runs for each group under the
+/// admission lock, which is also the CPU scheduler's registration lock.
 pub fn configure(
     shared: &shmem::Shared,
     groups: &[(usize, Group)],
-    max_active: u32,
-    memory_budget_kb: u64,
+    limits: Option<(u32, u64)>,
     mut also: impl FnMut(usize, &Group),
 ) {
     shared.with_admission(|queue, waiters| {
-        shared.admission.set_max_active(max_active);
-        queue.set_memory_budget(memory_budget_kb);
-        let mut budgets = memory_budget_kb > 0;
+        if let Some((max_active, memory_budget_kb)) = limits {
+            shared.admission.set_max_active(max_active);
+            queue.set_memory_budget(memory_budget_kb);
+        }
+        let mut budgets = queue.memory.limit_kb > 0;
         for (slot, group) in groups {
             let group_budget_kb = group.settings.memory_budget.unwrap_or(0).max(0) as u64;
             budgets |= group_budget_kb > 0;

@@ -5,30 +5,33 @@ use crate::shmem::{self, Group};
 use crate::{admission, cpu, groups, pg};
 
 /// Brings admission and CPU scheduling in line with the directory's groups and the
-/// GUCs (after a reload of either) and admits whoever the new limits let in.
+/// GUCs (after a reload of either) and admits whoever the new limits let in. Only the
+/// scheduler worker calls it: connected to no database, it has the server's settings,
+/// where a session (or the groups loader, connected to a database as the bootstrap
+/// superuser) may have its own `pg_stride.slice`, from SET, ALTER ROLE or ALTER
+/// DATABASE, which must not become the server's decay quantum.
 pub fn apply(shared: &shmem::Shared) {
-    apply_groups(shared);
+    let limits = (
+        admission::max_active_queries(),
+        admission::memory_budget_kb(),
+    );
+    configure(shared, Some(limits));
     if let Some(sched) = shared.sched() {
         cpu::apply_settings(shared, sched);
     }
 }
 
-/// Brings admission and CPU scheduling in line with the directory's groups; the decay
-/// in force, configured or tuned, stays.
-fn apply_groups(shared: &shmem::Shared) {
+/// Brings admission and CPU scheduling in line with the directory's groups and, given
+/// `limits`, with the server's admission limits; the decay in force, configured or
+/// tuned, stays.
+fn configure(shared: &shmem::Shared, limits: Option<(u32, u64)>) {
     let groups = shared.groups.groups();
     let sched = shared.sched();
-    admission::configure(
-        shared,
-        &groups,
-        admission::max_active_queries(),
-        admission::memory_budget_kb(),
-        |slot, group| {
-            if let Some(sched) = sched {
-                cpu::configure_group(sched, slot, &group.settings);
-            }
-        },
-    );
+    admission::configure(shared, &groups, limits, |slot, group| {
+        if let Some(sched) = sched {
+            cpu::configure_group(sched, slot, &group.settings);
+        }
+    });
 }
 
 /// Reads the groups table (in a transaction of the current database) into the
@@ -55,11 +58,7 @@ pub fn reload_groups(shared: &shmem::Shared, committed: bool) {
             Some("Drop a group that is not used, with pg_stride.drop_group(), to make room."),
         );
     }
-    // A session's own value of `pg_stride.slice` (a superuser may SET it) is not the
-    // server's decay quantum: only the groups loader applies the settings with the table.
-    if committed {
-        apply(shared);
-    } else {
-        apply_groups(shared);
-    }
+    // The limits and the decay in force stay: this process's settings may not be the
+    // server's (a reload it has not yet read, its own `pg_stride.slice`).
+    configure(shared, None);
 }

@@ -300,10 +300,13 @@ mod tests {
             .adopt(sched, tuned, shared.tuner.choice().generation()));
         // A superuser's session sets its own slice, then changes the groups table (whose
         // trigger publishes the table as the session sees it): the server's decay
-        // quantum, and the tuner's choice, stay as they were.
+        // quantum, and the tuner's choice, stay as they were. So too when the groups
+        // loader has its own slice (ALTER DATABASE … SET) and reads the committed table.
         let own_ms = crate::cpu::slice_ms() * 10.0;
         Spi::run(&format!("SET pg_stride.slice = {own_ms}")).unwrap();
         crate::config::reload_groups(shared, false);
+        assert_eq!(sched.decay(), tuned);
+        crate::config::reload_groups(shared, true);
         assert_eq!(sched.decay(), tuned);
         Spi::run("RESET pg_stride.slice").unwrap();
         set_as_reload(c"pg_stride.tuner", "off");
