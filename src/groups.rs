@@ -300,7 +300,11 @@ unsafe extern "C-unwind" fn check_resource_group(
         pg_sys::InitializingParallelWorker
             || (pg_sys::IsPostmasterEnvironment && !pg_sys::IsUnderPostmaster)
     };
-    if restoring {
+    // A value from the configuration file, a role's or a database's settings, or the
+    // client's start-up packet is accepted unseen, and falls back when used (rule 10).
+    // Such values are also checked by processes without a PGPROC (the syslogger, at a
+    // reload), which must not take the directory's lock.
+    if restoring || source < pg_sys::GucSource::PGC_S_INTERACTIVE {
         return true;
     }
     // SAFETY: PostgreSQL passes the check hook a valid pointer to the proposed value.
@@ -321,9 +325,6 @@ unsafe extern "C-unwind" fn check_resource_group(
             format!("resource group \"{name}\" does not exist"),
             NO_SUCH_GROUP_HINT.to_str().ok(),
         );
-        return true;
-    }
-    if source < pg_sys::GucSource::PGC_S_INTERACTIVE {
         return true;
     }
     let message =
