@@ -1235,6 +1235,34 @@ class Judging:
 
 
 @check
+def a_cursor_that_a_function_opened_is_admitted_at_its_first_fetch(s):
+    # PL/pgSQL's OPEN starts the cursor's query inside the function's statement, nested,
+    # where nothing admits it; the client's FETCH then runs it at depth 0, and must wait
+    # for admission as a cursor of the client's own DECLARE does. Otherwise any role
+    # could run reads past the limits and unscheduled by returning them from a function.
+    s.sql("CREATE FUNCTION open_counted() RETURNS refcursor LANGUAGE plpgsql AS $$"
+          "DECLARE c refcursor := 'counted'; "
+          "BEGIN OPEN c FOR SELECT count(*) FROM big WHERE v >= 0; RETURN c; END$$")
+    with Judging(s, "DROP FUNCTION open_counted()") as j:
+        # Nothing holds the group's admission: the FETCH is admitted and runs.
+        assert j.succeeded("BEGIN")
+        assert j.answered("SELECT open_counted()") == "counted"
+        assert j.answered("FETCH ALL FROM counted") == "1000000"
+        assert j.succeeded("COMMIT")
+        assert j.succeeded("BEGIN")
+        assert j.answered("SELECT open_counted()") == "counted"
+        j.hold(6)
+        assert j.queued("FETCH ALL FROM counted"), "the FETCH ran past the group's limit"
+        assert j.succeeded("ROLLBACK")
+        # As a cursor of the client's own DECLARE waits, there.
+        assert j.succeeded("BEGIN")
+        assert j.queued("DECLARE counted CURSOR FOR SELECT count(*) FROM big WHERE v >= 0")
+        assert j.succeeded("ROLLBACK")
+    # The queued FETCH left nothing behind: the group is idle once the holder ended.
+    s.wait_until("SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = 'pair'", "0 0")
+
+
+@check
 def a_table_or_function_moved_in_or_out_of_pg_strides_schema_is_judged_by_its_new_schema(s):
     # A backend remembers the schemas of the relations it read, for the monitoring check
     # of every statement; a table moved between schemas must be judged by its new one in

@@ -10,6 +10,8 @@
 //!   ANALYZE, COPY … TO, CREATE TABLE AS / SELECT INTO / CREATE MATERIALIZED VIEW,
 //!   DECLARE / FETCH / MOVE / CLOSE of a cursor, EXECUTE, and the statements of DO
 //!   blocks and procedures (CALL), each admitted and scheduled on its own;
+//! * a cursor that a function opened (PL/pgSQL's OPEN), whose query started nested,
+//!   arrives at the client's first FETCH or MOVE of it, which runs it at depth 0;
 //! * everything else runs nested, never queued or paused: statements of functions and
 //!   triggers (inside ExecutorRun or ExecutorFinish of their statement), the queries
 //!   any other utility runs internally (the foreign-key check of ALTER TABLE … ADD
@@ -304,6 +306,12 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
             return;
         }
     }
+    // A cursor that a function opened arrives at its first FETCH: it was started nested.
+    // (The cheap test first: only a FETCH or MOVE asks more.)
+    if top_level && statements::cursor_arrives(desc) && is_scheduled(0) {
+        // SAFETY: a guarded function, given the executor's own QueryDesc.
+        unsafe { arrive_started(desc) };
+    }
     // A top-level scheduled statement holds a CPU slot while it runs, and only then:
     // between the FETCHes of a cursor it holds none. After an error the statement's
     // cleanup gives the slot back.
@@ -400,7 +408,7 @@ unsafe extern "C-unwind" fn process_utility(
         // SAFETY: the query string stays valid while the utility runs; the value is
         // cleared when it returns, or when an ERROR aborts the transaction.
         let text = unsafe { pg::StatementText::new(query_string, (*pstmt).stmt_location) };
-        statements::client_utility_started(text);
+        statements::client_utility_started(text, tag == Some(pg_sys::NodeTag::T_FetchStmt));
     }
     if nested {
         NESTING.set(NESTING.get().saturating_add(1));
@@ -487,6 +495,19 @@ unsafe extern "C-unwind" fn arrive_unless_monitoring(desc: *mut pg_sys::QueryDes
         return false;
     }
     statements::arrive(desc)
+}
+
+/// A statement the executor started nested arrives at its first top-level run
+/// (`statements::cursor_arrives`): admitted and registered, then, unless it is a
+/// monitoring query or too small to schedule, joining CPU scheduling, as a top-level
+/// statement does around its ExecutorStart.
+#[pgrx::pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn arrive_started(desc: *mut pg_sys::QueryDesc) {
+    // SAFETY: the executor's QueryDesc, inside a guarded function.
+    if unsafe { arrive_unless_monitoring(desc) } {
+        statements::executor_started(desc);
+    }
 }
 
 #[pgrx::pg_guard]

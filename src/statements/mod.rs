@@ -322,6 +322,20 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
     }
 }
 
+/// Whether `desc`, which the client's FETCH or MOVE is about to run at depth 0, is a
+/// cursor whose query no statement of this backend registered: one that a function
+/// opened (PL/pgSQL's OPEN, a DECLARE it ran) started nested, inside the function's
+/// statement, and arrives only now ([`arrive`], at its first FETCH; docs/design.md §4
+/// rule 4). A cursor's plan is never parallel, so that arriving after ExecutorStart
+/// changes no plan. Cannot panic: the ExecutorRun hook asks it outside pgrx's error
+/// boundary.
+pub fn cursor_arrives(desc: *const pg_sys::QueryDesc) -> bool {
+    client_utility::fetching()
+        // SAFETY: the QueryDesc ExecutorRun is given, started, with its PlannedStmt.
+        && !unsafe { (*(*desc).plannedstmt).parallelModeNeeded }
+        && REGISTERED.try_with_borrow(|list| list.iter().all(|r| r.desc != desc)) == Some(true)
+}
+
 /// Whether ExecutorRun of `desc` runs on a CPU slot: a statement of this backend that
 /// joined CPU scheduling, or the part of one that this parallel worker runs. Cannot
 /// panic: the executor hooks ask it outside pgrx's error boundary.
