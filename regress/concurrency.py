@@ -802,7 +802,9 @@ def monitoring_queries_are_never_queued(s):
             assert session.run(sql, timeout=5) == [expected], sql
             took[sql] = time.monotonic() - started
         print("    answered in " + ", ".join(f"{t * 1000:.0f}" for t in took.values()) + " ms")
-        assert max(took.values()) < 0.1, took
+        # Queued, one would wait for the holder's 6 s; a bound of 1 s leaves room for a
+        # busy machine's scheduling delays (they answer in a few ms).
+        assert max(took.values()) < 1.0, took
         # Nor do catalog queries the planner estimates expensive (a cross join, a
         # built-in asked for billions of rows), also where the session zeroed the
         # planner's CPU costs so that their estimates say nothing.

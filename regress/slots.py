@@ -403,7 +403,12 @@ def a_new_statement_does_not_wait_for_a_decayed_holders_slice(s):
         prober.run("SET pg_stride.predict = off; SELECT 1")
         before = yield_requests(s)
         holder.send(LONG)
-        time.sleep(2.5)
+        # Decayed once charged a slice; on a busy machine that can take longer than the
+        # slice itself.
+        s.wait_until(f"SET pg_stride.enabled = off; "
+                     f"SELECT priority < current_setting('pg_stride.priority_initial')::int "
+                     f"FROM pg_stride.activity WHERE pid = {pid}", "t", timeout=30)
+        time.sleep(0.5)
         times = []
         for _ in range(7):
             started = time.monotonic()
@@ -420,9 +425,12 @@ def a_new_statement_does_not_wait_for_a_decayed_holders_slice(s):
     times.sort()
     print(f"    probes {', '.join(f'{t * 1e3:.0f}' for t in times)} ms, {after - before} requests")
     assert after - before >= 7, (before, after)
-    # Every probe ran within a small fraction of the holder's 1-s slice (waiting for the
-    # rest of it would take 500 ms on average).
-    assert times[-1] < 0.125, times
+    # The probes run within a small fraction of the holder's 1-s slice: waiting for the
+    # rest of it would take 500 ms on average, and four of seven under 100 ms would then
+    # happen 3 times in 1000. The median is judged, so that a probe delayed by another
+    # process on this busy machine does not decide, and every probe within half a slice.
+    assert times[len(times) // 2] < 0.1, times
+    assert times[-1] < 0.5, times
 
 
 def cpu_swaps(s):
