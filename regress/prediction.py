@@ -230,14 +230,24 @@ def grants(s, qid, since):
     return [tuple(map(int, line.split("|"))) for line in out.splitlines()]
 
 
+# Seconds of CPU: the load beside a statement (cancelled once that one ran), where
+# LONG's quarter of a second could end before a statement started after it, on a busy
+# machine, gets to its Gather.
+BUSY = "SELECT count(*) FROM predict_big, generate_series(1, 20) g WHERE a % 3 <> g"
+
+
 def beside_a_long_statement(s, sql):
-    """Runs `sql` as APP while LONG runs in another session of APP."""
-    long = subprocess.Popen(s.psql_args(LONG, user=APP), env=ENV, text=True,
+    """Runs `sql` as APP while BUSY runs in another session of APP."""
+    busy = subprocess.Popen(s.psql_args(BUSY, user=APP), env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    s.wait_until(f"SELECT count(*) FROM pg_stride.activity WHERE usename = '{APP}' "
-                 "AND cpu_time_ms IS NOT NULL", "1", timeout=20)
-    s.sql(sql, user=APP)
-    assert finish(long, timeout=120)[0] == 0
+    try:
+        s.wait_until(f"SELECT count(*) FROM pg_stride.activity WHERE usename = '{APP}' "
+                           "AND cpu_time_ms IS NOT NULL", "1", timeout=20)
+        s.sql(sql, user=APP)
+        assert busy.poll() is None, "the long statement ended before the one beside it ran"
+    finally:
+        s.sql(f"SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE usename = '{APP}'")
+        finish(busy, timeout=120)
 
 
 @check
@@ -263,7 +273,7 @@ def a_statement_predicted_short_takes_no_workers_under_load(s):
     assert alone == [(2, 3)] * 3, alone
     assert loaded == [(2, 1)], loaded
     assert unpredicted == [(2, 3)], unpredicted
-    print(f"    mean {mean:.1f} ms: workers alone {alone}, beside LONG {loaded}, "
+    print(f"    mean {mean:.1f} ms: workers alone {alone}, beside BUSY {loaded}, "
           f"with predict off {unpredicted}")
 
 
