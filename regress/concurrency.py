@@ -341,9 +341,14 @@ def sixty_four_pgbench_clients_respect_a_group_limit_of_four(s):
 def set_server(s, setting, value):
     """Changes a reload-level setting (None: resets it) and waits until the scheduler
     worker applied it."""
+    before = s.sql("SELECT pg_conf_load_time()")
     s.sql(f"ALTER SYSTEM SET {setting} = {value}" if value is not None
           else f"ALTER SYSTEM RESET {setting}")
     s.sql("SELECT pg_reload_conf()")
+    # A new backend has the postmaster's load time: once it is later, the postmaster
+    # read the file and signalled every process; the scheduler worker applies the
+    # settings within a few of its rounds.
+    s.wait_until(f"SELECT pg_conf_load_time() > '{before}'", "t")
     time.sleep(0.5)
 
 
