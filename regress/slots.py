@@ -523,12 +523,13 @@ def assert_high_moved_away(seen):
     # High leaves the busy CPU and runs most of the time. Not all of it: this shared
     # machine's own processes run in bursts of up to 111 ms on either CPU, and one that
     # keeps high off its new CPU has low swap once more (a CI run saw high away in 73 %
-    # of the samples, running 86 % of the time, after 3 swaps).
-    assert away >= 0.6 and share > 0.75, seen
+    # of the samples, running 86 % of the time, after 3 swaps). The bounds sit between
+    # that and what no swap gives (away in none, running 50-58 %).
+    assert away >= 0.25 and share > 0.65, seen
     # One swap does it, a few more follow such bursts (a CI run on PostgreSQL 18 saw 10
     # while the machine's other tenants were busy); holders handing the CPUs back and
     # forth would swap at every few 2-ms slices, hundreds of times in the 3.5 s.
-    assert 1 <= swaps <= 30, seen
+    assert 1 <= swaps <= 100, seen
 
 
 @check
