@@ -25,7 +25,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
 
     /// Fixed priorities: over 10^5 slices every query gets `w_g/Σw · p_i/Σp_g` of the CPU,
-    /// within 2 % of that share.
+    /// within 2 % of that share, or within 10 slices for the smallest shares (1/441 of
+    /// the slices is about 230: 2 % of it is less than the slice or two by which stride
+    /// scheduling's order may leave any one client, per slot).
     #[test]
     fn shares_converge_to_weights_and_priorities(
         weights in prop::collection::vec(1u32..=10, 1..=3),
@@ -56,7 +58,8 @@ proptest! {
         prop_assert!(total >= 99_000 * SLICE, "only {} slices ran", total / SLICE);
         for (r, want) in results.iter().zip(&expected) {
             let got = r.received_ns as f64 / total as f64;
-            prop_assert!((got - want).abs() <= 0.02 * want, "share {got:.5}, expected {want:.5}");
+            let tolerance = (0.02 * want).max(10.0 * SLICE as f64 / total as f64);
+            prop_assert!((got - want).abs() <= tolerance, "share {got:.5}, expected {want:.5}");
         }
     }
 
