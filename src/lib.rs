@@ -96,6 +96,7 @@ pub extern "C-unwind" fn _PG_init() {
     // failed statement from a backend's first admitted statement on (statements::ending::claim).
     shmem::install(pool::SHMEM_BLOCKS, || shmem::Initial {
         max_active_queries: admission::max_active_queries(),
+        memory_budget_kb: admission::memory_budget_kb(),
         cpu_slots: cpu::effective_cpu_slots(),
         decay: cpu::decay_params(),
     });

@@ -339,6 +339,9 @@ static BLOCKS: std::sync::OnceLock<&'static [Block]> = std::sync::OnceLock::new(
 /// configuration file read.
 pub struct Initial {
     pub max_active_queries: u32,
+    /// `pg_stride.memory_budget`, kB: in force before the scheduler worker's first
+    /// application of the settings.
+    pub memory_budget_kb: u64,
     pub cpu_slots: u32,
     pub decay: pg_stride_sched::DecayParams,
 }
@@ -429,7 +432,12 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             (&raw mut (*region).nprocs).write(nprocs as u32);
             GroupDirectory::init(&raw mut (*region).groups);
             (&raw mut (*region).admission).write(Counts::new(initial.max_active_queries));
-            (&raw mut (*region).queue).write(UnsafeCell::new(Queue::default()));
+            (*region)
+                .admission
+                .set_memory_accounting(initial.memory_budget_kb > 0);
+            let mut queue = Queue::default();
+            queue.set_memory_budget(initial.memory_budget_kb);
+            (&raw mut (*region).queue).write(UnsafeCell::new(queue));
             TunerState::init(&raw mut (*region).tuner, initial.decay);
             NodeCounters::init(&raw mut (*region).nodes);
             RuleHits::init(&raw mut (*region).rule_hits);
