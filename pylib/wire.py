@@ -100,6 +100,17 @@ class Session:
         self._send((b"B", bind), (b"E", _cstr("") + struct.pack("!i", 0)), (b"S", b""))
         return self._until_ready()
 
+    def bind(self, portal, name):
+        """Binds prepared statement `name`, without parameters, to portal `portal`."""
+        bind = _cstr(portal) + _cstr(name) + struct.pack("!hhh", 0, 0, 0)
+        self._send((b"B", bind), (b"S", b""))
+        self._until_ready()
+
+    def fetch(self, portal, rows):
+        """Runs portal `portal` for at most `rows` rows (Execute); returns them."""
+        self._send((b"E", _cstr(portal) + struct.pack("!i", rows)), (b"S", b""))
+        return self._until_ready()
+
     def deallocate(self, name):
         """Closes prepared statement `name` (Close): its plans go."""
         self._send((b"C", b"S" + _cstr(name)), (b"S", b""))

@@ -1257,28 +1257,73 @@ class Judging:
 def a_cursor_that_a_function_opened_is_admitted_at_its_first_fetch(s):
     # PL/pgSQL's OPEN starts the cursor's query inside the function's statement, nested,
     # where nothing admits it; the client's FETCH then runs it at depth 0, and must wait
-    # for admission as a cursor of the client's own DECLARE does. Otherwise any role
-    # could run reads past the limits and unscheduled by returning them from a function.
-    s.sql("CREATE FUNCTION open_counted() RETURNS refcursor LANGUAGE plpgsql AS $$"
-          "DECLARE c refcursor := 'counted'; "
+    # for admission as a cursor of the client's own DECLARE does, and so must PL/pgSQL's
+    # FETCH in a DO block. Otherwise any role could run reads past the limits and
+    # unscheduled by returning them from a function.
+    s.sql("CREATE FUNCTION open_counted(name text) RETURNS refcursor LANGUAGE plpgsql AS $$"
+          "DECLARE c refcursor := name; "
           "BEGIN OPEN c FOR SELECT count(*) FROM big WHERE v >= 0; RETURN c; END$$")
-    with Judging(s, "DROP FUNCTION open_counted()") as j:
-        # Nothing holds the group's admission: the FETCH is admitted and runs.
+    s.sql("CREATE FUNCTION declare_held() RETURNS text LANGUAGE plpgsql AS $$BEGIN "
+          "EXECUTE 'DECLARE held CURSOR WITH HOLD FOR SELECT count(*) FROM big WHERE v >= 0'; "
+          "RETURN 'held'; END$$")
+    cpu = "SELECT cpu_time_ms FROM pg_stride.groups WHERE name = 'pair'"
+    with Judging(s, "DROP FUNCTION open_counted(text); DROP FUNCTION declare_held()") as j:
+        # Nothing holds the group's admission: the FETCH is admitted and runs, on the
+        # group's CPU slots (its CPU is charged to the group).
         assert j.succeeded("BEGIN")
-        assert j.answered("SELECT open_counted()") == "counted"
+        assert j.answered("SELECT open_counted('counted')") == "counted"
+        before = float(s.sql(cpu))
         assert j.answered("FETCH ALL FROM counted") == "1000000"
+        charged = float(s.sql(cpu)) - before
         assert j.succeeded("COMMIT")
+        assert charged > 10, f"the FETCH was charged {charged} ms of CPU"
+        # Two cursors opened and a holdable one declared (the functions' statements are
+        # admitted too), then the group's one admission is taken. The COMMIT that runs
+        # the holdable cursor's query to its end, to keep its rows, waits too, and fails.
         assert j.succeeded("BEGIN")
-        assert j.answered("SELECT open_counted()") == "counted"
-        j.hold(6)
-        assert j.queued("FETCH ALL FROM counted"), "the FETCH ran past the group's limit"
-        assert j.succeeded("ROLLBACK")
+        assert j.answered("SELECT open_counted('one')") == "one"
+        assert j.answered("SELECT open_counted('other')") == "other"
+        assert j.answered("SELECT declare_held()") == "held"
+        j.hold(8)
+        assert j.succeeded("SAVEPOINT before_fetch")
+        assert j.queued("FETCH ALL FROM one"), "the FETCH ran past the group's limit"
+        assert j.succeeded("ROLLBACK TO SAVEPOINT before_fetch")
+        assert j.queued("DO $$DECLARE c refcursor := 'other'; n bigint; "
+                        "BEGIN FETCH c INTO n; END$$"), "the DO block's FETCH ran past the limit"
+        assert j.succeeded("ROLLBACK TO SAVEPOINT before_fetch")
+        assert j.queued("COMMIT"), "the COMMIT stored the held cursor's rows past the limit"
         # As a cursor of the client's own DECLARE waits, there.
         assert j.succeeded("BEGIN")
         assert j.queued("DECLARE counted CURSOR FOR SELECT count(*) FROM big WHERE v >= 0")
         assert j.succeeded("ROLLBACK")
-    # The queued FETCH left nothing behind: the group is idle once the holder ended.
+    # The queued FETCHes left nothing behind: the group is idle once the holder ended.
     s.wait_until("SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = 'pair'", "0 0")
+
+
+@check
+def a_protocol_portal_run_in_batches_is_not_admitted_late(s):
+    # A read too small to admit, run through a named portal of the extended protocol a
+    # row at a time (a driver's fetch size), with another statement between its runs:
+    # its portal is listed in pg_cursors as a cursor's is, but it is the client's own
+    # statement, judged when it started, and must not be admitted at a later run.
+    holder = holder_running(s, 6)
+    client = wire.Session(s.dir, s.port)
+    try:
+        client.query(f"SET pg_stride.resource_group = 'pair'; SET pg_stride.queue_timeout = '1s'; "
+                     f"SET ROLE {ROLE}; BEGIN")
+        client.prepare("few", "SELECT id FROM big WHERE id <= 3 ORDER BY id")
+        client.bind("rows", "few")
+        assert client.fetch("rows", 1) == [["1"]]
+        assert client.query("SELECT id FROM big WHERE id = 7") == [["7"]]
+        try:
+            second = client.fetch("rows", 1)
+        except wire.Error as e:
+            second = str(e)
+        assert second == [["2"]], second
+        client.query("COMMIT")
+    finally:
+        client.close()
+        assert finish(holder)[0] == 0
 
 
 @check

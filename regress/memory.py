@@ -196,6 +196,8 @@ def a_group_change_keeps_the_budget_of_a_reload_its_session_has_not_read(s):
         after = s.sql("SELECT memory_budget_kb FROM pg_stride.scheduler")
         print(f"    the session's own budget and the one in force after its group change: "
               f"{during}; after its commit: {after} kB")
+        # (The session's own value is still the old one: the case is made.)
+        assert during.split()[0] == "0", during
         assert during.split()[1] == after == str(1024 * 1024), (during, after)
     finally:
         s.sql("ALTER SYSTEM RESET pg_stride.memory_budget")

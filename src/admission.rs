@@ -196,8 +196,8 @@ fn reject(
 /// records the admission and its wait in the group's statistics (a statement taking a
 /// lent admission back is not counted again). It shows queued from now: PostgreSQL's
 /// statement start is the arrival of the client's message, shared by every statement of
-/// a multi-statement query string. Raises an ERROR when the wait is cancelled, times out or the backend is
-/// terminated, having left the queue.
+/// a multi-statement query string. Raises an ERROR when the wait is cancelled, times out
+/// or the backend is terminated, having left the queue.
 fn wait_in_queue(
     shared: &shmem::Shared,
     entry: &ProcEntry,

@@ -5,7 +5,7 @@ use crate::shmem::{self, Group};
 use crate::{admission, cpu, groups, pg};
 
 /// Brings admission and CPU scheduling in line with the directory's groups and the
-/// GUCs (after a reload of either) and admits whoever the new limits let in. Only the
+/// GUCs (at start and after a reload) and admits whoever the new limits let in. Only the
 /// scheduler worker calls it: connected to no database, it has the server's settings,
 /// where a session (or the groups loader, connected to a database as the bootstrap
 /// superuser) may have its own `pg_stride.slice`, from SET, ALTER ROLE or ALTER
@@ -59,6 +59,8 @@ pub fn reload_groups(shared: &shmem::Shared, committed: bool) {
         );
     }
     // The limits and the decay in force stay: this process's settings may not be the
-    // server's (a reload it has not yet read, its own `pg_stride.slice`).
+    // server's (a reload it has not yet read, its own `pg_stride.slice`). Groups that
+    // set no priorities of their own still take this process's priority_initial and
+    // priority_min, which only a reload it has not yet read makes differ.
     configure(shared, None);
 }

@@ -11,7 +11,8 @@
 //!   DECLARE / FETCH / MOVE / CLOSE of a cursor, EXECUTE, and the statements of DO
 //!   blocks and procedures (CALL), each admitted and scheduled on its own;
 //! * a cursor that a function opened (PL/pgSQL's OPEN), whose query started nested,
-//!   arrives at the client's first FETCH or MOVE of it, which runs it at depth 0;
+//!   arrives when its portal first runs it at depth 0: the client's FETCH or MOVE,
+//!   PL/pgSQL's FETCH in a DO block or procedure, or COMMIT for a holdable one;
 //! * everything else runs nested, never queued or paused: statements of functions and
 //!   triggers (inside ExecutorRun or ExecutorFinish of their statement), the queries
 //!   any other utility runs internally (the foreign-key check of ALTER TABLE … ADD
@@ -33,8 +34,8 @@
 //! in guarded functions (`#[pg_guard]`, pgrx's error boundary: a Rust panic becomes an
 //! ERROR, an ERROR below unwinds Rust frames), called only when there is something to
 //! do, and kept out of line: inlined, a boundary's frame (its jump buffer) would be set
-//! up by every call of the hook. Guarding every hook and every call it makes cost more than all the rest of
-//! pg_stride's work on a TPC-B statement (bench/instructions.py).
+//! up by every call of the hook. Guarding every hook and every call it makes cost more
+//! than all the rest of pg_stride's work on a TPC-B statement (bench/instructions.py).
 //!
 //! pg_stat_statements restores its nesting level with PG_TRY/PG_FINALLY around each
 //! call; here the depth is restored where PostgreSQL resumes after an ERROR instead:
@@ -275,8 +276,9 @@ unsafe extern "C-unwind" fn executor_run(
     count: u64,
     execute_once: bool,
 ) {
+    let moves = direction != pg_sys::ScanDirection::NoMovementScanDirection;
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
-    run_on_cpu_slot(desc, || unsafe {
+    run_on_cpu_slot(desc, moves, || unsafe {
         PREV_EXECUTOR_RUN.unwrap_or(raw::standard_ExecutorRun)(desc, direction, count, execute_once)
     })
 }
@@ -287,15 +289,17 @@ unsafe extern "C-unwind" fn executor_run(
     direction: pg_sys::ScanDirection::Type,
     count: u64,
 ) {
+    let moves = direction != pg_sys::ScanDirection::NoMovementScanDirection;
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
-    run_on_cpu_slot(desc, || unsafe {
+    run_on_cpu_slot(desc, moves, || unsafe {
         PREV_EXECUTOR_RUN.unwrap_or(raw::standard_ExecutorRun)(desc, direction, count)
     })
 }
 
 /// The body of the ExecutorRun hook, whose signature differs between majors: `run` calls
-/// the previous hook or the standard function.
-fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
+/// the previous hook or the standard function; `moves`: the run's direction is not
+/// NoMovement.
+fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, moves: bool, run: impl FnOnce()) {
     let top_level = NESTING.get() == 0;
     // A statement that runs unadmitted, told first, is not registered: it holds no slot
     // and lent no admission. Its runs are timed, to learn a plan estimated too small.
@@ -306,9 +310,10 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, run: impl FnOnce()) {
             return;
         }
     }
-    // A cursor that a function opened arrives at its first FETCH: it was started nested.
-    // (The cheap test first: only a FETCH or MOVE asks more.)
-    if top_level && statements::cursor_arrives(desc) && is_scheduled(0) {
+    // A cursor that a function opened, started nested, arrives at its first run at depth
+    // 0 that moves (a FETCH past its end runs it without moving). The cheap test first:
+    // only a cursor's portal asks more.
+    if top_level && moves && statements::cursor_arrives(desc) && is_scheduled(0) {
         // SAFETY: a guarded function, given the executor's own QueryDesc.
         unsafe { arrive_started(desc) };
     }
@@ -353,6 +358,7 @@ unsafe extern "C-unwind" fn executor_finish(desc: *mut pg_sys::QueryDesc) {
 }
 
 unsafe extern "C-unwind" fn executor_end(desc: *mut pg_sys::QueryDesc) {
+    statements::cursor_ended(Some(desc));
     // A statement that ran unadmitted, told first, is not registered.
     match statements::unadmitted_ended(desc) {
         // SAFETY: a guarded function, given the executor's own QueryDesc.
@@ -408,7 +414,7 @@ unsafe extern "C-unwind" fn process_utility(
         // SAFETY: the query string stays valid while the utility runs; the value is
         // cleared when it returns, or when an ERROR aborts the transaction.
         let text = unsafe { pg::StatementText::new(query_string, (*pstmt).stmt_location) };
-        statements::client_utility_started(text, tag == Some(pg_sys::NodeTag::T_FetchStmt));
+        statements::client_utility_started(text);
     }
     if nested {
         NESTING.set(NESTING.get().saturating_add(1));
@@ -508,6 +514,7 @@ unsafe extern "C-unwind" fn arrive_started(desc: *mut pg_sys::QueryDesc) {
     if unsafe { arrive_unless_monitoring(desc) } {
         statements::executor_started(desc);
     }
+    statements::cursor_judged(desc);
 }
 
 #[pgrx::pg_guard]
@@ -627,6 +634,7 @@ unsafe extern "C-unwind" fn on_xact_event(
             statements::client_utility_ended();
         }
         statements::unadmitted_aborted();
+        statements::cursor_ended(None);
     }
     if event == XACT_EVENT_PRE_PREPARE && groups::changed_in_transaction() {
         // SAFETY: a guarded function.
@@ -678,6 +686,7 @@ unsafe extern "C-unwind" fn on_subxact_event(
     if event == SUBXACT_EVENT_ABORT_SUB {
         statements::subtransaction_aborted(subid);
         statements::unadmitted_aborted();
+        statements::cursor_ended(None);
         // A DROP DATABASE inside the savepoint failed (it cannot run in a transaction
         // block): only the subtransaction aborts.
         if WATCHING_DROPS

@@ -253,7 +253,7 @@ mod tests {
         };
         let generation = shared.tuner.choice().generation();
         assert!(shared.tuner.adopt(sched, tuned, generation));
-        // A reload that changes nothing about decay (any SIGHUP, a groups change).
+        // A reload that changes nothing about decay (any SIGHUP).
         crate::config::apply(shared);
         assert_eq!(sched.decay(), tuned);
         let shown = Spi::get_one::<bool>(

@@ -391,6 +391,28 @@ pub fn portal_active() -> bool {
     unsafe { !pg_sys::ActivePortal.is_null() }
 }
 
+/// Whether the active portal is one listed in pg_cursors (a DECLARE's, SPI's for
+/// PL/pgSQL's OPEN and FOR over a query, and also the extended protocol's Bind) and
+/// runs `desc`, its query; the portals of a simple query and of EXECUTE are not listed.
+pub fn cursor_portal_runs(desc: *const pg_sys::QueryDesc) -> bool {
+    // SAFETY: ActivePortal is null or a valid portal of this backend.
+    unsafe {
+        let portal = pg_sys::ActivePortal;
+        !portal.is_null() && (*portal).visible && std::ptr::eq((*portal).queryDesc, desc)
+    }
+}
+
+/// Whether the active portal stores its rows for after its transaction: COMMIT runs a
+/// holdable cursor's query to its end into that store (`PersistHoldablePortal`), and
+/// no FETCH runs the query once the store exists.
+pub fn portal_stores_held_rows() -> bool {
+    // SAFETY: ActivePortal is null or a valid portal of this backend.
+    unsafe {
+        let portal = pg_sys::ActivePortal;
+        !portal.is_null() && !(*portal).holdStore.is_null()
+    }
+}
+
 /// Whether the active portal is running: true while a procedure or DO block commits or
 /// rolls back the transaction it runs in (its portal stays active across), false when
 /// an ERROR aborts it, since PortalRun marks its portal failed and restores the portal

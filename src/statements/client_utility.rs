@@ -25,25 +25,16 @@ struct ClientUtility {
     /// The role that sent it: the statements of a SECURITY DEFINER procedure it calls
     /// run as the procedure's owner, and are still the caller's.
     role: pg_sys::Oid,
-    /// Whether it is a FETCH or MOVE, which runs a cursor's query.
-    fetch: bool,
 }
 
-/// A top-level utility whose queries are the client's starts (`fetch`: a FETCH or MOVE).
-/// Plain stores and reads that cannot fail, as the next ones: called from hooks, outside
-/// pgrx's guard.
-pub fn client_utility_started(text: pg::StatementText, fetch: bool) {
+/// A top-level utility whose queries are the client's starts. Plain stores and reads
+/// that cannot fail, as the next three: called from hooks, outside pgrx's guard.
+pub fn client_utility_started(text: pg::StatementText) {
     CLIENT_UTILITY.set(Some(ClientUtility {
         text,
         subtransaction: pg::current_subtransaction(),
         role: pg::current_role(),
-        fetch,
     }));
-}
-
-/// Whether the client's FETCH or MOVE is running.
-pub fn fetching() -> bool {
-    CLIENT_UTILITY.get().is_some_and(|utility| utility.fetch)
 }
 
 /// The top-level utility has returned, or an ERROR aborted its transaction.

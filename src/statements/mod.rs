@@ -20,11 +20,12 @@
 //! ExecutorEnd ([`end`]), giving back, in reverse order, its CPU scheduling, its
 //! workers, its memory and its admission.
 //!
-//! A statement is registered when the executor starts it and unregistered when the
-//! executor ends it. When a statement fails, is cancelled or times out, ExecutorEnd never
-//! runs; its portal's resource owner is released instead, and the release callback
-//! (`ending`) unregisters every statement started under that owner (docs/design.md §2,
-//! §4 rule 8).
+//! A statement is registered when the executor starts it (a cursor that a function
+//! opened, nested, when a cursor's portal first runs it at depth 0: [`cursor_arrives`])
+//! and unregistered when the executor ends it. When a statement fails, is cancelled or
+//! times out, ExecutorEnd never runs; its portal's resource owner is released instead,
+//! and the release callback (`ending`) unregisters every statement started under that
+//! owner (docs/design.md §2, §4 rule 8).
 //! When the process exits, its shared entry is cleared by a `before_shmem_exit` callback
 //! (the one exit callback of pg_stride); a process that dies without running it
 //! (SIGKILL) makes the postmaster reinitialise shared memory, and the scheduler worker
@@ -106,7 +107,8 @@ static PLANS_IDENTIFIED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(
 /// and grants its Gathers their parallel workers. Superusers skip admission when
 /// `pg_stride.exempt_superuser` is on, and so does a statement of a backend that holds
 /// an admission for another of its statements. Call before ExecutorStart: it may
-/// replace the statement's plan by a copy with fewer workers. Returns whether the
+/// replace the statement's plan by a copy with fewer workers (a cursor's serial plan,
+/// which no such copy replaces, also arrives after it: [`cursor_arrives`]). Returns whether the
 /// statement joins CPU scheduling once the executor started it ([`executor_started`]):
 /// one that may be paused (docs/design.md §4 rule 2: writes are never paused) and whose
 /// plan is not too small to schedule (one tiny by its history joins, and takes a slot
@@ -322,18 +324,48 @@ pub fn executor_started(desc: *const pg_sys::QueryDesc) {
     }
 }
 
-/// Whether `desc`, which the client's FETCH or MOVE is about to run at depth 0, is a
-/// cursor whose query no statement of this backend registered: one that a function
-/// opened (PL/pgSQL's OPEN, a DECLARE it ran) started nested, inside the function's
-/// statement, and arrives only now ([`arrive`], at its first FETCH; docs/design.md §4
-/// rule 4). A cursor's plan is never parallel, so that arriving after ExecutorStart
-/// changes no plan. Cannot panic: the ExecutorRun hook asks it outside pgrx's error
-/// boundary.
+/// Whether `desc`, which a cursor's portal is about to run at depth 0 for the client's
+/// command (its FETCH or MOVE, PL/pgSQL's FETCH in its DO block or procedure) or for a
+/// COMMIT storing a holdable cursor, is a query no statement of this backend
+/// registered: one that a function opened (PL/pgSQL's OPEN, a DECLARE it ran) started
+/// nested, inside the function's statement, and arrives only now ([`arrive`];
+/// docs/design.md §4 rule 4). A monitoring query's cursor is let go ([`LET_GO`]). Not
+/// the extended protocol's portals, also listed in pg_cursors but run by the client's
+/// Execute, not a command: their statements were judged when they started. A plan that
+/// is parallel (not a DECLARE's or PL/pgSQL's) does not arrive: its workers could not
+/// be granted fewer once it started. Cannot panic: the ExecutorRun hook asks it outside
+/// pgrx's error boundary.
 pub fn cursor_arrives(desc: *const pg_sys::QueryDesc) -> bool {
-    client_utility::fetching()
+    pg::cursor_portal_runs(desc)
+        && (client_utility::running() || pg::portal_stores_held_rows())
+        && LET_GO.get() != desc as usize
         // SAFETY: the QueryDesc ExecutorRun is given, started, with its PlannedStmt.
         && !unsafe { (*(*desc).plannedstmt).parallelModeNeeded }
         && REGISTERED.try_with_borrow(|list| list.iter().all(|r| r.desc != desc)) == Some(true)
+}
+
+/// The cursor's query that [`arrive`] last let go unregistered when its portal ran it
+/// ([`cursor_arrives`]): a monitoring query's, which is then not looked at again at
+/// each of its FETCHes (a PL/pgSQL loop fetches every ten rows). An address, compared,
+/// never followed: forgotten at that statement's ExecutorEnd, and when a transaction or
+/// subtransaction aborts, which can free its portal without one.
+static LET_GO: BackendLocal<Cell<usize>> = BackendLocal::new(Cell::new(0));
+
+/// [`arrive`] has judged `desc`, a cursor's query: if it left it unregistered, it is not
+/// asked again ([`LET_GO`]).
+pub fn cursor_judged(desc: *const pg_sys::QueryDesc) {
+    if REGISTERED.with_borrow(|list| list.iter().all(|r| r.desc != desc)) {
+        LET_GO.set(desc as usize);
+    }
+}
+
+/// `desc` ends (`None`: a transaction or subtransaction aborted): a cursor's query let go
+/// at that address is no longer there. Cannot panic: called from hooks and callbacks
+/// outside pgrx's error boundary.
+pub fn cursor_ended(desc: Option<*const pg_sys::QueryDesc>) {
+    if desc.is_none_or(|d| LET_GO.get() == d as usize) {
+        LET_GO.set(0);
+    }
 }
 
 /// Whether ExecutorRun of `desc` runs on a CPU slot: a statement of this backend that

@@ -31,8 +31,9 @@ fn add(value: &AtomicU64, by: u64) -> u64 {
     value.fetch_add(by, Relaxed).wrapping_add(by)
 }
 
-/// Keeps `pass`, just made `now`, within [`crate::stride::MAX_LAG`] of `vtime` ([`bounded`]). A charge
-/// another process of the query adds meanwhile may be lost: only to a pass at the bound.
+/// Keeps `pass`, just made `now`, within [`crate::stride::MAX_LAG`] of `vtime`
+/// ([`bounded`]). A charge another process of the query adds meanwhile may be lost: only
+/// to a pass at the bound.
 pub(super) fn bound(pass: &AtomicU64, now: u64, vtime: u64) {
     let within = bounded(now, vtime);
     if within != now {
