@@ -238,11 +238,16 @@ mod tests {
         };
     }
 
-    #[pg_test]
-    fn a_reload_keeps_the_tuned_decay_unless_the_decay_settings_change() {
-        let shared = shmem::shared().unwrap();
+    /// The tuner on, and decay parameters of its own (λ 0.97, d_start 40) adopted:
+    /// (the configured parameters, the tuned ones, the generation they were adopted at).
+    fn tuned_decay_in_force(
+        shared: &shmem::Shared,
+    ) -> (
+        pg_stride_sched::DecayParams,
+        pg_stride_sched::DecayParams,
+        u64,
+    ) {
         let sched = shared.sched().unwrap();
-        let d_start = crate::cpu::decay_params().d_start;
         set_as_reload(c"pg_stride.tuner", "on");
         crate::config::apply(shared);
         let configured = sched.decay();
@@ -253,6 +258,15 @@ mod tests {
         };
         let generation = shared.tuner.choice().generation();
         assert!(shared.tuner.adopt(sched, tuned, generation));
+        (configured, tuned, generation)
+    }
+
+    #[pg_test]
+    fn a_reload_keeps_the_tuned_decay_unless_the_decay_settings_change() {
+        let shared = shmem::shared().unwrap();
+        let sched = shared.sched().unwrap();
+        let d_start = crate::cpu::decay_params().d_start;
+        let (configured, tuned, generation) = tuned_decay_in_force(shared);
         // A reload that changes nothing about decay (any SIGHUP).
         crate::config::apply(shared);
         assert_eq!(sched.decay(), tuned);
@@ -287,17 +301,7 @@ mod tests {
     fn a_sessions_own_slice_is_not_published_by_its_groups_change() {
         let shared = shmem::shared().unwrap();
         let sched = shared.sched().unwrap();
-        set_as_reload(c"pg_stride.tuner", "on");
-        crate::config::apply(shared);
-        let configured = sched.decay();
-        let tuned = pg_stride_sched::DecayParams {
-            lambda: 0.97,
-            d_start: 40,
-            ..configured
-        };
-        assert!(shared
-            .tuner
-            .adopt(sched, tuned, shared.tuner.choice().generation()));
+        let (configured, tuned, _) = tuned_decay_in_force(shared);
         // A superuser's session sets its own slice, then changes the groups table (whose
         // trigger publishes the table as the session sees it): the server's decay
         // quantum, and the tuner's choice, stay as they were. So too when the groups
