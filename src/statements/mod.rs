@@ -341,7 +341,13 @@ pub fn cursor_arrives(desc: *const pg_sys::QueryDesc) -> bool {
         && LET_GO.get() != desc as usize
         // SAFETY: the QueryDesc ExecutorRun is given, started, with its PlannedStmt.
         && !unsafe { (*(*desc).plannedstmt).parallelModeNeeded }
-        && REGISTERED.try_with_borrow(|list| list.iter().all(|r| r.desc != desc)) == Some(true)
+        && registered(desc) == Some(false)
+}
+
+/// Whether `desc` is one of this backend's registered statements; `None` while the list
+/// is borrowed. Cannot panic.
+fn registered(desc: *const pg_sys::QueryDesc) -> Option<bool> {
+    REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc))
 }
 
 /// The cursor's query that [`arrive`] last let go unregistered when its portal ran it
@@ -354,7 +360,7 @@ static LET_GO: BackendLocal<Cell<usize>> = BackendLocal::new(Cell::new(0));
 /// [`arrive`] has judged `desc`, a cursor's query: if it left it unregistered, it is not
 /// asked again ([`LET_GO`]).
 pub fn cursor_judged(desc: *const pg_sys::QueryDesc) {
-    if REGISTERED.with_borrow(|list| list.iter().all(|r| r.desc != desc)) {
+    if registered(desc) == Some(false) {
         LET_GO.set(desc as usize);
     }
 }
@@ -429,8 +435,7 @@ pub fn timed_run_ended(desc: *const pg_sys::QueryDesc, started: RunStart) {
 pub fn runs_on_lent_admission(desc: *const pg_sys::QueryDesc) -> bool {
     // The list first: a statement that is not registered, one that ran unadmitted among
     // them, learns it without reading shared memory.
-    REGISTERED.try_with_borrow(|list| list.iter().any(|r| r.desc == desc)) == Some(true)
-        && shmem::shared().is_some_and(admission::is_lent)
+    registered(desc) == Some(true) && shmem::shared().is_some_and(admission::is_lent)
 }
 
 /// A top-level ExecutorRun begins: a statement whose admission was lent while its
