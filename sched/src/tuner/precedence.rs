@@ -11,7 +11,8 @@
 //!   and the tuner starts again from it;
 //! * with the tuner off, the configured parameters are in force;
 //! * the tuner's choice is installed only if the configuration did not change while it
-//!   searched (it searched around parameters that are no longer configured).
+//!   searched (it searched around parameters that are no longer configured), and the
+//!   tuner was not switched off meanwhile.
 //!
 //! Plain data, kept in shared memory under a lock by the extension.
 
@@ -67,6 +68,10 @@ impl DecayChoice {
         }
         if !tuner_on {
             self.tuned = None;
+            // A search that was running when the tuner was switched off must not
+            // install its choice afterwards: the tuner process reads the new setting
+            // only after its round.
+            self.generation += 1;
         }
         self.in_force()
     }
@@ -134,6 +139,16 @@ mod tests {
             ..params(0.9, 8)
         };
         assert_eq!(c.reload(slice, true), slice);
+    }
+
+    #[test]
+    fn a_search_running_when_the_tuner_is_switched_off_installs_nothing() {
+        let mut c = DecayChoice::new(params(0.9, 8));
+        let g = c.generation();
+        assert_eq!(c.reload(params(0.9, 8), false), params(0.9, 8));
+        assert_eq!(c.adopt(params(0.98, 64), g), None);
+        assert_eq!(c.in_force(), params(0.9, 8));
+        assert!(!c.is_tuned());
     }
 
     #[test]
