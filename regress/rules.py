@@ -16,6 +16,9 @@ through ALTER ROLE … SET, while other sessions run beside them.
 - a `move` rule: the moved statement shows its new group as its cpu_group in
   pg_stride.activity, and with one CPU slot, moved to a group of weight 1, it gets
   almost none of the CPU while another group's statement runs (half before the move);
+- a move that could not be made before its statement ended (a parallel statement whose
+  leader reached no check-in) leaves the target group free to drop;
+- a statement run beside an open cursor is judged by its own CPU, not the cursor's;
 - a rule fires once per statement, and again for the next statement;
 - a statement that its history calls tiny (it ran unscheduled) but that grew is
   cancelled by the `cpu_time` rule once it has used a slice: it runs unscheduled for
@@ -356,6 +359,69 @@ def a_move_rule_gives_the_statement_its_new_groups_weight(s):
         set_rules(s, "")
         set_server(s, "pg_stride.cpu_slots", None)
         s.sql("SELECT pg_stride.drop_group('slow')")
+
+
+@check
+def a_move_that_never_took_place_does_not_hold_its_target_group(s):
+    """A parallel statement whose leader takes no part in the scan never reaches a
+    check-in of its own, so a move rule it met cannot move it. The move asked stays
+    unserved when it ends; the next statement of the session must not count as being in
+    the target group: dropping that group while it runs succeeds."""
+    s.sql("SELECT pg_stride.create_group('batch')")
+    settings = ("SET max_parallel_workers_per_gather = 2; SET parallel_leader_participation = off; "
+                "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; ")
+    try:
+        set_rules(s, "cpu_time > 100ms: move batch")
+        # The concurrency hint grants fewer workers for a while after a busy check: a
+        # run without both workers is done again, up to ten times, a second apart.
+        for attempt in range(10):
+            since = now(s)
+            name = f"unmoved_{attempt}"
+            client = s.client_as(APP, f"SET application_name = '{name}'; {settings}"
+                                 f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {LONG}; "
+                                 "SELECT pg_sleep(3)")
+            concurrency.wait_until_sleeping(s, name)
+            moves = [x for x in hits(s, since) if x[1] == "move"]
+            if moves:
+                dropped = s.sql("SELECT pg_stride.drop_group('batch')")
+            rc, out, err = finish(client, timeout=120)
+            assert rc == 0, (rc, out, err)
+            if "Workers Launched: 2" in out and moves:
+                break
+            if moves:
+                s.sql("SELECT pg_stride.create_group('batch')")
+            time.sleep(1)
+        assert "Workers Launched: 2" in out and moves, (out, moves)
+        assert dropped == "", dropped
+    finally:
+        set_rules(s, "")
+        if s.sql("SELECT count(*) FROM pg_stride.resource_groups WHERE name = 'batch'") == "1":
+            s.sql("SELECT pg_stride.drop_group('batch')")
+
+
+@check
+def a_statement_beside_an_open_cursor_is_judged_by_its_own_cpu(s):
+    """A statement run while a cursor of its session is open shares the cursor's query
+    entry: a cpu_time rule must judge it by the CPU used since it began, not by the
+    cursor's, which met the rule already."""
+    set_rules(s, "cpu_time > 100ms: log")
+    x = concurrency.Session(s, APP)
+    try:
+        start = now(s)
+        x.run(f"BEGIN; DECLARE c CURSOR FOR {LONG}", lines=0)
+        assert x.run("FETCH c") == ["1000000"]
+        # The scheduler worker sweeps every 100 ms: the cursor's hit is in by now.
+        time.sleep(0.5)
+        cursor = hits(s, start)
+        assert [x[:2] for x in cursor] == [["cpu_time > 100ms: log", "log"]], cursor
+        since = now(s)
+        assert x.run("SELECT pg_sleep(1)") == [""]
+        beside = hits(s, since)
+        assert beside == [], beside
+        x.run("COMMIT", lines=0)
+    finally:
+        x.close()
+        set_rules(s, "")
 
 
 def race(s, watch=lambda: None):

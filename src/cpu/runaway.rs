@@ -159,7 +159,9 @@ pub(super) fn move_if_a_rule_says_so(shared: &shmem::Shared, sched: &SchedShared
     let slot = target as usize - 1;
     let moved = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut().filter(|m| m.owner)?;
-        let query = m.query.filter(|_| sched.is_running(m.proc))?;
+        let query = m
+            .query
+            .filter(|&q| sched.is_running(m.proc) && sched.may_move(q))?;
         let pinned = shared.groups.settings_of(slot).filter(|s| s.pinned);
         let pinned_priority = pinned.map(|s| priority_range(&s).p0);
         {

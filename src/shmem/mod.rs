@@ -185,10 +185,22 @@ impl Shared {
             ((e.running.load(Ordering::Acquire) > 0
                 && (e.group.load(Ordering::Acquire) as usize == slot
                     || self.cpu_group_of(e) == Some(slot)
-                    || e.inbox.rule_move.load(Ordering::Acquire) as usize == slot + 1))
+                    || e.move_asked_for_this_statement() == Some(slot)))
                 || e.lease.group_in_use() == Some(slot))
                 && self.is_live(procno)
         }) || self.with_admission(|_, waiters| group_has_waiters(waiters, slot))
+    }
+
+    /// CPU time, ns, that the query entry of `entry`'s process has used, its parallel
+    /// workers' included (0 without one).
+    pub fn query_cpu_ns(&self, entry: &ProcEntry) -> u64 {
+        match entry.cpu_query.load(Ordering::Acquire) {
+            0 => 0,
+            q => self
+                .sched()
+                .and_then(|s| s.query_snapshot(QueryId(q - 1)))
+                .map_or(0, |s| s.cpu_ns),
+        }
     }
 
     /// The group slot whose CPU share `entry`'s statement runs under, once it joined CPU

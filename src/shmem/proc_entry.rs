@@ -67,6 +67,11 @@ pub struct ProcEntry {
     /// Rows the leader's current statement produced (returned, or changed by a write),
     /// as of its last check-in at a yield point: what runaway-query rules read.
     pub rows: AtomicU64,
+    /// CPU time, ns, that the query entry in `cpu_query` had used when the current
+    /// statement registered, for a statement run while the entry was there already (beside
+    /// an open cursor, whose query it joins or, not scheduled itself, keeps): runaway-query
+    /// rules judge the statement by what the query used since. 0 otherwise.
+    pub cpu_base_ns: AtomicU64,
     /// The query id of this process's current statement (0 = not computed), for the
     /// hits of runaway-query rules.
     pub query_id: AtomicU64,
@@ -215,6 +220,8 @@ impl ProcEntry {
         self.checks_in.store(0, Ordering::Relaxed);
         self.admitted_pending.store(0, Ordering::Relaxed);
         self.inbox.slot_cpu.store(0, Ordering::Relaxed);
+        self.inbox.rule_cancel.store(0, Ordering::Relaxed);
+        self.inbox.rule_move.store(0, Ordering::Relaxed);
         // Unpinned, one write on: a process still pinning the entry's last process
         // (a giver between its mask and its compare-and-swap) fails its swap.
         let pinned = self.inbox.pinned_cpu.load(Ordering::Relaxed);
@@ -225,6 +232,18 @@ impl ProcEntry {
         self.slice_share_at_ns.store(0, Ordering::Relaxed);
         self.clear_statement();
         self.pid.store(0, Ordering::Release);
+    }
+
+    /// The group slot a runaway-query rule asked to move this process's current
+    /// statement to, while the move is not done. A move asked for a statement that ended
+    /// unmoved (its parallel workers were members until its end) is no longer this
+    /// process's business: the process clears it at its next check-in only.
+    pub fn move_asked_for_this_statement(&self) -> Option<usize> {
+        let target = self.inbox.rule_move.load(Ordering::Acquire);
+        (target != 0
+            && self.inbox.rule_move_key.load(Ordering::Relaxed)
+                == self.registered.load(Ordering::Acquire))
+        .then(|| target as usize - 1)
     }
 
     /// Publishes the CPU predicted for the query this process registered, µs, and
@@ -244,6 +263,7 @@ impl ProcEntry {
     /// Forgets what the entry says of the previous statement; a new one starts.
     pub fn clear_statement(&self) {
         self.rows.store(0, Ordering::Relaxed);
+        self.cpu_base_ns.store(0, Ordering::Relaxed);
         self.prediction.store(0, Ordering::Relaxed);
         self.workers_planned.store(0, Ordering::Relaxed);
         self.workers_granted.store(0, Ordering::Relaxed);

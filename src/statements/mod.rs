@@ -238,6 +238,14 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // them and then reads the count again (behind an acquire fence, `worker::rules`)
     // sees this count.
     fence(Ordering::Release);
+    // Beside an open cursor, the process's query entry is the cursor's, with the CPU
+    // the cursor used: the rules judge this statement by what is used from now on.
+    if entry.cpu_query.load(Ordering::Relaxed) != 0 {
+        ENTRY_WRITTEN.set(true);
+        entry
+            .cpu_base_ns
+            .store(shared.query_cpu_ns(entry), Ordering::Relaxed);
+    }
     // Counted as running before its workers are reserved, so that statements reserving
     // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);

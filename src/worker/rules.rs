@@ -9,7 +9,6 @@
 
 use crate::{pg, shmem};
 use pg_stride_sched::rules::{Action, Metric, Rules, Usage};
-use pg_stride_sched::QueryId;
 use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
@@ -174,15 +173,11 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
 }
 
 /// CPU time of `entry`'s statement, its parallel workers' included, ns (0 while it has
-/// not joined CPU scheduling).
+/// not joined CPU scheduling): what its query used since the statement registered.
 fn statement_cpu_ns(shared: &shmem::Shared, entry: &shmem::ProcEntry) -> u64 {
-    match entry.cpu_query.load(Ordering::Acquire) {
-        0 => 0,
-        q => shared
-            .sched()
-            .and_then(|s| s.query_snapshot(QueryId(q - 1)))
-            .map_or(0, |s| s.cpu_ns),
-    }
+    shared
+        .query_cpu_ns(entry)
+        .saturating_sub(entry.cpu_base_ns.load(Ordering::Relaxed))
 }
 
 /// Adds the temporary files of each parallel worker (or pool worker) to those of its

@@ -215,6 +215,15 @@ impl SchedShared {
         Ok(())
     }
 
+    /// Whether [`Self::move_query`] could move `q` now: it has one member and no waiter.
+    /// Read without the registration lock, so that a process whose query has parallel
+    /// workers does not take it at each check-in only to be refused; `move_query` checks
+    /// again under the lock.
+    pub fn may_move(&self, q: QueryId) -> bool {
+        let qe = self.query(q);
+        qe.members.load(Acquire) == 1 && qe.waiting.load(SeqCst) == 0
+    }
+
     /// Moves query `q` to group `g` (a runaway-query rule's `move`): from now on it is
     /// charged to `g`, shares `g`'s weight and takes `g`'s priority range, its current
     /// priority clamped into it (or `pinned_priority`); its pass restarts at `g`'s global
@@ -232,7 +241,7 @@ impl SchedShared {
         if old == g {
             return Ok(());
         }
-        if qe.members.load(Acquire) != 1 || qe.waiting.load(SeqCst) != 0 {
+        if !self.may_move(q) {
             return Err(SchedError::QueryInUse);
         }
         let (from, to) = (self.group(old), self.group(g));
