@@ -24,13 +24,16 @@ must have launched PostgreSQL's workers.
 Also: the pool's own baseline does not leak into a fragment (the pool workers connect as
 the bootstrap superuser), and a command that fails its permission check leaves the pool
 alone (ALTER DATABASE, DROP DATABASE, CREATE DATABASE … TEMPLATE by a non-owner), while
-the same commands by the owner are not blocked by the pool, nor by the groups loader.
+the same commands by the owner are not blocked by the pool, nor by the groups loader;
+a DROP DATABASE that PostgreSQL refuses after its drop hook ran (other sessions are
+connected) leaves a superuser's running pooled query alone.
 
 Starts its own temporary server; prints one line per check, then
 "pool_identity: N passed, N failed".
 """
 
 import os
+import subprocess
 import sys
 import time
 
@@ -328,6 +331,38 @@ def database_commands_of_the_owner_are_not_blocked_by_the_pool(s):
     s.sql("DROP TABLESPACE regress_ts")
     print("    rename, template copy, set tablespace, drop: "
           + ", ".join(f"{t:.2f} s" for t in timings))
+
+
+@check
+def a_drop_database_that_fails_leaves_running_fragments_alone(s):
+    """The owner of a database tries to drop it while a superuser's pooled query runs
+    there. PostgreSQL refuses (55006: other users are connected; with FORCE, 42501: the
+    owner may not end a superuser's session), and the query finishes with its rows: the
+    drop ends only the pool's workers that serve no leader."""
+    s.sql(f"CREATE DATABASE regress_busy_db OWNER {DAVE}")
+    setup_args = s.psql_args("CREATE EXTENSION IF NOT EXISTS pg_stride; "
+                             "CREATE TABLE t AS SELECT g AS a FROM generate_series(1, 2000) g; "
+                             "ANALYZE t")
+    setup_args[setup_args.index("-d") + 1] = "regress_busy_db"
+    s.run(*setup_args[len(concurrency.AS_POSTGRES):], capture_output=True, check=True)
+    try:
+        warm_pool(s, "regress_busy_db", user="postgres", table="t")
+        # About 5 s: 2000 rows, 5 ms each, read by the two workers.
+        args = s.psql_args(FORCE.replace("\\set VERBOSITY verbose\n", "") +
+                           "SELECT count(*) FROM (SELECT pg_sleep(0.005) FROM t) x")
+        args[args.index("-d") + 1] = "regress_busy_db"
+        slow = subprocess.Popen(args, env=concurrency.ENV, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        s.wait_until("SELECT count(*) > 0 FROM pg_stride.pool "
+                     "WHERE datname = 'regress_busy_db' AND state = 'busy'", "t")
+        for sql, code in [("DROP DATABASE regress_busy_db", "55006"),
+                          ("DROP DATABASE regress_busy_db WITH (FORCE)", "42501")]:
+            _, error = run_as(s, DAVE, sql)
+            assert error and code in error, (sql, error)
+        rc, out, err = concurrency.finish(slow)
+        assert (rc, out) == (0, "2000"), (rc, out, err)
+    finally:
+        s.sql("DROP DATABASE IF EXISTS regress_busy_db WITH (FORCE)")
 
 
 @check

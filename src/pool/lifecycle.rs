@@ -19,7 +19,7 @@
 //!   hook, which runs right after the ownership check, releases the pool first
 //!   ([`release_database`]).
 
-use super::shared::{PoolShared, State};
+use super::shared::{PoolShared, Slot, State};
 use crate::{gucs, parallel};
 use pg_stride_sched::pool::caps::{pool_caps, PoolCaps};
 use pgrx::pg_sys;
@@ -223,33 +223,42 @@ fn spawn(index: usize, database: pg_sys::Oid, gen: u64) -> bool {
     }
 }
 
-/// Terminates the pool workers connected to `database` and waits (up to 5 s) until they
-/// are gone. Called from DROP DATABASE's drop hook, once the caller passed the
-/// ownership check.
+/// Terminates the pool workers connected to `database` that serve no leader now, and
+/// waits (up to 5 s) until they are gone. Called from DROP DATABASE's drop hook, once
+/// the caller passed the ownership check but before PostgreSQL's other checks, which
+/// may still fail the command: a worker running a fragment is left to its leader, a
+/// session of that database, which makes PostgreSQL refuse the drop or, with FORCE,
+/// ends the leader if the caller may; its fragment then ends and the worker, idle and
+/// shown as autovacuum, is ended by PostgreSQL with the database's other autovacuum
+/// workers.
 pub fn release_database(database: pg_sys::Oid) {
     let Some(pool) = super::shared::shared() else {
         return;
     };
-    let mut any = false;
-    for slot in &pool.slots {
-        if slot.load().1 != State::Free
-            && slot.database.load(Ordering::Acquire) == u32::from(database)
-        {
-            slot.retire.store(true, Ordering::Release);
-            let pid = slot.pid.load(Ordering::Acquire);
-            if pid > 0 {
-                // SAFETY: SIGTERM to our own worker: it exits at its next interrupt check.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-            }
-            any = true;
+    let serves_no_leader = |slot: &Slot| {
+        matches!(
+            slot.load().1,
+            State::Starting | State::Connecting | State::Idle | State::Retiring
+        ) && slot.database.load(Ordering::Acquire) == u32::from(database)
+    };
+    let mut ended = Vec::new();
+    for slot in pool.slots.iter().filter(|slot| serves_no_leader(slot)) {
+        // Leaders reserve no slot that retires; one that a leader reserved since the
+        // look above ends all the same, as a worker that exits for any other reason.
+        slot.retire.store(true, Ordering::Release);
+        let pid = slot.pid.load(Ordering::Acquire);
+        if pid > 0 {
+            // SAFETY: SIGTERM to our own worker: it exits at its next interrupt check.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
         }
+        ended.push(slot);
     }
-    if !any {
+    if ended.is_empty() {
         return;
     }
     crate::pg::wait_until(
         || {
-            pool.slots.iter().all(|slot| {
+            ended.iter().all(|slot| {
                 slot.load().1 == State::Free
                     || slot.database.load(Ordering::Acquire) != u32::from(database)
             })
