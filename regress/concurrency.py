@@ -196,8 +196,8 @@ def terminating_an_admitted_backend_frees_its_admission(s):
 class Session:
     """A psql session that stays connected between statements, reading from a pipe."""
 
-    def __init__(self, s, user="postgres"):
-        args = s.psql_args(None, user)
+    def __init__(self, s, user="postgres", db="postgres"):
+        args = s.psql_args(None, user, db)
         # psql buffers its output when it goes to a pipe; line-buffered, each result
         # arrives as soon as its statement ends.
         args.insert(len(AS_POSTGRES), "stdbuf")

@@ -14,7 +14,9 @@
   min_dynamic_shared_memory is configured, and a configured value wins;
 - a ticket a pool worker must decline (its number past the context's workers, through
   PG_STRIDE_TEST_FAULTS in the debug build), with the leader not taking part: the
-  leader does that part itself and the result is the serial one.
+  leader does that part itself and the result is the serial one;
+- a fragment that fails on its own lock_timeout and whose leader's cancel comes late
+  (PG_STRIDE_TEST_FAULTS again): the next fragments of the worker are not cancelled.
 
 Prints one line per check, then "pool_limits: N passed, N failed".
 """
@@ -285,6 +287,60 @@ def declined_ticket():
         "a_ticket_a_worker_declines_is_done_by_the_leader", the_leader_does_a_declined_part)
 
 
+def a_late_cancel_spares_the_next_fragment(s):
+    """A fragment fails on its own lock_timeout (its process signals itself), and its
+    leader, aborting, cancels it before the worker is done with it, with a SIGINT that
+    comes a second late (a test fault: the worker and then the leader are slow, as
+    processes taken off their CPU are). The worker must wait for that SIGINT before it
+    serves again: the next statements of the same role, looping through the one pool
+    worker, all finish."""
+    in_database(s, "regress_db1", "CREATE TABLE locked (x int); "
+                f"GRANT SELECT ON locked TO {APP}; "
+                "CREATE FUNCTION peek(int) RETURNS bigint LANGUAGE plpgsql STABLE PARALLEL SAFE "
+                "AS 'BEGIN RETURN (SELECT count(*) FROM locked); END'", user="postgres")
+    # Two workers planned (the leader takes no part: with one, a parallel plan would
+    # cost no less than a serial one), one pool worker to run them.
+    one = FORCE + "SET parallel_leader_participation = off; "
+    holder = concurrency.Session(s, "postgres", db="regress_db1")
+    holder.run("BEGIN; LOCK TABLE locked IN ACCESS EXCLUSIVE MODE", lines=0)
+    try:
+        for attempt in range(5):
+            assert launched(s, "regress_db1", "SELECT count(*) FROM t") == 1
+            sent = counters(s)["cancels_sent"]
+            args = s.psql_args(one + "SET lock_timeout = '1s'; "
+                               "SELECT count(*) FROM t WHERE a <= 10 AND peek(a) >= 0", user=APP)
+            args[args.index("-d") + 1] = "regress_db1"
+            failing = subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE)
+            # Its fragment waits for the lock in the pool worker.
+            s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE datname = 'regress_db1' "
+                         "AND state = 'busy'", "1")
+            loop = concurrency.Session(s, APP, db="regress_db1")
+            loop.send(one + "SELECT count(*) FROM t; " * 300)
+            rc, out, err = concurrency.finish(failing)
+            assert rc != 0 and "lock timeout" in err, (rc, out, err)
+            try:
+                rows = loop.run("SELECT 'done'", lines=301, timeout=120)
+            finally:
+                rc, out, err = loop.close()
+            assert rows == ["100000"] * 300 + ["done"] and not err, (rows[-3:], err)
+            if counters(s)["cancels_sent"] > sent:
+                print(f"    the failed fragment's cancel was sent late at attempt {attempt + 1}; "
+                      "300 statements after it finished")
+                return
+        raise AssertionError("the leader never cancelled its failed fragment (the worker "
+                             "ended it first in 5 attempts)")
+    finally:
+        holder.close()
+
+
+def late_cancel():
+    return one_check_on_its_server(
+        concurrency.PORT + 19, "pg_stride.pool_size = 1\n",
+        {"PG_STRIDE_TEST_FAULTS": "pool_cancel_race"},
+        "a_late_cancel_of_a_failed_fragment_spares_the_next_one", a_late_cancel_spares_the_next_fragment)
+
+
 def lowered_size_keeps_the_lowest_slots(s):
     # Pools in two databases (pg_stride.database's, started with the server, and
     # regress_db1's), at their shares of the server's cap; pool_size 4 -> 1 at a reload.
@@ -356,7 +412,7 @@ def run(s, checks):
 def main():
     passed = failed = 0
     for part in (caps_and_reach, unchecked_release, declined_ticket,
-                 configured_dynamic_shared_memory, lowered_pool_size):
+                 configured_dynamic_shared_memory, lowered_pool_size, late_cancel):
         try:
             p, f = part()
         except Exception as e:  # noqa: BLE001 - a server that did not start

@@ -479,6 +479,11 @@ fn cancel_ticket(pool: &PoolShared, slot: &Slot, gen: u64) {
             }
             State::Running => {
                 if slot.cas((g, State::Running), (g, State::Cancel)) {
+                    // A test build may be slow to send it, as a leader taken off its CPU
+                    // here is, to show that the worker waits for this SIGINT.
+                    if crate::pg::test_fault("pool_cancel_race") {
+                        std::thread::sleep(std::time::Duration::from_millis(1000));
+                    }
                     let pid = slot.pid.load(Ordering::Acquire);
                     if pid > 0 {
                         // SAFETY: our own pool worker; the CAS made this cancel its.

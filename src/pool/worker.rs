@@ -12,8 +12,8 @@ use super::shared::{self, pack, set_latch_of, Counter, Slot, State, MAX_TICKETS}
 use super::{identity, lifecycle, messages, settings, worker_settings};
 use crate::{cpu, pg, shmem};
 use pgrx::pg_sys;
-use std::ffi::{c_char, c_int};
-use std::sync::atomic::Ordering;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 /// What the worker restored for the fragment in progress, read by the teardown after a
 /// longjmp: a static, not a local, so that the updates before an ERROR are seen.
@@ -72,14 +72,46 @@ static mut OWN: Option<identity::Own> = None;
 /// When this worker last finished a fragment, or started (ms, CLOCK_MONOTONIC).
 static mut LAST_USED_MS: i64 = 0;
 
-/// SIGINTs this process received: a cancel the leader sent may have been consumed (an
-/// ERROR) before the teardown looks, so the teardown waits for this count to move.
-static SIGINT_SEEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// SIGINTs this process received from the leader of the ticket it took: the leader
+/// sends one after it won the compare-and-swap that cancels the fragment (tickets.rs),
+/// and the teardown waits for it, so that it cannot cancel the next fragment. SIGINTs
+/// from elsewhere do not count: this process's own lock or statement timeout (its
+/// handler signals the process itself), or `pg_cancel_backend` by the leader's role.
+static LEADER_SIGINTS: AtomicU32 = AtomicU32::new(0);
+/// The pid whose SIGINTs count in [`LEADER_SIGINTS`]: the leader of the ticket taken.
+static CANCELLER: AtomicI32 = AtomicI32::new(0);
 
-unsafe extern "C" fn on_sigint(signo: c_int) {
-    SIGINT_SEEN.fetch_add(1, Ordering::SeqCst);
-    // SAFETY: PostgreSQL's own handler, as pqsignal would have installed it.
-    unsafe { StatementCancelHandler(signo) };
+/// The SIGINT handler: PostgreSQL's StatementCancelHandler, installed with the sender's
+/// pid (`SA_SIGINFO`), which pqsignal does not give.
+unsafe extern "C" fn on_sigint(signo: c_int, info: *mut libc::siginfo_t, _: *mut c_void) {
+    // SAFETY: async-signal-safe calls and atomics only, errno kept, as PostgreSQL's
+    // wrapper_handler (pqsignal.c) does; `info` is the kernel's for this signal.
+    unsafe {
+        let errno = *libc::__errno_location();
+        if !info.is_null() {
+            let sender = (*info).si_pid();
+            if sender != 0 && sender == CANCELLER.load(Ordering::SeqCst) {
+                LEADER_SIGINTS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        StatementCancelHandler(signo);
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// Installs [`on_sigint`] for SIGINT, with pqsignal's flags.
+///
+/// # Safety
+/// In the pool worker, before it unblocks signals.
+unsafe fn install_sigint_handler() {
+    // SAFETY: a zeroed sigaction is a valid empty one; the caller's promise.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigint as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGINT, &action, std::ptr::null_mut());
+    }
 }
 
 /// The worker's on_shmem_exit callback: it runs after ShutdownPostgres (transaction
@@ -132,7 +164,7 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
     // cancel (ERROR there), reload.
     unsafe {
         pqsignal(libc::SIGTERM, die);
-        pqsignal(libc::SIGINT, on_sigint);
+        install_sigint_handler();
         pqsignal(libc::SIGHUP, SignalHandlerForConfigReload);
         pg_sys::BackgroundWorkerUnblockSignals();
     }
@@ -179,11 +211,20 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
 unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
     loop {
         let (gen, state) = slot.load();
+        if state == State::Posted {
+            // Only the leader that posted the ticket may cancel it, and only once it runs
+            // (before, it revokes it): what is pending now is stale.
+            CANCELLER.store(slot.leader_pid.load(Ordering::Relaxed), Ordering::SeqCst);
+            // SAFETY: process-local interrupt flags, which signal handlers only set.
+            unsafe { clear_stale_interrupts() };
+        }
+        // Read before the ticket runs: its cancel may come as soon as it does.
+        let sigints = LEADER_SIGINTS.load(Ordering::SeqCst);
         if state == State::Posted && slot.cas((gen, State::Posted), (gen, State::Running)) {
             // SAFETY: the ticket is ours; holding no LWLock.
             unsafe {
                 pg::show_as_autovacuum(false);
-                run_ticket(pool, slot, gen);
+                run_ticket(pool, slot, gen, sigints);
             }
             continue;
         }
@@ -234,6 +275,23 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
     }
 }
 
+/// Forgets interrupts that came for no fragment: a cancel (a role's `pg_cancel_backend`
+/// while the worker was idle), and from PostgreSQL 17 a transaction timeout that fired
+/// after the last fragment's last interrupt check.
+///
+/// # Safety
+/// Between fragments.
+unsafe fn clear_stale_interrupts() {
+    // SAFETY: the caller's promise; plain process-local flags.
+    unsafe {
+        pg_sys::QueryCancelPending = 0;
+        #[cfg(any(feature = "pg17", feature = "pg18"))]
+        {
+            pg_sys::TransactionTimeoutPending = 0;
+        }
+    }
+}
+
 /// Reloads the configuration if a SIGHUP asked for it, around the baseline of settings
 /// that fragments restore from.
 ///
@@ -256,15 +314,16 @@ unsafe fn reload_config_if_pending() {
     }
 }
 
-/// Runs the ticket of generation `gen` that this worker took, and undoes it.
-unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64) {
+/// Runs the ticket of generation `gen` that this worker took, and undoes it. `sigints`:
+/// the leader's SIGINTs counted before it took the ticket.
+unsafe fn run_ticket(pool: &shared::PoolShared, slot: &Slot, gen: u64, sigints: u32) {
     // SAFETY: the whole function is the worker's fragment protocol; see the module
     // comment. Nothing with a destructor lives in a frame a longjmp may skip.
     unsafe {
         FRAG = NO_FRAG;
         FRAG.gen = gen;
         FRAG.leader_procno = slot.t_leader_procno.load(Ordering::Relaxed);
-        FRAG.sigints = SIGINT_SEEN.load(Ordering::SeqCst);
+        FRAG.sigints = sigints;
         FRAG.t_taken = crate::os::monotonic_ns();
         pool.add(
             Counter::NsWake,
@@ -557,6 +616,11 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         if FRAG.entered {
             slot.fragments.fetch_add(1, Ordering::Relaxed);
         }
+        // A test build may be slow here after a failed fragment, as a worker taken off
+        // its CPU is, so that its leader, aborting, cancels the ticket first.
+        if failed && pg::test_fault("pool_cancel_race") {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
         // The ticket is done: no lock held, out of the leader's group.
         let cancelled = !slot.cas((gen, State::Running), (gen, State::Restoring));
         if cancelled {
@@ -572,11 +636,11 @@ unsafe fn teardown(pool: &shared::PoolShared, slot: &Slot, gen: u64, failed: boo
         }
         if cancelled {
             let mut waited = 0;
-            while SIGINT_SEEN.load(Ordering::SeqCst) == FRAG.sigints && waited < 5000 {
+            while LEADER_SIGINTS.load(Ordering::SeqCst) == FRAG.sigints && waited < 5000 {
                 wait_latch(Some(10), pg_sys::PG_WAIT_EXTENSION);
                 waited += 10;
             }
-            if SIGINT_SEEN.load(Ordering::SeqCst) == FRAG.sigints {
+            if LEADER_SIGINTS.load(Ordering::SeqCst) == FRAG.sigints {
                 FRAG.retire = true;
             }
             pg_sys::QueryCancelPending = 0;
