@@ -548,8 +548,11 @@ def other_roles_statements_show_no_query_id_or_times(s):
                     "regress_writer": ("f", "t")}, seen
     writer_oid = s.sql("SELECT oid FROM pg_roles WHERE rolname = 'regress_writer'")
     trace_hidden = ("SELECT count(*) > 0, bool_and(query_id IS NULL AND cpu_ms IS NULL AND arrival IS NULL "
-                    f"AND finished_ms IS NULL) FROM pg_stride.trace WHERE userid = {writer_oid}")
-    trace_shown = ("SELECT count(*) > 0, bool_and(query_id <> 0 AND cpu_ms > 0 AND arrival IS NOT NULL) "
+                    "AND finished_ms IS NULL AND group_name IS NULL AND processes IS NULL "
+                    "AND workers_planned IS NULL AND failed IS NULL) "
+                    f"FROM pg_stride.trace WHERE userid = {writer_oid}")
+    trace_shown = ("SELECT count(*) > 0, bool_and(query_id <> 0 AND cpu_ms > 0 AND arrival IS NOT NULL "
+                   "AND group_name IS NOT NULL AND processes > 0 AND failed IS NOT NULL) "
                    f"FROM pg_stride.trace WHERE userid = {writer_oid}")
     direct = ("SELECT bool_and(query_id IS NULL AND cpu_ms IS NULL) FROM pg_stride.trace_records() "
               f"WHERE userid = {writer_oid}")

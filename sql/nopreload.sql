@@ -5,4 +5,6 @@ SELECT count(*) AS pg_stride_settings FROM pg_settings WHERE name LIKE 'pg\_stri
 CREATE EXTENSION pg_stride;
 SELECT pg_stride.version() IS NOT NULL AS has_version;
 SELECT * FROM pg_stride.scheduler;
+SELECT * FROM pg_stride.pool;
+SELECT * FROM pg_stride.pool_counters();
 DROP EXTENSION pg_stride;

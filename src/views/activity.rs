@@ -128,9 +128,9 @@ fn trace_records() -> TableIterator<
         name!(first_slot_ms, Option<f64>),
         name!(userid, pg_sys::Oid),
         name!(query_id, Option<i64>),
-        name!(group_name, String),
-        name!(processes, i32),
-        name!(workers_planned, i32),
+        name!(group_name, Option<String>),
+        name!(processes, Option<i32>),
+        name!(workers_planned, Option<i32>),
         name!(cpu_ms, Option<f64>),
         name!(cpu_total_ms, Option<f64>),
         name!(paused_ms, Option<f64>),
@@ -142,7 +142,7 @@ fn trace_records() -> TableIterator<
         name!(runqueue_before_slot_ms, Option<f64>),
         name!(paused_runqueue_ms, Option<f64>),
         name!(long_slice_ms, Option<f64>),
-        name!(failed, bool),
+        name!(failed, Option<bool>),
     ),
 > {
     let shared = require_shared();
@@ -173,9 +173,12 @@ fn trace_records() -> TableIterator<
                     .flatten(),
                 userid,
                 visible.then_some(r.query_id as i64),
-                shared.groups.name_of(r.group as usize),
-                r.procs as i32,
-                a.workers_planned as i32,
+                // The group a statement ended in, and whether it failed, would tell
+                // others that a runaway-query rule moved or cancelled it, as its times
+                // tell how long it ran: hidden alike.
+                visible.then(|| shared.groups.name_of(r.group as usize)),
+                visible.then_some(r.procs as i32),
+                visible.then_some(a.workers_planned as i32),
                 ms(r.cpu_ns),
                 ms(a.cpu_total_ns),
                 ms(a.paused_ns),
@@ -187,7 +190,7 @@ fn trace_records() -> TableIterator<
                 ms(a.runqueue_before_slot_ns),
                 ms(a.paused_runqueue_ns),
                 ms(a.long_slice_ns),
-                r.flags & TraceRecord::ERROR != 0,
+                visible.then_some(r.flags & TraceRecord::ERROR != 0),
             )
         })
         .collect();

@@ -1,6 +1,7 @@
 //! The pool's views: `pg_stride.pool` (its workers), `pg_stride.pool_fallbacks` (Gathers
 //! that ran without it) and the counters of `pg_stride.pool_counters()`.
 
+use super::shared_access::require_shared;
 use pgrx::prelude::*;
 
 /// One row per pool worker; the `pg_stride.pool` view. Its leader, errors and set-up
@@ -21,6 +22,7 @@ fn pool_workers() -> TableIterator<
         name!(last_setup_us, Option<f64>),
     ),
 > {
+    require_shared();
     TableIterator::new(crate::pool::workers().into_iter().map(|w| {
         let visible = crate::pg::may_read_stats_of(w.serves);
         (
@@ -46,6 +48,7 @@ fn pool_fallback_counts() -> TableIterator<
         name!(gathers, i64),
     ),
 > {
+    require_shared();
     TableIterator::new(crate::pool::fallbacks())
 }
 
@@ -54,6 +57,7 @@ fn pool_fallback_counts() -> TableIterator<
 /// fragments (`ns_*`).
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 fn pool_counters() -> TableIterator<'static, (name!(name, &'static str), name!(value, i64))> {
+    require_shared();
     TableIterator::new(crate::pool::counters())
 }
 
