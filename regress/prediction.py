@@ -14,6 +14,8 @@ started at and the view shows it:
 - with pg_stride.predict off for its role, the same statement starts at the initial
   priority; pg_stride.activity still shows its prediction, and it still adds to its
   history;
+- one query identifier in two databases (made from one template, so their tables have
+  the same OIDs) has a history in each, shown in pg_stride.statements of each;
 - a statement never seen is predicted from its plan's cost (the cost model calibrated by
   the others), and has a history of its own once it ended;
 - a statement cancelled by statement_timeout adds nothing to its history;
@@ -136,6 +138,42 @@ def a_repeated_statement_starts_from_its_history(s):
     assert abs(priority - expected) <= 1, (priority, expected, mean)
     assert history(s, qid)[0] == 4
     print(f"    mean {mean:.1f} ms over 3 runs: started at priority {priority} (p0 {P0})")
+
+
+@check
+def one_identifier_has_a_history_per_database(s):
+    """Two databases made from one template have the same table OIDs, so one query has
+    one query identifier in both; with a table 30 times larger in one of them, each
+    database keeps its own history of it."""
+    s.sql("CREATE DATABASE regress_tenants")
+    s.sql("CREATE EXTENSION pg_stride; CREATE TABLE tenant (a int); "
+          f"GRANT SELECT ON tenant TO {APP}", db="regress_tenants")
+    sizes = {"regress_tenant_small": 100_000, "regress_tenant_big": 3_000_000}
+    try:
+        for db, rows in sizes.items():
+            s.sql(f"CREATE DATABASE {db} TEMPLATE regress_tenants")
+            s.sql(f"INSERT INTO tenant SELECT g FROM generate_series(1, {rows}) g; "
+                  "ANALYZE tenant", db=db)
+        sql = "SELECT count(*) FROM tenant WHERE a % 3 <> 5"
+        qids = {db: next(line.split(":")[1].strip() for line in s.sql(
+                    f"EXPLAIN (VERBOSE, COSTS OFF) {sql}", user=APP, db=db).splitlines()
+                    if "Query Identifier" in line) for db in sizes}
+        assert len(set(qids.values())) == 1, qids
+        qid = qids["regress_tenant_small"]
+        for db in sizes:
+            for _ in range(3):
+                s.sql(sql, user=APP, db=db)
+        seen = {db: s.sql(f"SELECT calls, mean_cpu_ms FROM pg_stride.statements WHERE queryid = {qid}",
+                          user=STATS, db=db) for db in sizes}
+        (small_calls, small_ms), (big_calls, big_ms) = (
+            seen[db].split("|") for db in ("regress_tenant_small", "regress_tenant_big"))
+        assert small_calls == big_calls == "3", seen
+        assert float(big_ms) > 5 * float(small_ms), seen
+        print(f"    query {qid}: {float(small_ms):.1f} ms in the small database, "
+              f"{float(big_ms):.1f} ms in the big one, 3 calls each")
+    finally:
+        for db in [*sizes, "regress_tenants"]:
+            s.sql(f"DROP DATABASE IF EXISTS {db}")
 
 
 @check

@@ -60,6 +60,12 @@ const OUTLIER_FLOOR_US: f64 = 1000.0;
 pub struct History {
     /// The fingerprint (query identifier); 0 when the slot is empty.
     pub key: u64,
+    /// Where the fingerprint's statements ran: the extension's database (0 for callers
+    /// with one scope, the simulator's). One query identifier in two databases is two
+    /// statements: their tables may be of any size, and databases made from one schema
+    /// script give their tables the same OIDs, which PostgreSQL's identifiers hash (from
+    /// 18, relation names).
+    pub scope: u32,
     /// Executions recorded.
     pub executions: u64,
     /// When it was last recorded, in the caller's clock (the extension's is the wall
@@ -85,7 +91,11 @@ impl History {
     /// and population variance), `1/WINDOW` after. From the second execution on, the
     /// value counts for at most [`OUTLIER`] times the mean.
     pub fn add(&mut self, cpu_us: f64, now: u64) {
-        let cpu_us = if cpu_us.is_finite() { cpu_us.max(0.0) } else { 0.0 };
+        let cpu_us = if cpu_us.is_finite() {
+            cpu_us.max(0.0)
+        } else {
+            0.0
+        };
         let counted = if self.executions > 0 {
             cpu_us.min(OUTLIER * self.mean_us.max(OUTLIER_FLOOR_US))
         } else {
@@ -275,7 +285,10 @@ impl Quality {
         if p.source == Source::History {
             self.from_history += 1;
         }
-        match (Class::of(actual_us, short_us), Class::of(p.cpu_us, short_us)) {
+        match (
+            Class::of(actual_us, short_us),
+            Class::of(p.cpu_us, short_us),
+        ) {
             (Class::Short, Class::Short) => self.short_as_short += 1,
             (Class::Short, Class::Long) => self.short_as_long += 1,
             (Class::Long, Class::Short) => self.long_as_short += 1,
@@ -317,11 +330,13 @@ pub struct Table<'a> {
 }
 
 /// The slots of the set of `key` in a table of `len` slots: whole sets of [`WAYS`].
-fn set_of(key: u64, len: usize) -> std::ops::Range<usize> {
+fn set_of(key: u64, scope: u32, len: usize) -> std::ops::Range<usize> {
     let sets = (len / WAYS).max(1);
     // Query identifiers are already hashes, but spread the bits anyway (a fingerprint
-    // scheme of a later major could be less uniform): Fibonacci hashing.
-    let start = ((key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % sets) * WAYS;
+    // scheme of a later major could be less uniform): Fibonacci hashing, of the
+    // identifier and its scope, so that one statement of many databases spreads too.
+    let mixed = (key ^ u64::from(scope).rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let start = ((mixed >> 32) as usize % sets) * WAYS;
     start..(start + WAYS).min(len)
 }
 
@@ -379,7 +394,9 @@ pub fn start_policy(
         return configured;
     };
     let quantum_us = (params.quantum_ns as f64 / 1000.0).max(1.0);
-    let hold = (2.0 * predicted_us / quantum_us).ceil().min(u32::MAX as f64) as u32;
+    let hold = (2.0 * predicted_us / quantum_us)
+        .ceil()
+        .min(u32::MAX as f64) as u32;
     match Class::of(predicted_us, short_us) {
         Class::Short => StartPolicy {
             p0: range.p0,
@@ -406,20 +423,31 @@ impl<'a> View<'a> {
         }
     }
 
-    /// The history of `key`, if the table holds it.
+    /// The history of `key` in scope 0, if the table holds it.
     pub fn history(&self, key: u64) -> Option<&'a History> {
+        self.history_in(key, 0)
+    }
+
+    /// The history of `key` in `scope`, if the table holds it.
+    pub fn history_in(&self, key: u64, scope: u32) -> Option<&'a History> {
         if key == 0 {
             return None;
         }
-        self.slots[set_of(key, self.slots.len())]
+        self.slots[set_of(key, scope, self.slots.len())]
             .iter()
-            .find(|h| h.key == key)
+            .find(|h| h.key == key && h.scope == scope)
     }
 
-    /// The predicted CPU of a statement with fingerprint `key` (0: none) and planner
-    /// cost `cost`: its history's mean if it has one, else the calibrated cost model's.
+    /// [`Self::predict_in`] scope 0.
     pub fn predict(&self, key: u64, cost: f64) -> Option<Prediction> {
-        if let Some(h) = self.history(key) {
+        self.predict_in(key, 0, cost)
+    }
+
+    /// The predicted CPU of a statement with fingerprint `key` (0: none) in `scope` and
+    /// planner cost `cost`: its history's mean if it has one, else the calibrated cost
+    /// model's (one for every scope: it learns how this machine turns cost into CPU).
+    pub fn predict_in(&self, key: u64, scope: u32, cost: f64) -> Option<Prediction> {
+        if let Some(h) = self.history_in(key, scope) {
             return Some(Prediction {
                 cpu_us: h.mean_us,
                 source: Source::History,
@@ -490,14 +518,28 @@ impl<'a> Table<'a> {
         prediction: Option<Prediction>,
         short_us: f64,
     ) {
+        self.record_in((key, 0), cost, cpu_us, now, prediction, short_us);
+    }
+
+    /// [`Self::record`] of fingerprint `key` in `scope`.
+    pub fn record_in(
+        &mut self,
+        (key, scope): (u64, u32),
+        cost: f64,
+        cpu_us: f64,
+        now: u64,
+        prediction: Option<Prediction>,
+        short_us: f64,
+    ) {
         self.quality.count(prediction, cpu_us, short_us);
         self.model.calibrate(cost, cpu_us);
         if key == 0 {
             return;
         }
-        let set = set_of(key, self.slots.len());
+        let set = set_of(key, scope, self.slots.len());
         let slots = &mut self.slots[set];
-        let at = slots.iter().position(|h| h.key == key).unwrap_or_else(|| {
+        let found = slots.iter().position(|h| h.key == key && h.scope == scope);
+        let at = found.unwrap_or_else(|| {
             // an empty slot has key 0, so it goes first
             let victim = (0..slots.len())
                 .min_by_key(|&i| {
@@ -507,6 +549,7 @@ impl<'a> Table<'a> {
                 .unwrap_or(0);
             slots[victim] = History {
                 key,
+                scope,
                 ..History::default()
             };
             victim
@@ -584,7 +627,10 @@ mod tests {
         // one execution a thousand times the usual counts as sixteen times the mean
         // (uncapped, it would have raised the mean to about 161,000 µs)
         h.add(5_000_000.0, 100);
-        assert!(h.mean_us <= 5_000.0 * (1.0 + 15.0 / WINDOW as f64) + 1e-6, "{h:?}");
+        assert!(
+            h.mean_us <= 5_000.0 * (1.0 + 15.0 / WINDOW as f64) + 1e-6,
+            "{h:?}"
+        );
         assert_eq!(h.max_us, 5_000_000.0);
         let mut t = 101;
         for _ in 0..WINDOW {
@@ -603,7 +649,10 @@ mod tests {
         tiny.add(2.0, 1);
         tiny.add(10_000.0, 2);
         assert_eq!(tiny.max_us, 10_000.0);
-        assert!((tiny.mean_us - (2.0 + 10_000.0) / 2.0).abs() < 1e-6, "{tiny:?}");
+        assert!(
+            (tiny.mean_us - (2.0 + 10_000.0) / 2.0).abs() < 1e-6,
+            "{tiny:?}"
+        );
     }
 
     #[test]
@@ -626,7 +675,10 @@ mod tests {
             t += 1;
         }
         h.add(1_500.0, t);
-        assert!(h.p95_us() < 1_000.0 && !h.runs_unscheduled(slice_us), "{h:?}");
+        assert!(
+            h.p95_us() < 1_000.0 && !h.runs_unscheduled(slice_us),
+            "{h:?}"
+        );
         // short again: unscheduled from the next execution on
         h.add(300.0, t + 1);
         assert!(h.runs_unscheduled(slice_us), "{h:?}");
@@ -660,7 +712,10 @@ mod tests {
         let before = m.mean_ln_ratio;
         m.calibrate(2.0, 3.0e9);
         let moved = m.mean_ln_ratio - before;
-        assert!(moved > 0.0 && moved <= OUTLIER.ln() / WINDOW as f64 + 1e-12, "{moved}");
+        assert!(
+            moved > 0.0 && moved <= OUTLIER.ln() / WINDOW as f64 + 1e-12,
+            "{moved}"
+        );
         let p = m.predict_us(1000.0).unwrap();
         assert!(p < 3000.0 * 1.1, "{p}");
     }
@@ -705,6 +760,26 @@ mod tests {
     }
 
     #[test]
+    fn one_identifier_in_two_scopes_has_two_histories() {
+        let mut parts = Parts::new(64);
+        let mut t = parts.table();
+        // The same query identifier in a database of small tables and one of large.
+        for now in 0..3 {
+            t.record_in((7, 1), 100.0, 50.0, now, None, 1000.0);
+            t.record_in((7, 2), 100.0, 90_000.0, now, None, 1000.0);
+        }
+        let mean = |scope| t.view().history_in(7, scope).map(|h| h.mean_us);
+        assert_eq!(mean(1), Some(50.0));
+        assert_eq!(mean(2), Some(90_000.0));
+        assert_eq!(mean(3), None, "a third database has none");
+        assert_eq!(
+            t.view().predict_in(7, 3, 100.0).map(|p| p.source),
+            Some(Source::Cost)
+        );
+        assert_eq!(t.view().histories().count(), 2);
+    }
+
+    #[test]
     fn eviction_takes_the_least_recently_seen_of_a_full_set() {
         let mut parts = Parts::new(WAYS); // one set
         let mut t = parts.table();
@@ -744,7 +819,10 @@ mod tests {
         t.record(2000, 0.0, 1.0, 2001, None, 1.0);
         t.record(3000, 0.0, 1.0, 3000, None, 1.0);
         assert_eq!(t.view().history(2000).map(|h| h.executions), Some(2));
-        assert!(t.view().history(2).is_none(), "the least recent repeating one goes");
+        assert!(
+            t.view().history(2).is_none(),
+            "the least recent repeating one goes"
+        );
     }
 
     #[test]
@@ -757,7 +835,12 @@ mod tests {
         q.count(p(5000.0, Source::History), 1e9, 1000.0); // long as long, beyond +8
         q.count(None, 10.0, 1000.0);
         assert_eq!(
-            (q.short_as_short, q.short_as_long, q.long_as_short, q.long_as_long),
+            (
+                q.short_as_short,
+                q.short_as_long,
+                q.long_as_short,
+                q.long_as_long
+            ),
             (1, 1, 1, 1)
         );
         assert_eq!((q.unpredicted, q.from_history), (1, 3));
@@ -796,9 +879,15 @@ mod tests {
             d_start: 8,
         };
         assert_eq!(start_policy(None, RANGE, PARAMS, 16_000.0), configured);
-        assert_eq!(start_policy(Some(f64::NAN), RANGE, PARAMS, 16_000.0), configured);
+        assert_eq!(
+            start_policy(Some(f64::NAN), RANGE, PARAMS, 16_000.0),
+            configured
+        );
         // short and small: the configured start
-        assert_eq!(start_policy(Some(1_000.0), RANGE, PARAMS, 16_000.0), configured);
+        assert_eq!(
+            start_policy(Some(1_000.0), RANGE, PARAMS, 16_000.0),
+            configured
+        );
         // short but near the threshold: held for twice 15 ms = 15 quanta of 2 ms
         assert_eq!(
             start_policy(Some(15_000.0), RANGE, PARAMS, 16_000.0),

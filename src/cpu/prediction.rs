@@ -54,10 +54,14 @@ pub(super) fn record(
     let cpu_us = cpu_ns as f64 / 1000.0;
     let short_us = sched.short_threshold_us(group);
     let now = pg::now_timestamp().max(0) as u64;
-    shared
-        .histories
-        .locked()
-        .record(query_id, plan_cost, cpu_us, now, prediction, short_us);
+    shared.histories.locked().record_in(
+        (query_id, pg::database_oid()),
+        plan_cost,
+        cpu_us,
+        now,
+        prediction,
+        short_us,
+    );
 }
 
 /// A statement of group slot `group` tiny by its history (`tiny::tiny_by_history`,

@@ -621,6 +621,12 @@ pub fn on_exit(callback: unsafe extern "C-unwind" fn(i32, pg_sys::Datum)) {
     unsafe { pg_sys::before_shmem_exit(Some(callback), pg_sys::Datum::from(0)) };
 }
 
+/// The OID of the database this process is connected to (0 before it connected).
+pub fn database_oid() -> u32 {
+    // SAFETY: a plain read of a global set when the process connected.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
 /// The pid of the postmaster.
 pub fn postmaster_pid() -> i32 {
     // SAFETY: plain read of a global set before any child process starts.

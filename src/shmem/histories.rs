@@ -5,6 +5,7 @@
 //! Each happens at most once per statement, never per slice.
 
 use super::locks::{LockId, ShmemLock};
+use crate::pg;
 use pg_stride_sched::predict::{self, CostModel, History, Prediction, Quality, Table, View};
 use std::cell::UnsafeCell;
 
@@ -45,14 +46,15 @@ impl Histories {
         f(View::new(&parts.slots, &parts.model, &parts.quality))
     }
 
-    /// A copy of fingerprint `key`'s history, if it has one.
+    /// A copy of fingerprint `key`'s history in this process's database, if it has one.
     pub fn history(&self, key: u64) -> Option<History> {
-        self.read(|table| table.history(key).copied())
+        self.read(|table| table.history_in(key, pg::database_oid()).copied())
     }
 
-    /// The CPU predicted for fingerprint `key` (0: none) with plan cost `cost`.
+    /// The CPU predicted for fingerprint `key` (0: none) in this process's database with
+    /// plan cost `cost`.
     pub fn predict(&self, key: u64, cost: f64) -> Option<Prediction> {
-        self.read(|table| table.predict(key, cost))
+        self.read(|table| table.predict_in(key, pg::database_oid(), cost))
     }
 
     /// The table to record into, under the exclusive lock for as long as the guard

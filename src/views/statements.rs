@@ -34,9 +34,14 @@ fn statements_state() -> TableIterator<
     let short_us = shared
         .sched()
         .map_or(f64::INFINITY, |s| predict::short_threshold_us(s.decay()));
-    let histories: Vec<_> = shared
-        .histories
-        .read(|table| table.histories().copied().collect());
+    let database = crate::pg::database_oid();
+    let histories: Vec<_> = shared.histories.read(|table| {
+        table
+            .histories()
+            .filter(|h| h.scope == database)
+            .copied()
+            .collect()
+    });
     let rows = histories.into_iter().map(move |h| {
         (
             h.key as i64,
