@@ -68,9 +68,9 @@ pub struct ProcEntry {
     /// as of its last check-in at a yield point: what runaway-query rules read.
     pub rows: AtomicU64,
     /// CPU time, ns, that the query entry in `cpu_query` had used when the current
-    /// statement registered, for a statement run while the entry was there already (beside
-    /// an open cursor, whose query it joins or, not scheduled itself, keeps): runaway-query
-    /// rules judge the statement by what the query used since. 0 otherwise.
+    /// statement registered, for a statement of a later client command than the entry's
+    /// (run beside an open cursor, whose query it joins or, not scheduled itself, keeps):
+    /// runaway-query rules judge the statement by what the query used since. 0 otherwise.
     pub cpu_base_ns: AtomicU64,
     /// The query id of this process's current statement (0 = not computed), for the
     /// hits of runaway-query rules.

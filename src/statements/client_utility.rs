@@ -25,15 +25,23 @@ struct ClientUtility {
     /// The role that sent it: the statements of a SECURITY DEFINER procedure it calls
     /// run as the procedure's owner, and are still the caller's.
     role: pg_sys::Oid,
+    /// Which of the backend's utilities it is: tells the statements it runs from those
+    /// of another command.
+    serial: u64,
 }
+
+/// The serial of the last utility that started.
+static SERIAL: BackendLocal<Cell<u64>> = BackendLocal::new(Cell::new(0));
 
 /// A top-level utility whose queries are the client's starts. Plain stores and reads
 /// that cannot fail, as the next three: called from hooks, outside pgrx's guard.
 pub fn client_utility_started(text: pg::StatementText) {
+    SERIAL.set(SERIAL.get() + 1);
     CLIENT_UTILITY.set(Some(ClientUtility {
         text,
         subtransaction: pg::current_subtransaction(),
         role: pg::current_role(),
+        serial: SERIAL.get(),
     }));
 }
 
@@ -68,6 +76,12 @@ pub(super) fn sender() -> pg_sys::Oid {
     CLIENT_UTILITY
         .get()
         .map_or_else(pg::current_role, |utility| utility.role)
+}
+
+/// The running top-level utility whose queries are the client's, as a number the
+/// backend gives no other: its statements are one client command's.
+pub(super) fn command() -> Option<u64> {
+    CLIENT_UTILITY.get().map(|utility| utility.serial)
 }
 
 /// Whether a top-level utility whose queries are the client's is running: its queries

@@ -202,6 +202,18 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     entry.query_id.store(query_id, Ordering::Relaxed);
     // SAFETY: CurrentResourceOwner is a plain process-local global.
     let owner = unsafe { pg_sys::CurrentResourceOwner };
+    let command = client_utility::command();
+    // The process's query entry, if it has one already, is that of a statement still
+    // registered: an open cursor, a protocol portal between its fetches, the query of a
+    // DO block's loop. A statement of another client command than that one's shares the
+    // entry but is judged by the runaway-query rules on the CPU used from its start; the
+    // statements of one command (a loop and its body) are judged together, as one.
+    let beside_another_command = entry.cpu_query.load(Ordering::Relaxed) != 0
+        && REGISTERED.with_borrow(|list| {
+            !list
+                .iter()
+                .any(|r| command.is_some() && r.command == command)
+        });
     REGISTERED.with_borrow_mut(|list| {
         list.push(Statement {
             desc,
@@ -215,6 +227,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
             tiny,
             by_history,
             ran_ns: 0,
+            command,
         })
     });
     if tiny {
@@ -229,6 +242,14 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     if ENTRY_WRITTEN.replace(PLANNED_WORKERS.get()) {
         entry.clear_statement();
     }
+    // Before the count too: a reader who saw the count with a zero base would judge the
+    // statement by the cursor's CPU.
+    if beside_another_command {
+        ENTRY_WRITTEN.set(true);
+        entry
+            .cpu_base_ns
+            .store(shared.query_cpu_ns(entry), Ordering::Relaxed);
+    }
     // The owner alone writes the count (docs/design.md §3): a store, not a locked add.
     let count = entry.registered.load(Ordering::Relaxed);
     entry
@@ -238,14 +259,6 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // them and then reads the count again (behind an acquire fence, `worker::rules`)
     // sees this count.
     fence(Ordering::Release);
-    // Beside an open cursor, the process's query entry is the cursor's, with the CPU
-    // the cursor used: the rules judge this statement by what is used from now on.
-    if entry.cpu_query.load(Ordering::Relaxed) != 0 {
-        ENTRY_WRITTEN.set(true);
-        entry
-            .cpu_base_ns
-            .store(shared.query_cpu_ns(entry), Ordering::Relaxed);
-    }
     // Counted as running before its workers are reserved, so that statements reserving
     // at the same moment see each other (`shmem::Shared::statements_elsewhere`).
     entry.running.fetch_add(1, Ordering::AcqRel);

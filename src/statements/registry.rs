@@ -48,6 +48,9 @@ pub(super) struct Statement {
     /// Wall time its ExecutorRuns took so far, ns, measured for a tiny one, or one tiny
     /// by its history, only.
     pub(super) ran_ns: u64,
+    /// The client's command that runs it, when that is a utility
+    /// (`client_utility::command`); None for a statement the client sent itself.
+    pub(super) command: Option<u64>,
 }
 
 /// A statement whose fingerprint's history says its executions stay under half a slice
