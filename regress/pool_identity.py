@@ -26,7 +26,8 @@ the bootstrap superuser), and a command that fails its permission check leaves t
 alone (ALTER DATABASE, DROP DATABASE, CREATE DATABASE … TEMPLATE by a non-owner), while
 the same commands by the owner are not blocked by the pool, nor by the groups loader;
 a DROP DATABASE that PostgreSQL refuses after its drop hook ran (other sessions are
-connected) leaves a superuser's running pooled query alone.
+connected) leaves a superuser's running pooled query alone, and the owner's DROP DATABASE
+… WITH (FORCE) ends his own.
 
 Starts its own temporary server; prints one line per check, then
 "pool_identity: N passed, N failed".
@@ -333,34 +334,48 @@ def database_commands_of_the_owner_are_not_blocked_by_the_pool(s):
           + ", ".join(f"{t:.2f} s" for t in timings))
 
 
+def slow_pooled_query(s, database, user):
+    """Starts, as `user` in `database`, a pooled query of about 15 s (2000 rows of t,
+    15 ms each, read by two pool workers); returns its psql once its workers are busy."""
+    args = s.psql_args(FORCE.replace("\\set VERBOSITY verbose\n", "") +
+                       "SELECT count(*) FROM (SELECT pg_sleep(0.015) FROM t) x", user=user)
+    args[args.index("-d") + 1] = database
+    slow = subprocess.Popen(args, env=concurrency.ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    s.wait_until("SELECT count(*) > 0 FROM pg_stride.pool "
+                 f"WHERE datname = '{database}' AND state = 'busy'", "t")
+    return slow
+
+
 @check
 def a_drop_database_that_fails_leaves_running_fragments_alone(s):
     """The owner of a database tries to drop it while a superuser's pooled query runs
-    there. PostgreSQL refuses (55006: other users are connected; with FORCE, 42501: the
-    owner may not end a superuser's session), and the query finishes with its rows: the
-    drop ends only the pool's workers that serve no leader."""
+    there. PostgreSQL refuses (with FORCE, 42501: the owner may not end a superuser's
+    session; without, 55006 after 5 s: other users are connected), and the query
+    finishes with its rows: the drop hook ends only the pool's workers that serve no
+    leader or one the caller may end. The owner's FORCE while his own pooled query runs
+    there goes through."""
     s.sql(f"CREATE DATABASE regress_busy_db OWNER {DAVE}")
     setup_args = s.psql_args("CREATE EXTENSION IF NOT EXISTS pg_stride; "
                              "CREATE TABLE t AS SELECT g AS a FROM generate_series(1, 2000) g; "
-                             "ANALYZE t")
+                             f"ANALYZE t; GRANT SELECT ON t TO {DAVE}")
     setup_args[setup_args.index("-d") + 1] = "regress_busy_db"
     s.run(*setup_args[len(concurrency.AS_POSTGRES):], capture_output=True, check=True)
     try:
         warm_pool(s, "regress_busy_db", user="postgres", table="t")
-        # About 5 s: 2000 rows, 5 ms each, read by the two workers.
-        args = s.psql_args(FORCE.replace("\\set VERBOSITY verbose\n", "") +
-                           "SELECT count(*) FROM (SELECT pg_sleep(0.005) FROM t) x")
-        args[args.index("-d") + 1] = "regress_busy_db"
-        slow = subprocess.Popen(args, env=concurrency.ENV, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        s.wait_until("SELECT count(*) > 0 FROM pg_stride.pool "
-                     "WHERE datname = 'regress_busy_db' AND state = 'busy'", "t")
-        for sql, code in [("DROP DATABASE regress_busy_db", "55006"),
-                          ("DROP DATABASE regress_busy_db WITH (FORCE)", "42501")]:
+        slow = slow_pooled_query(s, "regress_busy_db", "postgres")
+        for sql, code in [("DROP DATABASE regress_busy_db WITH (FORCE)", "42501"),
+                          ("DROP DATABASE regress_busy_db", "55006")]:
             _, error = run_as(s, DAVE, sql)
             assert error and code in error, (sql, error)
-        rc, out, err = concurrency.finish(slow)
+        rc, out, err = concurrency.finish(slow, timeout=60)
         assert (rc, out) == (0, "2000"), (rc, out, err)
+        warm_pool(s, "regress_busy_db", user=DAVE, table="t")
+        own = slow_pooled_query(s, "regress_busy_db", DAVE)
+        _, error = run_as(s, DAVE, "DROP DATABASE regress_busy_db WITH (FORCE)")
+        assert error is None, error
+        rc, out, err = concurrency.finish(own, timeout=60)
+        assert rc != 0 and "terminat" in err, (rc, out, err)
     finally:
         s.sql("DROP DATABASE IF EXISTS regress_busy_db WITH (FORCE)")
 

@@ -218,6 +218,21 @@ pub fn may_read_stats_of(role: pg_sys::Oid) -> bool {
     }
 }
 
+/// Whether the current role may terminate a backend of `role`: PostgreSQL's rule for
+/// `pg_terminate_backend` and `DROP DATABASE … WITH (FORCE)` (a superuser's backend
+/// only by a superuser; otherwise the role's own privileges, or those of
+/// `pg_signal_backend`). Looks roles up in the syscache, so it runs inside a
+/// transaction.
+pub fn may_terminate_backend_of(role: pg_sys::Oid) -> bool {
+    // SAFETY: plain calls into PostgreSQL's role checks.
+    unsafe {
+        let me = pg_sys::GetUserId();
+        (pg_sys::superuser() || !pg_sys::superuser_arg(role))
+            && (pg_sys::has_privs_of_role(me, role)
+                || pg_sys::has_privs_of_role(me, pg_sys::ROLE_PG_SIGNAL_BACKEND.into()))
+    }
+}
+
 /// The wait event of process `procno` (`wait_event_info`: 0 while it runs). Read
 /// without a lock, like `pg_stat_activity` reads it.
 pub fn proc_wait_event(procno: usize) -> u32 {

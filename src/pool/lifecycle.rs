@@ -158,6 +158,18 @@ fn make_room(pool: &PoolShared, others: &[(u32, u32)], share: u32) {
     }
 }
 
+/// Whether the caller may terminate the leader that the busy worker of `slot` serves:
+/// yes if that leader is gone.
+fn leader_may_be_ended(slot: &Slot) -> bool {
+    let leader_pid = slot.leader_pid.load(Ordering::Relaxed);
+    match usize::try_from(slot.t_leader_procno.load(Ordering::Relaxed)) {
+        Ok(procno) if crate::pg::proc_pid(procno) == leader_pid => {
+            crate::pg::may_terminate_backend_of(crate::pg::proc_role(procno))
+        }
+        _ => true,
+    }
+}
+
 /// Whether the pool worker in slot `index`, of `database`, is above the caps in force
 /// (lowered by a reload since it started, or started by a process that had not seen the
 /// reload yet): it then retires, as the lowest slots of its database stay
@@ -223,26 +235,29 @@ fn spawn(index: usize, database: pg_sys::Oid, gen: u64) -> bool {
     }
 }
 
-/// Terminates the pool workers connected to `database` that serve no leader now, and
-/// waits (up to 5 s) until they are gone. Called from DROP DATABASE's drop hook, once
-/// the caller passed the ownership check but before PostgreSQL's other checks, which
-/// may still fail the command: a worker running a fragment is left to its leader, a
-/// session of that database, which makes PostgreSQL refuse the drop or, with FORCE,
-/// ends the leader if the caller may; its fragment then ends and the worker, idle and
-/// shown as autovacuum, is ended by PostgreSQL with the database's other autovacuum
-/// workers.
+/// Terminates the pool workers connected to `database` that serve no leader, or serve
+/// one the caller may terminate (as `WITH (FORCE)` would; between fragments a worker's
+/// PGPROC shows no role, which FORCE would refuse to end), and waits up to 5 s until
+/// they are gone. Called from DROP DATABASE's drop hook, after the ownership check but
+/// before PostgreSQL's other checks, which may still refuse the drop. A worker serving
+/// another role's leader is left to that leader, a session of the database: PostgreSQL
+/// refuses the drop while it is connected or, `WITH (FORCE)`, ends it if the caller may;
+/// the worker, idle again and shown as autovacuum, is then ended with the database's
+/// autovacuum workers.
 pub fn release_database(database: pg_sys::Oid) {
     let Some(pool) = super::shared::shared() else {
         return;
     };
-    let serves_no_leader = |slot: &Slot| {
-        matches!(
-            slot.load().1,
-            State::Starting | State::Connecting | State::Idle | State::Retiring
-        ) && slot.database.load(Ordering::Acquire) == u32::from(database)
+    let may_end = |slot: &Slot| {
+        slot.database.load(Ordering::Acquire) == u32::from(database)
+            && match slot.load().1 {
+                State::Free => false,
+                State::Starting | State::Connecting | State::Idle | State::Retiring => true,
+                _ => leader_may_be_ended(slot),
+            }
     };
     let mut ended = Vec::new();
-    for slot in pool.slots.iter().filter(|slot| serves_no_leader(slot)) {
+    for slot in pool.slots.iter().filter(|slot| may_end(slot)) {
         // Leaders reserve no slot that retires; one that a leader reserved since the
         // look above ends all the same, as a worker that exits for any other reason.
         slot.retire.store(true, Ordering::Release);
