@@ -99,6 +99,7 @@ pub extern "C-unwind" fn _PG_init() {
         memory_budget_kb: admission::memory_budget_kb(),
         cpu_slots: cpu::effective_cpu_slots(),
         decay: cpu::decay_params(),
+        tuner: cpu::tuner_on(),
     });
     pool::install();
     statements::install();

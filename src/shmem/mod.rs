@@ -356,6 +356,8 @@ pub struct Initial {
     pub memory_budget_kb: u64,
     pub cpu_slots: u32,
     pub decay: pg_stride_sched::DecayParams,
+    /// `pg_stride.tuner`.
+    pub tuner: bool,
 }
 
 /// The reader of [`Initial`], set once by [`install`].
@@ -450,7 +452,7 @@ unsafe extern "C-unwind" fn on_shmem_startup() {
             let mut queue = Queue::default();
             queue.set_memory_budget(initial.memory_budget_kb);
             (&raw mut (*region).queue).write(UnsafeCell::new(queue));
-            TunerState::init(&raw mut (*region).tuner, initial.decay);
+            TunerState::init(&raw mut (*region).tuner, initial.decay, initial.tuner);
             NodeCounters::init(&raw mut (*region).nodes);
             RuleHits::init(&raw mut (*region).rule_hits);
             Histories::init(&raw mut (*region).histories);

@@ -46,12 +46,12 @@ impl TunerState {
     ///
     /// # Safety
     /// `at` points to writable, unused memory for a `TunerState`.
-    pub unsafe fn init(at: *mut TunerState, configured: DecayParams) {
+    pub unsafe fn init(at: *mut TunerState, configured: DecayParams, tuner_on: bool) {
         // SAFETY: the caller's promise.
         unsafe {
             at.write(TunerState {
                 pid: AtomicI32::new(0),
-                choice: UnsafeCell::new(DecayChoice::new(configured)),
+                choice: UnsafeCell::new(DecayChoice::new(configured, tuner_on)),
                 history: UnsafeCell::new(History {
                     rows: [None; HISTORY],
                     count: 0,

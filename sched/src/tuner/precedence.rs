@@ -23,18 +23,25 @@ use crate::decay::DecayParams;
 pub struct DecayChoice {
     configured: DecayParams,
     tuned: Option<DecayParams>,
-    /// Counts changes of `configured`, so that a search can tell whether the
-    /// configuration it started from is still the one in force.
+    /// Counts changes of `configured`, and switches of the tuner to off, so that a
+    /// search can tell whether the configuration it started from is still the one in
+    /// force.
     generation: u64,
+    /// Whether the last reload found the tuner on: a search that read the generation
+    /// after the tuner was switched off (the tuner process reads the setting only after
+    /// its round) installs nothing either.
+    tuner_on: bool,
 }
 
 impl DecayChoice {
-    /// The choice at startup: the configuration, nothing tuned.
-    pub fn new(configured: DecayParams) -> DecayChoice {
+    /// The choice at startup: the configuration, nothing tuned, the tuner on or not
+    /// (`tuner_on`).
+    pub fn new(configured: DecayParams, tuner_on: bool) -> DecayChoice {
         DecayChoice {
             configured,
             tuned: None,
             generation: 0,
+            tuner_on,
         }
     }
 
@@ -73,6 +80,7 @@ impl DecayChoice {
             // only after its round.
             self.generation += 1;
         }
+        self.tuner_on = tuner_on;
         self.in_force()
     }
 
@@ -80,7 +88,7 @@ impl DecayChoice {
     /// `generation`. Returns the parameters to have in force, or `None` (nothing to
     /// install) when the configuration changed meanwhile.
     pub fn adopt(&mut self, tuned: DecayParams, generation: u64) -> Option<DecayParams> {
-        if generation != self.generation {
+        if generation != self.generation || !self.tuner_on {
             return None;
         }
         // Parameters equal to the configured ones are the configuration, not a choice
@@ -104,7 +112,7 @@ mod tests {
 
     #[test]
     fn a_reload_that_changes_nothing_keeps_the_tuned_parameters() {
-        let mut c = DecayChoice::new(params(0.9, 8));
+        let mut c = DecayChoice::new(params(0.9, 8), true);
         let g = c.generation();
         assert_eq!(c.adopt(params(0.98, 64), g), Some(params(0.98, 64)));
         assert_eq!(c.reload(params(0.9, 8), true), params(0.98, 64));
@@ -113,7 +121,7 @@ mod tests {
 
     #[test]
     fn a_changed_configuration_wins_and_a_search_from_the_old_one_is_dropped() {
-        let mut c = DecayChoice::new(params(0.9, 8));
+        let mut c = DecayChoice::new(params(0.9, 8), true);
         let g = c.generation();
         c.adopt(params(0.98, 64), g);
         assert_eq!(c.reload(params(0.8, 4), true), params(0.8, 4));
@@ -127,12 +135,12 @@ mod tests {
 
     #[test]
     fn the_tuner_off_puts_the_configuration_back() {
-        let mut c = DecayChoice::new(params(0.9, 8));
+        let mut c = DecayChoice::new(params(0.9, 8), true);
         c.adopt(params(0.98, 64), 0);
         assert_eq!(c.reload(params(0.9, 8), false), params(0.9, 8));
         assert!(!c.is_tuned());
         // A slice change changes the quantum: a configuration change too.
-        let mut c = DecayChoice::new(params(0.9, 8));
+        let mut c = DecayChoice::new(params(0.9, 8), true);
         c.adopt(params(0.98, 64), 0);
         let slice = DecayParams {
             quantum_ns: 1_000_000,
@@ -143,17 +151,26 @@ mod tests {
 
     #[test]
     fn a_search_running_when_the_tuner_is_switched_off_installs_nothing() {
-        let mut c = DecayChoice::new(params(0.9, 8));
+        let mut c = DecayChoice::new(params(0.9, 8), true);
         let g = c.generation();
         assert_eq!(c.reload(params(0.9, 8), false), params(0.9, 8));
         assert_eq!(c.adopt(params(0.98, 64), g), None);
+        // One that read the configuration after the tuner was switched off, before
+        // its process read the setting.
+        assert_eq!(c.adopt(params(0.98, 64), c.generation()), None);
         assert_eq!(c.in_force(), params(0.9, 8));
         assert!(!c.is_tuned());
+        // Switched on again, a new search installs its choice.
+        c.reload(params(0.9, 8), true);
+        assert_eq!(
+            c.adopt(params(0.98, 64), c.generation()),
+            Some(params(0.98, 64))
+        );
     }
 
     #[test]
     fn adopting_the_configured_parameters_is_not_a_tuned_choice() {
-        let mut c = DecayChoice::new(params(0.9, 8));
+        let mut c = DecayChoice::new(params(0.9, 8), true);
         c.adopt(params(0.98, 64), 0);
         assert_eq!(c.adopt(params(0.9, 8), 0), Some(params(0.9, 8)));
         assert!(!c.is_tuned());
