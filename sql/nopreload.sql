@@ -6,5 +6,6 @@ CREATE EXTENSION pg_stride;
 SELECT pg_stride.version() IS NOT NULL AS has_version;
 SELECT * FROM pg_stride.scheduler;
 SELECT * FROM pg_stride.pool;
+SELECT * FROM pg_stride.pool_fallbacks;
 SELECT * FROM pg_stride.pool_counters();
 DROP EXTENSION pg_stride;
