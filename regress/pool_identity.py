@@ -300,17 +300,23 @@ def a_database_command_that_fails_its_permission_check_leaves_the_pool_alone(s):
     assert error is None, error
 
 
+def database_of_dave(s, name, rights):
+    """Creates database `name`, owned by DAVE, with pg_stride and a table t of 2000 rows,
+    then runs `rights` (SQL: t's owner, or grants on it) there."""
+    s.sql(f"CREATE DATABASE {name} OWNER {DAVE}")
+    setup_args = s.psql_args("CREATE EXTENSION IF NOT EXISTS pg_stride; "
+                             "CREATE TABLE t AS SELECT g AS a FROM generate_series(1, 2000) g; "
+                             f"ANALYZE t; {rights}")
+    setup_args[setup_args.index("-d") + 1] = name
+    s.run(*setup_args[len(concurrency.AS_POSTGRES):], capture_output=True, check=True)
+
+
 @check
 def database_commands_of_the_owner_are_not_blocked_by_the_pool(s):
     """The owner's commands that need a database nobody is connected to succeed while
     that database has an idle pool: PostgreSQL ends the pool's workers where it ends
     autovacuum workers, once the command has passed its checks."""
-    s.sql(f"CREATE DATABASE regress_pool_db OWNER {DAVE}")
-    setup_args = s.psql_args("CREATE EXTENSION IF NOT EXISTS pg_stride; "
-                             "CREATE TABLE t AS SELECT g AS a FROM generate_series(1, 2000) g; "
-                             f"ALTER TABLE t OWNER TO {DAVE}; ANALYZE t")
-    setup_args[setup_args.index("-d") + 1] = "regress_pool_db"
-    s.run(*setup_args[len(concurrency.AS_POSTGRES):], capture_output=True, check=True)
+    database_of_dave(s, "regress_pool_db", f"ALTER TABLE t OWNER TO {DAVE}")
     ts = os.path.join(s.dir, "ts")
     s.run("mkdir", ts, check=True)
     s.sql(f"CREATE TABLESPACE regress_ts LOCATION '{ts}'")
@@ -355,12 +361,7 @@ def a_drop_database_that_fails_leaves_running_fragments_alone(s):
     finishes with its rows: the drop hook ends only the pool's workers that serve no
     leader or one the caller may end. The owner's FORCE while his own pooled query runs
     there goes through."""
-    s.sql(f"CREATE DATABASE regress_busy_db OWNER {DAVE}")
-    setup_args = s.psql_args("CREATE EXTENSION IF NOT EXISTS pg_stride; "
-                             "CREATE TABLE t AS SELECT g AS a FROM generate_series(1, 2000) g; "
-                             f"ANALYZE t; GRANT SELECT ON t TO {DAVE}")
-    setup_args[setup_args.index("-d") + 1] = "regress_busy_db"
-    s.run(*setup_args[len(concurrency.AS_POSTGRES):], capture_output=True, check=True)
+    database_of_dave(s, "regress_busy_db", f"GRANT SELECT ON t TO {DAVE}")
     try:
         warm_pool(s, "regress_busy_db", user="postgres", table="t")
         slow = slow_pooled_query(s, "regress_busy_db", "postgres")
