@@ -239,16 +239,21 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // Cleared before the count that names the statement is published, so that a reader
     // who sees the new count sees none of the last statement's figures under it (the
     // runaway-query rules would judge this statement by the last one's rows).
+    // A statement of the same command as the query entry's keeps the base its command
+    // had (a DO block's loop beside a cursor declared before it).
+    let base = if beside_another_command {
+        shared.query_cpu_ns(entry)
+    } else {
+        entry.cpu_base_ns.load(Ordering::Relaxed)
+    };
     if ENTRY_WRITTEN.replace(PLANNED_WORKERS.get()) {
         entry.clear_statement();
     }
     // Before the count too: a reader who saw the count with a zero base would judge the
     // statement by the cursor's CPU.
-    if beside_another_command {
+    if base != 0 && entry.cpu_query.load(Ordering::Relaxed) != 0 {
         ENTRY_WRITTEN.set(true);
-        entry
-            .cpu_base_ns
-            .store(shared.query_cpu_ns(entry), Ordering::Relaxed);
+        entry.cpu_base_ns.store(base, Ordering::Relaxed);
     }
     // The owner alone writes the count (docs/design.md §3): a store, not a locked add.
     let count = entry.registered.load(Ordering::Relaxed);
