@@ -355,20 +355,23 @@ def slow_pooled_query(s, database, user):
 
 @check
 def a_drop_database_that_fails_leaves_running_fragments_alone(s):
-    """The owner of a database tries to drop it while a superuser's pooled query runs
-    there. PostgreSQL refuses (with FORCE, 42501: the owner may not end a superuser's
-    session; without, 55006 after 5 s: other users are connected), and the query
-    finishes with its rows: the drop hook ends only the pool's workers that serve no
-    leader or one the caller may end. The owner's FORCE while his own pooled query runs
-    there goes through."""
+    """The owner of a database, then a superuser, try to drop it while a superuser's
+    pooled query runs there. PostgreSQL refuses (the owner's FORCE, 42501: he may not
+    end a superuser's session; without FORCE, 55006 after 5 s: other sessions are
+    connected), and the query finishes with its rows: the drop hook ends only the
+    pool's workers that serve no leader, and with FORCE those of leaders the caller may
+    end. The owner's FORCE while his own pooled query runs there goes through."""
     database_of_dave(s, "regress_busy_db", f"GRANT SELECT ON t TO {DAVE}")
     try:
         warm_pool(s, "regress_busy_db", user="postgres", table="t")
         slow = slow_pooled_query(s, "regress_busy_db", "postgres")
-        for sql, code in [("DROP DATABASE regress_busy_db WITH (FORCE)", "42501"),
-                          ("DROP DATABASE regress_busy_db", "55006")]:
-            _, error = run_as(s, DAVE, sql)
-            assert error and code in error, (sql, error)
+        # The superuser's own plain DROP too: it may end that session, but without
+        # FORCE PostgreSQL ends none.
+        for user, sql, code in [(DAVE, "DROP DATABASE regress_busy_db WITH (FORCE)", "42501"),
+                                (DAVE, "DROP DATABASE regress_busy_db", "55006"),
+                                ("postgres", "DROP DATABASE regress_busy_db", "55006")]:
+            _, error = run_as(s, user, sql)
+            assert error and code in error, (user, sql, error)
         rc, out, err = concurrency.finish(slow, timeout=60)
         assert (rc, out) == (0, "2000"), (rc, out, err)
         warm_pool(s, "regress_busy_db", user=DAVE, table="t")

@@ -119,6 +119,10 @@ static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
 static WATCHING_DROPS: BackendLocal<Cell<Option<pg_sys::SubTransactionId>>> =
     BackendLocal::new(Cell::new(None));
 
+/// Whether the DROP DATABASE running asks `WITH (FORCE)`: its drop hook then also ends
+/// the pool workers of leaders the caller may terminate (`pool::release_database`).
+static DROP_FORCED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false));
+
 /// Depth of ExecutorRun/ExecutorFinish calls, and of utilities whose queries are not
 /// scheduled, in progress in this backend: the hooks' own state, which tells a
 /// top-level statement from a nested one before any statement is registered.
@@ -404,6 +408,8 @@ unsafe extern "C-unwind" fn process_utility(
             pg_sys::ObjectType::OBJECT_EXTENSION | pg_sys::ObjectType::OBJECT_SCHEMA
         );
     if drops_database {
+        // SAFETY: `stmt` is a DropdbStmt (its tag says so).
+        DROP_FORCED.set(unsafe { pg::drop_database_forces(stmt.cast()) });
         watch_object_drops();
     }
     // The statement the client sent: the queries it runs read their group tag in it.
@@ -439,6 +445,7 @@ unsafe extern "C-unwind" fn process_utility(
         statements::client_utility_ended();
     }
     if drops_database {
+        DROP_FORCED.set(false);
         stop_watching_object_drops();
     }
     if drops_extension {
@@ -551,14 +558,14 @@ pub(crate) unsafe extern "C-unwind" fn object_access(
         && shmem::shared().is_some()
     {
         // SAFETY: a guarded function.
-        unsafe { release_pool_database(object_id) };
+        unsafe { release_pool_database(object_id, DROP_FORCED.get()) };
     }
 }
 
 #[pgrx::pg_guard]
 #[inline(never)]
-unsafe extern "C-unwind" fn release_pool_database(database: pg_sys::Oid) {
-    pool::release_database(database);
+unsafe extern "C-unwind" fn release_pool_database(database: pg_sys::Oid, forced: bool) {
+    pool::release_database(database, forced);
 }
 
 // The guarded entry points into `statements` (see the module comment), one per step of

@@ -218,6 +218,26 @@ pub fn may_read_stats_of(role: pg_sys::Oid) -> bool {
     }
 }
 
+/// Whether `stmt`, a DropdbStmt, asks `WITH (FORCE)`. Reads the List's array
+/// directly, as [`StatementText::of_active_portal`] does.
+///
+/// # Safety
+/// `stmt` is a valid DropdbStmt, whose options are a List of DefElems or NIL.
+pub unsafe fn drop_database_forces(stmt: *const pg_sys::DropdbStmt) -> bool {
+    // SAFETY: the caller's promise; each DefElem's defname is a NUL-terminated string.
+    unsafe {
+        let options = (*stmt).options;
+        if options.is_null() {
+            return false;
+        }
+        (0..(*options).length as usize).any(|i| {
+            let option = (*(*options).elements.add(i)).ptr_value.cast::<pg_sys::DefElem>();
+            !(*option).defname.is_null()
+                && std::ffi::CStr::from_ptr((*option).defname) == c"force"
+        })
+    }
+}
+
 /// Whether the current role may terminate a backend of `role`: PostgreSQL's rule for
 /// `pg_terminate_backend` and `DROP DATABASE … WITH (FORCE)` (a superuser's backend
 /// only by a superuser; otherwise the role's own privileges, or those of

@@ -159,7 +159,8 @@ fn make_room(pool: &PoolShared, others: &[(u32, u32)], share: u32) {
 }
 
 /// Whether the caller may terminate the leader that the busy worker of `slot` serves:
-/// yes if that leader is gone.
+/// yes if that leader is gone. A slot just reserved may still name its previous
+/// leader, as an idle one that a leader reserves meanwhile is ended all the same.
 fn leader_may_be_ended(slot: &Slot) -> bool {
     let leader_pid = slot.leader_pid.load(Ordering::Relaxed);
     match usize::try_from(slot.t_leader_procno.load(Ordering::Relaxed)) {
@@ -235,16 +236,16 @@ fn spawn(index: usize, database: pg_sys::Oid, gen: u64) -> bool {
     }
 }
 
-/// Terminates the pool workers connected to `database` that serve no leader, or serve
-/// one the caller may terminate (as `WITH (FORCE)` would; between fragments a worker's
-/// PGPROC shows no role, which FORCE would refuse to end), and waits up to 5 s until
-/// they are gone. Called from DROP DATABASE's drop hook, after the ownership check but
-/// before PostgreSQL's other checks, which may still refuse the drop. A worker serving
-/// another role's leader is left to that leader, a session of the database: PostgreSQL
-/// refuses the drop while it is connected or, `WITH (FORCE)`, ends it if the caller may;
-/// the worker, idle again and shown as autovacuum, is then ended with the database's
-/// autovacuum workers.
-pub fn release_database(database: pg_sys::Oid) {
+/// Terminates the pool workers connected to `database` that serve no leader and, for a
+/// drop `WITH (FORCE)` (`forced`), those serving a leader the caller may terminate, as
+/// FORCE will terminate the leader (between fragments a worker's PGPROC shows no role,
+/// which FORCE would refuse to end); then waits up to 5 s until they are gone. Called
+/// from DROP DATABASE's drop hook, after the ownership check but before PostgreSQL's
+/// other checks, which may still refuse the drop. Any other worker running a fragment
+/// is left to its leader, a session of that database: PostgreSQL refuses the drop while
+/// it is connected or, with FORCE, ends it if the caller may; the worker, idle again
+/// and shown as autovacuum, is then ended with the database's autovacuum workers.
+pub fn release_database(database: pg_sys::Oid, forced: bool) {
     let Some(pool) = super::shared::shared() else {
         return;
     };
@@ -253,7 +254,7 @@ pub fn release_database(database: pg_sys::Oid) {
             && match slot.load().1 {
                 State::Free => false,
                 State::Starting | State::Connecting | State::Idle | State::Retiring => true,
-                _ => leader_may_be_ended(slot),
+                _ => forced && leader_may_be_ended(slot),
             }
     };
     let mut ended = Vec::new();

@@ -33,7 +33,7 @@ pub fn wanted(_eflags: i32) -> bool {
 
 pub fn executor_started(_desc: *mut pg_sys::QueryDesc) {}
 
-pub fn release_database(_database: pg_sys::Oid) {}
+pub fn release_database(_database: pg_sys::Oid, _forced: bool) {}
 
 pub fn transaction_ended() {}
 

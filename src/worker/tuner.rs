@@ -157,7 +157,7 @@ fn round(shared: &shmem::Shared, sched: &SchedShared, t: &mut Tracking) {
     };
     let installed = refresh.adopted && shared.tuner.adopt(sched, refresh.new, choice.generation());
     if refresh.adopted && !installed {
-        pgrx::log!("pg_stride: the tuner's choice was dropped: the decay settings changed while it searched");
+        pgrx::log!("pg_stride: the tuner's choice was dropped: the decay settings changed, or pg_stride.tuner was switched off, while it searched");
     } else if installed {
         log_installed(&refresh);
     }
