@@ -405,11 +405,9 @@ def a_move_that_never_took_place_does_not_hold_its_target_group(s):
             s.sql("SELECT pg_stride.drop_group('batch')")
 
 
-@check
-def a_statement_beside_an_open_cursor_is_judged_by_its_own_cpu(s):
-    """A statement run while a cursor of its session is open shares the cursor's query
-    entry: a cpu_time rule must judge it by the CPU used since it began, not by the
-    cursor's, which met the rule already."""
+def beside_a_cursor(s, sql, expected):
+    """Runs `sql` (giving the `expected` lines) in a session while a cursor of it that
+    met a cpu_time rule is open; returns the rule's hits while `sql` ran."""
     set_rules(s, "cpu_time > 100ms: log")
     x = concurrency.Session(s, APP)
     try:
@@ -421,13 +419,23 @@ def a_statement_beside_an_open_cursor_is_judged_by_its_own_cpu(s):
         cursor = hits(s, start)
         assert [x[:2] for x in cursor] == [["cpu_time > 100ms: log", "log"]], cursor
         since = now(s)
-        assert x.run("SELECT pg_sleep(1)") == [""]
+        out = x.run(sql, lines=len(expected))
+        assert out == expected, out
         beside = hits(s, since)
-        assert beside == [], beside
         x.run("COMMIT", lines=0)
+        return beside
     finally:
         x.close()
         set_rules(s, "")
+
+
+@check
+def a_statement_beside_an_open_cursor_is_judged_by_its_own_cpu(s):
+    """A statement run while a cursor of its session is open shares the cursor's query
+    entry: a cpu_time rule must judge it by the CPU used since it began, not by the
+    cursor's, which met the rule already."""
+    beside = beside_a_cursor(s, "SELECT pg_sleep(1)", [""])
+    assert beside == [], beside
 
 
 def mid_table(s):
@@ -443,28 +451,13 @@ def a_do_block_run_beside_an_open_cursor_is_judged_by_its_own_cpu(s):
     its body statements are judged with the loop, from the loop's start: the cursor's
     CPU, past the rule already, does not count for them."""
     mid_table(s)
-    set_rules(s, "cpu_time > 100ms: log")
-    x = concurrency.Session(s, APP)
-    try:
-        start = now(s)
-        x.run(f"BEGIN; DECLARE c CURSOR FOR {LONG}", lines=0)
-        assert x.run("FETCH c") == ["1000000"]
-        time.sleep(0.5)
-        cursor = hits(s, start)
-        assert [x[:2] for x in cursor] == [["cpu_time > 100ms: log", "log"]], cursor
-        since = now(s)
-        # About 0.4 s, little CPU: the scheduler worker's sweeps see its statements.
-        out = x.run("DO $$ DECLARE r record; BEGIN "
-                    "FOR r IN SELECT id FROM rules_mid WHERE id <= 40 LOOP "
-                    "PERFORM 1 FROM rules_mid WHERE id = r.id LIMIT 1; PERFORM pg_sleep(0.01); "
-                    "END LOOP; END $$; SELECT 'done'")
-        assert out == ["done"], out
-        beside = hits(s, since)
-        assert beside == [], beside
-        x.run("COMMIT", lines=0)
-    finally:
-        x.close()
-        set_rules(s, "")
+    # About 0.4 s, little CPU: the scheduler worker's sweeps see its statements.
+    beside = beside_a_cursor(
+        s, "DO $$ DECLARE r record; BEGIN "
+        "FOR r IN SELECT id FROM rules_mid WHERE id <= 40 LOOP "
+        "PERFORM 1 FROM rules_mid WHERE id = r.id LIMIT 1; PERFORM pg_sleep(0.01); "
+        "END LOOP; END $$; SELECT 'done'", ["done"])
+    assert beside == [], beside
 
 
 @check
