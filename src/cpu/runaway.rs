@@ -146,17 +146,14 @@ pub(super) fn move_if_a_rule_says_so(shared: &shmem::Shared, sched: &SchedShared
     let Some(entry) = shared.my_entry() else {
         return;
     };
-    let target = entry.inbox.rule_move.load(Ordering::Acquire);
-    if target == 0 {
+    if entry.inbox.rule_move.load(Ordering::Relaxed) == 0 {
         return;
     }
-    if entry.inbox.rule_move_key.load(Ordering::Relaxed) != entry.registered.load(Ordering::Relaxed)
-    {
+    let Some(slot) = entry.move_asked_for_this_statement() else {
         // Asked for a statement that has ended since.
         entry.inbox.rule_move.store(0, Ordering::Relaxed);
         return;
-    }
-    let slot = target as usize - 1;
+    };
     let moved = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut().filter(|m| m.owner)?;
         let query = m

@@ -60,6 +60,7 @@ use crate::os;
 use crate::pg;
 use pg_stride_sched::admission::{group_has_waiters, Counts, Queue, Waiter};
 use pg_stride_sched::long_runs::LongRuns;
+use pg_stride_sched::shared::QuerySnapshot;
 use pg_stride_sched::trace_ring::TraceRing;
 use pg_stride_sched::{Capacity, Policy, QueryId, SchedConfig, SchedShared};
 use pgrx::pg_sys;
@@ -191,28 +192,25 @@ impl Shared {
         }) || self.with_admission(|_, waiters| group_has_waiters(waiters, slot))
     }
 
+    /// The query entry of `entry`'s process in the CPU scheduler, as it is now, once its
+    /// statement joined CPU scheduling.
+    pub fn query_of(&self, entry: &ProcEntry) -> Option<QuerySnapshot> {
+        match entry.cpu_query.load(Ordering::Acquire) {
+            0 => None,
+            q => self.sched()?.query_snapshot(QueryId(q - 1)),
+        }
+    }
+
     /// CPU time, ns, that the query entry of `entry`'s process has used, its parallel
     /// workers' included (0 without one).
     pub fn query_cpu_ns(&self, entry: &ProcEntry) -> u64 {
-        match entry.cpu_query.load(Ordering::Acquire) {
-            0 => 0,
-            q => self
-                .sched()
-                .and_then(|s| s.query_snapshot(QueryId(q - 1)))
-                .map_or(0, |s| s.cpu_ns),
-        }
+        self.query_of(entry).map_or(0, |q| q.cpu_ns)
     }
 
     /// The group slot whose CPU share `entry`'s statement runs under, once it joined CPU
     /// scheduling.
     fn cpu_group_of(&self, entry: &ProcEntry) -> Option<usize> {
-        match entry.cpu_query.load(Ordering::Acquire) {
-            0 => None,
-            q => self
-                .sched()?
-                .query_snapshot(QueryId(q - 1))
-                .map(|s| s.group.0 as usize),
-        }
+        self.query_of(entry).map(|q| q.group.0 as usize)
     }
 
     /// Statements of other processes that want CPU now: admitted and executing, not

@@ -206,14 +206,19 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // The process's query entry, if it has one already, is that of a statement still
     // registered: an open cursor, a protocol portal between its fetches, the query of a
     // DO block's loop. A statement of another client command than that one's shares the
-    // entry but is judged by the runaway-query rules on the CPU used from its start; the
-    // statements of one command (a loop and its body) are judged together, as one.
-    let beside_another_command = entry.cpu_query.load(Ordering::Relaxed) != 0
-        && REGISTERED.with_borrow(|list| {
-            !list
-                .iter()
-                .any(|r| command.is_some() && r.command == command)
-        });
+    // entry but is judged by the runaway-query rules on the CPU used from its start (its
+    // base); the statements of one command (a loop and its body) are judged together, as
+    // one, from the base their command had (a DO block's loop beside a cursor declared
+    // before it).
+    let base = if entry.cpu_query.load(Ordering::Relaxed) == 0 {
+        0
+    } else if command.is_some()
+        && REGISTERED.with_borrow(|list| list.iter().any(|r| r.command == command))
+    {
+        entry.cpu_base_ns.load(Ordering::Relaxed)
+    } else {
+        shared.query_cpu_ns(entry)
+    };
     REGISTERED.with_borrow_mut(|list| {
         list.push(Statement {
             desc,
@@ -239,19 +244,12 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     // Cleared before the count that names the statement is published, so that a reader
     // who sees the new count sees none of the last statement's figures under it (the
     // runaway-query rules would judge this statement by the last one's rows).
-    // A statement of the same command as the query entry's keeps the base its command
-    // had (a DO block's loop beside a cursor declared before it).
-    let base = if beside_another_command {
-        shared.query_cpu_ns(entry)
-    } else {
-        entry.cpu_base_ns.load(Ordering::Relaxed)
-    };
     if ENTRY_WRITTEN.replace(PLANNED_WORKERS.get()) {
         entry.clear_statement();
     }
     // Before the count too: a reader who saw the count with a zero base would judge the
     // statement by the cursor's CPU.
-    if base != 0 && entry.cpu_query.load(Ordering::Relaxed) != 0 {
+    if base != 0 {
         ENTRY_WRITTEN.set(true);
         entry.cpu_base_ns.store(base, Ordering::Relaxed);
     }

@@ -63,12 +63,7 @@ fn activity_state() -> TableIterator<
         }
         let slot = entry.group.load(Ordering::Acquire) as usize;
         let nonzero = |v: i64| (v != 0).then_some(v);
-        let query = match entry.cpu_query.load(Ordering::Acquire) {
-            0 => None,
-            q => shared
-                .sched()
-                .and_then(|s| s.query_snapshot(pg_stride_sched::QueryId(q - 1))),
-        };
+        let query = shared.query_of(entry);
         // Its own backend is shown to a session whatever role it SET: the session
         // may go back to the one it logged in as.
         let visible = crate::pg::my_procno() == Some(procno)
