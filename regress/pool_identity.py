@@ -342,15 +342,30 @@ def database_commands_of_the_owner_are_not_blocked_by_the_pool(s):
 
 def slow_pooled_query(s, database, user):
     """Starts, as `user` in `database`, a pooled query of about 15 s (2000 rows of t,
-    15 ms each, read by two pool workers); returns its psql once its workers are busy."""
-    args = s.psql_args(FORCE.replace("\\set VERBOSITY verbose\n", "") +
-                       "SELECT count(*) FROM (SELECT pg_sleep(0.015) FROM t) x", user=user)
-    args[args.index("-d") + 1] = database
-    slow = subprocess.Popen(args, env=concurrency.ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    s.wait_until("SELECT count(*) > 0 FROM pg_stride.pool "
-                 f"WHERE datname = '{database}' AND state = 'busy'", "t")
-    return slow
+    15 ms each, read by two pool workers); returns its psql once its workers are busy.
+    A run that got no pool worker within 5 s (the concurrency hint granted none, or
+    the workers were still being replaced for this role) is cancelled and started
+    again, up to five times."""
+    sql = "SELECT count(*) FROM (SELECT pg_sleep(0.015) FROM t) x"
+    busy = ("SELECT count(*) > 0 FROM pg_stride.pool "
+            f"WHERE datname = '{database}' AND state = 'busy'")
+    for _ in range(5):
+        warm_pool(s, database, user=user, table="t")
+        args = s.psql_args(FORCE.replace("\\set VERBOSITY verbose\n", "") + sql, user=user)
+        args[args.index("-d") + 1] = database
+        slow = subprocess.Popen(args, env=concurrency.ENV, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if s.sql(busy) == "t":
+                return slow
+            time.sleep(0.05)
+        s.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+              f"WHERE datname = '{database}' AND query LIKE '%pg_sleep(0.015)%' "
+              "AND pid <> pg_backend_pid()")
+        concurrency.finish(slow, timeout=60)
+    raise AssertionError(f"no run of {user}'s query in {database} got a pool worker: "
+                         + s.sql("SELECT * FROM pg_stride.pool"))
 
 
 @check
@@ -363,7 +378,6 @@ def a_drop_database_that_fails_leaves_running_fragments_alone(s):
     end. The owner's FORCE while his own pooled query runs there goes through."""
     database_of_dave(s, "regress_busy_db", f"GRANT SELECT ON t TO {DAVE}")
     try:
-        warm_pool(s, "regress_busy_db", user="postgres", table="t")
         slow = slow_pooled_query(s, "regress_busy_db", "postgres")
         # The superuser's own plain DROP too: it may end that session, but without
         # FORCE PostgreSQL ends none.
@@ -374,7 +388,6 @@ def a_drop_database_that_fails_leaves_running_fragments_alone(s):
             assert error and code in error, (user, sql, error)
         rc, out, err = concurrency.finish(slow, timeout=60)
         assert (rc, out) == (0, "2000"), (rc, out, err)
-        warm_pool(s, "regress_busy_db", user=DAVE, table="t")
         own = slow_pooled_query(s, "regress_busy_db", DAVE)
         _, error = run_as(s, DAVE, "DROP DATABASE regress_busy_db WITH (FORCE)")
         assert error is None, error
