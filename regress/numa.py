@@ -134,6 +134,30 @@ def two_fake_nodes_add_up_the_same_way(s):
     nodes_add_up_to_groups(s)
 
 
+@fake_check
+def a_pinned_holder_still_sees_every_node(s):
+    # A session whose first slice end comes while pinned to the CPU of its slot
+    # (pin_slots) reads the topology then: it must still see both nodes, and charge its
+    # CPU on other CPUs to their node, not to "no node".
+    s.sql("ALTER SYSTEM SET pg_stride.pin_slots = on")
+    s.sql("SELECT pg_reload_conf()")
+    try:
+        time.sleep(0.5)
+        s.sql("SELECT pg_stride.reset_stats()")
+        rows = s.sql("SELECT count(*) FROM big; SELECT count(*) FROM big; "
+                     "SELECT string_agg(node || ':' || cpus || ':' "
+                     "|| cpu_count, ' ' ORDER BY node) FROM pg_stride.numa "
+                     "WHERE node IS NOT NULL")
+        assert rows.splitlines()[-1] == "0:0:1 1:1:1", rows
+        run_scans(s)
+        none = float(s.sql("SELECT coalesce(sum(cpu_time_ms), 0) FROM pg_stride.numa "
+                           "WHERE node IS NULL"))
+        assert none == 0.0, none
+    finally:
+        s.sql("ALTER SYSTEM RESET pg_stride.pin_slots")
+        s.sql("SELECT pg_reload_conf()")
+
+
 PARALLEL = ("SET max_parallel_workers_per_gather = 1; SET parallel_setup_cost = 0; "
             "SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0;")
 # Long enough (seconds, in a debug build) to be sampled while it runs; parallel, with

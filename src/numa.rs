@@ -55,7 +55,7 @@ impl Machine {
             Some(spec) => Topology::from_spec(spec)?,
             None => Topology::from_sysfs(Path::new("/sys"))?,
         };
-        let topology = match os::allowed_cpus() {
+        let topology = match server_cpus() {
             Some(allowed) => topology.restrict(&allowed)?,
             None => topology,
         };
@@ -86,6 +86,18 @@ impl Machine {
             .copied()
             .filter(|&n| n != NO_NODE)
     }
+}
+
+/// The CPUs the server may run on: the postmaster's, as shared memory recorded them
+/// when it was created, else (before that, or beyond the CPU numbers it can record) this
+/// process's own. Not this process's mask alone: probed at a slice end, a slot holder
+/// may be pinned to one CPU (`pg_stride.pin_slots`), and the topology it reads stays
+/// with it for its life.
+fn server_cpus() -> Option<Vec<u32>> {
+    shmem::shared()
+        .map(|s| s.cpu_owners.allowed())
+        .filter(|cpus| !cpus.is_empty())
+        .or_else(os::allowed_cpus)
 }
 
 /// This process's topology: not probed yet, or the result of the probe (`None` when it
