@@ -10,10 +10,8 @@ use super::numa::MIN_STEAL_WAIT_NS;
 use super::numa::{slice_work, NodeUsage, NumaPlacement, NumaReport, NumaSim, PhysSlots};
 use super::workload::QuerySpec;
 use crate::decay::DecayParams;
-use crate::predict::{
-    self, CostModel, History, Prediction, Quality, StartPolicy, Table, View,
-};
 use crate::ids::{GroupId, ProcId, QueryId};
+use crate::predict::{self, CostModel, History, Prediction, Quality, StartPolicy, Table, View};
 use crate::shared::{
     Capacity, GroupConfig, Outcome, OwnedRegion, Policy, QueryOptions, SchedConfig, SchedShared,
     Turn, MAX_GROUPS, MAX_QUERY_MEMBERS,
@@ -282,9 +280,16 @@ impl<'a, 'f> Engine<'a, 'f> {
             .unwrap_or(1)
             .min(MAX_QUERY_MEMBERS as u32);
         let max_group = workload.iter().map(|q| q.group + 1).max().unwrap_or(1);
+        // No more statements are ever active than the workload has: a table sized to a
+        // large admission limit (`max_active_queries` up to 262143, the tuner replays
+        // the server's) would be allocated and zeroed at every replay for nothing.
+        let table = cfg
+            .max_active
+            .min(u32::try_from(workload.len()).unwrap_or(u32::MAX))
+            .max(1);
         let cap = Capacity {
-            max_procs: cfg.max_active.max(1) * max_members,
-            max_queries: cfg.max_active.max(1),
+            max_procs: table * max_members,
+            max_queries: table,
             max_groups: max_group.max(cfg.groups.len() as u32).clamp(1, MAX_GROUPS),
         };
         let config = SchedConfig {
@@ -900,20 +905,52 @@ mod tests {
                 ..SimConfig::new(1, Policy::DecayingStride)
             };
             let run = simulate_run(&w, &cfg);
-            (run.results[2].latency_ns().unwrap() / 1_000_000, run.quality)
+            (
+                run.results[2].latency_ns().unwrap() / 1_000_000,
+                run.quality,
+            )
         };
         let (decay, no_quality) = short_latency(StartMode::Decay);
         let (predicted, quality) = short_latency(StartMode::Predicted);
         let (oracle, _) = short_latency(StartMode::Oracle);
         // under decay the long one keeps p0 for 8 quanta and shares the slot evenly;
         // predicted (as the oracle knows) it starts at p0 · 16 / 200 and gives way
-        assert!(predicted < decay, "predicted {predicted} ms, decay {decay} ms");
-        assert!(oracle <= predicted + 1, "oracle {oracle} ms, predicted {predicted} ms");
+        assert!(
+            predicted < decay,
+            "predicted {predicted} ms, decay {decay} ms"
+        );
+        assert!(
+            oracle <= predicted + 1,
+            "oracle {oracle} ms, predicted {predicted} ms"
+        );
         assert!(predicted <= 12, "predicted {predicted} ms");
         assert_eq!(no_quality, None);
         let q = quality.unwrap();
         // the second long one from history; the first and the short one had none
         assert_eq!((q.long_as_long, q.from_history, q.unpredicted), (1, 1, 2));
+    }
+
+    #[test]
+    fn the_query_table_is_no_larger_than_the_workload() {
+        let w = [q(0, 10, "a"), q(0, 10, "b"), q(0, 10, "c")];
+        let cfg = SimConfig {
+            max_active: 262_143,
+            ..SimConfig::new(2, Policy::DecayingStride)
+        };
+        let engine = Engine::new(&w, &cfg, None);
+        assert_eq!(engine.sched.capacity().max_queries, 3);
+        assert_eq!(engine.sched.capacity().max_procs, 3);
+        let small = SimConfig {
+            max_active: 2,
+            ..cfg.clone()
+        };
+        assert_eq!(
+            Engine::new(&w, &small, None).sched.capacity().max_queries,
+            2
+        );
+        // all three finish, as with the table sized to the limit
+        let r = simulate(&w, &cfg);
+        assert!(r.iter().all(|r| r.finish_ns.is_some()), "{r:?}");
     }
 
     #[test]
