@@ -299,6 +299,27 @@ def sigterm_of_the_scheduler_worker_restarts_it_alone(s):
     scheduling_works(s)
 
 
+@concurrency.check
+def a_worker_that_exits_on_an_error_shows_no_pid_until_it_is_back(s):
+    # Catches: a pid left in pg_stride.scheduler by a worker that exited on an ERROR
+    # (pg_cancel_backend) rather than SIGTERM, naming a dead process (or one that took
+    # its pid) until the worker is back 5 to 10 s later.
+    for column, kind in [("scheduler_pid", "pg_stride scheduler"), ("tuner_pid", "pg_stride tuner")]:
+        old = s.sql(f"SELECT {column} FROM pg_stride.scheduler")
+        assert old, f"{column} is NULL before the check"
+        offset = os.path.getsize(s.logfile)
+        s.sql(f"SELECT pg_cancel_backend({old})")
+        poll(f"{kind} {old} to exit", lambda: s.sql(
+            f"SELECT count(*) FROM pg_stat_activity WHERE pid = {old}") == "0", 5)
+        shown = s.sql(f"SELECT {column} FROM pg_stride.scheduler")
+        back = s.sql(f"SELECT pid FROM pg_stat_activity WHERE backend_type = '{kind}'")
+        assert shown == back, f"{column} {shown!r} after {kind} {old} exited; running: {back!r}"
+        assert "canceling statement due to user request" in s.log_since(offset), s.log_since(offset)
+        new = poll(f"{kind} to come back", lambda: s.sql(
+            f"SELECT {column} FROM pg_stride.scheduler WHERE {column} <> {old}"), 30, 0.2)
+        assert s.sql(f"SELECT backend_type FROM pg_stat_activity WHERE pid = {new}") == kind
+
+
 # --- 2. pg_terminate_backend in every state -------------------------------------------
 
 def terminate(s, pid):

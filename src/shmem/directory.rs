@@ -302,9 +302,19 @@ impl GroupDirectory {
     }
 
     /// Called by the loader: registers it for reload requests.
-    pub fn set_loader(&self, procno: Option<usize>) {
-        self.loader_procno
-            .store(procno.map_or(u32::MAX, |p| p as u32), Ordering::Release);
+    pub fn set_loader(&self, procno: usize) {
+        self.loader_procno.store(procno as u32, Ordering::Release);
+    }
+
+    /// Called by the loader as it exits: unregisters it, unless a newer loader already
+    /// registered.
+    pub fn forget_loader(&self, procno: usize) {
+        let _ = self.loader_procno.compare_exchange(
+            procno as u32,
+            u32::MAX,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 
     /// Called by the loader: the number of the newest request, if one is not done yet.

@@ -121,6 +121,7 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
         return;
     };
     shared.scheduler_pid.store(pg::my_pid(), Ordering::Release);
+    pg::on_exit(forget_this_worker);
     config::apply(shared);
     pool::publish_server_settings();
     let mut cpu_seen = Vec::new();
@@ -163,7 +164,6 @@ pub extern "C-unwind" fn pg_stride_scheduler_main(_arg: pg_sys::Datum) {
             }
         }
     }
-    shared.scheduler_pid.store(0, Ordering::Release);
     exit_to_be_restarted();
 }
 
@@ -176,7 +176,10 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
     let Some(shared) = shmem::shared() else {
         return;
     };
-    shared.groups.set_loader(pg::my_procno());
+    if let Some(procno) = pg::my_procno() {
+        shared.groups.set_loader(procno);
+    }
+    pg::on_exit(forget_this_worker);
     let mut retry = RetryAfterFailure::default();
     let request = shared.groups.pending_reload();
     retry.record(Instant::now(), reload_groups(shared, request), request);
@@ -205,8 +208,25 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
             retry.record(Instant::now(), read, request);
         }
     }
-    shared.groups.set_loader(None);
     exit_to_be_restarted();
+}
+
+/// At the exit of a static worker, however it exits (SIGTERM, or an ERROR: a
+/// `pg_cancel_backend` or a failure): withdraws the pid or process number it published,
+/// if it still is its own, so that `pg_stride.scheduler` shows no pid while it is not
+/// running, and no reload request sets the latch of a process that took its number.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn forget_this_worker(_code: i32, _arg: pg_sys::Datum) {
+    let Some(shared) = shmem::shared() else {
+        return;
+    };
+    let me = pg::my_pid();
+    for published in [&shared.scheduler_pid, &shared.tuner.pid] {
+        let _ = published.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    if let Some(procno) = pg::my_procno() {
+        shared.groups.forget_loader(procno);
+    }
 }
 
 /// Reads the groups table into the directory, answering `request` (the newest made
