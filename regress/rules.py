@@ -114,6 +114,32 @@ def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
     assert f"Query Identifier: {seen[APP]}" in explained, (seen, explained)
 
 
+# Eight scans of rules_big (about 1 s of CPU) that write a row early in the first one,
+# once they joined CPU scheduling.
+WRITES_MIDWAY = ("SELECT count(*) FROM generate_series(1, 8) g, rules_big r "
+                 "WHERE r.v >= 0 AND (g <> 1 OR r.id <> 50000 OR midway_note())")
+
+
+@check
+def a_statement_that_writes_midway_is_judged_by_its_cpu(s):
+    # A statement that writes once its run has started keeps its slot at every slice
+    # end from then on (rule 2), and each slice must still be charged to it, or a
+    # cpu_time rule never sees it.
+    s.sql("CREATE TABLE midway_notes (at timestamptz DEFAULT now()); "
+          f"GRANT INSERT ON midway_notes TO {APP}; "
+          "CREATE FUNCTION midway_note() RETURNS boolean LANGUAGE sql "
+          "AS 'INSERT INTO midway_notes DEFAULT VALUES RETURNING true'")
+    try:
+        set_rules(s, "cpu_time > 300ms: cancel")
+        since = now(s)
+        rc, out, err = finish(s.client_as(APP, WRITES_MIDWAY), timeout=60)
+        assert rc != 0 and 'canceling statement due to rule "cpu_time > 300ms: cancel"' in err, (rc, out, err)
+        h = hits(s, since)
+        assert len(h) == 1 and h[0][:2] == ["cpu_time > 300ms: cancel", "cancel"], h
+    finally:
+        s.sql("DROP FUNCTION midway_note(); DROP TABLE midway_notes")
+
+
 @check
 def a_statement_its_history_called_tiny_meets_the_rules_once_it_grew(s):
     # Catches: a statement whose fingerprint's history says it ends within half a

@@ -6,7 +6,7 @@
 use super::member::{
     arm_countdown, disarm_countdown, take_yield_request, Member, COUNTDOWN, MEMBER, YIELD_FLAG,
 };
-use super::placement::{self, dispatch_free_slots, hand_over};
+use super::placement::{self, dispatch_free_slots, hand_over, Ran};
 use super::prediction;
 use super::priority::priority_range;
 use crate::os::{self, thread_cpu_ns};
@@ -354,6 +354,7 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
     }
     if !interrupts_can_be_processed() {
         // Rule 1: no pause inside an LWLock or critical section; look again soon.
+        keep_slot(shared, sched, proc, used_ns, ran);
         arm_countdown(RETRY_CHUNK);
         return;
     }
@@ -361,6 +362,7 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
         // Rule 2: keep the slot rather than pause while holding row locks, and run in
         // the class of everything else: a holder outranked into SCHED_IDLE at an earlier
         // slice end would hold its locks at the kernel's lowest priority.
+        keep_slot(shared, sched, proc, used_ns, ran);
         placement::writes(shared, proc);
         return;
     }
@@ -398,6 +400,22 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
     } else {
         placement::slot_kept(shared, sched, proc, ran);
     }
+}
+
+/// A slice of `used_ns` ended where this process may not pause: it keeps its slot
+/// without a decision, and the slice is charged all the same (to its query, its group
+/// and its node), or a statement that wrote early in its run (CREATE TABLE AS) would
+/// run to its end uncharged: its rules, decay and history blind to it.
+fn keep_slot(
+    shared: &shmem::Shared,
+    sched: &SchedShared,
+    proc: ProcId,
+    used_ns: u64,
+    ran: Option<Ran>,
+) {
+    sched.charge_kept_slice(proc, used_ns);
+    count_group_cpu(shared, sched, proc, used_ns);
+    placement::slice_decided(shared, used_ns, ran);
 }
 
 /// Tells the watchdog that this process reached a yield point (or took a slot).

@@ -61,6 +61,14 @@ impl SchedShared {
         self.outcome(p, granted)
     }
 
+    /// Process `p`, holding a slot, ended a slice that used `used_ns` of CPU where it may
+    /// not give the slot up (it holds row locks, or its interrupts are held): charge it to
+    /// its query and group, as [`Self::end_slice`] does, and decide nothing.
+    pub fn charge_kept_slice(&self, p: ProcId, used_ns: u64) {
+        debug_assert!(self.is_running(p), "{p:?} ends a slice without a slot");
+        self.charge(p, used_ns);
+    }
+
     /// Process `p`, holding a slot, ended a slice that used `used_ns` of CPU: charge it
     /// to its query and group, then decide whether `p` goes on.
     ///
