@@ -11,6 +11,10 @@ scheduler's checks follow: pausing at yield points with one slot, cancel and ter
 of paused queries, writes never paused, forced pausing in index scans and hash joins,
 and Gather worker counts following the concurrency hint.
 
+Two races between a backend and the scheduler's admission watchdog (a lent admission
+taken back for a statement while it queued for it; a lend that met its statement's end)
+run on a third server, whose debug build widens their windows (PG_STRIDE_TEST_FAULTS).
+
 Starts its own temporary server (pg_stride preloaded) and prints one line per check,
 then "concurrency: N passed, N failed". Run as root, the server runs as postgres.
 """
@@ -1776,6 +1780,82 @@ def rows_written_without_the_trigger_are_in_effect_once_published(s):
         s.sql("SELECT pg_stride.drop_group('unpublished')")
 
 
+RACE_CHECKS = []
+race_check = collector(RACE_CHECKS)
+
+# Races between a backend and the scheduler worker's admission watchdog, each window
+# widened by a test fault of the debug build (PG_STRIDE_TEST_FAULTS, RACE_FAULTS): a
+# third server runs these checks.
+RACE_FAULTS = "take_back_race,lend_race"
+
+
+def cursor_in_pair(s, query="SELECT g FROM generate_series(1, 3) g"):
+    """A Session of ROLE in group pair (limit 1) with cursor c over `query`, its first
+    row fetched, idle in its transaction."""
+    p = Session(s)
+    p.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; BEGIN; "
+          f"DECLARE c CURSOR FOR {query}; FETCH 1 FROM c")
+    return p
+
+
+LENT = "SELECT count(*) FROM pg_stride.activity WHERE admission_lent"
+
+
+@race_check
+def a_cursor_given_its_admission_back_while_it_queued_for_it_goes_on(s):
+    # P's cursor lent its admission; Q took the group's one place. P's next FETCH finds
+    # no room and, in the widened window (take_back_race, 2 s) before it queues, Q ends
+    # and the watchdog, seeing P run, takes the admission back for it. P then queues
+    # behind its own admission: it must see that and go on, not wait for ever.
+    p = cursor_in_pair(s)
+    try:
+        s.wait_until(LENT, "1")
+        q = s.client("pair", "SELECT pg_sleep(1)")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'", "1")
+        started = time.monotonic()
+        assert p.run("FETCH 1 FROM c", timeout=15) == ["2"]
+        took = time.monotonic() - started
+        assert finish(q)[0] == 0
+        print(f"    the FETCH took {took:.2f} s")
+        assert took < 5, f"the FETCH took {took:.1f} s"
+        p.run("CLOSE c; COMMIT; SELECT 'closed'")
+        s.wait_until("SELECT active || ' ' || queued FROM pg_stride.groups WHERE name = 'pair'", "0 0")
+    finally:
+        # A wait that never ended: cancel it, so that the session can close.
+        s.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+              "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+        p.close()
+
+
+@race_check
+def a_waiter_is_let_in_when_the_statement_that_lent_its_place_ends_meanwhile(s):
+    # P's FETCH runs a second; Q queues behind it. P's cursor then waits for its client:
+    # the watchdog lends its admission and, in the widened window (lend_race, 2 s)
+    # before it dispatches, P commits. Q must be let in then, not wait for a dispatch
+    # that nothing else would make.
+    p = cursor_in_pair(s, "SELECT g, pg_sleep(CASE WHEN g = 2 THEN 1 ELSE 0 END) FROM generate_series(1, 3) g")
+    try:
+        p.send("FETCH 1 FROM c")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'", "1")
+        q = s.client("pair", "SELECT 'admitted'", "SET pg_stride.queue_timeout = '20s'; ")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+        assert p.run("", timeout=15, end="") == ["2|"]
+        s.wait_until(LENT, "1")
+        started = time.monotonic()
+        # No statement after the COMMIT: its admission would let Q in.
+        assert p.run("CLOSE c; COMMIT;\n\\echo closed", end="") == ["closed"]
+        rc, out, err = finish(q, timeout=30)
+        took = time.monotonic() - started
+        assert (rc, out) == (0, "admitted"), (rc, out, err)
+        print(f"    the waiter was let in {took:.2f} s after the commit")
+        assert took < 5, f"the waiter was let in {took:.1f} s after the commit"
+    finally:
+        # A wait that never ended: cancel it, so that the session can close.
+        s.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+              "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+        p.close()
+
+
 NO_DATABASE_CHECKS = []
 without_database = collector(NO_DATABASE_CHECKS)
 
@@ -1960,6 +2040,11 @@ pg_stride.max_active_queries = 1
 pg_stride.exempt_superuser = on
 """)
         p, f = run_checks(no_database, NO_DATABASE_CHECKS, setup_without_database)
+        passed, failed = passed + p, failed + f
+    if [fn for fn in RACE_CHECKS if not sys.argv[1:] or fn.__name__ in sys.argv[1:]]:
+        racy = Server(port=PORT + 4)
+        racy.env = dict(ENV, PG_STRIDE_TEST_FAULTS=RACE_FAULTS)
+        p, f = run_checks(racy, RACE_CHECKS, setup)
         passed, failed = passed + p, failed + f
     print(f"concurrency: {passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -78,7 +78,9 @@ fn admit_without_lease(
     };
     match arrive(shared, procno, group, need_kb, Some(bounds)) {
         Arrived::Admitted => admitted_at_once(entry),
-        Arrived::Queued => wait_in_queue(shared, entry, procno, group, need_kb, true),
+        Arrived::Queued => {
+            wait_in_queue(shared, entry, procno, group, need_kb, Waiter::Arriving);
+        }
         Arrived::Full { group_bound } => turned_away(shared, group, group_bound, bounds),
     }
     entry.lease.hold(group);
@@ -189,23 +191,34 @@ fn reject(
     unreachable!("an ERROR report does not return")
 }
 
+/// Who waits in the queue.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waiter {
+    /// A statement to be admitted: its admission and its wait are recorded in the
+    /// group's statistics.
+    Arriving,
+    /// A statement taking its lent admission back ([`take_back`]): not counted again,
+    /// and its wait ends, with nothing granted, if the admission is taken back for it
+    /// meanwhile (`reclaim_if_room` by the watchdog, which saw it run).
+    TakingBack,
+}
+
 /// Waits in the queue, where `arrive` left process `procno` with a statement of group
 /// slot `group` that reserves `need_kb` of working memory, until it is admitted or its
 /// wait ran out (the group's or the session's queue timeout,
-/// `GroupSettings::queue_timeout_ms`); `count`
-/// records the admission and its wait in the group's statistics (a statement taking a
-/// lent admission back is not counted again). It shows queued from now: PostgreSQL's
-/// statement start is the arrival of the client's message, shared by every statement of
-/// a multi-statement query string. Raises an ERROR when the wait is cancelled, times out
-/// or the backend is terminated, having left the queue.
+/// `GroupSettings::queue_timeout_ms`). It shows queued from now: PostgreSQL's statement
+/// start is the arrival of the client's message, shared by every statement of a
+/// multi-statement query string. Returns whether it was admitted (`false` only for a
+/// statement whose lent admission was taken back for it). Raises an ERROR when the
+/// wait is cancelled, times out or the backend is terminated, having left the queue.
 fn wait_in_queue(
     shared: &shmem::Shared,
     entry: &ProcEntry,
     procno: usize,
     group: usize,
     need_kb: u64,
-    count: bool,
-) {
+    waiter: Waiter,
+) -> bool {
     let settings = shared.groups.settings_of(group).unwrap_or_default();
     let timeout_ms = settings.queue_timeout_ms(QUEUE_TIMEOUT_MS.get());
     let started = Instant::now();
@@ -213,27 +226,31 @@ fn wait_in_queue(
         .queued_since
         .store(pg::now_timestamp(), Ordering::Relaxed);
     entry.queued.fetch_add(1, Ordering::AcqRel);
-    let outcome = PgTryBuilder::new(|| wait_for_turn(shared, procno, started, timeout_ms))
-        .catch_others(|error| {
-            leave_queue(shared, procno);
-            error.rethrow()
-        })
-        .finally(|| {
-            entry.queued.fetch_sub(1, Ordering::AcqRel);
-        })
-        .execute();
+    let taken_back = || waiter == Waiter::TakingBack && !entry.lease.is_lent();
+    let outcome =
+        PgTryBuilder::new(|| wait_for_turn(shared, procno, started, timeout_ms, taken_back))
+            .catch_others(|error| {
+                leave_queue(shared, procno);
+                error.rethrow()
+            })
+            .finally(|| {
+                entry.queued.fetch_sub(1, Ordering::AcqRel);
+            })
+            .execute();
     let counters = shared.groups.counters(group);
     match outcome {
-        Ok(()) => {
-            if count {
+        WaitEnd::Admitted => {
+            if waiter == Waiter::Arriving {
                 let waited_us = started.elapsed().as_micros().min(u64::MAX as u128) as u64;
                 counters.record_admission(waited_us);
                 entry
                     .admitted_at
                     .store(pg::now_timestamp(), Ordering::Relaxed);
             }
+            true
         }
-        Err(()) => {
+        WaitEnd::NotNeeded => false,
+        WaitEnd::TimedOut => {
             counters.timed_out.fetch_add(1, Ordering::Relaxed);
             let group_name = shared.groups.name_of(group);
             ErrorReport::new(
@@ -299,30 +316,58 @@ fn admitted_at_once(entry: &ProcEntry) {
         .store(pg::now_timestamp(), Ordering::Relaxed);
 }
 
-/// Waits until this backend's queued statement is admitted. Returns `Err` when
-/// `pg_stride.queue_timeout` ran out first (the backend has then left the queue).
+/// How a wait in the queue ended, without an error.
+enum WaitEnd {
+    Admitted,
+    /// The waiter no longer needs an admission (`no_longer_needed`), and left the queue
+    /// with none granted.
+    NotNeeded,
+    /// `pg_stride.queue_timeout` ran out first; the waiter left the queue.
+    TimedOut,
+}
+
+/// Waits until this backend's queued statement is admitted, or it finds, under the
+/// admission lock, that it needs no admission any more (`no_longer_needed`, looked at
+/// after each wake-up and at least every second).
 fn wait_for_turn(
     shared: &shmem::Shared,
     procno: usize,
     started: Instant,
     timeout_ms: i32,
-) -> Result<(), ()> {
+    no_longer_needed: impl Fn() -> bool,
+) -> WaitEnd {
     let deadline = match timeout_ms {
         0 => None,
         ms => Some(started + Duration::from_millis(ms as u64)),
     };
-    let admitted = || shared.with_admission(|queue, waiters| queue.take_admitted(waiters, procno));
-    if pg::wait_until(admitted, deadline) {
-        return Ok(());
+    let mut end = WaitEnd::Admitted;
+    let done = || {
+        shared.with_admission(|queue, waiters| {
+            if queue.take_admitted(waiters, procno) {
+                return true;
+            }
+            if !no_longer_needed() {
+                return false;
+            }
+            // Granted at this very moment, it keeps the admission; the caller gives
+            // back what it does not need.
+            if !queue.stop_waiting(&shared.admission, waiters, procno, wake) {
+                end = WaitEnd::NotNeeded;
+            }
+            true
+        })
+    };
+    if pg::wait_until(done, deadline) {
+        return end;
     }
     // Admitted at the last moment: take it, with its memory, rather than fail.
     let admitted = shared.with_admission(|queue, waiters| {
         queue.stop_waiting(&shared.admission, waiters, procno, wake)
     });
     if admitted {
-        Ok(())
+        WaitEnd::Admitted
     } else {
-        Err(())
+        WaitEnd::TimedOut
     }
 }
 
@@ -505,7 +550,16 @@ pub fn lend_if(
     let Some(waiters) = entry.lease.lend(&shared.admission) else {
         return false;
     };
+    if waiters && pg::test_fault("lend_race") {
+        // Widens the window in which the statement may end before it is looked at again.
+        std::thread::sleep(Duration::from_secs(2));
+    }
     if !still_waits() && reclaim_if_room(shared, entry) {
+        // The statement ended (its lent admission given back with nothing dispatched)
+        // or counts again: the place lent may be free for a waiter either way.
+        if waiters {
+            dispatch(shared);
+        }
         return false;
     }
     if let (true, Some(group)) = (crossing, entry.lease.lent_group()) {
@@ -560,9 +614,18 @@ pub fn take_back(shared: &shmem::Shared) {
     if reclaim_if_room(shared, entry) {
         return;
     }
+    if pg::test_fault("take_back_race") {
+        // Widens the window in which the watchdog, seeing the statement run, may take
+        // the admission back for it (`reclaim_if_room`) before it queues.
+        std::thread::sleep(Duration::from_secs(2));
+    }
     // Its memory stays reserved while its admission is lent: the statement keeps it.
-    if arrive(shared, procno, group, 0, None) == Arrived::Queued {
-        wait_in_queue(shared, entry, procno, group, 0, false);
+    if arrive(shared, procno, group, 0, None) == Arrived::Queued
+        && !wait_in_queue(shared, entry, procno, group, 0, Waiter::TakingBack)
+    {
+        // The watchdog took the admission back for it meanwhile, and it left the queue
+        // with nothing granted: it would have waited behind its own admission.
+        return;
     }
     if entry.lease.returned(&shared.admission) {
         dispatch(shared);
