@@ -95,10 +95,13 @@ impl SchedShared {
     }
 
     /// Of the waiting members `waiting` of query entry `qe`, those that may take a slot
-    /// of node `n`: all of them on their home node, elsewhere those allowed to steal.
+    /// of node `n`: all of them on their home node, elsewhere those allowed to steal, or
+    /// all of them when their home has no slots (`cpu_slots` lowered below the number of
+    /// nodes): with stealing off they would otherwise wait for ever.
     #[inline]
     pub(super) fn eligible(&self, qe: &QueryEntry, waiting: u64, n: usize) -> u64 {
-        if self.node_count() <= 1 || self.home_of(qe) == n {
+        let home = self.home_of(qe);
+        if self.node_count() <= 1 || home == n || self.node(home).slots.load(SeqCst) == 0 {
             waiting
         } else {
             waiting & qe.may_steal.load(SeqCst)

@@ -670,6 +670,32 @@ fn split_slots_keep_a_query_on_its_home_node_until_it_may_steal() {
 }
 
 #[test]
+fn a_query_whose_home_lost_its_slots_takes_another_nodes_without_stealing() {
+    let s = region(0, Policy::FairStride);
+    s.set_node_slots(&[1, 1]);
+    let away = homed_query(&s, 1, &[0]);
+    let other = homed_query(&s, 0, &[1]);
+    assert_eq!(s.acquire(ProcId(1)), RUN);
+    // The slots are lowered to one, on node 0, while node 1's query waits for one; it
+    // is never allowed to steal (numa_steal_after = -1).
+    s.set_node_slots(&[1, 0]);
+    assert_eq!(s.acquire(ProcId(0)), WAIT);
+    assert_eq!(
+        s.end_slice(ProcId(1), 10 * SLICE),
+        Outcome {
+            turn: Turn::Wait,
+            wake: Some(ProcId(0)),
+        }
+    );
+    assert_eq!(s.slot_node(ProcId(0)), Some(0));
+    assert_eq!(s.query_snapshot(away).unwrap().home, 1);
+    assert_eq!(s.release(ProcId(0), 0), Some(ProcId(1)));
+    assert_eq!(s.release(ProcId(1), 0), None);
+    assert_eq!(s.query_snapshot(other).unwrap().home, 0);
+    assert_eq!(s.running(), 0);
+}
+
+#[test]
 fn homes_go_to_the_least_utilised_node_and_are_counted() {
     let s = region(0, Policy::DecayingStride);
     assert_eq!(s.choose_home(), 0, "slots not split: node 0");
