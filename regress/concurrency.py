@@ -1780,6 +1780,36 @@ def rows_written_without_the_trigger_are_in_effect_once_published(s):
         s.sql("SELECT pg_stride.drop_group('unpublished')")
 
 
+@check
+def a_cursor_that_fails_inside_a_running_statement_leaves_it_its_slot(s):
+    # With one CPU slot, a statement fetches from its session's cursor c1 in a function
+    # that catches the cursor's error, beside another statement. c1 fails at its third
+    # row and its statement ends there; the running statement must keep taking turns
+    # on the slot (handing it over at its yield points), not run on without one.
+    s.sql("CREATE FUNCTION fetch_c1() RETURNS int LANGUAGE plpgsql AS $$"
+          "DECLARE c refcursor := 'c1'; r int; "
+          "BEGIN BEGIN FETCH c INTO r; EXCEPTION WHEN OTHERS THEN RETURN -1; END; RETURN r; END$$")
+    s.sql(f"GRANT EXECUTE ON FUNCTION fetch_c1() TO {ROLE}")
+    serial = "SET max_parallel_workers_per_gather = 0;"
+    set_server(s, "pg_stride.cpu_slots", 1)
+    try:
+        other = s.client("holder", f"{LONG}; {LONG}; {LONG}", serial)
+        s.wait_until("SELECT count(*) FROM pg_stride.activity WHERE \"group\" = 'holder'", "1")
+        before = switches(s)
+        rc, out, err = finish(s.client("light", "BEGIN; DECLARE c1 CURSOR FOR "
+                                       "SELECT 1 / (g - 3) FROM generate_series(1, 1000000) g; "
+                                       "SELECT count(*) FROM (SELECT v FROM big UNION ALL SELECT v FROM big) t "
+                                       "WHERE v > 0 OR fetch_c1() IS NOT NULL; COMMIT", serial), timeout=120)
+        handed = switches(s) - before
+        assert (rc, out) == (0, "2000000"), (rc, out, err)
+        assert finish(other, timeout=120)[0] == 0
+        print(f"    the slot was handed over {handed} times while the statement ran")
+        assert handed >= 20, f"the one slot was handed over {handed} times"
+    finally:
+        set_server(s, "pg_stride.cpu_slots", 0)
+        s.sql("DROP FUNCTION fetch_c1()")
+
+
 RACE_CHECKS = []
 race_check = collector(RACE_CHECKS)
 

@@ -349,8 +349,9 @@ fn wait_for_turn(
             if !no_longer_needed() {
                 return false;
             }
-            // Granted at this very moment, it keeps the admission; the caller gives
-            // back what it does not need.
+            // Not granted (that was looked at just above, under this lock): it leaves
+            // the queue. Were it granted, it would keep the admission, which the caller
+            // gives back (`Lease::returned`).
             if !queue.stop_waiting(&shared.admission, waiters, procno, wake) {
                 end = WaitEnd::NotNeeded;
             }

@@ -327,7 +327,7 @@ fn run_on_cpu_slot(desc: *mut pg_sys::QueryDesc, moves: bool, run: impl FnOnce()
     let on_cpu = top_level && statements::runs_on_cpu_slots(desc);
     if on_cpu || (top_level && statements::runs_on_lent_admission(desc)) {
         // SAFETY: a guarded function.
-        unsafe { begin_run(on_cpu) };
+        unsafe { begin_run(desc, on_cpu) };
     }
     // A tiny registered statement's runs are timed too, and those of one tiny by its
     // history, which runs on a CPU slot once it has used a slice.
@@ -587,10 +587,10 @@ unsafe extern "C-unwind" fn join_leader(desc: *mut pg_sys::QueryDesc) {
 /// away, then, for a statement on CPU slots, takes a slot. One guarded call for both.
 #[pgrx::pg_guard]
 #[inline(never)]
-unsafe extern "C-unwind" fn begin_run(on_cpu_slot: bool) {
+unsafe extern "C-unwind" fn begin_run(desc: *mut pg_sys::QueryDesc, on_cpu_slot: bool) {
     statements::resume();
     if on_cpu_slot {
-        statements::run_begins();
+        statements::run_begins(desc);
     }
 }
 

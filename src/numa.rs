@@ -2,8 +2,10 @@
 //! (docs/design.md §10; psaroudakis2016 §4.2 keeps utilisation per socket).
 //!
 //! * The topology comes from the kernel (`sched`'s `Topology::from_sysfs("/sys")`) or
-//!   from `pg_stride.numa_topology` (fake nodes for tests), restricted to the CPUs this
-//!   process may run on. It is read once per process, at its first use; if it cannot be
+//!   from `pg_stride.numa_topology` (fake nodes for tests), restricted to the CPUs the
+//!   server may run on (the postmaster's, [`server_cpus`]). It is read once per
+//!   process, at its first use (at latest when it first takes a slot,
+//!   [`probe_before_charging`]); if it cannot be
 //!   read, NUMA statistics are off in that process and the first process to find out
 //!   says so in one LOG line for the server.
 //! * [`charge`] adds CPU charged to a query to the counter of the node of the CPU the
@@ -89,8 +91,8 @@ impl Machine {
 }
 
 /// The CPUs the server may run on: the postmaster's, as shared memory recorded them
-/// when it was created, else (before that, or beyond the CPU numbers it can record) this
-/// process's own. Not this process's mask alone: probed at a slice end, a slot holder
+/// when it was created (CPU numbers below `shmem::MAX_CPUS`), else (no shared memory, or
+/// none recorded) this process's own. Not this process's mask alone: probed at a slice end, a slot holder
 /// may be pinned to one CPU (`pg_stride.pin_slots`), and the topology it reads stays
 /// with it for its life.
 fn server_cpus() -> Option<Vec<u32>> {
@@ -119,6 +121,15 @@ pub fn with_machine<R>(f: impl FnOnce(Option<&Machine>) -> R) -> R {
         }
     });
     f(machine.as_ref())
+}
+
+/// Reads the topology now, if NUMA statistics will need it: called where a process takes
+/// a slot, a point where it may do work, so that no later [`charge`] reads sysfs or logs
+/// (one may come where interrupts are held, inside an LWLock).
+pub fn probe_before_charging() {
+    if counts_per_node() {
+        with_machine(|_| ());
+    }
 }
 
 /// Adds `used_ns` of CPU, just charged to a query, to the node of the CPU this process

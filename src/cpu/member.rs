@@ -75,6 +75,10 @@ pub(super) struct Member {
     pub(super) join_after_ns: Option<u64>,
     /// While the join is deferred, the tuples the countdown was last armed for.
     pub(super) deferred_chunk: u32,
+    /// The statement whose top-level ExecutorRun is under way on CPU slots (its
+    /// QueryDesc's address; compared, never followed): only its failure cuts that run
+    /// short (`slots::abandon_run`), not that of a statement run inside it.
+    pub(super) run_of: Option<usize>,
 }
 
 impl Member {
@@ -108,6 +112,7 @@ impl Member {
             by_history: false,
             join_after_ns: None,
             deferred_chunk: 0,
+            run_of: None,
         }
     }
 

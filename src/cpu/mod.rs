@@ -221,8 +221,8 @@ pub fn end_statement(shared: &shmem::Shared, desc: Option<*const pg_sys::QueryDe
         member.take()
     });
     let Some(mut m) = last else {
-        if stays && failed {
-            slots::abandon_run(shared, sched);
+        if let (true, true, Some(desc)) = (stays, failed, desc) {
+            slots::abandon_run(shared, sched, desc);
         }
         return;
     };

@@ -90,13 +90,19 @@ pub(super) fn join_query(shared: &shmem::Shared, sched: &SchedShared) -> bool {
 /// ExecutorRun of a scheduled statement begins: take a slot, waiting for one if needed.
 /// A statement of a transaction that wrote since the statement started runs without one,
 /// and so does one that has not joined its query yet (its first check-in joins).
-pub fn begin_run(shared: &shmem::Shared) {
+pub fn begin_run(shared: &shmem::Shared, desc: *const pg_sys::QueryDesc) {
+    start_run(shared, Some(desc as usize));
+}
+
+/// [`begin_run`] of the statement at address `run_of`.
+fn start_run(shared: &shmem::Shared, run_of: Option<usize>) {
     let Some(sched) = shared.sched() else { return };
     if transaction_wrote() {
         return;
     }
     let Some(proc) = MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
+        m.run_of = run_of;
         m.clock.set_target_ns(super::settings::slice_ns());
         m.clock.restart();
         arm_countdown(m.clock.chunk());
@@ -145,6 +151,7 @@ pub fn end_run(shared: &shmem::Shared) {
 fn run_closed() -> Option<(ProcId, u64)> {
     MEMBER.with_borrow_mut(|m| {
         let m = m.as_mut()?;
+        m.run_of = None;
         m.query?;
         let used = thread_cpu_ns().saturating_sub(m.slice_start_ns);
         if m.held_since_ns.is_some() {
@@ -164,13 +171,32 @@ fn count_group_cpu(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, us
     }
 }
 
-/// A statement failed while other statements of this process stay scheduled (an open
-/// cursor, the query of a PL/pgSQL FOR loop whose body caught the error): the error may
-/// have cut short an ExecutorRun whose [`end_run`] never came. Gives back the slot that
-/// run held, or leaves the wait for one that a cancel ended, as the process's last
-/// statement would at its end; the process stays in its query for the statements that
-/// stay, and takes a slot again at their next run.
-pub(super) fn abandon_run(shared: &shmem::Shared, sched: &'static SchedShared) {
+/// Statement `desc` failed while other statements of this process stay scheduled (an
+/// open cursor, the query of a PL/pgSQL FOR loop whose body caught the error): the error
+/// may have cut short its ExecutorRun, whose [`end_run`] never came. If the run under
+/// way is its own, gives back the slot that run held, or leaves the wait for one that a
+/// cancel ended, as the process's last statement would at its end; the process stays in
+/// its query for the statements that stay, and takes a slot again at their next run.
+pub(super) fn abandon_run(
+    shared: &shmem::Shared,
+    sched: &'static SchedShared,
+    desc: *const pg_sys::QueryDesc,
+) {
+    let (run_of, proc) = MEMBER.with_borrow(|m| {
+        m.as_ref()
+            .map_or((None, None), |m| (m.run_of, m.query.map(|_| m.proc)))
+    });
+    if run_of != Some(desc as usize) {
+        // A statement run inside the run (a FETCH of a cursor in a function that
+        // caught its error): the run goes on, on its slot. If the error ended a pause
+        // at one of that statement's yield points, the wait for a slot is withdrawn:
+        // the run goes on without one, as after an error of its own, rather than be
+        // handed one later while its process is idle.
+        if let Some(proc) = proc.filter(|&p| !sched.is_running(p)) {
+            stop_run(shared, sched, proc, 0);
+        }
+        return;
+    }
     disarm_countdown();
     let Some((proc, used)) = run_closed() else {
         return;
@@ -304,9 +330,10 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
         // Its admission was lent while it waited for its client: the statement takes it
         // back before it goes on, without a slot while it may wait (docs/design.md §4
         // rule 12).
+        let run_of = MEMBER.with_borrow(|m| m.as_ref().and_then(|m| m.run_of));
         end_run(shared);
         admission::take_back(shared);
-        begin_run(shared);
+        start_run(shared, run_of);
         return;
     }
     if MEMBER.with_borrow(|m| m.as_ref().is_some_and(|m| m.query.is_none())) {

@@ -475,10 +475,10 @@ pub fn resume() {
 
 /// ExecutorRun of a statement on CPU slots begins: its process takes a slot, waiting
 /// for one if none is free.
-pub fn run_begins() {
+pub fn run_begins(desc: *const pg_sys::QueryDesc) {
     ENTRY_WRITTEN.set(true);
     if let Some(shared) = shmem::shared() {
-        cpu::begin_run(shared);
+        cpu::begin_run(shared, desc);
     }
 }
 

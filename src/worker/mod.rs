@@ -21,7 +21,7 @@ mod tuner;
 
 pub use tuner::register_settings;
 
-use signals::{exit_to_be_restarted, reload_config_if_signalled};
+use signals::{exit_to_be_restarted, forget_this_worker, reload_config_if_signalled};
 
 use crate::{admission, config, cpu, groups, parallel, pg, pool, shmem};
 use pg_stride_sched::hint;
@@ -209,24 +209,6 @@ pub extern "C-unwind" fn pg_stride_groups_main(_arg: pg_sys::Datum) {
         }
     }
     exit_to_be_restarted();
-}
-
-/// At the exit of a static worker, however it exits (SIGTERM, or an ERROR: a
-/// `pg_cancel_backend` or a failure): withdraws the pid or process number it published,
-/// if it still is its own, so that `pg_stride.scheduler` shows no pid while it is not
-/// running, and no reload request sets the latch of a process that took its number.
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn forget_this_worker(_code: i32, _arg: pg_sys::Datum) {
-    let Some(shared) = shmem::shared() else {
-        return;
-    };
-    let me = pg::my_pid();
-    for published in [&shared.scheduler_pid, &shared.tuner.pid] {
-        let _ = published.compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
-    }
-    if let Some(procno) = pg::my_procno() {
-        shared.groups.forget_loader(procno);
-    }
 }
 
 /// Reads the groups table into the directory, answering `request` (the newest made

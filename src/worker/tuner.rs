@@ -106,7 +106,7 @@ pub extern "C-unwind" fn pg_stride_tuner_main(_arg: pg_sys::Datum) {
     };
     pg::lower_cpu_priority(NICENESS);
     shared.tuner.pid.store(pg::my_pid(), Ordering::Release);
-    pg::on_exit(super::forget_this_worker);
+    pg::on_exit(super::signals::forget_this_worker);
     let mut tracking: Option<Tracking> = None;
     let check = Duration::from_nanos(LoopSettings::default().check_ns);
     while BackgroundWorker::wait_latch(Some(check)) {

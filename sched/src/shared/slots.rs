@@ -44,6 +44,18 @@ impl SchedShared {
     pub fn acquire(&self, p: ProcId) -> Outcome {
         let pe = self.proc(p);
         let home = self.home_of(&self.queries()[pe.query.load(Relaxed) as usize]);
+        // A query whose home has no slots may take any node's (`eligible`): it tries
+        // the first node with a free slot.
+        let home = if self.node(home).slots.load(SeqCst) == 0 {
+            (0..self.node_count())
+                .find(|&n| {
+                    let node = self.node(n);
+                    node.running.load(SeqCst) < node.slots.load(SeqCst)
+                })
+                .unwrap_or(home)
+        } else {
+            home
+        };
         if self.nobody_waits() {
             chaos::point();
             if self.try_take_slot(home) {

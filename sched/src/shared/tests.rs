@@ -693,6 +693,10 @@ fn a_query_whose_home_lost_its_slots_takes_another_nodes_without_stealing() {
     assert_eq!(s.release(ProcId(1), 0), None);
     assert_eq!(s.query_snapshot(other).unwrap().home, 0);
     assert_eq!(s.running(), 0);
+    // Its next run finds node 0's slot free: it takes it at once.
+    assert_eq!(s.acquire(ProcId(0)), RUN);
+    assert_eq!(s.slot_node(ProcId(0)), Some(0));
+    assert_eq!(s.release(ProcId(0), 0), None);
 }
 
 #[test]
