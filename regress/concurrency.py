@@ -791,7 +791,10 @@ def monitoring_queries_are_never_queued(s):
     # (pg_stride.bypass_monitoring), and calls built-in pg_* functions; a catalog query
     # that calls a user-defined function, a built-in set-returning function that is not
     # pg_*, pg_sleep, a user table and a recursive WITH (its cost the planner cannot
-    # bound: it assumes 10 rounds) still queue.
+    # bound: it assumes 10 rounds) still queue, and so do pg_input_is_valid (it runs a
+    # domain's check) and a lookup calling pg_sleep through a user-defined operator.
+    version = int(s.sql("SHOW server_version_num"))
+    s.sql("CREATE OPERATOR ~@ (RIGHTARG = float8, FUNCTION = pg_sleep)")
     holder = holder_running(s, 6)
     session = Session(s)
     try:
@@ -823,27 +826,60 @@ def monitoring_queries_are_never_queued(s):
         cached = (zeroed + "PREPARE m AS SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_am c; "
                   "EXPLAIN EXECUTE m; RESET cpu_tuple_cost; RESET cpu_operator_cost; "
                   "RESET cpu_index_tuple_cost; EXECUTE m")
-        for sql in ["SELECT count(*) FROM pg_class WHERE stride_lock_shared(0) = 1",
-                    "SELECT count(*) FROM generate_series(1, 10)",
-                    "SELECT pg_sleep(0.1)",
-                    "SELECT count(*) FROM big",
-                    "SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c",
-                    "SELECT sum(g) FROM (SELECT generate_series(1, 10000000000) g FROM pg_am) s",
-                    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r "
-                    "WHERE n < 3000000) SELECT count(*) FROM r, pg_am",
-                    zeroed + "SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c",
-                    cached]:
+        queued = ["SELECT count(*) FROM pg_class WHERE stride_lock_shared(0) = 1",
+                  "SELECT count(*) FROM generate_series(1, 10)",
+                  "SELECT pg_sleep(0.1)",
+                  "SELECT count(*) FROM big",
+                  "SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c",
+                  "SELECT sum(g) FROM (SELECT generate_series(1, 10000000000) g FROM pg_am) s",
+                  "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r "
+                  "WHERE n < 3000000) SELECT count(*) FROM r, pg_am",
+                  zeroed + "SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c",
+                  cached,
+                  # A user-defined operator over a built-in function: not a plain
+                  # lookup too small to admit.
+                  "SELECT ~@ 0.01 FROM big WHERE id = 7"]
+        if version >= 160000:
+            queued.append("SELECT pg_input_is_valid('1', 'int4')")
+        for sql in queued:
             rc, out, err = finish(s.client("pair", sql, "SET pg_stride.bypass_monitoring = on; "
                                                         "SET pg_stride.queue_timeout = '300ms';"))
             assert rc != 0 and "waiting 300 ms for admission" in err, (sql, rc, out, err)
     finally:
         session.close()
+        s.sql("DROP OPERATOR ~@ (NONE, float8)")
     # Off (superusers only; this server's setting): the same catalog query queues.
     rc, out, err = finish(s.client("pair", "SELECT count(*) FROM pg_stat_activity",
                                    "SET pg_stride.queue_timeout = '300ms';"))
     assert rc != 0 and "waiting 300 ms for admission" in err, (rc, out, err)
     assert holder.poll() is None, "the holder ended before the checks did: they proved nothing"
     assert finish(holder)[0] == 0
+
+
+@check
+def the_statements_a_function_runs_while_its_caller_is_planned_are_admitted(s):
+    # An IMMUTABLE function called with constants runs while the statement that calls it
+    # is planned, before any portal runs it: the queries it runs wait for admission as
+    # the client's own would. Beside a full group its pg_sleep queues (the error's
+    # context names the function), rather than run first and leave only the constant
+    # the call was folded to to queue.
+    s.sql("CREATE FUNCTION stride_folded(float8) RETURNS float8 IMMUTABLE LANGUAGE plpgsql AS "
+          "$$BEGIN PERFORM pg_sleep($1); RETURN $1; END$$")
+    try:
+        holder = holder_running(s, 6)
+        rc, out, err = finish(s.client("pair", "SELECT stride_folded(0.5)",
+                                       "SET pg_stride.queue_timeout = '300ms';"))
+        assert rc != 0 and "waiting 300 ms for admission" in err, (rc, out, err)
+        assert "stride_folded" in err, f"the folded call's own query did not queue: {err}"
+        assert holder.poll() is None, "the holder ended before the check did: it proved nothing"
+        assert finish(holder)[0] == 0
+        # With the group's place free it runs: its query and the constant were admitted.
+        before = int(s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'pair'"))
+        assert finish(s.client("pair", "SELECT stride_folded(0.01)"))[:2] == (0, "0.01")
+        after = int(s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'pair'"))
+        assert after - before == 2, (before, after)
+    finally:
+        s.sql("DROP FUNCTION stride_folded(float8)")
 
 
 @check

@@ -127,8 +127,15 @@ static DROP_FORCED: BackendLocal<Cell<bool>> = BackendLocal::new(Cell::new(false
 /// scheduled, in progress in this backend: the hooks' own state, which tells a
 /// top-level statement from a nested one before any statement is registered.
 static NESTING: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
-/// The depth each open subtransaction started at, innermost last, by SubTransactionId.
-static SUBXACT_DEPTHS: BackendLocal<RefCell<Vec<(pg_sys::SubTransactionId, u32)>>> =
+/// Depth of the planner calls in progress for a client's statement before a portal runs
+/// it (at depth 0, no portal active): the functions the planner runs to fold constants
+/// or estimate selectivities run their queries then, which are scheduled as the client's
+/// own (see [`is_scheduled`]). Kept with [`NESTING`] across errors.
+static CLIENT_PLANNING: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
+/// The depths ([`NESTING`], [`CLIENT_PLANNING`]) each open subtransaction started at,
+/// innermost last, by SubTransactionId.
+#[allow(clippy::type_complexity)]
+static SUBXACT_DEPTHS: BackendLocal<RefCell<Vec<(pg_sys::SubTransactionId, u32, u32)>>> =
     BackendLocal::new(RefCell::new(Vec::new()));
 
 /// Installs the hooks, remembering the previous ones, and the transaction callbacks that
@@ -164,11 +171,16 @@ fn runs_top_level(eflags: i32) -> bool {
 }
 
 /// Whether the statement the executor is starting is one pg_stride schedules (see the
-/// module comment): one a portal of a client backend runs at depth 0, outside any
-/// trigger. The depth alone misses triggers PostgreSQL fires outside the executor's
-/// hooks while a portal runs: those of a COMMIT inside a procedure or DO block.
+/// module comment): one a portal of a client backend runs at depth 0, or that a function
+/// runs while the planner folds a client's statement before its portal exists
+/// ([`CLIENT_PLANNING`]), outside any trigger. The depth alone misses triggers
+/// PostgreSQL fires outside the executor's hooks while a portal runs: those of a COMMIT
+/// inside a procedure or DO block.
 fn is_scheduled(eflags: i32) -> bool {
-    pg::is_client_backend() && runs_top_level(eflags) && pg::portal_active() && !pg::in_trigger()
+    pg::is_client_backend()
+        && runs_top_level(eflags)
+        && (pg::portal_active() || CLIENT_PLANNING.get() > 0)
+        && !pg::in_trigger()
 }
 
 /// A parallel worker (PostgreSQL's own) running part of a statement: it joins its
@@ -225,6 +237,13 @@ unsafe extern "C-unwind" fn planner(
 ) -> *mut pg_sys::PlannedStmt {
     // The cost settings the plan is made with, which a cached plan keeps.
     plan_costs::planning();
+    // A client's statement planned before its portal runs: the queries of the functions
+    // the planner calls are the client's (an ERROR leaves the depth to the transaction
+    // callbacks).
+    let client = NESTING.get() == 0 && !pg::portal_active() && pg::is_client_backend();
+    if client {
+        CLIENT_PLANNING.set(CLIENT_PLANNING.get().saturating_add(1));
+    }
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     let stmt = unsafe {
         PREV_PLANNER.unwrap_or(raw::standard_planner)(
@@ -234,6 +253,9 @@ unsafe extern "C-unwind" fn planner(
             bound_params,
         )
     };
+    if client {
+        CLIENT_PLANNING.set(CLIENT_PLANNING.get().saturating_sub(1));
+    }
     // A serial plan has nothing for the pool: the pool's settings are not even read.
     // SAFETY: the planner's result, a valid PlannedStmt, or null from a broken hook.
     if !stmt.is_null() && unsafe { (*stmt).parallelModeNeeded } && pool::plans_for_pool() {
@@ -634,6 +656,7 @@ unsafe extern "C-unwind" fn on_xact_event(
     use pg_sys::XactEvent::*;
     if matches!(event, XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {
         NESTING.set(0);
+        CLIENT_PLANNING.set(0);
         // A procedure's or DO block's ROLLBACK aborts the transaction while its CALL or
         // DO runs on: its later queries are still the client utility's, never too small
         // to admit.
@@ -704,17 +727,18 @@ unsafe extern "C-unwind" fn on_subxact_event(
         }
     }
     SUBXACT_DEPTHS.try_with_borrow_mut(|depths| match event {
-        SUBXACT_EVENT_START_SUB => depths.push((subid, NESTING.get())),
+        SUBXACT_EVENT_START_SUB => depths.push((subid, NESTING.get(), CLIENT_PLANNING.get())),
         SUBXACT_EVENT_COMMIT_SUB | SUBXACT_EVENT_ABORT_SUB => {
             // Subtransactions end innermost first; any inner one still listed ended
             // with this one.
-            while let Some(&(id, depth)) = depths.last() {
+            while let Some(&(id, depth, planning)) = depths.last() {
                 if id < subid {
                     break;
                 }
                 depths.pop();
                 if id == subid && event == SUBXACT_EVENT_ABORT_SUB {
                     NESTING.set(depth);
+                    CLIENT_PLANNING.set(planning);
                 }
             }
         }

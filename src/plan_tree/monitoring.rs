@@ -177,17 +177,23 @@ unsafe fn is_monitoring_call(node: *const pg_sys::Node) -> bool {
     }
 }
 
-/// Built-in functions whose names begin with `pg_` but that wait or take locks: a
-/// statement calling them is scheduled like any other.
-const WAITING_BUILT_INS: [&[u8]; 3] = [b"pg_sleep", b"pg_advisory", b"pg_try_advisory"];
+/// Built-in functions whose names begin with `pg_` but that wait, take locks, or run
+/// user code (a domain's check, PostgreSQL 16's input validation): a statement calling
+/// them is scheduled like any other.
+const WAITING_BUILT_INS: [&[u8]; 4] = [
+    b"pg_sleep",
+    b"pg_advisory",
+    b"pg_try_advisory",
+    b"pg_input_",
+];
 
 /// Built-in functions not named `pg_*` that monitoring tools call (the exporter asks
 /// `version()` at every scrape).
 const MONITORING_BUILT_INS: [&[u8]; 1] = [b"version"];
 
 /// Whether function `funcid` is a built-in one named `pg_*` (the functions under the
-/// statistics views, `pg_is_in_recovery`, `pg_database_size`, …) that neither waits nor
-/// takes locks, or one of [`MONITORING_BUILT_INS`].
+/// statistics views, `pg_is_in_recovery`, `pg_database_size`, …) that neither waits,
+/// takes locks nor runs user code, or one of [`MONITORING_BUILT_INS`].
 ///
 /// # Safety
 /// Inside a guarded function (a catalog lookup).

@@ -7,9 +7,10 @@
 //! subplan, a domain's check, a foreign or custom scan — makes the plan not small. A
 //! function called by name (`pg_sleep(…)`, `query_to_xml(…)`, `lower(…)`) does too,
 //! built-in or not, but for the few quick built-ins that columns' defaults call
-//! ([`QUICK_BUILT_INS`]: `now()`, `nextval(…)`, …); operators, casts and aggregates
-//! are built-in ones (the planner records every user-defined function a plan calls in
-//! `invalItems`, which must be empty).
+//! ([`QUICK_BUILT_INS`]: `now()`, `nextval(…)`, …); casts and aggregates are built-in
+//! ones (the planner records every user-defined function a plan calls in `invalItems`,
+//! which must be empty), and so are operators, by their own OID: a user-defined
+//! operator over a built-in function is recorded nowhere.
 //!
 //! Plain reads of plan memory, which cannot fail: the ExecutorStart hook asks outside
 //! pgrx's error boundary.
@@ -210,8 +211,16 @@ unsafe fn operators_over_values(list: *mut pg_sys::List) -> bool {
     true
 }
 
-/// Whether `node` is an operator (not a set-returning one) over columns, constants and
-/// parameters.
+/// Whether operator `opno` is one of initdb's. The plan's dependencies (`invalItems`)
+/// name the user-defined functions it calls, not the operators: a user-defined operator
+/// may call a built-in function that waits or runs SQL (`pg_sleep`, `ts_rewrite`).
+#[inline(always)]
+fn is_built_in_operator(opno: pg_sys::Oid) -> bool {
+    u32::from(opno) < pg_sys::FirstNormalObjectId
+}
+
+/// Whether `node` is a built-in operator (not a set-returning one) over columns,
+/// constants and parameters.
 ///
 /// # Safety
 /// `node` is a valid expression node of a finished plan.
@@ -223,7 +232,7 @@ unsafe fn is_operator_over_values(node: *const pg_sys::Node) -> bool {
             return false;
         }
         let op = node.cast::<pg_sys::OpExpr>();
-        if (*op).opretset {
+        if (*op).opretset || !is_built_in_operator((*op).opno) {
             return false;
         }
         let args = (*op).args;
@@ -454,7 +463,9 @@ unsafe fn plain_expr(node: *const pg_sys::Node, depth: u32) -> bool {
             T_List => plain_exprs(node.cast_mut().cast(), depth),
             T_OpExpr | T_DistinctExpr | T_NullIfExpr => {
                 let op = node.cast::<pg_sys::OpExpr>();
-                !(*op).opretset && plain_exprs((*op).args, depth)
+                !(*op).opretset
+                    && is_built_in_operator((*op).opno)
+                    && plain_exprs((*op).args, depth)
             }
             // `x op ANY (array)` (or ALL): the planner prices an array it cannot see (a
             // parameter of a generic plan, a column, an expression, ARRAY[…] of arrays)
@@ -462,8 +473,10 @@ unsafe fn plain_expr(node: *const pg_sys::Node, depth: u32) -> bool {
             // plan runs; a constant array, or ARRAY[…] of elements, is priced for its
             // length.
             T_ScalarArrayOpExpr => {
-                let args = (*node.cast::<pg_sys::ScalarArrayOpExpr>()).args;
-                list_len(args) == 2
+                let op = node.cast::<pg_sys::ScalarArrayOpExpr>();
+                let args = (*op).args;
+                is_built_in_operator((*op).opno)
+                    && list_len(args) == 2
                     && priced_for_its_length(list_nth(args, 1))
                     && plain_exprs(args, depth)
             }
