@@ -862,24 +862,27 @@ def the_statements_a_function_runs_while_its_caller_is_planned_are_admitted(s):
     # is planned, before any portal runs it: the queries it runs wait for admission as
     # the client's own would. Beside a full group its pg_sleep queues (the error's
     # context names the function), rather than run first and leave only the constant
-    # the call was folded to to queue.
-    s.sql("CREATE FUNCTION stride_folded(float8) RETURNS float8 IMMUTABLE LANGUAGE plpgsql AS "
-          "$$BEGIN PERFORM pg_sleep($1); RETURN $1; END$$")
+    # the call was folded to to queue; also where the function is a superuser's SECURITY
+    # DEFINER one, whose queries run as its owner but are the caller's statements.
+    for name, definer in [("stride_folded", ""), ("stride_folded_definer", "SECURITY DEFINER")]:
+        s.sql(f"CREATE FUNCTION {name}(float8) RETURNS float8 IMMUTABLE {definer} LANGUAGE plpgsql AS "
+              "$$BEGIN PERFORM pg_sleep($1); RETURN $1; END$$")
     try:
-        holder = holder_running(s, 6)
-        rc, out, err = finish(s.client("pair", "SELECT stride_folded(0.5)",
-                                       "SET pg_stride.queue_timeout = '300ms';"))
-        assert rc != 0 and "waiting 300 ms for admission" in err, (rc, out, err)
-        assert "stride_folded" in err, f"the folded call's own query did not queue: {err}"
-        assert holder.poll() is None, "the holder ended before the check did: it proved nothing"
-        assert finish(holder)[0] == 0
+        for name in ["stride_folded", "stride_folded_definer"]:
+            holder = holder_running(s, 6)
+            rc, out, err = finish(s.client("pair", f"SELECT {name}(0.5)",
+                                           "SET pg_stride.queue_timeout = '300ms';"))
+            assert rc != 0 and "waiting 300 ms for admission" in err, (name, rc, out, err)
+            assert name in err, f"the folded call's own query did not queue: {err}"
+            assert holder.poll() is None, "the holder ended before the check did: it proved nothing"
+            assert finish(holder)[0] == 0
         # With the group's place free it runs: its query and the constant were admitted.
         before = int(s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'pair'"))
         assert finish(s.client("pair", "SELECT stride_folded(0.01)"))[:2] == (0, "0.01")
         after = int(s.sql("SELECT admitted_total FROM pg_stride.groups WHERE name = 'pair'"))
         assert after - before == 2, (before, after)
     finally:
-        s.sql("DROP FUNCTION stride_folded(float8)")
+        s.sql("DROP FUNCTION stride_folded(float8); DROP FUNCTION stride_folded_definer(float8)")
 
 
 @check

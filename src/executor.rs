@@ -238,11 +238,20 @@ unsafe extern "C-unwind" fn planner(
     // The cost settings the plan is made with, which a cached plan keeps.
     plan_costs::planning();
     // A client's statement planned before its portal runs: the queries of the functions
-    // the planner calls are the client's (an ERROR leaves the depth to the transaction
-    // callbacks).
+    // the planner calls are the client's, in the group its tag names and judged as the
+    // role that sent it (recorded as a client utility's are, for a SECURITY DEFINER
+    // function folded here runs as its owner), and never too small to admit. An ERROR
+    // leaves the depth and the record to the transaction callbacks.
     let client = NESTING.get() == 0 && !pg::portal_active() && pg::is_client_backend();
+    let outermost = client && CLIENT_PLANNING.get() == 0;
     if client {
         CLIENT_PLANNING.set(CLIENT_PLANNING.get().saturating_add(1));
+    }
+    if outermost {
+        // SAFETY: the planner's own arguments: the query string stays valid while the
+        // statement is planned, and the record is cleared when planning returns.
+        let text = unsafe { pg::StatementText::new(query_string, (*parse).stmt_location) };
+        statements::client_utility_started(text);
     }
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
     let stmt = unsafe {
@@ -255,6 +264,9 @@ unsafe extern "C-unwind" fn planner(
     };
     if client {
         CLIENT_PLANNING.set(CLIENT_PLANNING.get().saturating_sub(1));
+    }
+    if outermost {
+        statements::client_utility_ended();
     }
     // A serial plan has nothing for the pool: the pool's settings are not even read.
     // SAFETY: the planner's result, a valid PlannedStmt, or null from a broken hook.
@@ -665,6 +677,11 @@ unsafe extern "C-unwind" fn on_xact_event(
         }
         statements::unadmitted_aborted();
         statements::cursor_ended(None);
+    }
+    // No planning spans a commit: a count left by an ERROR that something caught without
+    // a subtransaction goes with the transaction.
+    if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_PREPARE) {
+        CLIENT_PLANNING.set(0);
     }
     if event == XACT_EVENT_PRE_PREPARE && groups::changed_in_transaction() {
         // SAFETY: a guarded function.
