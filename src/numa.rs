@@ -4,8 +4,7 @@
 //! * The topology comes from the kernel (`sched`'s `Topology::from_sysfs("/sys")`) or
 //!   from `pg_stride.numa_topology` (fake nodes for tests), restricted to the CPUs the
 //!   server may run on (the postmaster's, [`server_cpus`]). It is read once per
-//!   process, at its first use (at latest when it first takes a slot,
-//!   [`probe_before_charging`]); if it cannot be
+//!   process, at its first use; if it cannot be
 //!   read, NUMA statistics are off in that process and the first process to find out
 //!   says so in one LOG line for the server.
 //! * [`charge`] adds CPU charged to a query to the counter of the node of the CPU the
@@ -121,15 +120,6 @@ pub fn with_machine<R>(f: impl FnOnce(Option<&Machine>) -> R) -> R {
         }
     });
     f(machine.as_ref())
-}
-
-/// Reads the topology now, if NUMA statistics will need it: called where a process takes
-/// a slot, a point where it may do work, so that no later [`charge`] reads sysfs or logs
-/// (one may come where interrupts are held, inside an LWLock).
-pub fn probe_before_charging() {
-    if counts_per_node() {
-        with_machine(|_| ());
-    }
 }
 
 /// Adds `used_ns` of CPU, just charged to a query, to the node of the CPU this process

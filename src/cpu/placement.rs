@@ -139,7 +139,6 @@ fn follow_slot(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
 /// This process holds a slot now, taken at once or after a pause: it runs where its slot
 /// says ([`follow_slot`]), and its first slice is measured from here, on that CPU.
 pub(super) fn slot_taken(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId) {
-    numa::probe_before_charging();
     follow_slot(shared, sched, proc);
     slice_share::starts(shared);
 }
