@@ -91,9 +91,9 @@ impl Machine {
 
 /// The CPUs the server may run on: the postmaster's, as shared memory recorded them
 /// when it was created (CPU numbers below `shmem::MAX_CPUS`), else (no shared memory, or
-/// none recorded) this process's own. Not this process's mask alone: probed at a slice end, a slot holder
-/// may be pinned to one CPU (`pg_stride.pin_slots`), and the topology it reads stays
-/// with it for its life.
+/// none recorded) this process's own. Not this process's mask alone: probed at a slice
+/// end, a slot holder may be pinned to one CPU (`pg_stride.pin_slots`), and the
+/// topology it reads stays with it for its life.
 fn server_cpus() -> Option<Vec<u32>> {
     shmem::shared()
         .map(|s| s.cpu_owners.allowed())

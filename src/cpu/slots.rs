@@ -431,8 +431,8 @@ pub(super) unsafe extern "C-unwind" fn check_in() {
 
 /// A slice of `used_ns` ended where this process may not pause: it keeps its slot
 /// without a decision, and the slice is charged all the same (to its query, its group
-/// and its node), or a statement that wrote early in its run (CREATE TABLE AS) would
-/// run to its end uncharged: its rules, decay and history blind to it.
+/// and its node), or a read that wrote once it had joined (a volatile function in its
+/// filter) would run to its end uncharged: its rules, decay and history blind to it.
 fn keep_slot(
     shared: &shmem::Shared,
     sched: &SchedShared,

@@ -180,7 +180,7 @@ unsafe fn is_monitoring_call(node: *const pg_sys::Node) -> bool {
 /// Built-in functions whose names begin with `pg_` but that wait, take locks, or run
 /// user code (a domain's check, PostgreSQL 16's input validation): a statement calling
 /// them is scheduled like any other.
-const WAITING_BUILT_INS: [&[u8]; 4] = [
+const SCHEDULED_PG_BUILT_INS: [&[u8]; 4] = [
     b"pg_sleep",
     b"pg_advisory",
     b"pg_try_advisory",
@@ -208,7 +208,7 @@ pub unsafe fn is_monitoring_built_in(funcid: pg_sys::Oid) -> bool {
             return false;
         }
         let name = CStr::from_ptr(name).to_bytes();
-        (name.starts_with(b"pg_") && !WAITING_BUILT_INS.iter().any(|p| name.starts_with(p)))
+        (name.starts_with(b"pg_") && !SCHEDULED_PG_BUILT_INS.iter().any(|p| name.starts_with(p)))
             || MONITORING_BUILT_INS.contains(&name)
     }
 }

@@ -4,8 +4,9 @@
 //! node, chosen when it registers; its processes take slots on that node only, until one
 //! of them has waited long enough to *steal*: then it may take a slot on any node, and
 //! keeps that right until it runs at home again. A query whose home has no slots (the
-//! slots were lowered below the number of nodes after it chose it) takes any node's. With one node (slots not split) every
-//! query is at home everywhere and the region behaves as without nodes.
+//! slots were lowered below the number of nodes after it chose it) takes any node's.
+//! With one node (slots not split) every query is at home everywhere and the region
+//! behaves as without nodes.
 //!
 //! The hand-off invariant of `slots` holds per node: once the operations in flight have
 //! returned, no slot of node `n` is free while a process that may run on `n` waits —

@@ -44,13 +44,13 @@ impl SchedShared {
     pub fn acquire(&self, p: ProcId) -> Outcome {
         let pe = self.proc(p);
         let home = self.home_of(&self.queries()[pe.query.load(Relaxed) as usize]);
-        // A query whose home has no slots may take any node's (`eligible`): it tries
-        // the first node with a free slot.
-        let home = if self.node(home).slots.load(SeqCst) == 0 {
+        // The node whose slot it tries for: its home, or, when its home has no slots
+        // (it may take any node's, `eligible`), the first node with a free one.
+        let node = if self.node(home).slots.load(SeqCst) == 0 {
             (0..self.node_count())
                 .find(|&n| {
-                    let node = self.node(n);
-                    node.running.load(SeqCst) < node.slots.load(SeqCst)
+                    let entry = self.node(n);
+                    entry.running.load(SeqCst) < entry.slots.load(SeqCst)
                 })
                 .unwrap_or(home)
         } else {
@@ -58,8 +58,8 @@ impl SchedShared {
         };
         if self.nobody_waits() {
             chaos::point();
-            if self.try_take_slot(home) {
-                pe.node.store(home as u32, Relaxed);
+            if self.try_take_slot(node) {
+                pe.node.store(node as u32, Relaxed);
                 pe.state.store(PROC_RUNNING, SeqCst);
                 return Outcome {
                     turn: Turn::Run,
@@ -69,7 +69,7 @@ impl SchedShared {
         }
         self.publish_waiter(p, false);
         chaos::point();
-        let granted = self.fill_free_slot(home);
+        let granted = self.fill_free_slot(node);
         self.outcome(p, granted)
     }
 
