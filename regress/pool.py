@@ -673,9 +673,10 @@ def a_limit_met_early_lets_the_pool_workers_stop_as_postgresqls_do(s):
         assert scan.get("Workers"), scan
         for _ in range(10):
             assert len(s.sql(f"{no_leader} {sql}").split()) == 10
-    assert counted(s, before, "gathers_pooled") == 22, counters(s)
-    assert counted(s, before, "cancels_sent") == 0, counters(s)
-    assert counted(s, before, "fragments_error") == 0, counters(s)
+    changed = {name: counted(s, before, name) for name in
+               ("gathers_pooled", "cancels_sent", "fragments_error", "tickets_short")}
+    assert changed["gathers_pooled"] == 22 and changed["cancels_sent"] == 0 \
+        and changed["fragments_error"] == 0, changed
     assert_pool_clean(s, pids)
 
 

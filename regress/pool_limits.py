@@ -16,7 +16,9 @@
   PG_STRIDE_TEST_FAULTS in the debug build), with the leader not taking part: the
   leader does that part itself and the result is the serial one;
 - a fragment that fails on its own lock_timeout and whose leader's cancel comes late
-  (PG_STRIDE_TEST_FAULTS again): the next fragments of the worker are not cancelled.
+  (PG_STRIDE_TEST_FAULTS again): the next fragments of the worker are not cancelled;
+- a ticket taken while its leader, its LIMIT met, revokes it (the same faults): the
+  fragment stops at its detached tuple queue, uncancelled.
 
 Prints one line per check, then "pool_limits: N passed, N failed".
 """
@@ -352,6 +354,40 @@ def late_cancel():
         "a_late_cancel_of_a_failed_fragment_spares_the_next_one", a_late_cancel_spares_the_next_fragment)
 
 
+def a_ticket_taken_as_its_limit_was_met_runs_to_its_detached_queue(s):
+    """A LIMIT met by the first pool worker's rows while the second has not taken its
+    ticket: the leader revokes that ticket, and a worker that takes it meanwhile (the
+    fault holds the second worker back 200 ms and the leader until it took the ticket)
+    stops at the detached tuple queue, as PostgreSQL's workers do, uncancelled. Catches:
+    the revoke, finding the ticket taken, cancelling the fragment (an ERROR in the
+    worker, a SIGINT) where a LIMIT met by every worker's rows lets it end well."""
+    deadline = time.monotonic() + 30
+    idle = ("SELECT count(*) FROM pg_stride.pool WHERE datname = 'regress_db1' "
+            "AND state = 'idle'")
+    while int(s.sql(idle)) < 2:
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        launched(s, "regress_db1", "SELECT count(*) FROM t")
+        time.sleep(0.2)
+    before = counters(s)
+    for _ in range(5):
+        assert launched(s, "regress_db1", "SELECT a FROM t LIMIT 10",
+                        "SET parallel_leader_participation = off; ") == 2
+    changed = {k: counters(s)[k] - before[k]
+               for k in ("gathers_pooled", "fragments_ok", "fragments_error", "cancels_sent")}
+    print(f"    5 statements: {changed}")
+    # Both workers of each round ran their fragment: the second took its ticket late.
+    assert changed == {"gathers_pooled": 5, "fragments_ok": 10, "fragments_error": 0,
+                       "cancels_sent": 0}, changed
+
+
+def ticket_taken_late():
+    return one_check_on_its_server(
+        concurrency.PORT + 5, "pg_stride.pool_size = 4\n",
+        {"PG_STRIDE_TEST_FAULTS": "pool_revoke_race"},
+        "a_ticket_taken_as_its_limit_was_met_runs_to_its_detached_queue",
+        a_ticket_taken_as_its_limit_was_met_runs_to_its_detached_queue)
+
+
 def lowered_size_keeps_the_lowest_slots(s):
     # Pools in two databases (pg_stride.database's, started with the server, and
     # regress_db1's), at their shares of the server's cap; pool_size 4 -> 1 at a reload.
@@ -423,7 +459,8 @@ def run(s, checks):
 def main():
     passed = failed = 0
     for part in (caps_and_reach, unchecked_release, declined_ticket,
-                 configured_dynamic_shared_memory, lowered_pool_size, late_cancel):
+                 configured_dynamic_shared_memory, lowered_pool_size, late_cancel,
+                 ticket_taken_late):
         try:
             p, f = part()
         except Exception as e:  # noqa: BLE001 - a server that did not start

@@ -463,9 +463,11 @@ unsafe fn detach_tqueues(pg: *mut PoolGather) {
     }
 }
 
-/// Asks ticket `gen` of `slot` to stop: revokes it if not taken yet, else cancels the
-/// fragment (SIGINT after winning the CAS, see shared.rs).
-fn cancel_ticket(pool: &PoolShared, slot: &Slot, gen: u64) {
+/// Asks ticket `gen` of `slot` to stop: revokes it if not taken yet, else, unless
+/// `revoke_only`, cancels the fragment (SIGINT after winning the CAS, see shared.rs). A
+/// ticket taken while this process looked is a fragment that has started: with
+/// `revoke_only` it is left to stop at its detached tuple queue, as the others are.
+fn cancel_ticket(pool: &PoolShared, slot: &Slot, gen: u64, revoke_only: bool) {
     loop {
         let (g, s) = slot.load();
         if g != gen {
@@ -477,6 +479,7 @@ fn cancel_ticket(pool: &PoolShared, slot: &Slot, gen: u64) {
                     return;
                 }
             }
+            State::Running if revoke_only => return,
             State::Running => {
                 if slot.cas((g, State::Running), (g, State::Cancel)) {
                     // A test build may be slow to send it, as a leader taken off its CPU
@@ -527,8 +530,13 @@ pub(super) unsafe fn wait_round(
             for i in 0..(*pg).nslots {
                 let slot = &pool.slots[(*pg).slot[i]];
                 let untaken = slot.load() == ((*pg).gen[i], State::Posted);
+                if untaken && only_untaken && crate::pg::test_fault("pool_revoke_race") {
+                    // A test build lets the worker take the ticket first, as one that
+                    // wakes while this process is taken off its CPU here does.
+                    wait_until_taken(slot, (*pg).gen[i]);
+                }
                 if !(*pg).got_x[i] && !slot.done((*pg).gen[i]) && (untaken || !only_untaken) {
-                    cancel_ticket(pool, slot, (*pg).gen[i]);
+                    cancel_ticket(pool, slot, (*pg).gen[i], only_untaken);
                 }
             }
         };
@@ -565,6 +573,14 @@ pub(super) unsafe fn wait_round(
         }
         (*pg).active = false;
         resume_interrupts();
+    }
+}
+
+/// Up to a second for the worker of ticket `gen` to take it (a test fault's race).
+fn wait_until_taken(slot: &Slot, gen: u64) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while slot.load() == (gen, State::Posted) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

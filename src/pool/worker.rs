@@ -218,6 +218,14 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
             // SAFETY: process-local interrupt flags, which signal handlers only set.
             unsafe { clear_stale_interrupts() };
         }
+        // A test build takes the second ticket of a round late, as a worker slow to
+        // wake does, so that its leader may meet a LIMIT before it is taken.
+        if state == State::Posted
+            && slot.t_worker_number.load(Ordering::Relaxed) == 1
+            && pg::test_fault("pool_revoke_race")
+        {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
         // Read before the ticket runs: its cancel may come as soon as it does.
         let sigints = LEADER_SIGINTS.load(Ordering::SeqCst);
         if state == State::Posted && slot.cas((gen, State::Posted), (gen, State::Running)) {
