@@ -792,9 +792,14 @@ def monitoring_queries_are_never_queued(s):
     # that calls a user-defined function, a built-in set-returning function that is not
     # pg_*, pg_sleep, a user table and a recursive WITH (its cost the planner cannot
     # bound: it assumes 10 rounds) still queue, and so do pg_input_is_valid (it runs a
-    # domain's check) and a lookup calling pg_sleep through a user-defined operator.
+    # domain's check) and a lookup calling pg_sleep through a user-defined operator; and
+    # catalog queries that call, anywhere in their plan, a built-in that runs SQL of its
+    # own (query_to_xml, ts_rewrite) or waits (pg_sleep, also through that operator), or
+    # that check a user-defined domain (whose CHECK calls a user-defined function).
     version = int(s.sql("SHOW server_version_num"))
     s.sql("CREATE OPERATOR ~@ (RIGHTARG = float8, FUNCTION = pg_sleep)")
+    s.sql("CREATE DOMAIN stride_checked AS int CHECK (stride_lock_shared(0) = 1); "
+          "CREATE TYPE stride_checked_row AS (x stride_checked)")
     holder = holder_running(s, 6)
     session = Session(s)
     try:
@@ -809,6 +814,9 @@ def monitoring_queries_are_never_queued(s):
                                "SELECT count(*) > 0 FROM c", "t"),
                               ("SELECT count(*) >= 0 FROM pg_stride.activity", "t"),
                               ("SELECT count(*) > 0 FROM pg_settings WHERE name LIKE 'pg_stride.%'", "t"),
+                              ("SELECT count(*) > 0 FROM information_schema.tables", "t"),
+                              ("SELECT count(format_type(atttypid, atttypmod)) > 0 FROM pg_attribute "
+                               "WHERE attrelid = 'pg_class'::regclass", "t"),
                               ("SELECT pg_is_in_recovery()", "f")]:
             started = time.monotonic()
             assert session.run(sql, timeout=5) == [expected], sql
@@ -838,7 +846,17 @@ def monitoring_queries_are_never_queued(s):
                   cached,
                   # A user-defined operator over a built-in function: not a plain
                   # lookup too small to admit.
-                  "SELECT ~@ 0.01 FROM big WHERE id = 7"]
+                  "SELECT ~@ 0.01 FROM big WHERE id = 7",
+                  "SELECT query_to_xml('SELECT 1', true, true, '') IS NOT NULL FROM pg_am LIMIT 1",
+                  "SELECT count(*) FROM pg_am WHERE ts_rewrite('a'::tsquery, "
+                  "'SELECT ''a''::tsquery, ''b''::tsquery') IS NOT NULL",
+                  "SELECT count(*) FROM pg_am WHERE pg_sleep(0.01) IS NOT NULL",
+                  "SELECT count(*) FROM pg_am WHERE (~@ 0.01) IS NOT NULL",
+                  "SELECT count(*) FROM pg_class WHERE relnatts::stride_checked = 1",
+                  "SELECT count(*) FROM pg_am WHERE jsonb_populate_record(NULL::stride_checked_row, "
+                  "'{\"x\": 1}') IS NOT NULL",
+                  # Without FROM, through a sub-select (an initPlan).
+                  "SELECT pg_is_in_recovery(), (SELECT pg_sleep(0.01))"]
         if version >= 160000:
             queued.append("SELECT pg_input_is_valid('1', 'int4')")
         for sql in queued:
@@ -848,6 +866,7 @@ def monitoring_queries_are_never_queued(s):
     finally:
         session.close()
         s.sql("DROP OPERATOR ~@ (NONE, float8)")
+        s.sql("DROP TYPE stride_checked_row; DROP DOMAIN stride_checked")
     # Off (superusers only; this server's setting): the same catalog query queues.
     rc, out, err = finish(s.client("pair", "SELECT count(*) FROM pg_stat_activity",
                                    "SET pg_stride.queue_timeout = '300ms';"))
@@ -1134,6 +1153,33 @@ def a_read_that_ran_long_on_few_blocks_is_admitted_only_once_it_ran_far_too_long
         for run in range(2):
             assert judging.answered_in(big, 0.2) == "9000000", run
         assert judging.queued(big)
+
+
+@check
+def a_read_too_small_to_admit_cut_short_while_it_ran_long_is_admitted(s):
+    # A read too small to admit whose runs are far too long (over a hundred slices of
+    # 2 ms) and never end: its client's statement_timeout cuts each short. ANALYZE saw
+    # one row, so the planner puts a join of the table with itself at a row (a tiny
+    # plan), while, every key being 1, it matches 5,000 rows with 5,000. Two runs cut
+    # short count as two long runs: the third queues. Catches: long runs learned only
+    # at ExecutorEnd, which a failed statement never reaches, so that a client whose
+    # timeout (or cancel) always ends such a read ran it unadmitted for ever.
+    join = "SELECT count(*) FROM cut_short a JOIN cut_short b USING (k)"
+    s.sql("CREATE TABLE cut_short (k int) WITH (autovacuum_enabled = false); "
+          "INSERT INTO cut_short VALUES (1); ANALYZE cut_short; "
+          "INSERT INTO cut_short SELECT 1 FROM generate_series(2, 5000); "
+          f"GRANT SELECT ON cut_short TO {ROLE}")
+    assert_tiny(s, (join, 50))
+    with Judging(s, "DROP TABLE cut_short") as judging:
+        judging.hold(20)
+        for run in range(2):
+            started = time.monotonic()
+            out = judging.session.run(f"SET statement_timeout = '400ms'; {join};\n"
+                                      "\\echo :SQLSTATE", end="")
+            took = time.monotonic() - started
+            assert out == ["57014"] and took < 5, (run, out, took)
+        judging.session.run("RESET statement_timeout; \\echo reset", end="")
+        assert judging.queued(join)
 
 
 @check

@@ -11,8 +11,8 @@ through ALTER ROLE … SET, while other sessions run beside them.
   after its grace period it is cancelled as pg_cancel_backend would; an `elapsed` rule
   times each statement of a multi-statement query string from its own start;
 - a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills, in
-  the statement's own process or only in its parallel workers; a `rows` rule counts a
-  cursor's rows over all its fetches;
+  the statement's own process or only in its parallel workers, into the default
+  tablespace or another; a `rows` rule counts a cursor's rows over all its fetches;
 - a `move` rule: the moved statement shows its new group as its cpu_group in
   pg_stride.activity, and with one CPU slot, moved to a group of weight 1, it gets
   almost none of the CPU while another group's statement runs (half before the move);
@@ -21,7 +21,10 @@ through ALTER ROLE … SET, while other sessions run beside them.
 - a statement run beside an open cursor is judged by its own CPU, not the cursor's; the
   statements of a DO block's loop are judged with the loop, beside a cursor too (from
   the loop's start);
-- a rule fires once per statement, and again for the next statement;
+- a rule fires once per statement, and again for the next statement; once for a cursor
+  that queued to take its lent admission back; a cancel the statement raised itself
+  is not sent again to the session's next statement; a statement paused for a CPU slot
+  raises the rule's own error;
 - a statement that its history calls tiny (it ran unscheduled) but that grew is
   cancelled by the `cpu_time` rule once it has used a slice: it runs unscheduled for
   that slice only.
@@ -42,6 +45,13 @@ from memory import Server  # noqa: E402
 PORT = int(os.environ.get("RULES_PORT", "5517"))
 APP = "regress_rules_app"
 OTHER = "regress_rules_other"
+# Roles whose statements run in a group of a high weight and priority, and of the lowest.
+HIGH = "regress_rules_high"
+LOW = "regress_rules_low"
+# Forty scans of rules_big: seconds of CPU, with yield points from the start (LONG
+# builds a hash table first, without any).
+HIGH_LONG = ("SELECT sum(x.n) FROM generate_series(1, 40) g, "
+             "LATERAL (SELECT count(*) AS n FROM rules_big WHERE v >= g) x")
 GROUP = "watched"
 # A hash join of a million rows with itself (`+ 0`: PostgreSQL 18 would remove a join
 # of a table with itself on its primary key).
@@ -64,9 +74,9 @@ def set_rules(s, rules, dry_run=False):
     s.wait_until(f"SELECT rules FROM pg_stride.groups WHERE name = '{GROUP}'", rules)
 
 
-def hits(s, since):
+def hits(s, since, group=GROUP):
     out = s.sql("SELECT rule || '|' || action || '|' || dry_run || '|' || pid FROM pg_stride.rule_hits "
-                f"WHERE \"group\" = '{GROUP}' AND at >= '{since}' ORDER BY at")
+                f"WHERE \"group\" = '{group}' AND at >= '{since}' ORDER BY at")
     return [line.split("|") for line in out.splitlines()] if out else []
 
 
@@ -112,6 +122,109 @@ def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
     assert rows == {APP: "f|watched|cpu_time > 100ms: cancel|cancel|f", OTHER: "t"}, rows
     explained = s.sql(f"EXPLAIN (VERBOSE, COSTS OFF) {LONG}", user=APP)
     assert f"Query Identifier: {seen[APP]}" in explained, (seen, explained)
+
+
+@check
+def a_rules_cancel_does_not_reach_the_sessions_next_statement(s):
+    """A statement a rule cancels, in a transaction with an open cursor that goes on
+    after a ROLLBACK TO: the cursor's MOVE that follows, longer than the worker's grace
+    second and with yield points (a scan of rules_big), runs to its end. Twice: a
+    cpu_time rule whose error the statement raises at its yield point, and an elapsed
+    rule on pg_sleep, which reaches none and ends on its statement_timeout before the
+    worker's query cancel. Catches: the worker sending its query cancel a second after
+    it asked though the statement had raised the rule's error, or had ended otherwise:
+    it cancelled the MOVE."""
+    cases = [("cpu_time > 100ms: cancel", LONG, "due to rule"),
+             ("elapsed > 300ms: cancel",
+              "SET LOCAL statement_timeout = '700ms';\nSELECT pg_sleep(3)",
+              "due to statement timeout")]
+    try:
+        for rules, sql, error in cases:
+            set_rules(s, rules)
+            script = ("\\set ON_ERROR_STOP 0\nBEGIN;\n"
+                      "DECLARE c CURSOR FOR SELECT pg_sleep(0.01) FROM rules_big WHERE id <= 250;\n"
+                      f"FETCH 1 FROM c;\nSAVEPOINT s;\n{sql};\nROLLBACK TO s;\n"
+                      "MOVE ALL IN c;\nSELECT 'moved';\nCOMMIT;\n")
+            since = now(s)
+            out = s.run(*s.psql_args(None, user=APP)[len(concurrency.AS_POSTGRES):],
+                        input=script, capture_output=True, text=True, timeout=120)
+            errors = [line for line in out.stderr.splitlines() if "ERROR" in line]
+            print(f"    {rules}: {errors}")
+            assert len(errors) == 1 and error in errors[0], out.stderr
+            assert out.stdout.split() == ["moved"], (out.stdout, out.stderr)
+            assert [x[:2] for x in hits(s, since)] == [[rules, "cancel"]], hits(s, since)
+    finally:
+        set_rules(s, "")
+
+
+@check
+def a_paused_statement_raises_the_rules_own_error(s):
+    """A statement of group rules_low (weight 1, priority 1) paused for a CPU slot that
+    statements of rules_high (weight 10,000, priority 1,000,000) hold: an elapsed rule's cancel ends it
+    with the rule's error while it waits, not with the query cancel that comes a second
+    later. Catches: the pause loop, woken by the scheduler worker, waiting on for its
+    slot without looking at the request."""
+    rules = "elapsed > 1500ms: cancel"
+    s.sql(f"SELECT pg_stride.alter_group('rules_low', rules => '{rules}')")
+    s.wait_until("SELECT rules FROM pg_stride.groups WHERE name = 'rules_low'", rules)
+    slots = int(s.sql("SELECT cpu_slots FROM pg_stride.scheduler"))
+    highs = [s.client_as(HIGH, HIGH_LONG) for _ in range(slots)]
+    state = ("SELECT coalesce(string_agg(a.state, ','), '') FROM pg_stride.activity a "
+             f"JOIN pg_stat_activity p USING (pid) WHERE p.usename = '{LOW}'")
+    try:
+        s.wait_until("SELECT count(*) FROM pg_stride.activity a JOIN pg_stat_activity p "
+                     f"USING (pid) WHERE p.usename = '{HIGH}' AND a.state = 'running'",
+                     str(slots), timeout=30)
+        since = now(s)
+        low = s.client_as(LOW, HIGH_LONG)
+        states = []
+        while low.poll() is None:
+            states.append(s.sql(state))
+            time.sleep(0.05)
+        rc, out, err = finish(low, timeout=60)
+        print(f"    {(err.strip().splitlines() or [out])[0]}; states seen: {sorted(set(states))}")
+        assert "paused" in states, states
+        assert rc != 0 and f'canceling statement due to rule "{rules}"' in err, (rc, out, err)
+        assert all(h.poll() is None for h in highs), "a high statement ended early: proved nothing"
+        assert [x[:2] for x in hits(s, since, "rules_low")] == [[rules, "cancel"]]
+    finally:
+        for h in highs:
+            h.kill()
+            h.wait()
+        s.sql("SELECT pg_stride.alter_group('rules_low', rules => '')")
+
+
+@check
+def a_rule_fires_once_for_a_cursor_that_took_its_admission_back(s):
+    """A cursor of group watched (limit 1) that met an elapsed rule, idle between
+    fetches, lends its admission to a statement of the group; its next FETCH queues to
+    take it back until that statement ends. The rule does not fire again for it.
+    Catches: the worker forgetting what fired for a statement while it was queued, so
+    that the same rule logged and recorded a second hit once it ran again."""
+    set_rules(s, "elapsed > 300ms: log")
+    s.sql(f"SELECT pg_stride.alter_group('{GROUP}', max_concurrency => 1)")
+    x = concurrency.Session(s, APP)
+    try:
+        since = now(s)
+        x.run("BEGIN; DECLARE c CURSOR FOR SELECT g FROM generate_series(1, 10) g", lines=0)
+        assert x.run("FETCH 1 FROM c") == ["1"]
+        pid = x.run("SELECT pg_backend_pid()")[0]
+        s.wait_until(f"SELECT count(*) FROM pg_stride.rule_hits WHERE pid = {pid}", "1")
+        other = s.client_as(APP, "SELECT pg_sleep(1.5)")
+        s.wait_until(f"SELECT admission_lent FROM pg_stride.activity WHERE pid = {pid}", "t")
+        assert x.run("FETCH 1 FROM c", timeout=30) == ["2"]
+        rc, out, err = finish(other, timeout=30)
+        assert rc == 0, (rc, out, err)
+        # Well past the rule's threshold again, at several of the worker's sweeps.
+        time.sleep(1.0)
+        h = [r for r in hits(s, since) if r[3] == pid]
+        print(f"    hits of the cursor: {len(h)}")
+        assert len(h) == 1, h
+        x.run("COMMIT", lines=0)
+    finally:
+        x.close()
+        s.sql(f"SELECT pg_stride.alter_group('{GROUP}', max_concurrency => 0)")
+        set_rules(s, "")
 
 
 # Eight scans of rules_big (about 1 s of CPU) that write a row early in the first one,
@@ -240,6 +353,34 @@ def rows_and_temp_bytes_rules_log_once_per_statement(s):
     rules = [x[0] for x in hits(s, since)]
     assert rules.count("rows > 100000: log") == 1, rules
     assert rules.count("temp_bytes > 1MB: log") >= 2, rules
+
+
+@check
+def a_temp_bytes_rule_counts_files_in_other_tablespaces(s):
+    """A sort that spills into a tablespace of temp_tablespaces (an in-place one, under
+    pg_tblspc) meets a temp_bytes rule as one that spills into the default tablespace
+    does. Catches: only base/pgsql_tmp read, so that the spills of a database whose
+    default tablespace is another, or of temp_tablespaces, were never counted."""
+    # Two commands of one session: CREATE TABLESPACE cannot run in the implicit
+    # transaction of a multi-statement query string.
+    out = s.run(*s.psql_args(None)[len(concurrency.AS_POSTGRES):], capture_output=True,
+                text=True, input="SET allow_in_place_tablespaces = on;\n"
+                                 "CREATE TABLESPACE rules_space LOCATION '';\n")
+    assert out.returncode == 0, out.stderr
+    try:
+        s.sql(f"GRANT CREATE ON TABLESPACE rules_space TO {APP}")
+        set_rules(s, "temp_bytes > 1MB: log")
+        since = now(s)
+        sql = ("SET temp_tablespaces = rules_space; SET work_mem = '64kB'; "
+               "SELECT count(*) FROM (SELECT * FROM rules_big ORDER BY v DESC, id OFFSET 0) x")
+        rc, out, err = finish(s.client_as(APP, sql), timeout=120)
+        assert rc == 0 and out == "1000000", (rc, out, err)
+        rules = [x[0] for x in hits(s, since)]
+        print(f"    hits: {rules}")
+        assert rules == ["temp_bytes > 1MB: log"], rules
+    finally:
+        set_rules(s, "")
+        s.sql("DROP TABLESPACE IF EXISTS rules_space")
 
 
 @check
@@ -538,9 +679,19 @@ def setup(s):
     s.sql(f"ALTER ROLE {APP} SET max_parallel_workers_per_gather = 0")
     s.sql(f"ALTER ROLE {APP} SET compute_query_id = on")
     s.sql(f"ALTER ROLE {OTHER} SET max_parallel_workers_per_gather = 0")
+    s.sql(f"CREATE ROLE {HIGH} LOGIN")
+    s.sql("SELECT pg_stride.create_group('rules_high', weight => 10000, "
+          "priority_initial => 1000000, pinned => true)")
+    s.sql(f"ALTER ROLE {HIGH} SET pg_stride.resource_group = 'rules_high'")
+    s.sql(f"ALTER ROLE {HIGH} SET max_parallel_workers_per_gather = 0")
+    s.sql(f"CREATE ROLE {LOW} LOGIN")
+    s.sql("SELECT pg_stride.create_group('rules_low', weight => 1, priority_initial => 1, "
+          "priority_min => 1, pinned => true)")
+    s.sql(f"ALTER ROLE {LOW} SET pg_stride.resource_group = 'rules_low'")
+    s.sql(f"ALTER ROLE {LOW} SET max_parallel_workers_per_gather = 0")
     s.sql("CREATE TABLE rules_big (id int PRIMARY KEY, v int); "
           "INSERT INTO rules_big SELECT g, g % 1000 FROM generate_series(1, 1000000) g; ANALYZE rules_big")
-    s.sql(f"GRANT SELECT ON rules_big TO {APP}, {OTHER}")
+    s.sql(f"GRANT SELECT ON rules_big TO {APP}, {OTHER}, {HIGH}, {LOW}")
 
 
 def main():

@@ -77,6 +77,12 @@ SET parallel_tuple_cost = 0;
 SET min_parallel_table_scan_size = 0;
 EXPLAIN (COSTS OFF) SELECT count(*) FROM (SELECT a FROM mem_t ORDER BY a) s;
 SELECT :own AS kb, count(*) FROM (SELECT a FROM mem_t ORDER BY a) s;
+-- A SubPlan that a node below the Gather calls runs there too: the Parallel Seq Scan's
+-- filter calls one whose plan is a Materialize over a Limit, a Sort and a Function Scan
+-- (work_mem each), once in the leader and once in each planned worker: 9 × 1024 kB,
+-- and the read of its own reservation.
+-- (Not EXPLAINed: PostgreSQL 17 shows SubPlans otherwise.)
+SELECT :own AS kb, count(*) FROM mem_t m WHERE m.a < ANY (SELECT g FROM generate_series(1, 20) g ORDER BY g LIMIT 5) OR m.b < 0;
 -- The same with the plan made for the pool: its Stride Gather Merge counts what is below
 -- it once.
 RESET ROLE;

@@ -250,7 +250,9 @@ unsafe extern "C-unwind" fn planner(
     if outermost {
         // SAFETY: the planner's own arguments: the query string stays valid while the
         // statement is planned, and the record is cleared when planning returns.
-        let text = unsafe { pg::StatementText::new(query_string, (*parse).stmt_location) };
+        let text = unsafe {
+            pg::StatementText::new(query_string, (*parse).stmt_location, (*parse).stmt_len)
+        };
         statements::client_utility_started(text);
     }
     // SAFETY: the previous hook, or the standard function, with the hook's arguments.
@@ -453,7 +455,9 @@ unsafe extern "C-unwind" fn process_utility(
     if client {
         // SAFETY: the query string stays valid while the utility runs; the value is
         // cleared when it returns, or when an ERROR aborts the transaction.
-        let text = unsafe { pg::StatementText::new(query_string, (*pstmt).stmt_location) };
+        let text = unsafe {
+            pg::StatementText::new(query_string, (*pstmt).stmt_location, (*pstmt).stmt_len)
+        };
         statements::client_utility_started(text);
     }
     if nested {

@@ -82,8 +82,10 @@ unsafe fn reads_only_monitoring(stmt: *const pg_sys::PlannedStmt) -> bool {
         }
         if !reads {
             // No relation and no function in FROM: a monitoring call such as
-            // `SELECT pg_is_in_recovery()` or `SELECT pg_current_wal_lsn()`.
-            return plan_tree::calls_only_monitoring_functions((*stmt).planTree);
+            // `SELECT pg_is_in_recovery()` or `SELECT pg_current_wal_lsn()`, without a
+            // sub-select (whose plan, an initPlan, runs anything).
+            return (*stmt).subplans.is_null()
+                && plan_tree::calls_only_monitoring_functions((*stmt).planTree);
         }
         let Some(functions) = plan_tree::from_functions(stmt) else {
             return false;
@@ -99,6 +101,7 @@ unsafe fn reads_only_monitoring(stmt: *const pg_sys::PlannedStmt) -> bool {
             }
         }
         plan_tree::calls_no_function_but(stmt, &own_functions)
+            && plan_tree::calls_no_scheduled_built_in(stmt)
     }
 }
 

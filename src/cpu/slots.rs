@@ -253,6 +253,9 @@ fn pause(shared: &shmem::Shared, sched: &SchedShared, proc: ProcId, since: Optio
         }
     });
     let is_running = || {
+        // A runaway-query rule's cancel, which the scheduler worker wakes this process
+        // for, is raised here: paused, it reaches no yield point until it has a slot.
+        super::runaway::cancel_if_a_rule_says_so(shared);
         let running = sched.is_running(proc);
         if let Some(entry) = shared.my_entry() {
             entry.paused.store(u32::from(!running), Ordering::Release);

@@ -42,7 +42,7 @@ mod ffi {
 mod statement;
 pub use statement::{
     blocks_touched, call_at_reset, query_id_and_cost, saved_plan_context, statement_fingerprint,
-    statement_relation,
+    statement_relation, StatementText,
 };
 
 /// Sends a report with its SQLSTATE, and a HINT where the user can act (every report
@@ -231,9 +231,10 @@ pub unsafe fn drop_database_forces(stmt: *const pg_sys::DropdbStmt) -> bool {
             return false;
         }
         (0..(*options).length as usize).any(|i| {
-            let option = (*(*options).elements.add(i)).ptr_value.cast::<pg_sys::DefElem>();
-            !(*option).defname.is_null()
-                && std::ffi::CStr::from_ptr((*option).defname) == c"force"
+            let option = (*(*options).elements.add(i))
+                .ptr_value
+                .cast::<pg_sys::DefElem>();
+            !(*option).defname.is_null() && std::ffi::CStr::from_ptr((*option).defname) == c"force"
         })
     }
 }
@@ -547,73 +548,6 @@ pub fn set_dynamic_default(name: &std::ffi::CStr, value: &std::ffi::CStr) {
 pub fn current_subtransaction() -> u32 {
     // SAFETY: plain read of process-local transaction state.
     unsafe { ffi::GetCurrentSubTransactionId() }
-}
-
-/// A statement's text: the query string it came in and where in it the statement starts
-/// (its PlannedStmt's `stmt_location`), for reading its group tag.
-#[derive(Clone, Copy)]
-pub struct StatementText {
-    source: *const std::ffi::c_char,
-    location: i32,
-}
-
-impl StatementText {
-    /// The text of the statement a utility hook is given.
-    ///
-    /// # Safety
-    /// `source` is a NUL-terminated string that stays valid while the value is used:
-    /// the query string ProcessUtility receives, while the utility runs.
-    pub unsafe fn new(source: *const std::ffi::c_char, location: i32) -> Self {
-        Self { source, location }
-    }
-
-    /// The text of the statement the active portal runs, if a portal is running; to be
-    /// read while that portal runs.
-    pub fn of_active_portal() -> Option<Self> {
-        // SAFETY: the active portal, when there is one, is valid while it runs; its
-        // statement list is a list of PlannedStmts that live as long as the portal, and
-        // its query string too.
-        unsafe {
-            let portal = pg_sys::ActivePortal.as_ref()?;
-            // The first element read from the List's array: PgList::head() would call
-            // list_nth through pgrx's guarded FFI boundary, a sigsetjmp per statement.
-            let stmts = portal.stmts;
-            let first = (!stmts.is_null() && (*stmts).length > 0)
-                .then(|| (*(*stmts).elements).ptr_value.cast::<pg_sys::PlannedStmt>());
-            let location = first
-                .and_then(|p| p.as_ref())
-                .map_or(0, |p| p.stmt_location);
-            Some(Self::new(portal.sourceText, location))
-        }
-    }
-
-    /// The resource group the statement names in a comment before its first word
-    /// (`pg_stride_sched::group_tag`), if it names one.
-    #[inline]
-    pub fn group_tag(self) -> Option<String> {
-        if self.source.is_null() {
-            return None;
-        }
-        // A statement whose text starts with its first word carries no tag (the common
-        // case): told from its first byte, without measuring the whole query string.
-        // SAFETY: a non-null source is NUL-terminated and valid (the constructors'
-        // contract), so its first byte can be read.
-        if self.location <= 0 && unsafe { *self.source as u8 }.is_ascii_alphabetic() {
-            return None;
-        }
-        self.parse_group_tag()
-    }
-
-    /// [`Self::group_tag`] of a text that may carry one, out of line (it allocates).
-    #[inline(never)]
-    fn parse_group_tag(self) -> Option<String> {
-        // SAFETY: a non-null source is NUL-terminated and valid (the constructors'
-        // contract).
-        let source = unsafe { std::ffi::CStr::from_ptr(self.source) }.to_bytes();
-        let location = usize::try_from(self.location).unwrap_or(0);
-        pg_stride_sched::group_tag::statement_group(source, location)
-            .map(|g| String::from_utf8_lossy(&g).into_owned())
-    }
 }
 
 /// The pids of the processes that block process `pid`'s lock wait, as

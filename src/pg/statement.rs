@@ -1,6 +1,6 @@
-//! A statement's plan and what it did, as the executor hooks read them: its fingerprint,
-//! relation key, query identifier and cost, the memory context a saved plan lives in,
-//! and the blocks the backend touched. Plain reads that cannot raise an ERROR on the
+//! A statement's text, plan and what it did, as the executor hooks read them: its text
+//! (its group tag, its fingerprint), relation key, query identifier and cost, the memory
+//! context a saved plan lives in, and the blocks the backend touched. Plain reads that cannot raise an ERROR on the
 //! plans the executor runs: the hooks call them outside pgrx's error boundary.
 
 use pgrx::pg_sys;
@@ -22,43 +22,134 @@ mod ffi {
     }
 }
 
-/// The fingerprint of the statement `desc` runs in this database, from its text with its
-/// constants left out (`pg_stride_sched::fingerprint`): the part of the query string its
-/// plan's `stmt_location` and `stmt_len` name, or the whole string when they name none,
-/// mixed with the database's OID (the same text in two databases reads other tables).
+/// A statement's text: the query string it came in, where in it the statement starts and
+/// how long it is (its PlannedStmt's `stmt_location` and `stmt_len`; a length of 0: to
+/// the string's end), for reading its group tag and taking its fingerprint.
+#[derive(Clone, Copy)]
+pub struct StatementText {
+    source: *const std::ffi::c_char,
+    location: i32,
+    len: i32,
+}
+
+impl StatementText {
+    /// The text of the statement a utility hook is given.
+    ///
+    /// # Safety
+    /// `source` is a NUL-terminated string that stays valid while the value is used:
+    /// the query string ProcessUtility receives, while the utility runs.
+    pub unsafe fn new(source: *const std::ffi::c_char, location: i32, len: i32) -> Self {
+        Self {
+            source,
+            location,
+            len,
+        }
+    }
+
+    /// The text of the statement `desc` runs. Copied, so that its fingerprint can be
+    /// taken once the plan is gone, while the query string is not.
+    ///
+    /// # Safety
+    /// `desc` is a valid QueryDesc with its PlannedStmt, as the executor's hooks
+    /// receive it.
+    pub unsafe fn of(desc: *const pg_sys::QueryDesc) -> Self {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let stmt = (*desc).plannedstmt;
+            Self::new((*desc).sourceText, (*stmt).stmt_location, (*stmt).stmt_len)
+        }
+    }
+
+    /// The statement's fingerprint in this database, from its text with its constants
+    /// left out (`pg_stride_sched::fingerprint`), mixed with the database's OID (the same
+    /// text in two databases reads other tables).
+    ///
+    /// # Safety
+    /// The query string is still allocated (it is NUL-terminated).
+    pub unsafe fn fingerprint(self) -> u64 {
+        let start = usize::try_from(self.location).unwrap_or(0);
+        // Read no further than the statement's end: a script's string can be long, and
+        // each of its statements would otherwise measure all of it.
+        let end = match usize::try_from(self.len) {
+            Ok(len) if len > 0 => start.saturating_add(len),
+            _ => usize::MAX,
+        };
+        let text = if self.source.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: a non-null query string is NUL-terminated and allocated (the
+            // caller's promise); the bytes read are those before its NUL, up to `end`.
+            unsafe {
+                let bytes = libc::strnlen(self.source, end);
+                std::slice::from_raw_parts(self.source.cast::<u8>(), bytes)
+            }
+        };
+        // SAFETY: a plain read of a global set when the backend connected.
+        let database = u64::from(unsafe { pg_sys::MyDatabaseId }.to_u32());
+        // Odd, so that the mix maps distinct databases to distinct values; a 0 (the
+        // empty entry of a fingerprint table) becomes 1.
+        let mixed = pg_stride_sched::fingerprint::of_text(&text[start.min(text.len())..])
+            ^ database.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        mixed.max(1)
+    }
+
+    /// The text of the statement the active portal runs, if a portal is running; to be
+    /// read while that portal runs.
+    pub fn of_active_portal() -> Option<Self> {
+        // SAFETY: the active portal, when there is one, is valid while it runs; its
+        // statement list is a list of PlannedStmts that live as long as the portal, and
+        // its query string too.
+        unsafe {
+            let portal = pg_sys::ActivePortal.as_ref()?;
+            // The first element read from the List's array: PgList::head() would call
+            // list_nth through pgrx's guarded FFI boundary, a sigsetjmp per statement.
+            let stmts = portal.stmts;
+            let first = (!stmts.is_null() && (*stmts).length > 0)
+                .then(|| (*(*stmts).elements).ptr_value.cast::<pg_sys::PlannedStmt>());
+            let (location, len) = first
+                .and_then(|p| p.as_ref())
+                .map_or((0, 0), |p| (p.stmt_location, p.stmt_len));
+            Some(Self::new(portal.sourceText, location, len))
+        }
+    }
+
+    /// The resource group the statement names in a comment before its first word
+    /// (`pg_stride_sched::group_tag`), if it names one.
+    #[inline]
+    pub fn group_tag(self) -> Option<String> {
+        if self.source.is_null() {
+            return None;
+        }
+        // A statement whose text starts with its first word carries no tag (the common
+        // case): told from its first byte, without measuring the whole query string.
+        // SAFETY: a non-null source is NUL-terminated and valid (the constructors'
+        // contract), so its first byte can be read.
+        if self.location <= 0 && unsafe { *self.source as u8 }.is_ascii_alphabetic() {
+            return None;
+        }
+        self.parse_group_tag()
+    }
+
+    /// [`Self::group_tag`] of a text that may carry one, out of line (it allocates).
+    #[inline(never)]
+    fn parse_group_tag(self) -> Option<String> {
+        // SAFETY: a non-null source is NUL-terminated and valid (the constructors'
+        // contract).
+        let source = unsafe { std::ffi::CStr::from_ptr(self.source) }.to_bytes();
+        let location = usize::try_from(self.location).unwrap_or(0);
+        pg_stride_sched::group_tag::statement_group(source, location)
+            .map(|g| String::from_utf8_lossy(&g).into_owned())
+    }
+}
+
+/// The fingerprint of the statement `desc` runs ([`StatementText::fingerprint`]).
 ///
 /// # Safety
 /// `desc` is a valid QueryDesc with its PlannedStmt and source text, as the executor's
 /// hooks receive it.
 pub unsafe fn statement_fingerprint(desc: *const pg_sys::QueryDesc) -> u64 {
     // SAFETY: the caller's promise.
-    let (source, stmt) = unsafe { ((*desc).sourceText, (*desc).plannedstmt) };
-    // SAFETY: as above.
-    let (location, len) = unsafe { ((*stmt).stmt_location, (*stmt).stmt_len) };
-    let start = usize::try_from(location).unwrap_or(0);
-    // Read no further than the statement's end: a script's string can be long, and each
-    // of its statements would otherwise measure all of it.
-    let end = match usize::try_from(len) {
-        Ok(len) if len > 0 => start.saturating_add(len),
-        _ => usize::MAX,
-    };
-    let text = if source.is_null() {
-        &[][..]
-    } else {
-        // SAFETY: a non-null source text is NUL-terminated (the caller's promise); the
-        // bytes read are those before its NUL, up to `end`.
-        unsafe {
-            let bytes = libc::strnlen(source, end);
-            std::slice::from_raw_parts(source.cast::<u8>(), bytes)
-        }
-    };
-    // SAFETY: a plain read of a global set when the backend connected.
-    let database = u64::from(unsafe { pg_sys::MyDatabaseId }.to_u32());
-    // Odd, so that the mix maps distinct databases to distinct values; a 0 (the empty
-    // entry of a fingerprint table) becomes 1.
-    let mixed = pg_stride_sched::fingerprint::of_text(&text[start.min(text.len())..])
-        ^ database.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    mixed.max(1)
+    unsafe { StatementText::of(desc).fingerprint() }
 }
 
 /// A planned statement's relation key: the first of the relations its plan depends on

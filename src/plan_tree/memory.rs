@@ -1,12 +1,16 @@
 //! The working memory a finished plan may keep at once, for memory-aware admission
 //! (`pg_stride_sched::memory` says what counts and why).
 
-use super::walk::{each_in_list, for_each_child, list_len, list_ptrs, stride_gather_inner};
+use super::walk::{
+    for_each_child, for_each_expression, list_len, list_nth, list_ptrs, stride_gather_inner,
+};
 use pg_stride_sched::memory::{node_need_kb, MemorySettings, NodeMemory};
 use pgrx::pg_sys;
 
 /// The working memory, kB, that `stmt`'s nodes may keep at once under `settings`: its
-/// plan tree, then each of its subplans (initPlans, CTEs, SubPlans), counted once.
+/// plan tree, then each of its subplans (initPlans, CTEs, SubPlans), counted once for
+/// each process that runs it: a SubPlan that a node under a Gather evaluates runs in the
+/// leader and in each planned worker, as that node does.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt whose subplans are a List of Plan nodes or NULLs.
@@ -33,15 +37,22 @@ pub unsafe fn need_kb(stmt: *const pg_sys::PlannedStmt, settings: MemorySettings
 #[inline(never)]
 unsafe fn walked_kb(stmt: *const pg_sys::PlannedStmt, settings: MemorySettings) -> u64 {
     // SAFETY: the caller's promise.
-    let subplans = unsafe { !(*stmt).subplans.is_null() };
+    let subplans = unsafe { (*stmt).subplans };
+    // SAFETY: as above.
+    let count = unsafe { list_len(subplans) };
     let mut units = Units {
-        subplans,
+        subplan_copies: vec![1; count],
         ..Units::default()
     };
-    // SAFETY: the caller's promise.
+    // SAFETY: the caller's promise. A subplan comes after the subplans its own
+    // expressions call (the planner plans a subquery's subqueries first), so from the
+    // last to the first each is counted once what calls it was.
     unsafe {
         units.add(1, (*stmt).planTree);
-        each_in_list((*stmt).subplans, &mut |slot| units.add(1, *slot));
+        for i in (0..count).rev() {
+            let copies = units.subplan_copies[i];
+            units.add(copies, list_nth(subplans, i));
+        }
     }
     // Most statements of an OLTP workload keep nothing: no arithmetic for them.
     if units.work == 0 && units.hash == 0 {
@@ -132,9 +143,10 @@ fn is_chain_link(tag: pg_sys::NodeTag) -> bool {
 struct Units {
     work: u64,
     hash: u64,
-    /// Whether the statement has subplans: only then can a node's expressions hold a
-    /// hashed SubPlan ([`hashed_subplans`]).
-    subplans: bool,
+    /// For each of the statement's subplans (by `plan_id` − 1), the most processes that
+    /// run a node whose expressions call it; empty without subplans, and only then can
+    /// a node's expressions call one ([`SubPlanCalls`]).
+    subplan_copies: Vec<u64>,
 }
 
 impl Units {
@@ -149,8 +161,14 @@ impl Units {
         // SAFETY: the caller's promise; a Gather's or a Stride Gather's children are Plans.
         unsafe {
             let (work, mut hash) = bound_of(plan);
-            if self.subplans {
-                hash = hash.saturating_add(hashed_subplans(plan));
+            if !self.subplan_copies.is_empty() {
+                let mut calls = SubPlanCalls {
+                    copies,
+                    hashed: 0,
+                    subplan_copies: &mut self.subplan_copies,
+                };
+                for_each_expression(plan, &mut |e| calls.walk(e));
+                hash = hash.saturating_add(calls.hashed);
             }
             self.work = self.work.saturating_add(work.saturating_mul(copies));
             self.hash = self.hash.saturating_add(hash.saturating_mul(copies));
@@ -301,34 +319,34 @@ unsafe extern "C-unwind" fn count_ordered_aggregates(
     }
 }
 
-/// The hashed SubPlans in `plan`'s own expressions (its target list, its filter and,
-/// for a join, its join filter): `x NOT IN (SELECT …)` and the like keep the subquery's
-/// rows in a hash table in each process that evaluates the expression (nodeSubplan.c),
-/// which the planner chose only if it fits in `work_mem × hash_mem_multiplier`, and
-/// which does not spill.
-///
-/// # Safety
-/// `plan` is a valid Plan node.
-unsafe fn hashed_subplans(plan: *const pg_sys::Plan) -> u64 {
-    use pg_sys::NodeTag::*;
-    let mut hashed = 0u64;
-    // SAFETY: the caller's promise; a Join's joinqual is an expression list, walked as
-    // in [`agg_sorts`].
-    unsafe {
-        let joinqual = match (*plan).type_ {
-            T_NestLoop | T_MergeJoin | T_HashJoin => (*plan.cast::<pg_sys::Join>()).joinqual,
-            _ => std::ptr::null_mut(),
-        };
-        for list in [(*plan).targetlist, (*plan).qual, joinqual] {
-            count_hashed_subplans(list.cast(), (&raw mut hashed).cast());
-        }
-    }
-    hashed
+/// The SubPlans a node's own expressions call, run by `copies` processes: each raises
+/// the copies its subplan is counted with, and a hashed one — `x NOT IN (SELECT …)` and
+/// the like keep the subquery's rows in a hash table in each process that evaluates the
+/// expression (nodeSubplan.c), which the planner chose only if it fits in
+/// `work_mem × hash_mem_multiplier`, and which does not spill — counts one hash table's
+/// bound (`hashed`) in the node.
+struct SubPlanCalls<'a> {
+    copies: u64,
+    hashed: u64,
+    subplan_copies: &'a mut Vec<u64>,
 }
 
-/// expression_tree_walker's callback: adds to the count at `context` (a u64) each
-/// SubPlan under `node` that uses a hash table. Cannot panic (called from C).
-unsafe extern "C-unwind" fn count_hashed_subplans(
+impl SubPlanCalls<'_> {
+    /// Walks the expression tree `node`.
+    ///
+    /// # Safety
+    /// `node` is a valid expression node (or List) of a finished plan.
+    unsafe fn walk(&mut self, node: *mut pg_sys::Node) {
+        // SAFETY: the caller's promise; the context is this value, as the callback
+        // expects.
+        unsafe { note_subplans(node, (self as *mut Self).cast()) };
+    }
+}
+
+/// expression_tree_walker's callback, for [`SubPlanCalls`] at `context`. It walks a
+/// SubPlan's arguments, not its plan (counted as one of the statement's subplans).
+/// Cannot panic (called from C).
+unsafe extern "C-unwind" fn note_subplans(
     node: *mut pg_sys::Node,
     context: *mut std::ffi::c_void,
 ) -> bool {
@@ -336,14 +354,22 @@ unsafe extern "C-unwind" fn count_hashed_subplans(
         return false;
     }
     // SAFETY: expression_tree_walker passes nodes of the tree and the context it was
-    // given, a u64; it walks a SubPlan's arguments, not its plan.
+    // given, a SubPlanCalls.
     unsafe {
-        if (*node).type_ == pg_sys::NodeTag::T_SubPlan
-            && (*node.cast::<pg_sys::SubPlan>()).useHashTable
-        {
-            *context.cast::<u64>() += 1;
+        if (*node).type_ == pg_sys::NodeTag::T_SubPlan {
+            let calls = &mut *context.cast::<SubPlanCalls>();
+            let subplan = node.cast::<pg_sys::SubPlan>();
+            if (*subplan).useHashTable {
+                calls.hashed += 1;
+            }
+            let index = usize::try_from((*subplan).plan_id)
+                .ok()
+                .and_then(|id| id.checked_sub(1));
+            if let Some(copies) = index.and_then(|i| calls.subplan_copies.get_mut(i)) {
+                *copies = (*copies).max(calls.copies);
+            }
         }
-        pg_sys::expression_tree_walker(node, Some(count_hashed_subplans), context)
+        pg_sys::expression_tree_walker(node, Some(note_subplans), context)
     }
 }
 

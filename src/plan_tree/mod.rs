@@ -11,8 +11,8 @@ mod walk;
 
 pub use memory::need_kb as memory_need_kb;
 pub use monitoring::{
-    calls_no_function_but, calls_only_monitoring_functions, from_functions, from_items,
-    is_monitoring_built_in, reads_only, FromItem,
+    calls_no_function_but, calls_no_scheduled_built_in, calls_only_monitoring_functions,
+    from_functions, from_items, is_monitoring_built_in, reads_only, FromItem,
 };
 pub use small::{is_plain_read, plain_write_target};
 pub use walk::{for_each_plan, list_ptrs, stride_gather_inner, STRIDE_GATHER, STRIDE_GATHER_MERGE};

@@ -2,7 +2,7 @@
 //! composes the rule, docs/design.md §4 rule 4, with its catalog lookups), and whether a
 //! statement only reads (rule 2).
 
-use super::walk::{for_each_plan, list_ptrs};
+use super::walk::{for_each_expression, for_each_plan, list_ptrs};
 use pgrx::pg_sys;
 use std::ffi::CStr;
 
@@ -177,14 +177,28 @@ unsafe fn is_monitoring_call(node: *const pg_sys::Node) -> bool {
     }
 }
 
-/// Built-in functions whose names begin with `pg_` but that wait, take locks, or run
-/// user code (a domain's check, PostgreSQL 16's input validation): a statement calling
-/// them is scheduled like any other.
-const SCHEDULED_PG_BUILT_INS: [&[u8]; 4] = [
+/// Built-in functions (by the start of their names) that wait, take locks, or run user
+/// code or SQL of their own (a domain's check, PostgreSQL 16's input validation, the
+/// query or table the `…_to_xml` family, `ts_stat` and `ts_rewrite` are given): a
+/// statement calling them anywhere is scheduled like any other. The SQL they run is
+/// nested in the statement, which is where admission and CPU scheduling see it.
+const SCHEDULED_BUILT_INS: [&[u8]; 15] = [
     b"pg_sleep",
     b"pg_advisory",
     b"pg_try_advisory",
     b"pg_input_",
+    // Logical decoding, which decodes WAL for as long as there is some.
+    b"pg_logical_slot_",
+    b"pg_replication_slot_advance",
+    b"pg_create_logical_replication_slot",
+    b"pg_copy_logical_replication_slot",
+    b"query_to_xml",
+    b"cursor_to_xml",
+    b"table_to_xml",
+    b"schema_to_xml",
+    b"database_to_xml",
+    b"ts_stat",
+    b"ts_rewrite",
 ];
 
 /// Built-in functions not named `pg_*` that monitoring tools call (the exporter asks
@@ -208,7 +222,159 @@ pub unsafe fn is_monitoring_built_in(funcid: pg_sys::Oid) -> bool {
             return false;
         }
         let name = CStr::from_ptr(name).to_bytes();
-        (name.starts_with(b"pg_") && !SCHEDULED_PG_BUILT_INS.iter().any(|p| name.starts_with(p)))
+        (name.starts_with(b"pg_") && !is_scheduled_name(name))
             || MONITORING_BUILT_INS.contains(&name)
+    }
+}
+
+/// Whether a built-in function of name `name` is one of [`SCHEDULED_BUILT_INS`], or a
+/// type's input function (`record_in`, `domain_in`, `array_in`, …, and their binary
+/// `_recv` forms): called by name, these read a value into any type, a domain's check
+/// included.
+fn is_scheduled_name(name: &[u8]) -> bool {
+    SCHEDULED_BUILT_INS.iter().any(|p| name.starts_with(p))
+        || name.ends_with(b"_in")
+        || name.ends_with(b"_recv")
+}
+
+/// Whether no expression anywhere in `stmt`'s plan calls a built-in function of
+/// [`SCHEDULED_BUILT_INS`] (as a function, an operator's, an aggregate's or a cast's),
+/// nor checks a user-defined domain (whose CHECK may call any function; the plan's
+/// dependencies name the domain, not the function) or reads a value into a user-defined
+/// type through its input function (a row type with a domain column checks it). The
+/// user-defined functions a plan calls are in its dependencies
+/// ([`calls_no_function_but`]); built-in ones are not, so the plan's expressions are
+/// walked, node by node: a plan node whose expressions this does not know (one a later
+/// release adds, a foreign or another extension's custom scan) answers false.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt; inside a guarded function (catalog lookups).
+pub unsafe fn calls_no_scheduled_built_in(stmt: *const pg_sys::PlannedStmt) -> bool {
+    let mut clean = true;
+    // SAFETY: the caller's promise.
+    unsafe {
+        for_each_plan(stmt.cast_mut(), &mut |plan| {
+            clean = clean && plan_is_clean(*plan);
+        });
+    }
+    clean
+}
+
+/// [`calls_no_scheduled_built_in`] of one plan node's own expressions and initPlans
+/// (their arguments; their plans are the statement's subplans), and of the bitmap scans
+/// under a BitmapAnd or BitmapOr, which `for_each_plan` does not visit.
+///
+/// # Safety
+/// `plan` is null or a valid Plan node of a finished plan; inside a guarded function.
+unsafe fn plan_is_clean(plan: *const pg_sys::Plan) -> bool {
+    use pg_sys::NodeTag::*;
+    if plan.is_null() {
+        return true;
+    }
+    let mut clean = true;
+    // SAFETY: the caller's promise; a BitmapAnd's or BitmapOr's bitmapplans are Plans,
+    // a Plan's initPlan a List of SubPlans.
+    unsafe {
+        let known = for_each_expression(plan, &mut |e| clean = clean && expr_is_clean(e));
+        let bitmaps = match (*plan).type_ {
+            T_BitmapAnd => (*plan.cast::<pg_sys::BitmapAnd>()).bitmapplans,
+            T_BitmapOr => (*plan.cast::<pg_sys::BitmapOr>()).bitmapplans,
+            _ => std::ptr::null_mut(),
+        };
+        known
+            && clean
+            && expr_is_clean((*plan).initPlan.cast())
+            && list_ptrs::<pg_sys::Plan>(bitmaps).all(|p| plan_is_clean(p))
+            // Partition pruning's expressions are not looked at: a monitoring query
+            // reads no partitioned table.
+            && !(matches!((*plan).type_, T_Append | T_MergeAppend) && prunes(plan))
+    }
+}
+
+/// Whether the Append or MergeAppend `plan` prunes partitions as it runs.
+///
+/// # Safety
+/// `plan` is a valid Append or MergeAppend node.
+unsafe fn prunes(plan: *const pg_sys::Plan) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        #[cfg(feature = "pg18")]
+        let index = match (*plan).type_ {
+            pg_sys::NodeTag::T_Append => (*plan.cast::<pg_sys::Append>()).part_prune_index,
+            _ => (*plan.cast::<pg_sys::MergeAppend>()).part_prune_index,
+        };
+        #[cfg(feature = "pg18")]
+        return index >= 0;
+        #[cfg(not(feature = "pg18"))]
+        let info = match (*plan).type_ {
+            pg_sys::NodeTag::T_Append => (*plan.cast::<pg_sys::Append>()).part_prune_info,
+            _ => (*plan.cast::<pg_sys::MergeAppend>()).part_prune_info,
+        };
+        #[cfg(not(feature = "pg18"))]
+        return !info.is_null();
+    }
+}
+
+/// Whether the expression `node` (or List of them) holds none of what
+/// [`calls_no_scheduled_built_in`] looks for.
+///
+/// # Safety
+/// `node` is null or a valid expression node (or List) of a finished plan; inside a
+/// guarded function.
+unsafe fn expr_is_clean(node: *mut pg_sys::Node) -> bool {
+    // SAFETY: the caller's promise.
+    !unsafe { finds_scheduled_work(node, std::ptr::null_mut()) }
+}
+
+/// expression_tree_walker's callback: whether `node` or a node under it calls a function
+/// of [`SCHEDULED_BUILT_INS`], or makes a value of a user-defined type (a cast to a
+/// domain checks it; a row or a constant of a user type given to a built-in such as
+/// `jsonb_populate_record` has its domain columns checked): a query over the catalogs
+/// has no other way to one. expression_tree_walker walks a SubPlan's arguments, not its
+/// plan (that is one of the statement's subplans, walked on its own). Called from C: an
+/// ERROR in the guarded calls (a catalog lookup) unwinds through it as a Rust panic, as
+/// through the plan walks of `memory.rs`.
+unsafe extern "C-unwind" fn finds_scheduled_work(
+    node: *mut pg_sys::Node,
+    context: *mut std::ffi::c_void,
+) -> bool {
+    use pg_sys::NodeTag::*;
+    if node.is_null() {
+        return false;
+    }
+    let user_type = |t: pg_sys::Oid| u32::from(t) >= pg_sys::FirstNormalObjectId;
+    // SAFETY: expression_tree_walker passes nodes of the tree; a node's tag tells its
+    // type; check_functions_in_node calls back with the OIDs of the functions the node
+    // itself calls.
+    unsafe {
+        let found = match (*node).type_ {
+            T_CoerceToDomain => user_type((*node.cast::<pg_sys::CoerceToDomain>()).resulttype),
+            T_CoerceViaIO => user_type((*node.cast::<pg_sys::CoerceViaIO>()).resulttype),
+            T_ArrayCoerceExpr => user_type((*node.cast::<pg_sys::ArrayCoerceExpr>()).resulttype),
+            T_RelabelType => user_type((*node.cast::<pg_sys::RelabelType>()).resulttype),
+            T_Const => user_type((*node.cast::<pg_sys::Const>()).consttype),
+            T_RowExpr => user_type((*node.cast::<pg_sys::RowExpr>()).row_typeid),
+            T_FuncExpr => user_type((*node.cast::<pg_sys::FuncExpr>()).funcresulttype),
+            _ => false,
+        };
+        found
+            || pg_sys::check_functions_in_node(node, Some(is_scheduled_built_in), context)
+            || pg_sys::expression_tree_walker(node, Some(finds_scheduled_work), context)
+    }
+}
+
+/// check_functions_in_node's callback: whether `funcid` is a built-in function of
+/// [`SCHEDULED_BUILT_INS`] (or a type's input function). Called from C, as above.
+unsafe extern "C-unwind" fn is_scheduled_built_in(
+    funcid: pg_sys::Oid,
+    _context: *mut std::ffi::c_void,
+) -> bool {
+    if u32::from(funcid) >= pg_sys::FirstNormalObjectId {
+        return false;
+    }
+    // SAFETY: get_func_name returns NULL or a palloc'd NUL-terminated name.
+    unsafe {
+        let name = pg_sys::get_func_name(funcid);
+        !name.is_null() && is_scheduled_name(CStr::from_ptr(name).to_bytes())
     }
 }

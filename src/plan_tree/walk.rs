@@ -75,6 +75,127 @@ pub unsafe fn for_each_child<F: FnMut(*mut *mut pg_sys::Plan)>(plan: *mut pg_sys
     }
 }
 
+/// Calls `f` with each expression tree (an expression node or a List of them, never
+/// null) that plan node `plan` holds itself: its target list and filter, then the
+/// expression fields of its type (index conditions, join clauses, a Limit's counts, a
+/// Function Scan's calls, …); not its initPlans (SubPlans run once, by the leader) nor
+/// its children's. Returns false, having called `f` for its target list and filter
+/// only, for a node type not named here: one a later release adds, a foreign scan, a
+/// custom scan other than a Stride Gather; a caller that must see every expression then
+/// answers for the unknown.
+/// Partition pruning's expressions are left out (Append, Merge Append).
+///
+/// # Safety
+/// `plan` is a valid Plan node of a finished plan.
+pub unsafe fn for_each_expression(
+    plan: *const pg_sys::Plan,
+    f: &mut dyn FnMut(*mut pg_sys::Node),
+) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let own = own_expressions(plan);
+
+        let common = nodes(&[(*plan).targetlist, (*plan).qual]);
+        let known = own.is_some();
+        for e in common.into_iter().chain(own.into_iter().flatten()) {
+            if !e.is_null() {
+                f(e);
+            }
+        }
+        known
+    }
+}
+
+/// The expression trees of `plan`'s own type ([`for_each_expression`]), `None` for a
+/// type not named here.
+///
+/// # Safety
+/// As [`for_each_expression`].
+unsafe fn own_expressions(plan: *const pg_sys::Plan) -> Option<Vec<*mut pg_sys::Node>> {
+    use pg_sys::NodeTag::*;
+    // SAFETY: the caller's promise; a Plan's tag tells its type, whose fields named here
+    // are expression nodes or lists of them.
+    unsafe {
+        Some(match (*plan).type_ {
+            T_SeqScan
+            | T_SubqueryScan
+            | T_CteScan
+            | T_WorkTableScan
+            | T_NamedTuplestoreScan
+            | T_ProjectSet
+            | T_RecursiveUnion
+            | T_Material
+            | T_Sort
+            | T_IncrementalSort
+            | T_Group
+            | T_Agg
+            | T_Unique
+            | T_SetOp
+            | T_Gather
+            | T_GatherMerge
+            | T_Append
+            | T_MergeAppend
+            | T_BitmapAnd
+            | T_BitmapOr => vec![],
+            T_Result => vec![(*plan.cast::<pg_sys::Result>()).resconstantqual],
+            T_SampleScan => vec![(*plan.cast::<pg_sys::SampleScan>()).tablesample.cast()],
+            T_IndexScan => {
+                let scan = plan.cast::<pg_sys::IndexScan>();
+                nodes(&[
+                    (*scan).indexqual,
+                    (*scan).indexqualorig,
+                    (*scan).indexorderby,
+                    (*scan).indexorderbyorig,
+                ])
+            }
+            T_IndexOnlyScan => {
+                let scan = plan.cast::<pg_sys::IndexOnlyScan>();
+                nodes(&[(*scan).indexqual, (*scan).recheckqual, (*scan).indexorderby])
+            }
+            T_BitmapIndexScan => {
+                let scan = plan.cast::<pg_sys::BitmapIndexScan>();
+                nodes(&[(*scan).indexqual, (*scan).indexqualorig])
+            }
+            T_BitmapHeapScan => nodes(&[(*plan.cast::<pg_sys::BitmapHeapScan>()).bitmapqualorig]),
+            T_TidScan => nodes(&[(*plan.cast::<pg_sys::TidScan>()).tidquals]),
+            T_TidRangeScan => nodes(&[(*plan.cast::<pg_sys::TidRangeScan>()).tidrangequals]),
+            T_FunctionScan => nodes(&[(*plan.cast::<pg_sys::FunctionScan>()).functions]),
+            T_ValuesScan => nodes(&[(*plan.cast::<pg_sys::ValuesScan>()).values_lists]),
+            T_NestLoop => nodes(&[(*plan.cast::<pg_sys::Join>()).joinqual]),
+            T_MergeJoin => {
+                let join = plan.cast::<pg_sys::MergeJoin>();
+                nodes(&[(*join).join.joinqual, (*join).mergeclauses])
+            }
+            T_HashJoin => {
+                let join = plan.cast::<pg_sys::HashJoin>();
+                nodes(&[(*join).join.joinqual, (*join).hashclauses, (*join).hashkeys])
+            }
+            T_Hash => nodes(&[(*plan.cast::<pg_sys::Hash>()).hashkeys]),
+            T_Memoize => nodes(&[(*plan.cast::<pg_sys::Memoize>()).param_exprs]),
+            T_WindowAgg => {
+                let window = plan.cast::<pg_sys::WindowAgg>();
+                let mut own = vec![(*window).startOffset, (*window).endOffset];
+                own.extend(nodes(&[(*window).runCondition]));
+                own
+            }
+            T_Limit => {
+                let limit = plan.cast::<pg_sys::Limit>();
+                vec![(*limit).limitOffset, (*limit).limitCount]
+            }
+            T_CustomScan if stride_gather_inner(plan.cast_mut()).is_some() => {
+                let scan = plan.cast::<pg_sys::CustomScan>();
+                nodes(&[(*scan).custom_exprs, (*scan).custom_scan_tlist])
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// Lists as expression trees.
+fn nodes(lists: &[*mut pg_sys::List]) -> Vec<*mut pg_sys::Node> {
+    lists.iter().map(|&l| l.cast()).collect()
+}
+
 /// # Safety
 /// `list` is NIL or a valid List of Plan nodes (or NULLs).
 unsafe fn walk_list(list: *mut pg_sys::List, f: &mut dyn FnMut(*mut *mut pg_sys::Plan)) {

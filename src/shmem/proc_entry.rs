@@ -234,6 +234,18 @@ impl ProcEntry {
         self.pid.store(0, Ordering::Release);
     }
 
+    /// The statement counted in `registered` ends (or fails): a runaway-query rule's
+    /// cancel asked for it is void. The session's next work may run under the same count
+    /// (a cursor fetched again after it): it must neither raise that error nor get the
+    /// query cancel the scheduler worker sends a statement that did not raise it.
+    pub fn forget_rule_cancel_of_this_statement(&self) {
+        if self.inbox.rule_cancel_key.load(Ordering::Relaxed)
+            == self.registered.load(Ordering::Relaxed)
+        {
+            self.inbox.rule_cancel.store(0, Ordering::Release);
+        }
+    }
+
     /// The group slot a runaway-query rule asked to move this process's current
     /// statement to, while the move is not done. A move asked for a statement that ended
     /// unmoved (its parallel workers were members until its end) is no longer this

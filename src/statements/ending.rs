@@ -82,6 +82,7 @@ pub fn end_at_once(desc: *const pg_sys::QueryDesc) -> Ending {
         return Ending::Ended;
     };
     entry.running.fetch_sub(1, Ordering::AcqRel);
+    entry.forget_rule_cancel_of_this_statement();
     if admitted && admission::release(shared, entry) {
         Ending::EndedWithWaiters
     } else {
@@ -129,6 +130,7 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
         // waiter, so that the views never count one statement twice.
         if let Some(entry) = entry {
             entry.running.fetch_sub(1, Ordering::AcqRel);
+            entry.forget_rule_cancel_of_this_statement();
         }
         if r.stage == Stage::Joined {
             cpu::end_statement(shared, Some(r.desc), failed);

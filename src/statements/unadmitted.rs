@@ -16,14 +16,28 @@ use pgrx::pg_sys;
 use std::cell::Cell;
 
 /// The last statement that arrived too small to admit ([`runs_unadmitted`]), while it
-/// may still run: its QueryDesc, and the wall time its ExecutorRuns took so far, ns, to
-/// learn a plan that was estimated too small. Not registered: nothing of it is shared,
-/// and nothing needs giving back if it fails. One at a time: the next statement that
-/// arrives replaces it (a tiny cursor left open is no longer timed), and an abort
-/// forgets it; the pointer is only compared, never followed, until the executor ends
-/// the statement it names.
-static UNADMITTED: BackendLocal<Cell<Option<(*const pg_sys::QueryDesc, u64)>>> =
-    BackendLocal::new(Cell::new(None));
+/// may still run. Not registered: nothing of it is shared, and nothing needs giving back
+/// if it fails. One at a time: the next statement that arrives replaces it (a tiny
+/// cursor left open is no longer timed), and an abort forgets it, once it learned what
+/// a long run cut short teaches ([`unadmitted_aborted`]).
+static UNADMITTED: BackendLocal<Cell<Option<Unadmitted>>> = BackendLocal::new(Cell::new(None));
+
+#[derive(Clone, Copy)]
+struct Unadmitted {
+    /// Its QueryDesc: only compared, never followed, until the executor ends the
+    /// statement it names.
+    desc: *const pg_sys::QueryDesc,
+    /// The wall time its ExecutorRuns took so far, ns, to learn a plan that was
+    /// estimated too small, and when the one running began (0: none runs).
+    ran_ns: u64,
+    run_began_ns: u64,
+    /// What an abort needs to learn a long run, when the plan may be freed already: its
+    /// relation key, text, cost, and whether it is a SELECT.
+    relation: u32,
+    text: pg::StatementText,
+    cost: f64,
+    select: bool,
+}
 
 /// The blocks this backend had touched (`pg::blocks_touched`) when the statement of
 /// [`UNADMITTED`] arrived: what it touched by its end is read only if it ran long.
@@ -95,27 +109,46 @@ pub(super) unsafe fn too_small_to_admit(
 /// `desc`, arriving, was found too small to admit once its fingerprint was looked at
 /// (`arrive`): it runs unadmitted, as if [`runs_unadmitted`] had said so.
 pub(super) fn runs_after_all(desc: *const pg_sys::QueryDesc) {
-    UNADMITTED.set(Some((desc, 0)));
+    // SAFETY: `desc` is the statement the executor is about to start, with its plan.
+    let (stmt, text) = unsafe { ((*desc).plannedstmt, pg::StatementText::of(desc)) };
+    // SAFETY: as above; a finished plan has its plan tree.
+    let (relation, cost, select) = unsafe {
+        (
+            pg::statement_relation(stmt),
+            (*(*stmt).planTree).total_cost,
+            (*stmt).commandType == pg_sys::CmdType::CMD_SELECT,
+        )
+    };
+    UNADMITTED.set(Some(Unadmitted {
+        desc,
+        ran_ns: 0,
+        run_began_ns: 0,
+        relation,
+        text,
+        cost,
+        select,
+    }));
     BLOCKS_AT_ARRIVAL.set(pg::blocks_touched());
 }
 
 /// An ExecutorRun of `desc` begins: returns when, if `desc` runs unadmitted (its runs
 /// are timed). Cannot panic: the executor hooks call it outside pgrx's error boundary.
 pub fn unadmitted_run_begins(desc: *const pg_sys::QueryDesc) -> Option<u64> {
-    match UNADMITTED.get() {
-        Some((unadmitted, _)) if unadmitted == desc => Some(os::monotonic_ns()),
-        _ => None,
-    }
+    let mut u = UNADMITTED.get().filter(|u| u.desc == desc)?;
+    u.run_began_ns = os::monotonic_ns();
+    UNADMITTED.set(Some(u));
+    Some(u.run_began_ns)
 }
 
 /// The ExecutorRun of `desc`, which runs unadmitted, that began at `started` ended: adds
-/// its time. Cannot panic, as above. A run that ends with an ERROR is not counted.
+/// its time. Cannot panic, as above. A run that ends with an ERROR ends in
+/// [`unadmitted_aborted`] instead.
 pub fn unadmitted_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
-    if let Some((unadmitted, ran)) = UNADMITTED.get() {
-        if unadmitted == desc {
-            let took = os::monotonic_ns().saturating_sub(started);
-            UNADMITTED.set(Some((desc, ran.saturating_add(took))));
-        }
+    if let Some(mut u) = UNADMITTED.get().filter(|u| u.desc == desc) {
+        let took = os::monotonic_ns().saturating_sub(started);
+        u.ran_ns = u.ran_ns.saturating_add(took);
+        u.run_began_ns = 0;
+        UNADMITTED.set(Some(u));
     }
 }
 
@@ -124,20 +157,19 @@ pub fn unadmitted_run_ended(desc: *const pg_sys::QueryDesc, started: u64) {
 /// its fingerprint should be learned ([`learn_long_run`]); `None` for another statement.
 /// Cannot panic: the ExecutorEnd hook asks it outside pgrx's error boundary.
 pub fn unadmitted_ended(desc: *const pg_sys::QueryDesc) -> Option<bool> {
-    match UNADMITTED.get() {
-        Some((unadmitted, ran)) if unadmitted == desc => {
-            UNADMITTED.set(None);
-            Some(
-                cpu::counts_as_long(ran) && {
-                    let blocks = pg::blocks_touched().wrapping_sub(BLOCKS_AT_ARRIVAL.get());
-                    // SAFETY: the executor's QueryDesc at ExecutorEnd, its state not
-                    // freed yet.
-                    unsafe { did_more_than_planned(desc, ran, blocks) }
-                },
-            )
-        }
-        _ => None,
-    }
+    let u = UNADMITTED.get().filter(|u| u.desc == desc)?;
+    UNADMITTED.set(None);
+    Some(
+        cpu::counts_as_long(u.ran_ns) && {
+            // SAFETY: the executor's QueryDesc at ExecutorEnd, its state not freed yet.
+            unsafe { did_more_than_planned(desc, u.ran_ns, blocks_since_arrival()) }
+        },
+    )
+}
+
+/// The blocks this backend touched since the statement of [`UNADMITTED`] arrived.
+fn blocks_since_arrival() -> i64 {
+    pg::blocks_touched().wrapping_sub(BLOCKS_AT_ARRIVAL.get())
 }
 
 /// How many times what its plan expected a statement must have done for its long runs
@@ -198,11 +230,11 @@ unsafe fn did_more_than_planned(desc: *const pg_sys::QueryDesc, ran_ns: u64, blo
         if estate.is_null() || plan.is_null() {
             return true;
         }
-        let planned_blocks = MISESTIMATED * (*plan).total_cost + UNCOSTED_BLOCKS;
-        let blocks = blocks as f64;
         if (*stmt).commandType == pg_sys::CmdType::CMD_SELECT {
-            return blocks > planned_blocks || cpu::counts_as_far_too_long(ran_ns);
+            return read_did_more_than_planned((*plan).total_cost, ran_ns, blocks);
         }
+        let planned_blocks = planned_blocks((*plan).total_cost);
+        let blocks = blocks as f64;
         let sub = (*plan).lefttree;
         let expected = if sub.is_null() {
             1.0
@@ -229,6 +261,16 @@ unsafe fn did_more_than_planned(desc: *const pg_sys::QueryDesc, ran_ns: u64, blo
     }
 }
 
+/// The blocks a plan of `cost` may touch and still have done what it said.
+fn planned_blocks(cost: f64) -> f64 {
+    MISESTIMATED * cost + UNCOSTED_BLOCKS
+}
+
+/// [`did_more_than_planned`] for a read of plan cost `cost`.
+fn read_did_more_than_planned(cost: f64, ran_ns: u64, blocks: i64) -> bool {
+    blocks as f64 > planned_blocks(cost) || cpu::counts_as_far_too_long(ran_ns)
+}
+
 /// `desc`, a statement called tiny (one that ran unadmitted, or a registered tiny one
 /// ending), ran long: its fingerprint counts one long run.
 pub fn learn_long_run(desc: *const pg_sys::QueryDesc) {
@@ -242,7 +284,42 @@ pub fn learn_long_run(desc: *const pg_sys::QueryDesc) {
 }
 
 /// The transaction or a subtransaction aborted: a statement that ran unadmitted and
-/// failed is forgotten (its QueryDesc is gone, and no ExecutorEnd will name it).
+/// failed is forgotten (its QueryDesc is gone, and no ExecutorEnd will name it), once
+/// its runs, the one the ERROR cut short included, are learned as ExecutorEnd would
+/// learn them: a client whose `statement_timeout` or cancel always ends a misestimated
+/// read would otherwise run it unadmitted for ever. A write is judged by its blocks
+/// alone: the rows it wrote are in its executor state, freed by now, and its wall time
+/// may be a wait for a row lock. Cannot panic: the transaction callbacks call it outside
+/// pgrx's error boundary.
 pub fn unadmitted_aborted() {
-    UNADMITTED.set(None);
+    let Some(u) = UNADMITTED.replace(None) else {
+        return;
+    };
+    // Only an ERROR that cut a run short: an abort of other work while the statement
+    // waits (a suspended portal beside a failing savepoint) says nothing of it, and its
+    // blocks since arrival are not its own.
+    if u.run_began_ns == 0 {
+        return;
+    }
+    let ran = u
+        .ran_ns
+        .saturating_add(os::monotonic_ns().saturating_sub(u.run_began_ns));
+    if !cpu::counts_as_long(ran) {
+        return;
+    }
+    let blocks = blocks_since_arrival();
+    let more = if u.select {
+        read_did_more_than_planned(u.cost, ran, blocks)
+    } else {
+        blocks as f64 > planned_blocks(u.cost)
+    };
+    if more {
+        // SAFETY: the query string outlives the abort callbacks: a simple query's is in
+        // MessageContext, reset once the error is handled; a protocol-level one's is the
+        // portal's copy, freed when the portal is dropped at the transaction's (or
+        // subtransaction's) cleanup, after them. A statement whose portal was dropped
+        // before is no longer here (its ExecutorEnd, or the next arrival, took it).
+        let fingerprint = unsafe { u.text.fingerprint() };
+        cpu::ran_long(u.relation, fingerprint);
+    }
 }

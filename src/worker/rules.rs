@@ -68,7 +68,11 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             && entry.queued.load(Ordering::Acquire) == 0
             && admitted_at != 0;
         let Some((name, rules, dry_run)) = groups.get(&group).filter(|_| running) else {
-            seen.remove(&procno);
+            // A statement queued to take its lent admission back (`admission::take_back`)
+            // is the same statement once it runs again: what fired for it stays fired.
+            if !shared.is_live(procno) || seen.get(&procno).is_some_and(|s| s.key != key) {
+                seen.remove(&procno);
+            }
             continue;
         };
         let fresh = Seen {
@@ -164,7 +168,12 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             }
         }
         if let Some(asked) = s.cancel_asked {
-            if !s.signalled && asked.elapsed() >= CANCEL_GRACE {
+            // Only while the process has not raised the rule's error yet (it clears the
+            // request as it does): the session's next statement, run beside a cursor that
+            // keeps `key` registered, must not get the cancel meant for this one.
+            let pending = entry.inbox.rule_cancel.load(Ordering::Acquire) != 0
+                && entry.inbox.rule_cancel_key.load(Ordering::Relaxed) == key;
+            if !s.signalled && pending && asked.elapsed() >= CANCEL_GRACE {
                 pg::cancel_backend(pid);
                 s.signalled = true;
             }
@@ -203,15 +212,34 @@ fn add_workers_to_leaders(shared: &shmem::Shared, temp: &mut HashMap<i32, u64>) 
     }
 }
 
-/// Bytes of temporary files per pid, from the default tablespace's `pgsql_tmp`: files
-/// named `pgsql_tmp<pid>.<n>`, and the shared file sets of parallel queries,
-/// directories `pgsql_tmp<pid>.<n>.fileset` named by the leader. Files in other
-/// `temp_tablespaces` are not counted.
+/// Bytes of temporary files per pid, from the `pgsql_tmp` directory of every tablespace:
+/// the default one's (`base/pgsql_tmp`), and each other's
+/// (`pg_tblspc/<oid>/<version>/pgsql_tmp`), where `temp_tablespaces`, or a database's
+/// own default tablespace when it is empty, put them. Files named `pgsql_tmp<pid>.<n>`,
+/// and the shared file sets of parallel queries, directories `pgsql_tmp<pid>.<n>.fileset`
+/// named by the leader.
 fn temp_bytes_by_pid() -> HashMap<i32, u64> {
     let mut by_pid = HashMap::new();
     // The worker runs in the data directory.
-    let Ok(dir) = std::fs::read_dir("base/pgsql_tmp") else {
-        return by_pid;
+    let mut dirs = vec![std::path::PathBuf::from("base/pgsql_tmp")];
+    if let Ok(spaces) = std::fs::read_dir("pg_tblspc") {
+        for space in spaces.flatten() {
+            let Ok(versions) = std::fs::read_dir(space.path()) else {
+                continue;
+            };
+            dirs.extend(versions.flatten().map(|v| v.path().join("pgsql_tmp")));
+        }
+    }
+    for dir in dirs {
+        add_temp_bytes(&dir, &mut by_pid);
+    }
+    by_pid
+}
+
+/// Adds the bytes of the temporary files in `dir` (a `pgsql_tmp`) to `by_pid`.
+fn add_temp_bytes(dir: &std::path::Path, by_pid: &mut HashMap<i32, u64>) {
+    let Ok(dir) = std::fs::read_dir(dir) else {
+        return;
     };
     for entry in dir.flatten() {
         let name = entry.file_name();
@@ -239,5 +267,4 @@ fn temp_bytes_by_pid() -> HashMap<i32, u64> {
         };
         *by_pid.entry(pid).or_insert(0) += bytes;
     }
-    by_pid
 }
