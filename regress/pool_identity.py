@@ -340,17 +340,18 @@ def database_commands_of_the_owner_are_not_blocked_by_the_pool(s):
           + ", ".join(f"{t:.2f} s" for t in timings))
 
 
-def slow_pooled_query(s, database, user):
-    """Starts, as `user` in `database`, a pooled query of about 15 s (2000 rows of t,
-    15 ms each, read by two pool workers); returns its psql once its workers are busy.
+def slow_pooled_query(s, database, user, table="t"):
+    """Starts, as `user` in `database`, a pooled query of about 15 s (2000 rows of
+    `table`, 15 ms each, read by two pool workers); returns its psql once its workers
+    are busy.
     A run that got no pool worker within 5 s (the concurrency hint granted none, or
     the workers were still being replaced for this role) is cancelled and started
     again, up to five times."""
-    sql = "SELECT count(*) FROM (SELECT pg_sleep(0.015) FROM t) x"
+    sql = f"SELECT count(*) FROM (SELECT pg_sleep(0.015) FROM {table}) x"
     busy = ("SELECT count(*) > 0 FROM pg_stride.pool "
             f"WHERE datname = '{database}' AND state = 'busy'")
     for _ in range(5):
-        warm_pool(s, database, user=user, table="t")
+        warm_pool(s, database, user=user, table=table)
         args = s.psql_args(FORCE.replace("\\set VERBOSITY verbose\n", "") + sql, user=user)
         args[args.index("-d") + 1] = database
         slow = subprocess.Popen(args, env=concurrency.ENV, text=True,
@@ -366,6 +367,37 @@ def slow_pooled_query(s, database, user):
         concurrency.finish(slow, timeout=60)
     raise AssertionError(f"no run of {user}'s query in {database} got a pool worker: "
                          + s.sql("SELECT * FROM pg_stride.pool"))
+
+
+@check
+def her_fragments_show_as_hers_in_pg_stat_activity(s):
+    """While alice's pooled query runs, the pool workers running it show alice as their
+    user in pg_stat_activity, and she reads their query, as PostgreSQL's parallel
+    workers of her statement show; dave, another ordinary role, sees them as hers
+    without their query; once they are idle, they show their own user again. Catches: a pool worker left showing the
+    bootstrap superuser it connected as, for which alice read '<insufficient
+    privilege>' for her own statement's workers."""
+    busy = ("SELECT coalesce(string_agg(usename || ' ' || (query LIKE '%pg_sleep(0.015)%'), "
+            "',' ORDER BY pid), '') FROM pg_stat_activity "
+            f"WHERE backend_type = 'pg_stride pool' AND usename = '{ALICE}'")
+    # Dave sees her rows' user only: the backend type is hidden from him too.
+    hidden = ("SELECT count(*) FROM pg_stat_activity "
+              f"WHERE usename = '{ALICE}' AND query = '<insufficient privilege>'")
+    slow = slow_pooled_query(s, "postgres", ALICE, "alice.t")
+    try:
+        seen = {ALICE: s.sql(busy, user=ALICE), DAVE: s.sql(hidden, user=DAVE)}
+    finally:
+        s.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+              "WHERE query LIKE '%pg_sleep(0.015)%' AND backend_type = 'client backend' "
+              "AND pid <> pg_backend_pid()")
+        concurrency.finish(slow, timeout=60)
+    print(f"    pool workers shown as alice's, to alice: {seen[ALICE]!r}; alice's processes "
+          f"whose query dave may not read: {seen[DAVE]}")
+    assert seen == {ALICE: f"{ALICE} true,{ALICE} true", DAVE: "3"}, seen
+    s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE datname = 'postgres' AND state = 'busy'", "0")
+    idle = s.sql("SELECT string_agg(DISTINCT coalesce(usename, '-'), ',') FROM pg_stat_activity "
+                 "WHERE backend_type = 'pg_stride pool'")
+    assert ALICE not in idle, idle
 
 
 @check

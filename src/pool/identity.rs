@@ -14,7 +14,8 @@
 //! 3. from 16 on, the client connection's authenticated identity, which `system_user`
 //!    shows.
 //!
-//! [`restore_own`] undoes all three. PostgreSQL's `SetAuthenticatedUserId` and
+//! It also shows the leader's session user as its own in `pg_stat_activity`, as a
+//! parallel worker does. [`restore_own`] undoes all of it. PostgreSQL's `SetAuthenticatedUserId` and
 //! `InitializeSystemUser` assert that they run once per process; a server built with
 //! assertions therefore gets no pool (the leader falls back, `leader.rs`).
 //!
@@ -35,7 +36,7 @@
 use super::ffi::*;
 use pgrx::pg_sys;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 /// The worker's own identity, taken once at its start.
 #[derive(Clone, Copy)]
@@ -45,6 +46,8 @@ pub(super) struct Own {
     /// `MyProc->roleId`: what `SetAuthenticatedUserId` overwrites (InvalidOid for a
     /// background worker connected without a role).
     proc_role: pg_sys::Oid,
+    /// The user `pg_stat_activity` shows for it ([`show_as`]).
+    shown_user: pg_sys::Oid,
 }
 
 /// The identity the worker has now; call once, after connecting.
@@ -56,13 +59,45 @@ pub(super) unsafe fn own() -> Own {
         user: pg_sys::InvalidOid,
         sec_context: 0,
         proc_role: pg_sys::InvalidOid,
+        shown_user: pg_sys::InvalidOid,
     };
-    // SAFETY: the caller's promise; process-local globals.
+    // SAFETY: the caller's promise; process-local globals, and this process's own
+    // status entry, when it has one.
     unsafe {
         GetUserIdAndSecContext(&raw mut own.user, &raw mut own.sec_context);
         own.proc_role = (*pg_sys::MyProc).roleId;
+        if let Some(entry) = pg_sys::MyBEEntry.as_ref() {
+            own.shown_user = entry.st_userid;
+        }
     }
     own
+}
+
+/// Shows `user` as this process's user in `pg_stat_activity` (`st_userid`, which
+/// PostgreSQL sets once, when a backend connects; a parallel worker connects as its
+/// leader's session user, and so shows it, to whom PostgreSQL then shows its query as
+/// it shows the leader's). Written under the status entry's change count, as
+/// pgstat_report_activity writes (PGSTAT_BEGIN_WRITE_ACTIVITY, a macro): a reader copies
+/// the entry again while the count is odd or has changed.
+///
+/// # Safety
+/// In a pool worker, holding no spinlock.
+unsafe fn show_as(user: pg_sys::Oid) {
+    // SAFETY: the caller's promise; this process's own entry, which only it writes.
+    unsafe {
+        let entry = pg_sys::MyBEEntry;
+        if entry.is_null() {
+            return;
+        }
+        pg_sys::CritSectionCount += 1;
+        let count = &raw mut (*entry).st_changecount;
+        count.write_volatile(count.read_volatile().wrapping_add(1));
+        fence(Ordering::Release);
+        (&raw mut (*entry).st_userid).write_volatile(user);
+        fence(Ordering::Release);
+        count.write_volatile(count.read_volatile().wrapping_add(1));
+        pg_sys::CritSectionCount -= 1;
+    }
 }
 
 /// Takes the leader's authenticated, session and outer user (steps 1 and 2).
@@ -81,6 +116,7 @@ pub(super) unsafe fn adopt_users(fps: *const FixedParallelState) {
         SetAuthenticatedUserId((*fps).authenticated_user_id);
         SetSessionAuthorization((*fps).session_user_id, (*fps).session_user_is_superuser);
         SetCurrentRoleId((*fps).outer_user_id, (*fps).role_is_superuser);
+        show_as((*fps).session_user_id);
     }
 }
 
@@ -206,5 +242,6 @@ pub(super) unsafe fn restore_own(own: &Own) {
         SetSessionAuthorization(bootstrap, true);
         SetCurrentRoleId(pg_sys::InvalidOid, false);
         SetUserIdAndSecContext(own.user, own.sec_context);
+        show_as(own.shown_user);
     }
 }
