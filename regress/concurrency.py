@@ -819,6 +819,9 @@ def monitoring_queries_are_never_queued(s):
                               ("SELECT count(*) > 0 FROM information_schema.tables", "t"),
                               ("SELECT count(format_type(atttypid, atttypmod)) > 0 FROM pg_attribute "
                                "WHERE attrelid = 'pg_class'::regclass", "t"),
+                              # A cast through text (numeric's input function).
+                              ("SELECT sum(setting::numeric) > 0 FROM pg_settings "
+                               "WHERE vartype = 'integer'", "t"),
                               ("SELECT pg_is_in_recovery()", "f")]:
             started = time.monotonic()
             assert session.run(sql, timeout=5) == [expected], sql

@@ -89,23 +89,15 @@ impl History {
     /// value, `mean += w·δ` and `var = (1 − w)·(var + w·δ²)`, where `δ` is the new value
     /// minus the old mean. `w = 1/n` for the first [`WINDOW`] executions (the exact mean
     /// and population variance), `1/WINDOW` after. From the second execution on, the
-    /// value counts for at most [`OUTLIER`] times the mean; and the first, which nothing
-    /// capped, counts for at most [`OUTLIER`] times the second (a first run after a
-    /// restart that read everything from disk, a parameter that selected everything):
-    /// else it would hold the mean of a millisecond statement up for over a hundred
-    /// executions, each starting at the priority of a long one.
+    /// value counts for at most [`OUTLIER`] times the mean.
     pub fn add(&mut self, cpu_us: f64, now: u64) {
         let cpu_us = if cpu_us.is_finite() {
             cpu_us.max(0.0)
         } else {
             0.0
         };
-        let cap = |mean: f64| OUTLIER * mean.max(OUTLIER_FLOOR_US);
-        if self.executions == 1 && self.mean_us > cap(cpu_us) {
-            self.mean_us = cap(cpu_us);
-        }
         let counted = if self.executions > 0 {
-            cpu_us.min(cap(self.mean_us))
+            cpu_us.min(OUTLIER * self.mean_us.max(OUTLIER_FLOOR_US))
         } else {
             cpu_us
         };
@@ -661,26 +653,6 @@ mod tests {
             (tiny.mean_us - (2.0 + 10_000.0) / 2.0).abs() < 1e-6,
             "{tiny:?}"
         );
-    }
-
-    #[test]
-    fn a_first_execution_far_above_the_next_counts_for_sixteen_times_it() {
-        // a first run of a minute, then runs of a millisecond: the first counts as 16 ms
-        // (uncapped, the mean stayed above 16 ms for 183 executions)
-        let mut h = History::default();
-        h.add(60_000_000.0, 0);
-        h.add(1_000.0, 1);
-        assert!((h.mean_us - (16_000.0 + 1_000.0) / 2.0).abs() < 1e-6, "{h:?}");
-        assert_eq!(h.max_us, 60_000_000.0);
-        for t in 2..10 {
-            h.add(1_000.0, t);
-        }
-        assert!(h.mean_us < 3_000.0, "{h:?}");
-        // a second run that is the usual one's sixteenth or more leaves the first alone
-        let mut steady = History::default();
-        steady.add(32_000.0, 0);
-        steady.add(2_000.0, 1);
-        assert!((steady.mean_us - 17_000.0).abs() < 1e-6, "{steady:?}");
     }
 
     #[test]

@@ -227,15 +227,24 @@ pub unsafe fn is_monitoring_built_in(funcid: pg_sys::Oid) -> bool {
     }
 }
 
-/// Whether a built-in function of name `name` is one of [`SCHEDULED_BUILT_INS`], or a
-/// type's input function (`record_in`, `domain_in`, `array_in`, …, and their binary
-/// `_recv` forms): called by name, these read a value into any type, a domain's check
-/// included.
 fn is_scheduled_name(name: &[u8]) -> bool {
     SCHEDULED_BUILT_INS.iter().any(|p| name.starts_with(p))
-        || name.ends_with(b"_in")
-        || name.ends_with(b"_recv")
 }
+
+/// The input functions that read a value into a type their call names (by OID), a
+/// user-defined one too, its domains' checks included: called by name, as functions.
+/// (A cast runs the input function of its result type, a built-in one here, or the
+/// result type is a user's, refused as such.)
+const TYPE_INPUT_BUILT_INS: [u32; 8] = [
+    pg_sys::F_RECORD_IN,
+    pg_sys::F_RECORD_RECV,
+    pg_sys::F_DOMAIN_IN,
+    pg_sys::F_DOMAIN_RECV,
+    pg_sys::F_ARRAY_IN,
+    pg_sys::F_ARRAY_RECV,
+    pg_sys::F_RANGE_IN,
+    pg_sys::F_RANGE_RECV,
+];
 
 /// Whether no expression anywhere in `stmt`'s plan calls a built-in function of
 /// [`SCHEDULED_BUILT_INS`] (as a function, an operator's, an aggregate's or a cast's),
@@ -354,7 +363,11 @@ unsafe extern "C-unwind" fn finds_scheduled_work(
             T_RelabelType => user_type((*node.cast::<pg_sys::RelabelType>()).resulttype),
             T_Const => user_type((*node.cast::<pg_sys::Const>()).consttype),
             T_RowExpr => user_type((*node.cast::<pg_sys::RowExpr>()).row_typeid),
-            T_FuncExpr => user_type((*node.cast::<pg_sys::FuncExpr>()).funcresulttype),
+            T_FuncExpr => {
+                let f = node.cast::<pg_sys::FuncExpr>();
+                user_type((*f).funcresulttype)
+                    || TYPE_INPUT_BUILT_INS.contains(&(*f).funcid.to_u32())
+            }
             _ => false,
         };
         found
@@ -364,7 +377,7 @@ unsafe extern "C-unwind" fn finds_scheduled_work(
 }
 
 /// check_functions_in_node's callback: whether `funcid` is a built-in function of
-/// [`SCHEDULED_BUILT_INS`] (or a type's input function). Called from C, as above.
+/// [`SCHEDULED_BUILT_INS`]. Called from C, as above.
 unsafe extern "C-unwind" fn is_scheduled_built_in(
     funcid: pg_sys::Oid,
     _context: *mut std::ffi::c_void,

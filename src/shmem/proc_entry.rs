@@ -234,14 +234,12 @@ impl ProcEntry {
         self.pid.store(0, Ordering::Release);
     }
 
-    /// The statement counted in `registered` ends (or fails): a runaway-query rule's
-    /// cancel asked for it is void. The session's next work may run under the same count
-    /// (a cursor fetched again after it): it must neither raise that error nor get the
-    /// query cancel the scheduler worker sends a statement that did not raise it.
-    pub fn forget_rule_cancel_of_this_statement(&self) {
-        if self.inbox.rule_cancel_key.load(Ordering::Relaxed)
-            == self.registered.load(Ordering::Relaxed)
-        {
+    /// The statement counted `key` in `registered` ends (or fails): a runaway-query
+    /// rule's cancel asked for it is void. The session's next work may run under the same
+    /// count (a cursor fetched again after it): it must neither raise that error nor get
+    /// the query cancel the scheduler worker sends a statement that did not raise it.
+    pub fn forget_rule_cancel_of(&self, key: u32) {
+        if self.inbox.rule_cancel_key.load(Ordering::Relaxed) == key {
             self.inbox.rule_cancel.store(0, Ordering::Release);
         }
     }

@@ -41,6 +41,8 @@ enum Found {
     /// Alone in the list, holding nothing but its admission (if it took one): removed.
     Simple {
         admitted: bool,
+        /// Its count in `ProcEntry::registered`.
+        key: u32,
     },
     /// In the list, but it holds more, or has company.
     Other,
@@ -61,15 +63,15 @@ pub fn end_at_once(desc: *const pg_sys::QueryDesc) -> Ending {
             && !r.reserved_memory
             && r.workers.granted == 0 =>
         {
-            let admitted = r.admitted;
+            let (admitted, key) = (r.admitted, r.key);
             list.clear();
-            Found::Simple { admitted }
+            Found::Simple { admitted, key }
         }
         _ if list.iter().any(|r| r.desc == desc) => Found::Other,
         _ => Found::Absent,
     });
-    let admitted = match found {
-        Some(Found::Simple { admitted }) => admitted,
+    let (admitted, key) = match found {
+        Some(Found::Simple { admitted, key }) => (admitted, key),
         // Borrowed: the guarded path tells.
         None | Some(Found::Other) => return Ending::NeedsEnd,
         Some(Found::Absent) if pg::is_parallel_worker() && cpu::is_member() => {
@@ -82,7 +84,7 @@ pub fn end_at_once(desc: *const pg_sys::QueryDesc) -> Ending {
         return Ending::Ended;
     };
     entry.running.fetch_sub(1, Ordering::AcqRel);
-    entry.forget_rule_cancel_of_this_statement();
+    entry.forget_rule_cancel_of(key);
     if admitted && admission::release(shared, entry) {
         Ending::EndedWithWaiters
     } else {
@@ -130,7 +132,13 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
         // waiter, so that the views never count one statement twice.
         if let Some(entry) = entry {
             entry.running.fetch_sub(1, Ordering::AcqRel);
-            entry.forget_rule_cancel_of_this_statement();
+            // Unless a statement of its command goes on: a DO block's loop is judged
+            // with its body as one, and the rule's cancel is the loop's too.
+            let goes_on = r.command.is_some()
+                && REGISTERED.with_borrow(|list| list.iter().any(|o| o.command == r.command));
+            if !goes_on {
+                entry.forget_rule_cancel_of(r.key);
+            }
         }
         if r.stage == Stage::Joined {
             cpu::end_statement(shared, Some(r.desc), failed);

@@ -219,6 +219,8 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
     } else {
         shared.query_cpu_ns(entry)
     };
+    // The owner alone writes the count (docs/design.md §3): a store, not a locked add.
+    let key = entry.registered.load(Ordering::Relaxed).wrapping_add(1);
     REGISTERED.with_borrow_mut(|list| {
         list.push(Statement {
             desc,
@@ -233,6 +235,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
             by_history,
             ran_ns: 0,
             command,
+            key,
         })
     });
     if tiny {
@@ -253,11 +256,7 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         ENTRY_WRITTEN.set(true);
         entry.cpu_base_ns.store(base, Ordering::Relaxed);
     }
-    // The owner alone writes the count (docs/design.md §3): a store, not a locked add.
-    let count = entry.registered.load(Ordering::Relaxed);
-    entry
-        .registered
-        .store(count.wrapping_add(1), Ordering::Release);
+    entry.registered.store(key, Ordering::Release);
     // The statement's figures are written after its count: a reader who sees one of
     // them and then reads the count again (behind an acquire fence, `worker::rules`)
     // sees this count.

@@ -51,6 +51,8 @@ pub(super) struct Statement {
     /// The client's command that runs it, when that is a utility
     /// (`client_utility::command`); None for a statement the client sent itself.
     pub(super) command: Option<u64>,
+    /// The process's count of registered statements that names it (`ProcEntry::registered`).
+    pub(super) key: u32,
 }
 
 /// A statement whose fingerprint's history says its executions stay under half a slice
