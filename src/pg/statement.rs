@@ -1,7 +1,8 @@
 //! A statement's text, plan and what it did, as the executor hooks read them: its text
 //! (its group tag, its fingerprint), relation key, query identifier and cost, the memory
-//! context a saved plan lives in, and the blocks the backend touched. Plain reads that cannot raise an ERROR on the
-//! plans the executor runs: the hooks call them outside pgrx's error boundary.
+//! context a saved plan lives in, and the blocks the backend touched. Plain reads that
+//! cannot raise an ERROR on the plans the executor runs: the hooks call them outside
+//! pgrx's error boundary.
 
 use pgrx::pg_sys;
 

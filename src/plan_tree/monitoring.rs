@@ -227,6 +227,7 @@ pub unsafe fn is_monitoring_built_in(funcid: pg_sys::Oid) -> bool {
     }
 }
 
+/// Whether a built-in function named `name` is one of [`SCHEDULED_BUILT_INS`].
 fn is_scheduled_name(name: &[u8]) -> bool {
     SCHEDULED_BUILT_INS.iter().any(|p| name.starts_with(p))
 }

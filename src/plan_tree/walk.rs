@@ -79,11 +79,10 @@ pub unsafe fn for_each_child<F: FnMut(*mut *mut pg_sys::Plan)>(plan: *mut pg_sys
 /// null) that plan node `plan` holds itself: its target list and filter, then the
 /// expression fields of its type (index conditions, join clauses, a Limit's counts, a
 /// Function Scan's calls, …); not its initPlans (SubPlans run once, by the leader) nor
-/// its children's. Returns false, having called `f` for its target list and filter
-/// only, for a node type not named here: one a later release adds, a foreign scan, a
-/// custom scan other than a Stride Gather; a caller that must see every expression then
-/// answers for the unknown.
-/// Partition pruning's expressions are left out (Append, Merge Append).
+/// its children's, nor an Append's or Merge Append's partition pruning. Returns false,
+/// having called `f` for its target list and filter only, for a node type not named
+/// here: one a later release adds, a foreign scan, a custom scan other than a Stride
+/// Gather; a caller that must see every expression then answers for the unknown.
 ///
 /// # Safety
 /// `plan` is a valid Plan node of a finished plan.
@@ -94,7 +93,6 @@ pub unsafe fn for_each_expression(
     // SAFETY: the caller's promise.
     unsafe {
         let own = own_expressions(plan);
-
         let common = nodes(&[(*plan).targetlist, (*plan).qual]);
         let known = own.is_some();
         for e in common.into_iter().chain(own.into_iter().flatten()) {

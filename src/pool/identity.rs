@@ -15,9 +15,10 @@
 //!    shows.
 //!
 //! It also shows the leader's session user as its own in `pg_stat_activity`, as a
-//! parallel worker does. [`restore_own`] undoes all of it. PostgreSQL's `SetAuthenticatedUserId` and
-//! `InitializeSystemUser` assert that they run once per process; a server built with
-//! assertions therefore gets no pool (the leader falls back, `leader.rs`).
+//! parallel worker does. [`restore_own`] undoes all of it. PostgreSQL's
+//! `SetAuthenticatedUserId` and `InitializeSystemUser` assert that they run once per
+//! process; a server built with assertions therefore gets no pool (the leader falls
+//! back, `leader.rs`).
 //!
 //! `system_user` cannot be unset once set (PostgreSQL keeps it in a private static): a
 //! worker that served a leader with an authenticated identity is marked
