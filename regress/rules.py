@@ -8,7 +8,8 @@ through ALTER ROLE … SET, while other sessions run beside them.
 - the same rule with rules_dry_run: the statement finishes, the hit says dry_run; a
   statement that met a rule in a dry run is acted on once the dry run is turned off;
 - an `elapsed` rule that cancels a statement that reaches no yield point (pg_sleep):
-  after its grace period it is cancelled as pg_cancel_backend would; an `elapsed` rule
+  after its grace period it is cancelled as pg_cancel_backend would; a write, or a DO
+  block's loop of writes, each shorter than that grace, is cancelled at once; an `elapsed` rule
   times each statement of a multi-statement query string from its own start;
 - a `rows` rule that logs, and a `temp_bytes` rule that logs a sort that spills, in
   the statement's own process or only in its parallel workers, into the default
@@ -130,13 +131,16 @@ def a_rules_cancel_does_not_reach_the_sessions_next_statement(s):
     after a ROLLBACK TO: the cursor's MOVE that follows, longer than the worker's grace
     second and with yield points (a scan of rules_big), runs to its end. Twice: a
     cpu_time rule whose error the statement raises at its yield point, and an elapsed
-    rule on pg_sleep, which reaches none and ends on its statement_timeout before the
-    worker's query cancel. Catches: the worker sending its query cancel a second after
-    it asked though the statement had raised the rule's error, or had ended otherwise:
-    it cancelled the MOVE."""
+    rule on a scan that sleeps at its first row, which reaches no yield point and ends on
+    its statement_timeout before the worker's query cancel. Catches: the worker sending
+    its query cancel a second after it asked though the statement had raised the rule's
+    error, or had ended otherwise: it cancelled the MOVE."""
+    sleeps_first = ("SELECT count(*) FROM rules_big "
+                    "WHERE pg_sleep(CASE WHEN id = 1 THEN 3 ELSE 0 END) IS NOT NULL")
     cases = [("cpu_time > 100ms: cancel", LONG, "due to rule"),
              ("elapsed > 300ms: cancel",
-              "SET LOCAL statement_timeout = '700ms';\nSELECT pg_sleep(3)",
+              "SET LOCAL statement_timeout = '700ms';\n"
+              f"SET LOCAL synchronize_seqscans = off;\n{sleeps_first}",
               "due to statement timeout")]
     try:
         for rules, sql, error in cases:
@@ -322,9 +326,75 @@ def an_elapsed_rule_cancels_a_statement_that_reaches_no_yield_point(s):
     started = time.monotonic()
     rc, out, err = finish(s.client_as(APP, "SELECT pg_sleep(20)"), timeout=60)
     took = time.monotonic() - started
-    assert rc != 0 and "57014" not in out and "canceling statement" in err, (rc, out, err)
+    assert rc != 0 and 'canceling statement due to rule "elapsed > 500ms: cancel"' in err, (rc, out, err)
     assert took < 5, f"cancelled after {took:.1f} s"
     assert [x[:2] for x in hits(s, since)] == [["elapsed > 500ms: cancel", "cancel"]]
+    assert 'ERROR:  canceling statement due to rule "elapsed > 500ms: cancel"' in log_text(s)
+
+
+@check
+def a_query_cancel_no_rule_asked_for_keeps_postgresqls_message(s):
+    """A rule not met, and pg_cancel_backend: the cancel is the user's, and says so.
+    Catches: the rules' cancel message given to every query cancel."""
+    set_rules(s, "elapsed > 1min: cancel")
+    try:
+        sleeper = s.client_as(APP, "SELECT pg_sleep(20)")
+        s.wait_until(f"SELECT count(*) FROM pg_stat_activity WHERE usename = '{APP}' "
+                     "AND query = 'SELECT pg_sleep(20)' AND state = 'active'", "1")
+        time.sleep(0.3)
+        s.sql(f"SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE usename = '{APP}' "
+              "AND query = 'SELECT pg_sleep(20)'")
+        rc, out, err = finish(sleeper, timeout=60)
+        assert rc != 0 and "canceling statement due to user request" in err, (rc, out, err)
+    finally:
+        set_rules(s, "")
+
+
+def written_table(s):
+    """rules_w: one row the app may update, its v back at 0."""
+    s.sql("CREATE TABLE IF NOT EXISTS rules_w (id int PRIMARY KEY, v int); "
+          "INSERT INTO rules_w VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET v = 0")
+    s.sql(f"GRANT SELECT, UPDATE ON rules_w TO {APP}")
+
+
+def cancelled_write(s, sql, rules="elapsed > 200ms: cancel"):
+    """Runs `sql`, which writes rules_w, as the app under `rules`; checks that it was
+    cancelled by the rules' one hit, its writes undone, and returns its seconds."""
+    written_table(s)
+    set_rules(s, rules)
+    try:
+        since = now(s)
+        started = time.monotonic()
+        rc, out, err = finish(s.client_as(APP, sql), timeout=60)
+        took = time.monotonic() - started
+        print(f"       {took:.2f} s, {err.strip()}")
+        # Its query cancel names the rule, as the rule's own error at a yield point does.
+        assert rc != 0 and f'canceling statement due to rule "{rules}" of resource group "{GROUP}"' in err, \
+            (rc, out, err, took)
+        assert [x[:2] for x in hits(s, since)] == [[rules, "cancel"]], hits(s, since)
+        assert s.sql("SELECT v FROM rules_w") == "0"
+        return took
+    finally:
+        set_rules(s, "")
+
+
+@check
+def an_elapsed_rule_cancels_a_write_that_ends_within_the_grace_second(s):
+    """A write has no yield points: the rule's query cancel must not wait a second for
+    one. Catches: an UPDATE of 0.8 s that met a 200 ms rule ran to its end, committed,
+    with its hit recorded as a cancel."""
+    took = cancelled_write(s, "UPDATE rules_w SET v = v + 1 WHERE pg_sleep(0.8) IS NOT NULL")
+    assert took < 0.8, took
+
+
+@check
+def an_elapsed_rule_cancels_a_do_blocks_loop_of_short_writes(s):
+    """Each UPDATE of the loop meets the rule and ends before the grace second, and the
+    next one is a new statement. Catches: the loop ran its 8 UPDATEs to the end (about
+    4 s), one hit recorded for each, none cancelled."""
+    took = cancelled_write(s, "DO $$ BEGIN FOR i IN 1..8 LOOP UPDATE rules_w SET v = v + 1 "
+                              "WHERE pg_sleep(0.5) IS NOT NULL; END LOOP; END $$")
+    assert took < 1.5, took
 
 
 @check

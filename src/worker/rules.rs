@@ -2,8 +2,9 @@
 //! each sweep against the running statements of the groups that have rules. A rule
 //! fires once per statement: its hit is logged and recorded (`pg_stride.rule_hits`),
 //! and a `cancel` asks the statement's process to raise an error naming the rule at its
-//! next yield point. A statement that reaches none within [`CANCEL_GRACE`] (it waits on
-//! a lock, sleeps, or runs no scan) is cancelled as `pg_cancel_backend` would. A `move`
+//! next yield point. A statement whose yield points are not armed (it writes, or is too
+//! small to schedule) is cancelled as `pg_cancel_backend` would, at once, and so is one
+//! that reaches none within [`CANCEL_GRACE`] (it waits on a lock, or sleeps). A `move`
 //! asks the statement's process to move its query to the rule's group at its next
 //! check-in (`cpu::runaway`).
 
@@ -173,7 +174,12 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             // keeps `key` registered, must not get the cancel meant for this one.
             let pending = entry.inbox.rule_cancel.load(Ordering::Acquire) != 0
                 && entry.inbox.rule_cancel_key.load(Ordering::Relaxed) == key;
-            if !s.signalled && pending && asked.elapsed() >= CANCEL_GRACE {
+            // A statement whose yield points are not armed (a write, a statement too
+            // small to schedule, a DO block between its loop's fetches) would raise
+            // nothing before it ends: it is sent the query cancel at once, or its
+            // command's next statement (a loop's next UPDATE) would start afresh.
+            let checks_in = entry.checks_in.load(Ordering::Acquire) != 0;
+            if !s.signalled && pending && (!checks_in || asked.elapsed() >= CANCEL_GRACE) {
                 pg::cancel_backend(pid);
                 s.signalled = true;
             }
