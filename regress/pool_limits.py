@@ -18,7 +18,10 @@
 - a fragment that fails on its own lock_timeout and whose leader's cancel comes late
   (PG_STRIDE_TEST_FAULTS again): the next fragments of the worker are not cancelled;
 - a ticket taken while its leader, its LIMIT met, revokes it (the same faults): the
-  fragment stops at its detached tuple queue, uncancelled.
+  fragment stops at its detached tuple queue, uncancelled;
+- the owner's DROP DATABASE, which PostgreSQL refuses because a session is connected,
+  while that session's pooled statements reserve the idle workers the drop hook looked
+  at (a fault holds the hook until they do): every statement finishes.
 
 Prints one line per check, then "pool_limits: N passed, N failed".
 """
@@ -388,6 +391,51 @@ def ticket_taken_late():
         a_ticket_taken_as_its_limit_was_met_runs_to_its_detached_queue)
 
 
+def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
+    """The owner's DROP DATABASE of regress_db1 while a session there runs pooled
+    statements back to back: PostgreSQL refuses it after 5 s (55006, the session is
+    connected), once its drop hook has released the idle pool workers. The fault holds
+    the hook, after it saw a worker idle, until a statement of the session runs a
+    fragment there (at most a second). Catches: the hook terminating a worker it had seen idle, under the
+    fragment of the leader that reserved it since (that statement failed)."""
+    deadline = time.monotonic() + 30
+    while pool_workers(s, "regress_db1") < 2:
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        launched(s, "regress_db1", "SELECT count(*) FROM t")
+        time.sleep(0.2)
+    s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE datname = 'regress_db1' "
+                 "AND state <> 'idle'", "0")
+    loop = concurrency.Session(s, APP, db="regress_db1")
+    loop.run(FORCE + "SET parallel_leader_participation = off", lines=0)
+    before = counters(s)
+    args = s.psql_args("DROP DATABASE regress_db1", user="postgres")
+    dropper = subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    statements = 0
+    try:
+        while dropper.poll() is None or statements == 0:
+            rows = loop.run("SELECT count(*) FROM t; " * 9 + "SELECT count(*) FROM t",
+                            lines=10, timeout=60)
+            assert rows == ["100000"] * 10, rows
+            statements += 10
+    finally:
+        loop.close()
+    rc, out, err = concurrency.finish(dropper)
+    pooled = counters(s)["gathers_pooled"] - before["gathers_pooled"]
+    print(f"    {statements} statements finished beside the drop, {pooled} of them pooled; "
+          f"the drop: {err.strip()}")
+    assert rc != 0 and "is being accessed by other users" in err, (rc, out, err)
+    assert pooled > 0, pooled
+
+
+def refused_drop():
+    return one_check_on_its_server(
+        concurrency.PORT + 6, "pg_stride.pool_size = 2\n",
+        {"PG_STRIDE_TEST_FAULTS": "pool_release_race"},
+        "a_refused_drop_spares_the_workers_leaders_reserved_after_its_look",
+        a_refused_drop_spares_the_workers_leaders_reserved_after_its_look)
+
+
 def lowered_size_keeps_the_lowest_slots(s):
     # Pools in two databases (pg_stride.database's, started with the server, and
     # regress_db1's), at their shares of the server's cap; pool_size 4 -> 1 at a reload.
@@ -460,7 +508,7 @@ def main():
     passed = failed = 0
     for part in (caps_and_reach, unchecked_release, declined_ticket,
                  configured_dynamic_shared_memory, lowered_pool_size, late_cancel,
-                 ticket_taken_late):
+                 ticket_taken_late, refused_drop):
         try:
             p, f = part()
         except Exception as e:  # noqa: BLE001 - a server that did not start

@@ -249,23 +249,18 @@ pub fn release_database(database: pg_sys::Oid, forced: bool) {
     let Some(pool) = super::shared::shared() else {
         return;
     };
-    let may_end = |slot: &Slot| {
-        slot.database.load(Ordering::Acquire) == u32::from(database)
-            && match slot.load().1 {
-                State::Free => false,
-                State::Starting | State::Connecting | State::Idle | State::Retiring => true,
-                _ => forced && leader_may_be_ended(slot),
-            }
-    };
+    let ours = |slot: &&Slot| slot.database.load(Ordering::Acquire) == u32::from(database);
     let mut ended = Vec::new();
-    for slot in pool.slots.iter().filter(|slot| may_end(slot)) {
-        // Leaders reserve no slot that retires; one that a leader reserved since the
-        // look above ends all the same, as a worker that exits for any other reason.
-        slot.retire.store(true, Ordering::Release);
-        let pid = slot.pid.load(Ordering::Acquire);
-        if pid > 0 {
-            // SAFETY: SIGTERM to our own worker: it exits at its next interrupt check.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+    for slot in pool.slots.iter().filter(ours) {
+        let Some(end) = release(slot, forced) else {
+            continue;
+        };
+        if end {
+            let pid = slot.pid.load(Ordering::Acquire);
+            if pid > 0 {
+                // SAFETY: SIGTERM to our own worker: it exits at its next interrupt check.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
         }
         ended.push(slot);
     }
@@ -281,4 +276,48 @@ pub fn release_database(database: pg_sys::Oid, forced: bool) {
         },
         Some(Instant::now() + Duration::from_secs(5)),
     );
+}
+
+/// Makes the pool worker of `slot` leave for [`release_database`]: Some(true) if it is
+/// to be terminated now, Some(false) if it leaves by itself, None if it stays. An idle or
+/// connecting worker is taken to RETIRING with a compare-and-swap before it is signalled:
+/// leaders reserve idle slots only, so a worker that a leader reserved after a look at
+/// its state (and before a signal) is never terminated under that leader's fragment; it
+/// retires once it is idle again. One still starting retires at its first idle look.
+fn release(slot: &Slot, forced: bool) -> Option<bool> {
+    // A test build waits, after a look at an idle worker, until a leader reserved it
+    // and its fragment runs (at most a second).
+    if slot.load().1 == State::Idle && crate::pg::test_fault("pool_release_race") {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while slot.load().1 != State::Running && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    loop {
+        let (gen, state) = slot.load();
+        match state {
+            State::Free => return None,
+            State::Starting => {
+                slot.retire.store(true, Ordering::Release);
+                return Some(false);
+            }
+            State::Retiring => return Some(false),
+            State::Connecting | State::Idle => {
+                slot.retire.store(true, Ordering::Release);
+                if slot.cas((gen, state), (gen, State::Retiring)) {
+                    return Some(true);
+                }
+            }
+            _ if forced && leader_may_be_ended(slot) => {
+                slot.retire.store(true, Ordering::Release);
+                return Some(true);
+            }
+            _ => {
+                // A reserved or busy worker: its leader is a session of this database.
+                // If the drop goes through, that session was ended first and the worker
+                // retires when idle again; if not, the pool serves on.
+                return None;
+            }
+        }
+    }
 }

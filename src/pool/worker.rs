@@ -211,6 +211,12 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
 unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
     loop {
         let (gen, state) = slot.load();
+        if state == State::Retiring {
+            // Taken out of service by a DROP DATABASE (lifecycle::release_database),
+            // which also sends SIGTERM.
+            // SAFETY: exits the process; on_exit frees the slot.
+            unsafe { proc_exit(0) };
+        }
         if state == State::Posted {
             // Only the leader that posted the ticket may cancel it, and only once it runs
             // (before, it revokes it): what is pending now is stale.
