@@ -292,6 +292,29 @@ def declined_ticket():
         "a_ticket_a_worker_declines_is_done_by_the_leader", the_leader_does_a_declined_part)
 
 
+def batches_until_ended(s, settings, start, batch, timeout=120):
+    """Connects a session of the app to regress_db1 with `settings`, starts a process
+    with `start()`, and runs `SELECT count(*) FROM t` there, `batch` statements at a
+    time, until that process has ended, and one batch more: each must give t's rows.
+    Returns the process and how many statements ran."""
+    loop = concurrency.Session(s, APP, db="regress_db1")
+    loop.run(settings, lines=0)
+    proc = start()
+    statements, last = 0, False
+    deadline = time.monotonic() + timeout
+    try:
+        while not last:
+            assert time.monotonic() < deadline, f"{proc.args[-1]!r} never returned"
+            last = proc.poll() is not None
+            rows = loop.run("SELECT count(*) FROM t; " * (batch - 1) + "SELECT count(*) FROM t",
+                            lines=batch, timeout=timeout)
+            assert rows == ["100000"] * batch, rows
+            statements += batch
+    finally:
+        loop.close()
+    return proc, statements
+
+
 def a_late_cancel_spares_the_next_fragment(s):
     """A fragment fails on its own lock_timeout (its process signals itself), and its
     leader, aborting, cancels it before the worker is done with it, with a SIGINT that
@@ -323,20 +346,8 @@ def a_late_cancel_spares_the_next_fragment(s):
             # Statements through the pool worker, in batches, until the failed
             # statement's session has returned (its leader sent its cancel before it
             # did), then one batch more.
-            loop = concurrency.Session(s, APP, db="regress_db1")
-            loop.run(one, lines=0)
-            batches, last = 0, False
-            deadline = time.monotonic() + 120
-            try:
-                while not last:
-                    assert time.monotonic() < deadline, "the failing statement never returned"
-                    last = failing.poll() is not None
-                    rows = loop.run("SELECT count(*) FROM t; " * 49 + "SELECT count(*) FROM t",
-                                    lines=50, timeout=120)
-                    assert rows == ["100000"] * 50, rows
-                    batches += 1
-            finally:
-                loop.close()
+            _, statements = batches_until_ended(s, one, lambda: failing, 50)
+            batches = statements // 50
             rc, out, err = concurrency.finish(failing)
             assert rc != 0 and "lock timeout" in err, (rc, out, err)
             # A batch ran while the failed statement's leader was still in its abort.
@@ -405,21 +416,12 @@ def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
         time.sleep(0.2)
     s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE datname = 'regress_db1' "
                  "AND state <> 'idle'", "0")
-    loop = concurrency.Session(s, APP, db="regress_db1")
-    loop.run(FORCE + "SET parallel_leader_participation = off", lines=0)
     before = counters(s)
     args = s.psql_args("DROP DATABASE regress_db1", user="postgres")
-    dropper = subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
-    statements = 0
-    try:
-        while dropper.poll() is None or statements == 0:
-            rows = loop.run("SELECT count(*) FROM t; " * 9 + "SELECT count(*) FROM t",
-                            lines=10, timeout=60)
-            assert rows == ["100000"] * 10, rows
-            statements += 10
-    finally:
-        loop.close()
+    dropper, statements = batches_until_ended(
+        s, FORCE + "SET parallel_leader_participation = off",
+        lambda: subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE), 10)
     rc, out, err = concurrency.finish(dropper)
     pooled = counters(s)["gathers_pooled"] - before["gathers_pooled"]
     print(f"    {statements} statements finished beside the drop, {pooled} of them pooled; "
