@@ -428,6 +428,9 @@ def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
           f"the drop: {err.strip()}")
     assert rc != 0 and "is being accessed by other users" in err, (rc, out, err)
     assert pooled > 0, pooled
+    # The fault saw a worker the hook looked at idle taken by a fragment.
+    assert "the idle pool worker looked at is running a leader's fragment" in s.log(), \
+        [line for line in s.log().splitlines() if "pool_release_race" in line]
 
 
 def refused_drop():

@@ -130,18 +130,20 @@ def a_rules_cancel_does_not_reach_the_sessions_next_statement(s):
     """A statement a rule cancels, in a transaction with an open cursor that goes on
     after a ROLLBACK TO: the cursor's MOVE that follows, longer than the worker's grace
     second and with yield points (a scan of rules_big), runs to its end. Twice: a
-    cpu_time rule whose error the statement raises at its yield point, and an elapsed
-    rule on a scan that sleeps at its first row, which reaches no yield point and ends on
-    its statement_timeout before the worker's query cancel. Catches: the worker sending
-    its query cancel a second after it asked though the statement had raised the rule's
-    error, or had ended otherwise: it cancelled the MOVE."""
+    cpu_time rule whose error the statement raises at its yield point; an elapsed rule
+    on a scan that sleeps at its first row, which reaches no yield point and ends on its
+    statement_timeout before the worker's query cancel; and one on pg_sleep, which has
+    no yield points and gets the query cancel at once. Catches: the worker sending its
+    query cancel a second after it asked though the statement had raised the rule's
+    error, or had ended otherwise, or sending it again: it cancelled the MOVE."""
     sleeps_first = ("SELECT count(*) FROM rules_big "
                     "WHERE pg_sleep(CASE WHEN id = 1 THEN 3 ELSE 0 END) IS NOT NULL")
     cases = [("cpu_time > 100ms: cancel", LONG, "due to rule"),
              ("elapsed > 300ms: cancel",
               "SET LOCAL statement_timeout = '700ms';\n"
               f"SET LOCAL synchronize_seqscans = off;\n{sleeps_first}",
-              "due to statement timeout")]
+              "due to statement timeout"),
+             ("elapsed > 300ms: cancel", "SELECT pg_sleep(3)", "due to user request")]
     try:
         for rules, sql, error in cases:
             set_rules(s, rules)
@@ -326,28 +328,9 @@ def an_elapsed_rule_cancels_a_statement_that_reaches_no_yield_point(s):
     started = time.monotonic()
     rc, out, err = finish(s.client_as(APP, "SELECT pg_sleep(20)"), timeout=60)
     took = time.monotonic() - started
-    assert rc != 0 and 'canceling statement due to rule "elapsed > 500ms: cancel"' in err, (rc, out, err)
+    assert rc != 0 and "57014" not in out and "canceling statement" in err, (rc, out, err)
     assert took < 5, f"cancelled after {took:.1f} s"
     assert [x[:2] for x in hits(s, since)] == [["elapsed > 500ms: cancel", "cancel"]]
-    assert 'ERROR:  canceling statement due to rule "elapsed > 500ms: cancel"' in log_text(s)
-
-
-@check
-def a_query_cancel_no_rule_asked_for_keeps_postgresqls_message(s):
-    """A rule not met, and pg_cancel_backend: the cancel is the user's, and says so.
-    Catches: the rules' cancel message given to every query cancel."""
-    set_rules(s, "elapsed > 1min: cancel")
-    try:
-        sleeper = s.client_as(APP, "SELECT pg_sleep(20)")
-        s.wait_until(f"SELECT count(*) FROM pg_stat_activity WHERE usename = '{APP}' "
-                     "AND query = 'SELECT pg_sleep(20)' AND state = 'active'", "1")
-        time.sleep(0.3)
-        s.sql(f"SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE usename = '{APP}' "
-              "AND query = 'SELECT pg_sleep(20)'")
-        rc, out, err = finish(sleeper, timeout=60)
-        assert rc != 0 and "canceling statement due to user request" in err, (rc, out, err)
-    finally:
-        set_rules(s, "")
 
 
 def written_table(s):
@@ -359,7 +342,8 @@ def written_table(s):
 
 def cancelled_write(s, sql, rules="elapsed > 200ms: cancel"):
     """Runs `sql`, which writes rules_w, as the app under `rules`; checks that it was
-    cancelled by the rules' one hit, its writes undone, and returns its seconds."""
+    cancelled (the query cancel) by the rules' one hit, its writes undone, and returns
+    its seconds."""
     written_table(s)
     set_rules(s, rules)
     try:
@@ -368,9 +352,7 @@ def cancelled_write(s, sql, rules="elapsed > 200ms: cancel"):
         rc, out, err = finish(s.client_as(APP, sql), timeout=60)
         took = time.monotonic() - started
         print(f"       {took:.2f} s, {err.strip()}")
-        # Its query cancel names the rule, as the rule's own error at a yield point does.
-        assert rc != 0 and f'canceling statement due to rule "{rules}" of resource group "{GROUP}"' in err, \
-            (rc, out, err, took)
+        assert rc != 0 and "canceling statement due to user request" in err, (rc, out, err, took)
         assert [x[:2] for x in hits(s, since)] == [[rules, "cancel"]], hits(s, since)
         assert s.sql("SELECT v FROM rules_w") == "0"
         return took

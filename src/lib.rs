@@ -43,7 +43,6 @@ mod group_admin;
 mod views;
 mod worker;
 
-mod cancel_report;
 mod executor;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -93,9 +92,8 @@ pub extern "C-unwind" fn _PG_init() {
     // pool's block), the pool's custom scans, the three background workers, and the planner,
     // executor and utility hooks with the transaction callbacks, the relation and catalog
     // cache callbacks of statements and monitoring; the object-access hook
-    // only while a DROP DATABASE runs, the emit_log hook that names the rule in a rule's
-    // query cancel, and the resource-release callback that ends a failed statement from
-    // a backend's first admitted statement on (statements::ending::claim).
+    // only while a DROP DATABASE runs, and the resource-release callback that ends a
+    // failed statement from a backend's first admitted statement on (statements::ending::claim).
     shmem::install(pool::SHMEM_BLOCKS, || shmem::Initial {
         max_active_queries: admission::max_active_queries(),
         memory_budget_kb: admission::memory_budget_kb(),
@@ -108,7 +106,6 @@ pub extern "C-unwind" fn _PG_init() {
     monitoring::install();
     worker::register();
     executor::install();
-    cancel_report::install();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

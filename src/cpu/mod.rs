@@ -59,7 +59,7 @@ use slots::{join_query, transaction_wrote};
 use yield_points::wrap_scans;
 
 pub use prediction::record_unscheduled;
-pub use runaway::{rule_cancel_report, run_ended};
+pub use runaway::run_ended;
 pub use settings::{
     decay_params, effective_cpu_slots, predicts, register_settings, slice_ms, slice_ns, traces,
     tuner_on,

@@ -106,46 +106,16 @@ pub(super) fn cancel_if_a_rule_says_so(shared: &shmem::Shared) {
     let Some(entry) = shared.my_entry() else {
         return;
     };
-    if entry.inbox.rule_cancel.load(Ordering::Acquire) == 0 || !interrupts_can_be_processed() {
+    let asked = entry.inbox.rule_cancel.load(Ordering::Acquire);
+    if asked == 0 || !interrupts_can_be_processed() {
         return;
     }
-    if let Some(message) = take_rule_cancel(shared, entry) {
-        ErrorReport::new(
-            PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
-            message,
-            "pg_stride runaway-query rules",
-        )
-        .set_hint(RULE_CANCEL_HINT)
-        .report(PgLogLevel::ERROR);
-    }
-}
-
-/// The hint of a runaway-query rule's cancel.
-const RULE_CANCEL_HINT: &str =
-    "pg_stride.rule_hits lists the rules statements met; pg_stride.alter_group() changes them.";
-
-/// A query cancel is being reported in this process: if a runaway-query rule asked to
-/// cancel its statement, the message and hint naming the rule, to report instead of
-/// PostgreSQL's "canceling statement due to user request". The scheduler worker sends
-/// that query cancel to a statement without yield points, or that reached none within
-/// its grace second (`worker::rules`). The request is cleared, as a check-in that raises
-/// the rule's error clears it.
-pub fn rule_cancel_report() -> Option<(String, &'static str)> {
-    let shared = shmem::shared()?;
-    let entry = shared.my_entry()?;
-    take_rule_cancel(shared, entry).map(|message| (message, RULE_CANCEL_HINT))
-}
-
-/// Clears the scheduler worker's request to cancel this process's statement, and returns
-/// the message naming its rule, as its group's rules are now; None if none was asked, or
-/// the one asked was for a statement that has ended since.
-fn take_rule_cancel(shared: &shmem::Shared, entry: &shmem::ProcEntry) -> Option<String> {
-    let asked = entry.inbox.rule_cancel.swap(0, Ordering::Acquire);
-    if asked == 0
-        || entry.inbox.rule_cancel_key.load(Ordering::Relaxed)
-            != entry.registered.load(Ordering::Relaxed)
+    entry.inbox.rule_cancel.store(0, Ordering::Relaxed);
+    // Asked for a statement that has ended since.
+    if entry.inbox.rule_cancel_key.load(Ordering::Relaxed)
+        != entry.registered.load(Ordering::Relaxed)
     {
-        return None;
+        return;
     }
     let slot = entry.group.load(Ordering::Relaxed) as usize;
     let group = shared.groups.name_of(slot);
@@ -154,9 +124,15 @@ fn take_rule_cancel(shared: &shmem::Shared, entry: &shmem::ProcEntry) -> Option<
         .settings_of(slot)
         .and_then(|s| s.rules.get(asked as usize - 1).map(ToString::to_string))
         .unwrap_or_default();
-    Some(format!(
-        "canceling statement due to rule \"{rule}\" of resource group \"{group}\""
-    ))
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
+        format!("canceling statement due to rule \"{rule}\" of resource group \"{group}\""),
+        "pg_stride runaway-query rules",
+    )
+    .set_hint(
+        "pg_stride.rule_hits lists the rules statements met; pg_stride.alter_group() changes them.",
+    )
+    .report(PgLogLevel::ERROR);
 }
 
 /// Moves this leader's query to the group a runaway-query rule names, if the scheduler

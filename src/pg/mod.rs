@@ -39,9 +39,7 @@ mod ffi {
     }
 }
 
-mod error_data;
 mod statement;
-pub use error_data::{is_query_cancel, set_message};
 pub use statement::{
     blocks_touched, call_at_reset, query_id_and_cost, saved_plan_context, statement_fingerprint,
     statement_relation, StatementText,

@@ -282,17 +282,10 @@ pub fn release_database(database: pg_sys::Oid, forced: bool) {
 /// to be terminated now, Some(false) if it leaves by itself, None if it stays. An idle or
 /// connecting worker is taken to RETIRING with a compare-and-swap before it is signalled:
 /// leaders reserve idle slots only, so a worker that a leader reserved after a look at
-/// its state (and before a signal) is never terminated under that leader's fragment; it
-/// retires once it is idle again. One still starting retires at its first idle look.
+/// its state (and before a signal) is never terminated under that leader's fragment.
+/// One still starting retires at its first idle look.
 fn release(slot: &Slot, forced: bool) -> Option<bool> {
-    // A test build waits, after a look at an idle worker, until a leader reserved it
-    // and its fragment runs (at most a second).
-    if slot.load().1 == State::Idle && crate::pg::test_fault("pool_release_race") {
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while slot.load().1 != State::Running && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
+    let mut raced = false;
     loop {
         let (gen, state) = slot.load();
         match state {
@@ -303,7 +296,10 @@ fn release(slot: &Slot, forced: bool) -> Option<bool> {
             }
             State::Retiring => return Some(false),
             State::Connecting | State::Idle => {
-                slot.retire.store(true, Ordering::Release);
+                if state == State::Idle && !raced && crate::pg::test_fault("pool_release_race") {
+                    raced = true;
+                    race_a_leader(slot, gen);
+                }
                 if slot.cas((gen, state), (gen, State::Retiring)) {
                     return Some(true);
                 }
@@ -312,12 +308,29 @@ fn release(slot: &Slot, forced: bool) -> Option<bool> {
                 slot.retire.store(true, Ordering::Release);
                 return Some(true);
             }
-            _ => {
-                // A reserved or busy worker: its leader is a session of this database.
-                // If the drop goes through, that session was ended first and the worker
-                // retires when idle again; if not, the pool serves on.
-                return None;
-            }
+            // A reserved or busy worker: its leader is a session of this database. If
+            // the drop goes through, that session was ended first, and the worker is
+            // ended as an autovacuum worker once idle again; if not, the pool serves on.
+            _ => return None,
         }
     }
+}
+
+/// A test build's fault: after a look at the idle worker of `slot` (ticket generation
+/// `gen`), waits until a leader has reserved it and its fragment runs (at most a
+/// second), and logs what the release then finds.
+fn race_a_leader(slot: &Slot, gen: u64) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while slot.load().1 != State::Running && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let now = slot.load();
+    let taken = if now.0 != gen && now.1 == State::Running {
+        "running a leader's fragment"
+    } else {
+        "not taken"
+    };
+    pgrx::log!(
+        "pg_stride: test fault pool_release_race: the idle pool worker looked at is {taken}"
+    );
 }

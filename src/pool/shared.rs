@@ -11,6 +11,7 @@
 //! RUNNING ─leader: cancel (then SIGINT)─▶ CANCEL
 //! RUNNING|CANCEL ─worker: left the lock group─▶ RESTORING ─▶ IDLE
 //! IDLE ─worker: retires or times out─▶ RETIRING (no leader reserves it) ─▶ exits
+//! IDLE|CONNECTING ─DROP DATABASE's hook, then SIGTERM─▶ RETIRING ─worker sees it─▶ exits
 //! any ─worker exits (on_shmem_exit, after its locks and DSM are gone)─▶ FREE
 //! ```
 //!

@@ -214,6 +214,7 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
         if state == State::Retiring {
             // Taken out of service by a DROP DATABASE (lifecycle::release_database),
             // which also sends SIGTERM.
+            pool.count(Counter::WorkersRetired);
             // SAFETY: exits the process; on_exit frees the slot.
             unsafe { proc_exit(0) };
         }

@@ -51,6 +51,14 @@ pub struct ProcEntry {
     /// within a chunk of tuples, and takes back there an admission lent while it waited
     /// for its client. Written by the process when that changes (`cpu::member`).
     pub checks_in: AtomicU32,
+    /// 1 when the statement that `registered` counts never joins CPU scheduling (a write,
+    /// a read too small to schedule): it has no yield points, and the scheduler worker
+    /// sends it a runaway-query rule's query cancel at once. Written before that count.
+    pub unscheduled: AtomicU32,
+    /// The count in `registered` of this process's last statement that ended (its
+    /// rule's cancel forgotten: [`ProcEntry::forget_rule_cancel_of`]): the scheduler
+    /// worker withdraws a cancel it asked for a statement that ended meanwhile.
+    pub ended: AtomicU32,
     /// Check-ins and slots taken by this process, counted (wrapping) so that the
     /// watchdog sees a holder that reached no yield point during a whole round.
     pub checkins: AtomicU32,
@@ -238,8 +246,15 @@ impl ProcEntry {
     /// rule's cancel asked for it is void. The session's next work may run under the same
     /// count (a cursor fetched again after it): it must neither raise that error nor get
     /// the query cancel the scheduler worker sends a statement that did not raise it.
+    ///
+    /// Sequentially consistent with the scheduler worker's request and its look at
+    /// `ended` after it (`worker::rules`): either this sees the request and clears it, or
+    /// the worker sees the end and withdraws it.
     pub fn forget_rule_cancel_of(&self, key: u32) {
-        if self.inbox.rule_cancel_key.load(Ordering::Relaxed) == key {
+        self.ended.store(key, Ordering::SeqCst);
+        if self.inbox.rule_cancel.load(Ordering::SeqCst) != 0
+            && self.inbox.rule_cancel_key.load(Ordering::Relaxed) == key
+        {
             self.inbox.rule_cancel.store(0, Ordering::Release);
         }
     }

@@ -2,9 +2,9 @@
 //! each sweep against the running statements of the groups that have rules. A rule
 //! fires once per statement: its hit is logged and recorded (`pg_stride.rule_hits`),
 //! and a `cancel` asks the statement's process to raise an error naming the rule at its
-//! next yield point. A statement whose yield points are not armed (it writes, or is too
-//! small to schedule) is cancelled as `pg_cancel_backend` would, at once, and so is one
-//! that reaches none within [`CANCEL_GRACE`] (it waits on a lock, or sleeps). A `move`
+//! next yield point. A statement without yield points (it writes, or is too small to
+//! schedule) is cancelled as `pg_cancel_backend` would, at once, and so is one that
+//! reaches none within [`CANCEL_GRACE`] (it waits on a lock, or sleeps). A `move`
 //! asks the statement's process to move its query to the rule's group at its next
 //! check-in (`cpu::runaway`).
 
@@ -99,6 +99,7 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             rows: entry.rows.load(Ordering::Relaxed),
             temp_bytes: temp.get(&pid).copied().unwrap_or(0),
         };
+        let unscheduled = entry.unscheduled.load(Ordering::Relaxed) != 0;
         // The figures above are statement `key`'s only if it is still the backend's
         // statement after they were read: a statement that began meanwhile cleared them
         // for itself before it published its key, and wrote them after it (behind a
@@ -156,7 +157,7 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
                 entry
                     .inbox
                     .rule_cancel
-                    .store(i as u32 + 1, Ordering::Release);
+                    .store(i as u32 + 1, Ordering::SeqCst);
                 pg::set_latch(procno);
                 s.cancel_asked = Some(Instant::now());
             }
@@ -172,14 +173,26 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             // Only while the process has not raised the rule's error yet (it clears the
             // request as it does): the session's next statement, run beside a cursor that
             // keeps `key` registered, must not get the cancel meant for this one.
-            let pending = entry.inbox.rule_cancel.load(Ordering::Acquire) != 0
-                && entry.inbox.rule_cancel_key.load(Ordering::Relaxed) == key;
-            // A statement whose yield points are not armed (a write, a statement too
-            // small to schedule, a DO block between its loop's fetches) would raise
-            // nothing before it ends: it is sent the query cancel at once, or its
-            // command's next statement (a loop's next UPDATE) would start afresh.
-            let checks_in = entry.checks_in.load(Ordering::Acquire) != 0;
-            if !s.signalled && pending && (!checks_in || asked.elapsed() >= CANCEL_GRACE) {
+            let asked_rule = entry.inbox.rule_cancel.load(Ordering::Acquire);
+            let mut pending =
+                asked_rule != 0 && entry.inbox.rule_cancel_key.load(Ordering::Relaxed) == key;
+            // The statement may have ended since the look above, before the request was
+            // stored, its end not seeing it: the request is withdrawn, not sent to what
+            // the session runs next (ProcEntry::forget_rule_cancel_of).
+            if pending && entry.ended.load(Ordering::SeqCst) == key {
+                let _ = entry.inbox.rule_cancel.compare_exchange(
+                    asked_rule,
+                    0,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+                pending = false;
+            }
+            // A statement without yield points (a write, a read too small to schedule,
+            // each statement of a DO block's loop of writes) would raise nothing before
+            // it ends: it is sent the query cancel at once, or its command's next
+            // statement (the loop's next UPDATE) would start afresh.
+            if !s.signalled && pending && (unscheduled || asked.elapsed() >= CANCEL_GRACE) {
                 pg::cancel_backend(pid);
                 s.signalled = true;
             }
