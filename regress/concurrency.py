@@ -766,6 +766,64 @@ def advisory_lock_waiter(s, holder, group, key, settings=""):
 
 
 @check
+def a_queued_lock_holder_behind_a_ddl_is_admitted_ahead_of_its_turn(s):
+    """A cycle through a backend pg_stride never registers: S1, admitted (the group's
+    one admission), waits for an advisory lock of S2; S2's LOCK TABLE (a utility) waits
+    for the lock on big that A took while it was planned; A waits in the queue for S1's
+    admission. Catches: only S1's direct blockers looked at, S2 being no queued
+    statement, and all three waiting until a timeout."""
+    s2 = Session(s)
+    try:
+        s2.run("BEGIN; SELECT pg_advisory_xact_lock(23) IS NOT NULL")
+        before = over_limit(s)
+        s1 = s.client("pair", "SELECT pg_advisory_xact_lock(23) IS NOT NULL")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'", "1")
+        a = s.client("pair", "SELECT count(*) FROM big",
+                     "SET max_parallel_workers_per_gather = 0; SET pg_stride.queue_timeout = '20s';")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+        s2.send("LOCK TABLE big IN ACCESS EXCLUSIVE MODE")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'relation'", "1")
+        started = time.monotonic()
+        rc, out, err = finish(a, timeout=30)
+        took = time.monotonic() - started
+        assert (rc, out) == (0, "1000000") and took < 5, (rc, out, err, f"{took:.2f} s")
+        assert s2.run("COMMIT; SELECT 'committed'") == ["committed"]
+        assert finish(s1)[:2] == (0, "t")
+        assert over_limit(s) - before == 1, over_limit(s) - before
+    finally:
+        s2.close()
+
+
+@check
+def a_lock_wait_of_a_statement_without_admission_crosses_no_limit(s):
+    """A superuser's statement (exempt from admission, holding none) waits for an
+    advisory lock of A, whose next statement is queued behind the group's one
+    admission. No cycle goes through admission: A waits its turn. Catches: every
+    registered lock waiter's blockers admitted ahead of their turn, crossing the limit."""
+    a = Session(s)
+    try:
+        a.run(f"SET pg_stride.resource_group = 'pair'; SET ROLE {ROLE}; BEGIN; "
+              "SELECT pg_advisory_xact_lock(24) IS NOT NULL")
+        before = over_limit(s)
+        holder = s.client("pair", "SELECT pg_sleep(2)")
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'", "1")
+        a.send("SELECT 'a'")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'pair'", "1")
+        superuser = subprocess.Popen(s.psql_args("SELECT pg_advisory_xact_lock(24) IS NOT NULL"),
+                                     env=ENV, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        s.wait_until("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'", "1")
+        time.sleep(1)
+        assert not a.has_result(), "A was admitted ahead of its turn"
+        assert finish(holder)[0] == 0
+        assert a.run("COMMIT; SELECT 'committed'", lines=2) == ["a", "committed"]
+        assert finish(superuser)[:2] == (0, "t")
+        assert over_limit(s) == before, over_limit(s) - before
+    finally:
+        a.close()
+
+
+@check
 def a_queued_lock_holder_is_admitted_ahead_of_its_turn(s):
     # S2 holds an advisory lock; S1, admitted, waits for it; a long statement queues
     # before S2's next one. Only the lock-holder watchdog (pg_blocking_pids, no SQL)

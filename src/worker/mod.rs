@@ -349,7 +349,8 @@ fn reclaim_entries(shared: &shmem::Shared) {
 ///
 /// * a queued backend may hold locks (taken by its transaction's earlier statements, or
 ///   by its own statement while it was planned or before its admission was lent) that
-///   an admitted statement waits for: it is admitted ahead of its turn;
+///   a statement holding an admission waits for, directly or through backends waiting
+///   on locks themselves (up to [`CHAIN_DEPTH`] steps): it is admitted ahead of its turn;
 /// * an admitted statement whose lock wait can only end through a client — its chain of
 ///   blockers ends at a backend waiting for its client, seen so at two consecutive
 ///   sweeps — lends its admission: that client may be waiting for a queued statement
@@ -391,17 +392,23 @@ fn break_admission_cycles(shared: &shmem::Shared, stalled_before: &mut Vec<Optio
     };
     for (waiter, waiter_procno) in running {
         let blockers = waits.blockers_of(waiter);
-        for &blocker in &blockers {
-            let Some(&(_, procno)) = queued.iter().find(|&&(pid, _)| pid == blocker) else {
-                continue;
-            };
+        let entry = &procs[waiter_procno];
+        // A statement that holds an admission, waiting on a lock that a queued backend
+        // holds, directly or through backends that wait on locks themselves (a DDL, a
+        // write too small to admit: never registered): that backend waits for the
+        // admission the statement holds, or for one its group's others hold.
+        let holds_admission = entry.lease.group_in_use().is_some() && !entry.lease.is_lent();
+        let mut on_chain = Vec::new();
+        if holds_admission {
+            waits.queued_on_chain(waiter, CHAIN_DEPTH, &queued, &mut on_chain);
+        }
+        for (blocker, procno) in on_chain {
             if admission::force_admit(shared, procno) {
                 pgrx::log!(
                     "pg_stride: admitted process {blocker} ahead of its turn: it holds a lock that admitted process {waiter} waits for"
                 );
             }
         }
-        let entry = &procs[waiter_procno];
         if entry.lease.lent_group().is_some()
             || !blockers.iter().any(|&b| waits.for_a_client(b, CHAIN_DEPTH))
         {
@@ -447,6 +454,34 @@ impl Waits<'_> {
         let found = pg::blocking_pids(pid);
         self.blockers.borrow_mut().insert(pid, found.clone());
         found
+    }
+
+    /// The queued backends (of `queued`: pid, process number) among the blockers of
+    /// backend `pid`, and among those of each blocker that itself waits on a lock, within
+    /// `depth` steps, added to `found`.
+    fn queued_on_chain(
+        &self,
+        pid: i32,
+        depth: u32,
+        queued: &[(i32, usize)],
+        found: &mut Vec<(i32, usize)>,
+    ) {
+        for blocker in self.blockers_of(pid) {
+            if blocker == pid || found.iter().any(|&(p, _)| p == blocker) {
+                continue;
+            }
+            if let Some(&q) = queued.iter().find(|&&(p, _)| p == blocker) {
+                found.push(q);
+                continue;
+            }
+            let waits_on_lock = self
+                .pids
+                .get(&blocker)
+                .is_some_and(|&procno| self.on_lock.get(procno) == Some(&true));
+            if depth > 0 && waits_on_lock {
+                self.queued_on_chain(blocker, depth - 1, queued, found);
+            }
+        }
     }
 
     /// Whether backend `pid` waits for its client, or on a lock (itself or through its
