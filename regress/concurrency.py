@@ -657,6 +657,31 @@ def timeouts_end_a_queued_wait_with_a_clear_error(s):
     s.sql("SELECT pg_stride.reset_stats()")
 
 
+@check
+def a_lowered_group_queue_timeout_reaches_the_statements_waiting(s):
+    """A statement queued with no timeout at all; the DBA then gives the group a
+    queue_timeout of 500 ms to drain its queue: the statement fails with 53000 within
+    about a second. Catches: the timeout read once, when the wait began (it waited for
+    the holder's 8 s)."""
+    s.sql("SELECT pg_stride.create_group('drain', max_concurrency => 1)")
+    try:
+        holder = s.client("drain", "SELECT pg_sleep(8)")
+        s.wait_until("SELECT active FROM pg_stride.groups WHERE name = 'drain'", "1")
+        waiter = s.client("drain", "SELECT 'admitted'")
+        s.wait_until("SELECT queued FROM pg_stride.groups WHERE name = 'drain'", "1")
+        time.sleep(0.5)
+        started = time.monotonic()
+        s.sql("SELECT pg_stride.alter_group('drain', queue_timeout => 500)")
+        rc, out, err = finish(waiter, timeout=30)
+        took = time.monotonic() - started
+        assert rc != 0 and "waiting 500 ms for admission in resource group \"drain\"" in err, \
+            (rc, out, err, f"{took:.2f} s")
+        assert took < 3, f"{took:.2f} s"
+        assert finish(holder, timeout=30)[0] == 0
+    finally:
+        s.sql("SELECT pg_stride.drop_group('drain')")
+
+
 def admitted_within(s, seconds, group="pair", sql="SELECT 'admitted'", settings=""):
     started = time.monotonic()
     rc, out, err = finish(s.client(group, sql, "SET pg_stride.queue_timeout = '10s'; " + settings))

@@ -206,7 +206,7 @@ enum Waiter {
 /// Waits in the queue, where `arrive` left process `procno` with a statement of group
 /// slot `group` that reserves `need_kb` of working memory, until it is admitted or its
 /// wait ran out (the group's or the session's queue timeout,
-/// `GroupSettings::queue_timeout_ms`). It shows queued from now: PostgreSQL's statement
+/// `GroupSettings::queue_timeout_ms`, with the group's as it is at each look). It shows queued from now: PostgreSQL's statement
 /// start is the arrival of the client's message, shared by every statement of a
 /// multi-statement query string. Returns whether it was admitted (`false` only for a
 /// statement whose lent admission was taken back for it). Raises an ERROR when the
@@ -219,8 +219,13 @@ fn wait_in_queue(
     need_kb: u64,
     waiter: Waiter,
 ) -> bool {
-    let settings = shared.groups.settings_of(group).unwrap_or_default();
-    let timeout_ms = settings.queue_timeout_ms(QUEUE_TIMEOUT_MS.get());
+    let session_ms = QUEUE_TIMEOUT_MS.get();
+    // The group's as it is now: a change of its queue_timeout reaches the statements
+    // waiting (a DBA drains a queue with it).
+    let timeout_ms = || {
+        let settings = shared.groups.settings_of(group).unwrap_or_default();
+        settings.queue_timeout_ms(session_ms)
+    };
     let started = Instant::now();
     entry
         .queued_since
@@ -250,7 +255,7 @@ fn wait_in_queue(
             true
         }
         WaitEnd::NotNeeded => false,
-        WaitEnd::TimedOut => {
+        WaitEnd::TimedOut(timeout_ms) => {
             counters.timed_out.fetch_add(1, Ordering::Relaxed);
             let group_name = shared.groups.name_of(group);
             ErrorReport::new(
@@ -322,8 +327,8 @@ enum WaitEnd {
     /// The waiter no longer needs an admission (`no_longer_needed`), and left the queue
     /// with none granted.
     NotNeeded,
-    /// `pg_stride.queue_timeout` ran out first; the waiter left the queue.
-    TimedOut,
+    /// The queue timeout (ms) ran out first; the waiter left the queue.
+    TimedOut(i32),
 }
 
 /// Waits until this backend's queued statement is admitted, or it finds, under the
@@ -333,15 +338,11 @@ fn wait_for_turn(
     shared: &shmem::Shared,
     procno: usize,
     started: Instant,
-    timeout_ms: i32,
+    timeout_ms: impl Fn() -> i32,
     no_longer_needed: impl Fn() -> bool,
 ) -> WaitEnd {
-    let deadline = match timeout_ms {
-        0 => None,
-        ms => Some(started + Duration::from_millis(ms as u64)),
-    };
     let mut end = WaitEnd::Admitted;
-    let done = || {
+    let mut done = || {
         shared.with_admission(|queue, waiters| {
             if queue.take_admitted(waiters, procno) {
                 return true;
@@ -358,9 +359,21 @@ fn wait_for_turn(
             true
         })
     };
-    if pg::wait_until(done, deadline) {
-        return end;
-    }
+    // The timeout in force is looked at again at least every second.
+    let timeout_ms = loop {
+        let timeout_ms = timeout_ms();
+        let deadline = (timeout_ms > 0).then(|| started + Duration::from_millis(timeout_ms as u64));
+        let look_again = Instant::now() + Duration::from_secs(1);
+        if pg::wait_until(
+            &mut done,
+            Some(deadline.map_or(look_again, |d| d.min(look_again))),
+        ) {
+            return end;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break timeout_ms;
+        }
+    };
     // Admitted at the last moment: take it, with its memory, rather than fail.
     let admitted = shared.with_admission(|queue, waiters| {
         queue.stop_waiting(&shared.admission, waiters, procno, wake)
@@ -368,7 +381,7 @@ fn wait_for_turn(
     if admitted {
         WaitEnd::Admitted
     } else {
-        WaitEnd::TimedOut
+        WaitEnd::TimedOut(timeout_ms)
     }
 }
 
