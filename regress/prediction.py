@@ -15,7 +15,8 @@ started at and the view shows it:
   priority; pg_stride.activity still shows its prediction, and it still adds to its
   history;
 - one query identifier in two databases (made from one template, so their tables have
-  the same OIDs) has a history in each, shown in pg_stride.statements of each;
+  the same OIDs) has a history in each, shown in pg_stride.statements of each; one run
+  by two roles has a history for each, each row naming its role (userid);
 - a statement never seen is predicted from its plan's cost (the cost model calibrated by
   the others), and has a history of its own once it ended;
 - a statement cancelled by statement_timeout adds nothing to its history;
@@ -86,10 +87,12 @@ def query_id(s, sql, settings=""):
                 if "Query Identifier" in line)
 
 
-def history(s, qid):
-    """(calls, mean, p95, max CPU ms, class) of fingerprint `qid`, None without one."""
+def history(s, qid, user=APP):
+    """(calls, mean, p95, max CPU ms, class) of fingerprint `qid` run by `user`, None
+    without one."""
     row = s.sql("SELECT calls, mean_cpu_ms, p95_cpu_ms, max_cpu_ms, class "
-                f"FROM pg_stride.statements WHERE queryid = {qid}")
+                f"FROM pg_stride.statements WHERE queryid = {qid} "
+                f"AND userid = '{user}'::regrole")
     if not row:
         return None
     calls, mean, p95, mx, cls = row.split("|")
@@ -174,6 +177,32 @@ def one_identifier_has_a_history_per_database(s):
     finally:
         for db in [*sizes, "regress_tenants"]:
             s.sql(f"DROP DATABASE IF EXISTS {db}")
+
+
+@check
+def one_query_identifier_of_two_roles_has_a_history_for_each(s):
+    """The same statement, by query identifier, from two roles whose constants make one
+    role's executions ten times the other's: each role's history holds its own, so the
+    heavy role's runs do not make the light role's statements predicted long. Catches:
+    one history per query identifier and database, shared by every role (six calls,
+    one mean)."""
+    sql = "SELECT count(*) FROM generate_series(1, {n}) g WHERE g % 7 = 3"
+    light, heavy = sql.format(n=300_000), sql.format(n=3_000_000)
+    qid = query_id(s, light)
+    assert query_id(s, heavy) == qid
+    for _ in range(3):
+        s.sql(light, user=APP)
+        s.sql(heavy, user=OTHER)
+    rows = s.sql("SELECT string_agg(calls::text, ',') || '|' || max(mean_cpu_ms) / min(mean_cpu_ms) "
+                 f"FROM pg_stride.statements WHERE queryid = {qid}", user=STATS)
+    calls, ratio = rows.split("|")
+    print(f"    query {qid}: calls {calls}, heavy role's mean / light role's {float(ratio):.1f}")
+    assert calls == "3,3" and float(ratio) > 4, rows
+    # Each row names its role, as pg_stat_statements' userid does.
+    roles = s.sql("SELECT string_agg(r.rolname || ':' || calls, ',' ORDER BY r.rolname) "
+                  "FROM pg_stride.statements st JOIN pg_roles r ON r.oid = st.userid "
+                  f"WHERE queryid = {qid}", user=STATS)
+    assert roles == ",".join(sorted([f"{APP}:3", f"{OTHER}:3"])), roles
 
 
 @check
@@ -435,9 +464,10 @@ def under_compute_query_id_auto_identifiers_start_at_the_first_scheduled_stateme
     script = ("SELECT a FROM predict_small LIMIT 1;\n" + own
               + LONG + ";\n" + own + LONG + ";\n")
     qid = query_id(s, LONG)
-    if history(s, qid) is None:
-        run_app(s, LONG, 2)
-    before = history(s, qid)[0]
+    if history(s, qid, OTHER) is None:
+        for _ in range(2):
+            s.sql(LONG, user=OTHER)
+    before = history(s, qid, OTHER)[0]
     s.sql("SELECT pg_stride.reset_stats()")
     s.sql(f"ALTER ROLE {OTHER} SET compute_query_id = auto")
     try:
@@ -455,7 +485,7 @@ def under_compute_query_id_auto_identifiers_start_at_the_first_scheduled_stateme
         "SELECT short_predicted_short + short_predicted_long + long_predicted_short "
         "+ long_predicted_long, from_history FROM pg_stride.prediction_quality").split("|")
     assert (int(predicted), int(from_history)) == (2, 1), (predicted, from_history)
-    assert history(s, qid)[0] == before + 1
+    assert history(s, qid, OTHER)[0] == before + 1
 
 
 def setup(s):

@@ -60,12 +60,14 @@ const OUTLIER_FLOOR_US: f64 = 1000.0;
 pub struct History {
     /// The fingerprint (query identifier); 0 when the slot is empty.
     pub key: u64,
-    /// Where the fingerprint's statements ran: the extension's database (0 for callers
-    /// with one scope, the simulator's). One query identifier in two databases is two
-    /// statements: their tables may be of any size, and databases made from one schema
-    /// script give their tables the same OIDs, which PostgreSQL's identifiers hash (from
-    /// 18, relation names).
-    pub scope: u32,
+    /// Whose statements they are: for the extension, its database and the role that
+    /// runs them (0 for callers with one scope, the simulator's). One query identifier
+    /// in two databases is two statements: their tables may be of any size, and
+    /// databases made from one schema script give their tables the same OIDs, which
+    /// PostgreSQL's identifiers hash (from 18, relation names). One in two roles' hands
+    /// is two histories too, as pg_stat_statements keeps them: one role's executions
+    /// (its constants, its data) never change how another's are predicted.
+    pub scope: u64,
     /// Executions recorded.
     pub executions: u64,
     /// When it was last recorded, in the caller's clock (the extension's is the wall
@@ -330,12 +332,12 @@ pub struct Table<'a> {
 }
 
 /// The slots of the set of `key` in a table of `len` slots: whole sets of [`WAYS`].
-fn set_of(key: u64, scope: u32, len: usize) -> std::ops::Range<usize> {
+fn set_of(key: u64, scope: u64, len: usize) -> std::ops::Range<usize> {
     let sets = (len / WAYS).max(1);
     // Query identifiers are already hashes, but spread the bits anyway (a fingerprint
     // scheme of a later major could be less uniform): Fibonacci hashing, of the
     // identifier and its scope, so that one statement of many databases spreads too.
-    let mixed = (key ^ u64::from(scope).rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mixed = (key ^ scope.rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let start = ((mixed >> 32) as usize % sets) * WAYS;
     start..(start + WAYS).min(len)
 }
@@ -429,7 +431,7 @@ impl<'a> View<'a> {
     }
 
     /// The history of `key` in `scope`, if the table holds it.
-    pub fn history_in(&self, key: u64, scope: u32) -> Option<&'a History> {
+    pub fn history_in(&self, key: u64, scope: u64) -> Option<&'a History> {
         if key == 0 {
             return None;
         }
@@ -446,7 +448,7 @@ impl<'a> View<'a> {
     /// The predicted CPU of a statement with fingerprint `key` (0: none) in `scope` and
     /// planner cost `cost`: its history's mean if it has one, else the calibrated cost
     /// model's (one for every scope: it learns how this machine turns cost into CPU).
-    pub fn predict_in(&self, key: u64, scope: u32, cost: f64) -> Option<Prediction> {
+    pub fn predict_in(&self, key: u64, scope: u64, cost: f64) -> Option<Prediction> {
         if let Some(h) = self.history_in(key, scope) {
             return Some(Prediction {
                 cpu_us: h.mean_us,
@@ -524,7 +526,7 @@ impl<'a> Table<'a> {
     /// [`Self::record`] of fingerprint `key` in `scope`.
     pub fn record_in(
         &mut self,
-        (key, scope): (u64, u32),
+        (key, scope): (u64, u64),
         cost: f64,
         cpu_us: f64,
         now: u64,

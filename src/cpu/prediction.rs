@@ -55,7 +55,7 @@ pub(super) fn record(
     let short_us = sched.short_threshold_us(group);
     let now = pg::now_timestamp().max(0) as u64;
     shared.histories.locked().record_in(
-        (query_id, pg::database_oid()),
+        (query_id, shmem::history_scope()),
         plan_cost,
         cpu_us,
         now,

@@ -149,9 +149,10 @@ pub fn counts_as_far_too_long(ran_ns: u64) -> bool {
     ran_ns > super::settings::slice_ns().saturating_mul(FAR_TOO_LONG_SLICES)
 }
 
-/// A statement called tiny, with relation key `relation` and fingerprint `fingerprint`,
-/// ran long: once its fingerprint has run long twice, in any backend, its statements are
-/// scheduled everywhere for ten minutes (`pg_stride_sched::long_runs`).
+/// A statement called tiny, with relation key `relation` and fingerprint `fingerprint`
+/// (its database's and its role's: `pg::StatementText::fingerprint`), ran long: once its
+/// fingerprint has run long twice, in any backend, its statements are scheduled
+/// everywhere for ten minutes (`pg_stride_sched::long_runs`).
 /// Atomics only; cannot panic.
 pub fn ran_long(relation: u32, fingerprint: u64) {
     if let Some(shared) = shmem::shared() {

@@ -506,6 +506,13 @@ pub fn current_role() -> pg_sys::Oid {
     unsafe { pg_sys::GetUserId() }
 }
 
+/// The role the session runs as (GetOuterUserId): SET ROLE's, not a SECURITY DEFINER
+/// function's owner. A plain read of process-local state, which cannot fail.
+pub fn outer_role() -> pg_sys::Oid {
+    // SAFETY: plain read of the outer user id, set from the session's start on.
+    unsafe { pg_sys::GetOuterUserId() }
+}
+
 /// Whether `role` is a superuser (a role dropped since counts as none). Looks the role
 /// up in the syscache, so it runs inside a transaction.
 pub fn is_superuser_role(role: pg_sys::Oid) -> bool {

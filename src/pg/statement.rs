@@ -61,9 +61,11 @@ impl StatementText {
         }
     }
 
-    /// The statement's fingerprint in this database, from its text with its constants
-    /// left out (`pg_stride_sched::fingerprint`), mixed with the database's OID (the same
-    /// text in two databases reads other tables).
+    /// The statement's fingerprint in this database for this role, from its text with
+    /// its constants left out (`pg_stride_sched::fingerprint`), mixed with the database's
+    /// OID (the same text in two databases reads other tables) and the session's role
+    /// (SET ROLE's, not a SECURITY DEFINER function's owner: what one role's runs taught
+    /// must not change how another's statements are admitted).
     ///
     /// # Safety
     /// The query string is still allocated (it is NUL-terminated).
@@ -87,10 +89,13 @@ impl StatementText {
         };
         // SAFETY: a plain read of a global set when the backend connected.
         let database = u64::from(unsafe { pg_sys::MyDatabaseId }.to_u32());
-        // Odd, so that the mix maps distinct databases to distinct values; a 0 (the
-        // empty entry of a fingerprint table) becomes 1.
+        // SAFETY: a plain read of the session's outer user id (SET ROLE's).
+        let role = u64::from(unsafe { pg_sys::GetOuterUserId() }.to_u32());
+        // Odd multipliers, so that the mix maps distinct databases, and distinct roles,
+        // to distinct values; a 0 (the empty entry of a fingerprint table) becomes 1.
         let mixed = pg_stride_sched::fingerprint::of_text(&text[start.min(text.len())..])
-            ^ database.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            ^ database.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ role.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
         mixed.max(1)
     }
 

@@ -46,15 +46,16 @@ impl Histories {
         f(View::new(&parts.slots, &parts.model, &parts.quality))
     }
 
-    /// A copy of fingerprint `key`'s history in this process's database, if it has one.
+    /// A copy of fingerprint `key`'s history in this process's scope ([`scope`]), if
+    /// it has one.
     pub fn history(&self, key: u64) -> Option<History> {
-        self.read(|table| table.history_in(key, pg::database_oid()).copied())
+        self.read(|table| table.history_in(key, scope()).copied())
     }
 
-    /// The CPU predicted for fingerprint `key` (0: none) in this process's database with
+    /// The CPU predicted for fingerprint `key` (0: none) in this process's scope with
     /// plan cost `cost`.
     pub fn predict(&self, key: u64, cost: f64) -> Option<Prediction> {
-        self.read(|table| table.predict_in(key, pg::database_oid(), cost))
+        self.read(|table| table.predict_in(key, scope(), cost))
     }
 
     /// The table to record into, under the exclusive lock for as long as the guard
@@ -79,6 +80,18 @@ impl Histories {
         // SAFETY: the exclusive lock makes this process the only one touching the table.
         unsafe { (*self.parts.get()).quality = Quality::default() };
     }
+}
+
+/// Whose statement histories this process reads and records (`History::scope`): its
+/// database's (high 32 bits) and its session role's (`pg::outer_role`), as
+/// pg_stat_statements keeps one entry per database, role and query identifier.
+pub fn scope() -> u64 {
+    (u64::from(pg::database_oid()) << 32) | u64::from(pg::outer_role().to_u32())
+}
+
+/// The database of histories of `scope`.
+pub fn database_of(scope: u64) -> u32 {
+    (scope >> 32) as u32
 }
 
 /// The statement histories, writable while the exclusive lock that the guard holds lasts

@@ -50,7 +50,7 @@ use locks::{LOCKS, LOCK_COUNT};
 
 pub use cpu_owners::CpuOwners;
 pub use directory::{Group, GroupDirectory, MAX_GROUPS};
-pub use histories::Histories;
+pub use histories::{database_of as history_database, scope as history_scope, Histories};
 pub use node_counters::{NodeCounters, MAX_NODES};
 pub use proc_entry::ProcEntry;
 pub use rule_hits::{RuleHit, RuleHits};

@@ -3,23 +3,24 @@
 //! (how good the predictions were).
 
 use super::shared_access::require_shared;
-use crate::cpu;
+use crate::{cpu, shmem};
 use pg_stride_sched::predict::{self, ERROR_SPAN};
 use pgrx::prelude::*;
 
-/// One row per fingerprint (query identifier) with a history: the CPU of its scheduled
+/// One row per role and fingerprint (query identifier) with a history, in this database
+/// (`shmem::history_scope`): the CPU of its scheduled
 /// executions, whose decayed mean is its prediction, and its class: `tiny` when its
 /// next execution would take no slot for its first slice in this session
 /// (`cpu::history_runs_unscheduled`), else `short` or `long` under the server's decay
 /// settings in force (the tuner's while it is on; a group with a `decay_start` of its
 /// own classifies by that, as `pg_stride.activity` shows); the `pg_stride.statements`
-/// view, readable by members of `pg_read_all_stats` (a fingerprint is shared by every
-/// role that runs the statement).
+/// view, readable by members of `pg_read_all_stats` (it shows every role's).
 #[pg_extern(parallel_restricted, schema = "pg_stride")]
 #[allow(clippy::type_complexity)]
 fn statements_state() -> TableIterator<
     'static,
     (
+        name!(userid, pg_sys::Oid),
         name!(queryid, i64),
         name!(calls, i64),
         name!(mean_cpu_ms, f64),
@@ -38,12 +39,13 @@ fn statements_state() -> TableIterator<
     let histories: Vec<_> = shared.histories.read(|table| {
         table
             .histories()
-            .filter(|h| h.scope == database)
+            .filter(|h| shmem::history_database(h.scope) == database)
             .copied()
             .collect()
     });
     let rows = histories.into_iter().map(move |h| {
         (
+            pg_sys::Oid::from(h.scope as u32),
             h.key as i64,
             h.executions.min(i64::MAX as u64) as i64,
             h.mean_us / 1e3,
@@ -111,12 +113,12 @@ const _: () = assert!(ERROR_SPAN == 8);
 extension_sql!(
     r#"
 CREATE VIEW pg_stride.statements AS
-    SELECT s.queryid, s.calls, s.mean_cpu_ms, s.stddev_cpu_ms, s.p95_cpu_ms, s.max_cpu_ms,
+    SELECT s.userid, s.queryid, s.calls, s.mean_cpu_ms, s.stddev_cpu_ms, s.p95_cpu_ms, s.max_cpu_ms,
            s.class,
            timestamptz '2000-01-01 00:00:00+00' + s.last_seen_us * interval '1 microsecond' AS last_seen
       FROM pg_stride.statements_state() s;
 COMMENT ON VIEW pg_stride.statements IS
-    'pg_stride: per query identifier, the CPU of its executions that reached CPU scheduling (decayed over the last ~32); mean_cpu_ms is the prediction a next execution starts from, class its class under pg_stride.decay_start; join pg_stat_statements on queryid';
+    'pg_stride: per role and query identifier in this database, the CPU of its executions that reached CPU scheduling (decayed over the last ~32); mean_cpu_ms is the prediction a next execution of that role starts from, class its class under pg_stride.decay_start; join pg_stat_statements on userid and queryid';
 REVOKE ALL ON FUNCTION pg_stride.statements_state() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pg_stride.statements_state() TO pg_read_all_stats;
 GRANT SELECT ON pg_stride.statements TO pg_read_all_stats;
