@@ -125,20 +125,44 @@ impl Shared {
     /// admission lock exclusively. `f` must not raise errors (it runs pure logic).
     pub fn with_admission<R>(&self, f: impl FnOnce(&mut Queue, &mut [Waiter]) -> R) -> R {
         let _guard = ShmemLock::exclusive(LockId::Admission);
-        // SAFETY: the waiters follow the process entries (`size`); their alignment (8)
-        // divides the sizes before them. The exclusive lock makes this process the only
-        // one touching the admission state and the waiters.
+        // SAFETY: the waiters' slice (`waiters`); the exclusive lock makes this process
+        // the only one touching the admission state and the waiters.
         unsafe {
-            let waiters = (self as *const Shared)
+            f(
+                &mut *self.queue.get(),
+                std::slice::from_raw_parts_mut(self.waiters(), self.nprocs as usize),
+            )
+        }
+    }
+
+    /// Runs `f` on a reading of the admission queue and the per-process waiters, holding
+    /// the admission lock in shared mode: the views, which any role may read in a loop,
+    /// read side by side rather than one after another, and take the lock the cheaper
+    /// way. `f` must not raise errors.
+    pub fn read_admission<R>(&self, f: impl FnOnce(&Queue, &[Waiter]) -> R) -> R {
+        let _guard = ShmemLock::shared(LockId::Admission);
+        // SAFETY: the waiters' slice (`waiters`); the shared lock keeps writers out while
+        // `f` reads.
+        unsafe {
+            f(
+                &*self.queue.get(),
+                std::slice::from_raw_parts(self.waiters(), self.nprocs as usize),
+            )
+        }
+    }
+
+    /// The per-process waiters, `nprocs` of them: they follow the process entries
+    /// (`size`), and their alignment (8) divides the sizes before them. To be read or
+    /// written under the admission lock only.
+    fn waiters(&self) -> *mut Waiter {
+        // SAFETY: the region holds `nprocs` entries and then as many waiters.
+        unsafe {
+            (self as *const Shared)
                 .add(1)
                 .cast::<ProcEntry>()
                 .add(self.nprocs as usize)
                 .cast::<Waiter>()
-                .cast_mut();
-            f(
-                &mut *self.queue.get(),
-                std::slice::from_raw_parts_mut(waiters, self.nprocs as usize),
-            )
+                .cast_mut()
         }
     }
 

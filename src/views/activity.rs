@@ -45,7 +45,7 @@ fn activity_state() -> TableIterator<
         .map(|(slot, g)| (slot, g.name))
         .collect();
     // Memory each process's statement reserved, or asks for while it waits.
-    let memory: Vec<u64> = shared.with_admission(|_, waiters| {
+    let memory: Vec<u64> = shared.read_admission(|_, waiters| {
         waiters
             .iter()
             .map(|w| match w.state {

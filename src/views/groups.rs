@@ -57,7 +57,7 @@ fn groups_state() -> TableIterator<
             }
         }
     }
-    let memory = shared.with_admission(|queue, _| queue.groups.map(|g| g.memory));
+    let memory = shared.read_admission(|queue, _| queue.groups.map(|g| g.memory));
     let rows: Vec<_> = shared
         .groups
         .groups()

@@ -66,7 +66,7 @@ fn scheduler_state() -> TableIterator<
     };
     // The decay in force for groups without their own: configured or tuned.
     let decay = shared.sched().map(|s| s.decay());
-    let memory = shared.with_admission(|queue, _| queue.memory);
+    let memory = shared.read_admission(|queue, _| queue.memory);
     TableIterator::once((
         cpu_slots as i32,
         slots_in_use as i32,
