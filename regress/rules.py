@@ -361,6 +361,40 @@ def cancelled_write(s, sql, rules="elapsed > 200ms: cancel"):
 
 
 @check
+def a_rule_cancels_a_cursors_fetch_after_a_write_beside_it_ended(s):
+    """Fetch a batch, write, fetch on: the cursor's MOVE runs under the count of the
+    UPDATE registered beside it, which has ended, and passes a rule. Twice: after an
+    UPDATE that changes no row, a cpu_time rule (the MOVE keeps its yield points and
+    raises the rule's error at one); after one that does, an elapsed rule (its
+    transaction holds a row lock: the MOVE runs without yield points, which also keeps
+    its CPU from the rules, and gets the query cancel after the grace second). Catches:
+    the worker taking the UPDATE's end for the end of what it judged and withdrawing
+    the cancel (the MOVE, seconds long, ran to its end)."""
+    written_table(s)
+    try:
+        for rules, condition, error in [
+                ("cpu_time > 100ms: cancel", "pg_sleep(0) IS NULL", 'due to rule "cpu_time > 100ms: cancel"'),
+                ("elapsed > 300ms: cancel", "pg_sleep(0) IS NOT NULL", "due to user request")]:
+            set_rules(s, rules)
+            script = ("\\set ON_ERROR_STOP 0\nBEGIN;\n"
+                      "DECLARE c CURSOR FOR SELECT g FROM rules_big, generate_series(1, 40) g "
+                      "WHERE v >= 0;\nFETCH 1 FROM c;\n"
+                      f"UPDATE rules_w SET v = v + 1 WHERE {condition};\n"
+                      "\\timing on\nMOVE ALL IN c;\nROLLBACK;\n")
+            since = now(s)
+            out = s.run(*s.psql_args(None, user=APP)[len(concurrency.AS_POSTGRES):],
+                        input=script, capture_output=True, text=True, timeout=300)
+            errors = [line for line in out.stderr.splitlines() if "ERROR" in line]
+            took = [float(t) for t in re.findall(r"Time: ([0-9.]+) ms", out.stdout)]
+            print(f"    {rules}, UPDATE … WHERE {condition}: {errors}, MOVE {took[:1]} ms")
+            assert len(errors) == 1 and error in errors[0], (out.stdout, out.stderr)
+            assert took and took[0] < 4000, took
+            assert [x[:2] for x in hits(s, since)] == [[rules, "cancel"]], hits(s, since)
+    finally:
+        set_rules(s, "")
+
+
+@check
 def an_elapsed_rule_cancels_a_write_that_ends_within_the_grace_second(s):
     """A write has no yield points: the rule's query cancel must not wait a second for
     one. Catches: an UPDATE of 0.8 s that met a 200 ms rule ran to its end, committed,

@@ -258,10 +258,17 @@ fn wait_in_queue(
         WaitEnd::TimedOut(timeout_ms) => {
             counters.timed_out.fetch_add(1, Ordering::Relaxed);
             let group_name = shared.groups.name_of(group);
+            // The timeout, unless it was lowered during the wait: then how long it was.
+            let waited_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
+            let waited_ms = if waited_ms > timeout_ms.saturating_add(1000) {
+                waited_ms
+            } else {
+                timeout_ms
+            };
             ErrorReport::new(
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
                 format!(
-                    "canceling statement after waiting {timeout_ms} ms for admission in resource group \"{group_name}\""
+                    "canceling statement after waiting {waited_ms} ms for admission in resource group \"{group_name}\""
                 ),
                 "pg_stride admission",
             )
@@ -360,17 +367,16 @@ fn wait_for_turn(
         })
     };
     // The timeout in force is looked at again at least every second.
+    let deadline_of = |ms: i32| (ms > 0).then(|| started + Duration::from_millis(ms as u64));
     let timeout_ms = loop {
-        let timeout_ms = timeout_ms();
-        let deadline = (timeout_ms > 0).then(|| started + Duration::from_millis(timeout_ms as u64));
         let look_again = Instant::now() + Duration::from_secs(1);
-        if pg::wait_until(
-            &mut done,
-            Some(deadline.map_or(look_again, |d| d.min(look_again))),
-        ) {
+        let until = deadline_of(timeout_ms()).map_or(look_again, |d| d.min(look_again));
+        if pg::wait_until(&mut done, Some(until)) {
             return end;
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        // As it is now: one raised since the look above lets the wait go on.
+        let timeout_ms = timeout_ms();
+        if deadline_of(timeout_ms).is_some_and(|d| Instant::now() >= d) {
             break timeout_ms;
         }
     };

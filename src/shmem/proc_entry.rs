@@ -51,13 +51,18 @@ pub struct ProcEntry {
     /// within a chunk of tuples, and takes back there an admission lent while it waited
     /// for its client. Written by the process when that changes (`cpu::member`).
     pub checks_in: AtomicU32,
-    /// 1 when the statement that `registered` counts never joins CPU scheduling (a write,
-    /// a read too small to schedule): it has no yield points, and the scheduler worker
-    /// sends it a runaway-query rule's query cancel at once. Written before that count.
+    /// The count in `registered` of the latest statement if it never joins CPU
+    /// scheduling (a write, a read too small to schedule; the count before it
+    /// otherwise): it has no yield points, and the scheduler worker sends it a
+    /// runaway-query rule's query cancel at once. Written before that count, and a count
+    /// rather than a flag, so that a reader who sees the old count never takes the new
+    /// statement's value for the old one's.
     pub unscheduled: AtomicU32,
-    /// The count in `registered` of this process's last statement that ended (its
-    /// rule's cancel forgotten: [`ProcEntry::forget_rule_cancel_of`]): the scheduler
-    /// worker withdraws a cancel it asked for a statement that ended meanwhile.
+    /// The count in `registered` of this process's last statement that ended, or of the
+    /// last of a client command's statements (its rule's cancel forgotten:
+    /// [`ProcEntry::forget_rule_cancels_from`]): the scheduler worker withdraws a cancel
+    /// it asked for a statement that ended meanwhile, and takes what runs under an
+    /// ended statement's count for an open cursor's fetch.
     pub ended: AtomicU32,
     /// Check-ins and slots taken by this process, counted (wrapping) so that the
     /// watchdog sees a holder that reached no yield point during a whole round.
@@ -251,11 +256,19 @@ impl ProcEntry {
     /// `ended` after it (`worker::rules`): either this sees the request and clears it, or
     /// the worker sees the end and withdraws it.
     pub fn forget_rule_cancel_of(&self, key: u32) {
-        self.ended.store(key, Ordering::SeqCst);
-        if self.inbox.rule_cancel.load(Ordering::SeqCst) != 0
-            && self.inbox.rule_cancel_key.load(Ordering::Relaxed) == key
-        {
-            self.inbox.rule_cancel.store(0, Ordering::Release);
+        self.forget_rule_cancels_from(key, key);
+    }
+
+    /// The statements counted `first` to `last` (wrapping) end: a client command's, the
+    /// last of them the latest registered (a DO block's loop, whose body statements
+    /// ended while it went on: [`ProcEntry::forget_rule_cancel_of`] of each).
+    pub fn forget_rule_cancels_from(&self, first: u32, last: u32) {
+        self.ended.store(last, Ordering::SeqCst);
+        if self.inbox.rule_cancel.load(Ordering::SeqCst) != 0 {
+            let asked = self.inbox.rule_cancel_key.load(Ordering::Relaxed);
+            if asked.wrapping_sub(first) <= last.wrapping_sub(first) {
+                self.inbox.rule_cancel.store(0, Ordering::Release);
+            }
         }
     }
 

@@ -133,11 +133,17 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
         if let Some(entry) = entry {
             entry.running.fetch_sub(1, Ordering::AcqRel);
             // Unless a statement of its command goes on: a DO block's loop is judged
-            // with its body as one, and the rule's cancel is the loop's too.
+            // with its body as one, and the rule's cancel is the loop's too. The last
+            // of a command's statements to end (the loop's query) forgets those of the
+            // body, whose counts follow its own up to the latest.
             let goes_on = r.command.is_some()
                 && REGISTERED.with_borrow(|list| list.iter().any(|o| o.command == r.command));
             if !goes_on {
-                entry.forget_rule_cancel_of(r.key);
+                let last = match r.command {
+                    Some(_) => entry.registered.load(Ordering::Relaxed),
+                    None => r.key,
+                };
+                entry.forget_rule_cancels_from(r.key, last);
             }
         }
         if r.stage == Stage::Joined {

@@ -256,9 +256,8 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         ENTRY_WRITTEN.set(true);
         entry.cpu_base_ns.store(base, Ordering::Relaxed);
     }
-    entry
-        .unscheduled
-        .store(u32::from(!joins), Ordering::Relaxed);
+    let unscheduled = if joins { key.wrapping_sub(1) } else { key };
+    entry.unscheduled.store(unscheduled, Ordering::Relaxed);
     entry.registered.store(key, Ordering::Release);
     // The statement's figures are written after its count: a reader who sees one of
     // them and then reads the count again (behind an acquire fence, `worker::rules`)

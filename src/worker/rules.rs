@@ -99,7 +99,10 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
             rows: entry.rows.load(Ordering::Relaxed),
             temp_bytes: temp.get(&pid).copied().unwrap_or(0),
         };
-        let unscheduled = entry.unscheduled.load(Ordering::Relaxed) != 0;
+        // Whether statement `key` has ended already: then what runs under its count is
+        // an open cursor's fetch (a cursor declared before it), which has yield points.
+        let ended_at_look = entry.ended.load(Ordering::SeqCst) == key;
+        let unscheduled = entry.unscheduled.load(Ordering::Relaxed) == key && !ended_at_look;
         // The figures above are statement `key`'s only if it is still the backend's
         // statement after they were read: a statement that began meanwhile cleared them
         // for itself before it published its key, and wrote them after it (behind a
@@ -178,8 +181,10 @@ pub fn check(shared: &shmem::Shared, seen: &mut HashMap<usize, Seen>) {
                 asked_rule != 0 && entry.inbox.rule_cancel_key.load(Ordering::Relaxed) == key;
             // The statement may have ended since the look above, before the request was
             // stored, its end not seeing it: the request is withdrawn, not sent to what
-            // the session runs next (ProcEntry::forget_rule_cancel_of).
-            if pending && entry.ended.load(Ordering::SeqCst) == key {
+            // the session runs next (ProcEntry::forget_rule_cancel_of). One that had
+            // ended before the look is a cursor's run under its count: its yield points
+            // raise the rule's error.
+            if pending && !ended_at_look && entry.ended.load(Ordering::SeqCst) == key {
                 let _ = entry.inbox.rule_cancel.compare_exchange(
                     asked_rule,
                     0,
