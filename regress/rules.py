@@ -90,6 +90,13 @@ def log_text(s):
         return f.read()
 
 
+def app_script(s, script, timeout=120):
+    """Runs the psql `script` as the app; returns psql's result and its ERROR lines."""
+    out = s.run(*s.psql_args(None, user=APP)[len(concurrency.AS_POSTGRES):],
+                input=script, capture_output=True, text=True, timeout=timeout)
+    return out, [line for line in out.stderr.splitlines() if "ERROR" in line]
+
+
 @check
 def a_cpu_time_rule_cancels_at_a_yield_point_and_others_run_on(s):
     set_rules(s, "cpu_time > 100ms: cancel")
@@ -152,9 +159,7 @@ def a_rules_cancel_does_not_reach_the_sessions_next_statement(s):
                       f"FETCH 1 FROM c;\nSAVEPOINT s;\n{sql};\nROLLBACK TO s;\n"
                       "MOVE ALL IN c;\nSELECT 'moved';\nCOMMIT;\n")
             since = now(s)
-            out = s.run(*s.psql_args(None, user=APP)[len(concurrency.AS_POSTGRES):],
-                        input=script, capture_output=True, text=True, timeout=120)
-            errors = [line for line in out.stderr.splitlines() if "ERROR" in line]
+            out, errors = app_script(s, script)
             print(f"    {rules}: {errors}")
             assert len(errors) == 1 and error in errors[0], out.stderr
             assert out.stdout.split() == ["moved"], (out.stdout, out.stderr)
@@ -382,9 +387,7 @@ def a_rule_cancels_a_cursors_fetch_after_a_write_beside_it_ended(s):
                       f"UPDATE rules_w SET v = v + 1 WHERE {condition};\n"
                       "\\timing on\nMOVE ALL IN c;\nROLLBACK;\n")
             since = now(s)
-            out = s.run(*s.psql_args(None, user=APP)[len(concurrency.AS_POSTGRES):],
-                        input=script, capture_output=True, text=True, timeout=300)
-            errors = [line for line in out.stderr.splitlines() if "ERROR" in line]
+            out, errors = app_script(s, script, timeout=300)
             took = [float(t) for t in re.findall(r"Time: ([0-9.]+) ms", out.stdout)]
             print(f"    {rules}, UPDATE … WHERE {condition}: {errors}, MOVE {took[:1]} ms")
             assert len(errors) == 1 and error in errors[0], (out.stdout, out.stderr)
