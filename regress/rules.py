@@ -382,7 +382,7 @@ def a_rule_cancels_a_cursors_fetch_after_a_write_beside_it_ended(s):
                 ("elapsed > 300ms: cancel", "pg_sleep(0) IS NOT NULL", "due to user request")]:
             set_rules(s, rules)
             script = ("\\set ON_ERROR_STOP 0\nBEGIN;\n"
-                      "DECLARE c CURSOR FOR SELECT g FROM rules_big, generate_series(1, 40) g "
+                      "DECLARE c CURSOR FOR SELECT g FROM rules_big, generate_series(1, 80) g "
                       "WHERE v >= 0;\nFETCH 1 FROM c;\n"
                       f"UPDATE rules_w SET v = v + 1 WHERE {condition};\n"
                       "\\timing on\nMOVE ALL IN c;\nROLLBACK;\n")
@@ -393,6 +393,33 @@ def a_rule_cancels_a_cursors_fetch_after_a_write_beside_it_ended(s):
             assert len(errors) == 1 and error in errors[0], (out.stdout, out.stderr)
             assert took and took[0] < 4000, took
             assert [x[:2] for x in hits(s, since)] == [[rules, "cancel"]], hits(s, since)
+    finally:
+        set_rules(s, "")
+
+
+@check
+def closing_a_cursor_leaves_a_later_cursors_cancel_pending(s):
+    """Two cursors; an elapsed rule meets the second while the session waits for its
+    client (the query cancel sent then is ignored); the first is closed; the second's
+    MOVE raises the rule's error at a yield point. Catches: closing the first cursor
+    (the last statement of its DECLARE) forgetting the requests up to the latest count,
+    the second cursor's included (the MOVE, seconds long, ran to its end)."""
+    set_rules(s, "elapsed > 300ms: cancel")
+    try:
+        script = ("\\set ON_ERROR_STOP 0\nBEGIN;\n"
+                  "DECLARE c1 CURSOR FOR SELECT id FROM rules_big;\n"
+                  "DECLARE c2 CURSOR FOR SELECT g FROM rules_big, generate_series(1, 80) g "
+                  "WHERE v >= 0;\nFETCH 1 FROM c2;\n\\! sleep 1.6\nCLOSE c1;\n"
+                  "\\timing on\nMOVE ALL IN c2;\nROLLBACK;\n")
+        since = now(s)
+        out, errors = app_script(s, script, timeout=300)
+        took = [float(t) for t in re.findall(r"Time: ([0-9.]+) ms", out.stdout)]
+        print(f"    {errors}, MOVE {took[:1]} ms")
+        assert len(errors) == 1 and 'due to rule "elapsed > 300ms: cancel"' in errors[0], \
+            (out.stdout, out.stderr)
+        assert took and took[0] < 4000, took
+        assert [x[:2] for x in hits(s, since)] == [["elapsed > 300ms: cancel", "cancel"]], \
+            hits(s, since)
     finally:
         set_rules(s, "")
 

@@ -52,7 +52,7 @@ pub struct ProcEntry {
     /// for its client. Written by the process when that changes (`cpu::member`).
     pub checks_in: AtomicU32,
     /// The count in `registered` of the latest statement if it never joins CPU
-    /// scheduling (a write, a read too small to schedule; the count before it
+    /// scheduling (a write, a read too small to schedule; the count after it
     /// otherwise): it has no yield points, and the scheduler worker sends it a
     /// runaway-query rule's query cancel at once. Written before that count, and a count
     /// rather than a flag, so that a reader who sees the old count never takes the new

@@ -7,7 +7,9 @@
 //! the owner of its entry and registers both callbacks at its first registered statement,
 //! or a parallel worker's first part of one.
 
-use super::registry::{Stage, Statement, BY_HISTORY_REGISTERED, REGISTERED, TINY_REGISTERED};
+use super::registry::{
+    Stage, Statement, BY_HISTORY_REGISTERED, LAST_OF_COMMAND, REGISTERED, TINY_REGISTERED,
+};
 use super::unadmitted;
 use crate::backend_local::BackendLocal;
 use crate::shmem::{self, ProcEntry};
@@ -135,13 +137,13 @@ fn unregister_where(matches: impl Fn(&Statement) -> bool, failed: bool) -> usize
             // Unless a statement of its command goes on: a DO block's loop is judged
             // with its body as one, and the rule's cancel is the loop's too. The last
             // of a command's statements to end (the loop's query) forgets those of the
-            // body, whose counts follow its own up to the latest.
+            // body, whose counts follow its own up to the command's latest.
             let goes_on = r.command.is_some()
                 && REGISTERED.with_borrow(|list| list.iter().any(|o| o.command == r.command));
             if !goes_on {
-                let last = match r.command {
-                    Some(_) => entry.registered.load(Ordering::Relaxed),
-                    None => r.key,
+                let last = match (r.command, LAST_OF_COMMAND.get()) {
+                    (Some(command), (of, last)) if of == command => last,
+                    _ => r.key,
                 };
                 entry.forget_rule_cancels_from(r.key, last);
             }

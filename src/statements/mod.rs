@@ -52,7 +52,10 @@ pub use unadmitted::{
 };
 
 use ending::claim;
-use registry::{ByHistory, Stage, Statement, BY_HISTORY_REGISTERED, REGISTERED, TINY_REGISTERED};
+use registry::{
+    ByHistory, Stage, Statement, BY_HISTORY_REGISTERED, LAST_OF_COMMAND, REGISTERED,
+    TINY_REGISTERED,
+};
 
 use crate::backend_local::BackendLocal;
 use crate::gucs::Setting;
@@ -256,8 +259,13 @@ pub fn arrive(desc: *mut pg_sys::QueryDesc) -> bool {
         ENTRY_WRITTEN.set(true);
         entry.cpu_base_ns.store(base, Ordering::Relaxed);
     }
-    let unscheduled = if joins { key.wrapping_sub(1) } else { key };
+    // Neither this count nor the one before it, for a statement that joins: a reader of
+    // the old count must not take it for the old statement's.
+    let unscheduled = if joins { key.wrapping_add(1) } else { key };
     entry.unscheduled.store(unscheduled, Ordering::Relaxed);
+    if let Some(command) = command {
+        LAST_OF_COMMAND.set((command, key));
+    }
     entry.registered.store(key, Ordering::Release);
     // The statement's figures are written after its count: a reader who sees one of
     // them and then reads the count again (behind an acquire fence, `worker::rules`)

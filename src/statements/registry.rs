@@ -81,3 +81,9 @@ pub(super) static TINY_REGISTERED: BackendLocal<Cell<u32>> = BackendLocal::new(C
 /// How many are tiny by their history: their runs' CPU is measured (a system call each
 /// way, which the runs of tiny plans do not pay).
 pub(super) static BY_HISTORY_REGISTERED: BackendLocal<Cell<u32>> = BackendLocal::new(Cell::new(0));
+/// The client command (`client_utility::command`) of the latest registered statement
+/// that a command ran, and that statement's count: the last of a command's statements
+/// to end forgets the runaway-query rules' requests up to it (`ending`), and no further
+/// (a cursor declared by a later command keeps its own).
+pub(super) static LAST_OF_COMMAND: BackendLocal<Cell<(u64, u32)>> =
+    BackendLocal::new(Cell::new((0, 0)));
