@@ -292,13 +292,15 @@ def declined_ticket():
         "a_ticket_a_worker_declines_is_done_by_the_leader", the_leader_does_a_declined_part)
 
 
-def batches_until_ended(s, settings, start, batch, timeout=120):
+def batches_until_ended(s, settings, start, batch, timeout=120, pause=0.0):
     """Connects a session of the app to regress_db1 with `settings`, starts a process
     with `start()`, and runs `SELECT count(*) FROM t` there, `batch` statements at a
-    time, until that process has ended, and one batch more: each must give t's rows.
-    Returns the process and how many statements ran."""
+    time (`pause` seconds apart), until that process has ended, and one batch more:
+    each must give t's rows. Returns the process and how many statements ran."""
     loop = concurrency.Session(s, APP, db="regress_db1")
     loop.run(settings, lines=0)
+    # Connected before the process starts (a DROP DATABASE must find it there).
+    assert loop.run("SELECT 'connected'") == ["connected"]
     proc = start()
     statements, last = 0, False
     deadline = time.monotonic() + timeout
@@ -310,6 +312,7 @@ def batches_until_ended(s, settings, start, batch, timeout=120):
                             lines=batch, timeout=timeout)
             assert rows == ["100000"] * batch, rows
             statements += batch
+            time.sleep(pause)
     finally:
         loop.close()
     return proc, statements
@@ -405,7 +408,8 @@ def ticket_taken_late():
 def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
     """The owner's DROP DATABASE of regress_db1 while a session there runs pooled
     statements back to back: PostgreSQL refuses it after 5 s (55006, the session is
-    connected), once its drop hook has released the idle pool workers. The fault holds
+    connected), once its drop hook has released the idle pool workers. The statements
+    come a tenth of a second apart, so that the hook finds the workers idle. The fault holds
     the hook, after it saw a worker idle, until a statement of the session runs a
     fragment there (at most a second). Catches: the hook terminating a worker it had seen idle, under the
     fragment of the leader that reserved it since (that statement failed)."""
@@ -421,7 +425,7 @@ def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
     dropper, statements = batches_until_ended(
         s, FORCE + "SET parallel_leader_participation = off",
         lambda: subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE), 10)
+                                 stderr=subprocess.PIPE), 1, pause=0.1)
     rc, out, err = concurrency.finish(dropper)
     pooled = counters(s)["gathers_pooled"] - before["gathers_pooled"]
     print(f"    {statements} statements finished beside the drop, {pooled} of them pooled; "
