@@ -292,10 +292,10 @@ def declined_ticket():
         "a_ticket_a_worker_declines_is_done_by_the_leader", the_leader_does_a_declined_part)
 
 
-def batches_until_ended(s, settings, start, batch, timeout=120, pause=0.0):
+def batches_until_ended(s, settings, start, batch, timeout=120):
     """Connects a session of the app to regress_db1 with `settings`, starts a process
     with `start()`, and runs `SELECT count(*) FROM t` there, `batch` statements at a
-    time (`pause` seconds apart), until that process has ended, and one batch more:
+    time, until that process has ended, and one batch more:
     each must give t's rows. Returns the process and how many statements ran."""
     loop = concurrency.Session(s, APP, db="regress_db1")
     loop.run(settings, lines=0)
@@ -312,7 +312,6 @@ def batches_until_ended(s, settings, start, batch, timeout=120, pause=0.0):
                             lines=batch, timeout=timeout)
             assert rows == ["100000"] * batch, rows
             statements += batch
-            time.sleep(pause)
     finally:
         loop.close()
     return proc, statements
@@ -407,12 +406,16 @@ def ticket_taken_late():
 
 def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
     """The owner's DROP DATABASE of regress_db1 while a session there runs pooled
-    statements back to back: PostgreSQL refuses it after 5 s (55006, the session is
-    connected), once its drop hook has released the idle pool workers. The statements
-    come a tenth of a second apart, so that the hook finds the workers idle. The fault holds
-    the hook, after it saw a worker idle, until a statement of the session runs a
-    fragment there (at most a second). Catches: the hook terminating a worker it had seen idle, under the
-    fragment of the leader that reserved it since (that statement failed)."""
+    statements: PostgreSQL refuses it after 5 s (55006, the session is connected), once
+    its drop hook has released the idle pool workers. Two faults: the hook, after it saw
+    a worker idle, waits until a leader has taken it (the session's first statement is
+    sent then), and a worker that took a ticket shows itself as an autovacuum worker for
+    half a second more, while PostgreSQL's wait for the database to empty signals the
+    autovacuum workers it sees. Catches: the hook terminating a worker it had seen idle,
+    under the fragment of the leader that reserved it since, and a worker starting a
+    fragment once the drop waits (in both, that statement failed); statements that
+    stall until the drop ends (PostgreSQL's own workers cannot connect before); a pool
+    that stays unused after the refused drop."""
     deadline = time.monotonic() + 30
     while pool_workers(s, "regress_db1") < 2:
         assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
@@ -421,26 +424,56 @@ def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
     s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE datname = 'regress_db1' "
                  "AND state <> 'idle'", "0")
     before = counters(s)
+    session = concurrency.Session(s, APP, db="regress_db1")
+    session.run(FORCE + "SET parallel_leader_participation = off", lines=0)
+    assert session.run("SELECT 'connected'") == ["connected"]
     args = s.psql_args("DROP DATABASE regress_db1", user="postgres")
-    dropper, statements = batches_until_ended(
-        s, FORCE + "SET parallel_leader_participation = off",
-        lambda: subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE), 1, pause=0.1)
+    dropper = subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    waits = []
+    try:
+        deadline = time.monotonic() + 10
+        while "pool_release_race: waiting" not in s.log():
+            assert time.monotonic() < deadline and dropper.poll() is None, \
+                concurrency.finish(dropper)
+            time.sleep(0.02)
+        # Until the drop is refused, then once more.
+        last = False
+        while not last:
+            last = dropper.poll() is not None
+            began = time.monotonic()
+            assert session.run("SELECT count(*) FROM t", timeout=20) == ["100000"]
+            waits.append(time.monotonic() - began)
+            time.sleep(0.1)
+    finally:
+        session.close()
     rc, out, err = concurrency.finish(dropper)
-    pooled = counters(s)["gathers_pooled"] - before["gathers_pooled"]
-    print(f"    {statements} statements finished beside the drop, {pooled} of them pooled; "
-          f"the drop: {err.strip()}")
+    after = counters(s)
+    change = {k: after[k] - before[k] for k in ("gathers_pooled", "fragments_declined_by_worker",
+                                               "gathers_alone_during_drop")}
+    print(f"    {len(waits)} statements beside the drop, the longest took {max(waits):.2f} s; "
+          f"{change}; the drop: {err.strip().splitlines()[0]}")
     assert rc != 0 and "is being accessed by other users" in err, (rc, out, err)
-    assert pooled > 0, pooled
     # The fault saw a worker the hook looked at idle taken by a fragment.
     assert "the idle pool worker looked at is running a leader's fragment" in s.log(), \
         [line for line in s.log().splitlines() if "pool_release_race" in line]
+    # Slow to take it up, the workers gave their tickets back once the drop waited; the
+    # later statements' leaders ran their Gathers alone, without waiting for the drop.
+    assert change["fragments_declined_by_worker"] > 0, change
+    assert change["gathers_alone_during_drop"] > 0, change
+    assert max(waits) < 2.5, waits
+    # The refused drop's mark went with its transaction: the pool serves again.
+    deadline = time.monotonic() + 30
+    while counters(s)["fragments_ok"] == after["fragments_ok"]:
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        launched(s, "regress_db1", "SELECT count(*) FROM t")
+        time.sleep(0.2)
 
 
 def refused_drop():
     return one_check_on_its_server(
         concurrency.PORT + 6, "pg_stride.pool_size = 2\n",
-        {"PG_STRIDE_TEST_FAULTS": "pool_release_race"},
+        {"PG_STRIDE_TEST_FAULTS": "pool_release_race,pool_take_slowly"},
         "a_refused_drop_spares_the_workers_leaders_reserved_after_its_look",
         a_refused_drop_spares_the_workers_leaders_reserved_after_its_look)
 

@@ -195,7 +195,11 @@ unsafe fn start_round(node: GatherNode, pg: *mut PoolGather) -> bool {
         if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as c_int {
             return decline(pool, pg, Fallback::Serializable);
         }
-        if idle_workers(pool) == 0 && !wait_for_starting_worker(pool) {
+        // While a DROP DATABASE waits for this database to empty, its pool workers take
+        // no fragment (lifecycle::release_database) and PostgreSQL's own would wait for
+        // the command to end before they connect: the leader runs the Gather alone.
+        let closing = pool.is_closing(pg_sys::MyDatabaseId);
+        if !closing && idle_workers(pool) == 0 && !wait_for_starting_worker(pool) {
             make_way_for_this_leader(pool);
             return decline(pool, pg, Fallback::NoIdleWorker);
         }
@@ -244,8 +248,12 @@ unsafe fn start_round(node: GatherNode, pg: *mut PoolGather) -> bool {
             }
             BecomeLockGroupLeader();
             let want = ((*pcxt).nworkers_to_launch.max(0) as usize).min(MAX_TICKETS);
-            post_tickets(pool, pg, (*pcxt).seg, want);
-            if (*pg).nslots < want {
+            if closing {
+                pool.count(Counter::AloneDuringDrop);
+            } else {
+                post_tickets(pool, pg, (*pcxt).seg, want);
+            }
+            if !closing && (*pg).nslots < want {
                 pool.count(Counter::TicketsShort);
             }
             for i in 0..(*pg).nslots {

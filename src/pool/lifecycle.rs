@@ -24,8 +24,11 @@ use crate::{gucs, parallel};
 use pg_stride_sched::pool::caps::{pool_caps, PoolCaps};
 use pgrx::pg_sys;
 use std::ffi::c_char;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
+
+/// Whether this backend marked a database as closing ([`release_database`]).
+static MARKED_CLOSING: AtomicBool = AtomicBool::new(false);
 
 /// A slot STARTING for longer than this was never started by the postmaster.
 const START_TIMEOUT_MS: i64 = 10_000;
@@ -73,8 +76,11 @@ pub fn ensure_pool(pool: &PoolShared, database: pg_sys::Oid) {
     start_workers(pool, database, caps());
 }
 
-/// [`ensure_pool`] with `caps`.
+/// [`ensure_pool`] with `caps`. None for a database being dropped.
 fn start_workers(pool: &PoolShared, database: pg_sys::Oid, caps: PoolCaps) {
+    if pool.is_closing(database) {
+        return;
+    }
     let database = u32::from(database);
     let now = super::shared::now_ms();
     let (mut in_db, mut in_server) = (0u32, 0u32);
@@ -251,8 +257,9 @@ pub fn release_database(database: pg_sys::Oid, forced: bool) {
     };
     let ours = |slot: &&Slot| slot.database.load(Ordering::Acquire) == u32::from(database);
     let mut ended = Vec::new();
+    let mut raced = false;
     for slot in pool.slots.iter().filter(ours) {
-        let Some(end) = release(slot, forced) else {
+        let Some(end) = release(slot, forced, &mut raced) else {
             continue;
         };
         if end {
@@ -263,6 +270,16 @@ pub fn release_database(database: pg_sys::Oid, forced: bool) {
             }
         }
         ended.push(slot);
+    }
+    // From here on, PostgreSQL's wait terminates the database's idle pool workers as
+    // autovacuum workers. It looks at whether each shows itself as one, and signals it
+    // later: a worker that took a ticket in between would die under its fragment. So no
+    // worker of the database takes a fragment until this command's transaction ends
+    // (worker.rs declines one it took already), and no leader posts one.
+    if let Some(procno) = crate::pg::my_procno().and_then(|n| u32::try_from(n).ok()) {
+        if pool.mark_closing(database, procno) {
+            MARKED_CLOSING.store(true, Ordering::Relaxed);
+        }
     }
     if ended.is_empty() {
         return;
@@ -278,14 +295,26 @@ pub fn release_database(database: pg_sys::Oid, forced: bool) {
     );
 }
 
+/// This backend's transaction ended: a database it marked as closing is no longer.
+pub fn transaction_ended() {
+    if MARKED_CLOSING.swap(false, Ordering::Relaxed) {
+        if let (Some(pool), Some(procno)) = (
+            super::shared::shared(),
+            crate::pg::my_procno().and_then(|n| u32::try_from(n).ok()),
+        ) {
+            pool.unmark_closing(procno);
+        }
+    }
+}
+
 /// Makes the pool worker of `slot` leave for [`release_database`]: Some(true) if it is
 /// to be terminated now, Some(false) if it leaves by itself, None if it stays. An idle or
 /// connecting worker is taken to RETIRING with a compare-and-swap before it is signalled:
 /// leaders reserve idle slots only, so a worker that a leader reserved after a look at
 /// its state (and before a signal) is never terminated under that leader's fragment.
 /// One still starting retires at its first idle look.
-fn release(slot: &Slot, forced: bool) -> Option<bool> {
-    let mut raced = false;
+/// `raced`: a test build's fault has held up a look at an idle worker already.
+fn release(slot: &Slot, forced: bool, raced: &mut bool) -> Option<bool> {
     loop {
         let (gen, state) = slot.load();
         match state {
@@ -296,8 +325,8 @@ fn release(slot: &Slot, forced: bool) -> Option<bool> {
             }
             State::Retiring => return Some(false),
             State::Connecting | State::Idle => {
-                if state == State::Idle && !raced && crate::pg::test_fault("pool_release_race") {
-                    raced = true;
+                if state == State::Idle && !*raced && crate::pg::test_fault("pool_release_race") {
+                    *raced = true;
                     race_a_leader(slot, gen);
                 }
                 if slot.cas((gen, state), (gen, State::Retiring)) {
@@ -320,6 +349,9 @@ fn release(slot: &Slot, forced: bool) -> Option<bool> {
 /// `gen`), waits until a leader has reserved it and its fragment runs (at most a
 /// second), and logs what the release then finds.
 fn race_a_leader(slot: &Slot, gen: u64) {
+    pgrx::log!(
+        "pg_stride: test fault pool_release_race: waiting for a leader to take an idle pool worker"
+    );
     let deadline = Instant::now() + Duration::from_secs(1);
     while slot.load().1 != State::Running && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));

@@ -185,8 +185,11 @@ pub enum Counter {
     NsUntilX,
     NsUntilReleased,
     NsOwnRestore,
+    /// Gathers that their leader ran alone while a DROP DATABASE waited for their
+    /// database to empty ([`PoolShared::closing`]).
+    AloneDuringDrop,
 }
-pub const COUNTER_NAMES: [&str; 22] = [
+pub const COUNTER_NAMES: [&str; 23] = [
     "gathers_pooled",
     "tickets_posted",
     "tickets_short",
@@ -209,6 +212,7 @@ pub const COUNTER_NAMES: [&str; 22] = [
     "ns_until_x",
     "ns_until_released",
     "ns_own_restore",
+    "gathers_alone_during_drop",
 ];
 
 /// Why a Gather ran with PostgreSQL's own workers instead of the pool, in the order of
@@ -264,7 +268,15 @@ pub struct PoolShared {
     /// yet), for the caps (lifecycle::publish_server_settings).
     pub server_parallel_workers: AtomicI32,
     pub server_pool_size: AtomicI32,
+    /// The databases that a command waits to see empty, from its drop hook to the end of
+    /// its transaction (lifecycle::release_database): each entry is the database's OID
+    /// << 32 | the command's procno + 1, 0 when free.
+    pub closing: [AtomicU64; CLOSING_COMMANDS],
 }
+
+/// Commands that may wait for their database to empty at the same time. One beyond them
+/// marks nothing: its pool is left to the autovacuum terminations alone.
+pub const CLOSING_COMMANDS: usize = 16;
 
 impl PoolShared {
     pub fn count(&self, c: Counter) {
@@ -291,6 +303,40 @@ impl PoolShared {
             })
             .unwrap_or(&self.other_databases);
         entry.counts[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Marks `database` as closing for the command of backend `procno`; false if every
+    /// entry is taken.
+    pub fn mark_closing(&self, database: pg_sys::Oid, procno: u32) -> bool {
+        let mark = (u64::from(u32::from(database)) << 32) | (u64::from(procno) + 1);
+        self.closing.iter().any(|entry| {
+            entry.load(Ordering::SeqCst) == mark
+                || entry
+                    .compare_exchange(0, mark, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+        })
+    }
+
+    /// Takes away the marks of backend `procno`'s commands.
+    pub fn unmark_closing(&self, procno: u32) {
+        for entry in &self.closing {
+            let mark = entry.load(Ordering::SeqCst);
+            if mark != 0 && mark & u64::from(u32::MAX) == u64::from(procno) + 1 {
+                let _ = entry.compare_exchange(mark, 0, Ordering::SeqCst, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Whether a command waits for `database` to empty. Sequentially consistent with
+    /// what the caller did before (a pool worker stopped showing itself as an autovacuum
+    /// worker): either that command's wait sees it so, or this sees the mark.
+    pub fn is_closing(&self, database: pg_sys::Oid) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let database = u64::from(u32::from(database));
+        self.closing.iter().any(|entry| {
+            let mark = entry.load(Ordering::SeqCst);
+            mark != 0 && mark >> 32 == database
+        })
     }
 }
 

@@ -236,6 +236,11 @@ unsafe fn idle_loop(pool: &shared::PoolShared, slot: &Slot) -> ! {
         // Read before the ticket runs: its cancel may come as soon as it does.
         let sigints = LEADER_SIGINTS.load(Ordering::SeqCst);
         if state == State::Posted && slot.cas((gen, State::Posted), (gen, State::Running)) {
+            // A test build is slow to stop showing itself as an autovacuum worker, as a
+            // worker taken off its CPU right after it took the ticket is.
+            if pg::test_fault("pool_take_slowly") {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
             // SAFETY: the ticket is ours; holding no LWLock.
             unsafe {
                 pg::show_as_autovacuum(false);
@@ -388,6 +393,16 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
         let nworkers = slot.t_nworkers.load(Ordering::Relaxed);
         if number < 0 || number >= nworkers || number as usize >= MAX_TICKETS {
             FRAG.declined = true;
+            return;
+        }
+        // A DROP DATABASE waits for this database to empty, and may have seen this
+        // worker, idle before it took the ticket, as an autovacuum worker to terminate
+        // (lifecycle::release_database): it retires without starting the fragment. Its
+        // caller stopped showing it as one first, so a drop that marks the database
+        // after this look sees it busy and leaves it to its leader.
+        if pool.is_closing(pg_sys::MyDatabaseId) {
+            FRAG.declined = true;
+            FRAG.retire = true;
             return;
         }
         pg_sys::ParallelWorkerNumber = number;
