@@ -14,14 +14,17 @@
   min_dynamic_shared_memory is configured, and a configured value wins;
 - a ticket a pool worker must decline (its number past the context's workers, through
   PG_STRIDE_TEST_FAULTS in the debug build), with the leader not taking part: the
-  leader does that part itself and the result is the serial one;
+  leader does that part itself and the result is the serial one, for a Gather and a
+  Gather Merge;
 - a fragment that fails on its own lock_timeout and whose leader's cancel comes late
   (PG_STRIDE_TEST_FAULTS again): the next fragments of the worker are not cancelled;
 - a ticket taken while its leader, its LIMIT met, revokes it (the same faults): the
   fragment stops at its detached tuple queue, uncancelled;
 - the owner's DROP DATABASE, which PostgreSQL refuses because a session is connected,
   while that session's pooled statements reserve the idle workers the drop hook looked
-  at (a fault holds the hook until they do): every statement finishes.
+  at (a fault holds the hook until they do) and are slow to start their fragments
+  (another fault): every statement finishes, none stalls until the drop ends, and the
+  pool serves again after it; the same for ALTER DATABASE … RENAME.
 
 Prints one line per check, then "pool_limits: N passed, N failed".
 """
@@ -270,19 +273,25 @@ def unchecked_release():
 
 
 def the_leader_does_a_declined_part(s):
-    sql = "SELECT count(*), sum(a) FROM t"
-    serial = in_database(s, "regress_db1", "SET max_parallel_workers_per_gather = 0; " + sql)
-    in_database(s, "regress_db1", FORCE + sql)
-    time.sleep(1)
-    before = counters(s)
-    results = [in_database(s, "regress_db1", FORCE + "SET parallel_leader_participation = off; " + sql)
-               for _ in range(10)]
-    after = counters(s)
-    declined = after["fragments_declined_by_worker"] - before["fragments_declined_by_worker"]
-    entered = after["fragments_entered"] - before["fragments_entered"]
-    print(f"    10 of 10 results as serial; {declined} tickets declined, {entered} fragments ran")
-    assert results == [serial] * 10, (serial, results)
-    assert declined >= 5 and entered >= 5, (before, after)
+    """A Gather and a Gather Merge (whose leader must join before its first tuple),
+    neither with the leader taking part, whose first ticket the worker declines."""
+    off = "SET parallel_leader_participation = off; "
+    for sql, node in (("SELECT count(*), sum(a) FROM t", "Gather"),
+                      ("SELECT a FROM t WHERE a % 5000 = 0 ORDER BY a", "Gather Merge")):
+        serial = in_database(s, "regress_db1", "SET max_parallel_workers_per_gather = 0; " + sql)
+        plan = in_database(s, "regress_db1", FORCE + off + "EXPLAIN (COSTS OFF) " + sql)
+        assert re.search(rf"Custom Scan \(Stride {node}\)$", plan, re.M), plan
+        in_database(s, "regress_db1", FORCE + sql)
+        time.sleep(1)
+        before = counters(s)
+        results = [in_database(s, "regress_db1", FORCE + off + sql) for _ in range(10)]
+        after = counters(s)
+        declined = after["fragments_declined_by_worker"] - before["fragments_declined_by_worker"]
+        entered = after["fragments_entered"] - before["fragments_entered"]
+        print(f"    {node}: {sum(r == serial for r in results)} of 10 results as serial; "
+              f"{declined} tickets declined, {entered} fragments ran")
+        assert results == [serial] * 10, (serial, results)
+        assert declined >= 5 and entered >= 5, (before, after)
 
 
 def declined_ticket():
@@ -450,9 +459,9 @@ def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
     rc, out, err = concurrency.finish(dropper)
     after = counters(s)
     change = {k: after[k] - before[k] for k in ("gathers_pooled", "fragments_declined_by_worker",
-                                               "gathers_alone_during_drop")}
+                                               "gathers_alone_for_database_command")}
     print(f"    {len(waits)} statements beside the drop, the longest took {max(waits):.2f} s; "
-          f"{change}; the drop: {err.strip().splitlines()[0]}")
+          f"{change}; the drop: {err.strip()[:90]!r}")
     assert rc != 0 and "is being accessed by other users" in err, (rc, out, err)
     # The fault saw a worker the hook looked at idle taken by a fragment.
     assert "the idle pool worker looked at is running a leader's fragment" in s.log(), \
@@ -460,7 +469,7 @@ def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
     # Slow to take it up, the workers gave their tickets back once the drop waited; the
     # later statements' leaders ran their Gathers alone, without waiting for the drop.
     assert change["fragments_declined_by_worker"] > 0, change
-    assert change["gathers_alone_during_drop"] > 0, change
+    assert change["gathers_alone_for_database_command"] > 0, change
     assert max(waits) < 2.5, waits
     # The refused drop's mark went with its transaction: the pool serves again.
     deadline = time.monotonic() + 30
@@ -476,6 +485,48 @@ def refused_drop():
         {"PG_STRIDE_TEST_FAULTS": "pool_release_race,pool_take_slowly"},
         "a_refused_drop_spares_the_workers_leaders_reserved_after_its_look",
         a_refused_drop_spares_the_workers_leaders_reserved_after_its_look)
+
+
+def a_refused_rename_spares_the_pool_workers_fragments(s):
+    """The owner's ALTER DATABASE regress_db1 RENAME while a session there runs pooled
+    statements back to back: PostgreSQL refuses it after 5 s (55006, the session is
+    connected). A fault keeps a worker that took a ticket shown as an autovacuum worker
+    for half a second, while PostgreSQL's wait for the database to empty signals the
+    autovacuum workers it sees. Catches: a worker terminated under a fragment (that
+    statement failed), and a pool left unused after the refused command."""
+    deadline = time.monotonic() + 30
+    while pool_workers(s, "regress_db1") < 2:
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        launched(s, "regress_db1", "SELECT count(*) FROM t")
+        time.sleep(0.2)
+    before = counters(s)
+    args = s.psql_args("ALTER DATABASE regress_db1 RENAME TO regress_db1_renamed",
+                       user="postgres")
+    renamer, statements = batches_until_ended(
+        s, FORCE + "SET parallel_leader_participation = off",
+        lambda: subprocess.Popen(args, env=ENV, text=True, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE), 1)
+    rc, out, err = concurrency.finish(renamer)
+    after = counters(s)
+    alone = after["gathers_alone_for_database_command"] - \
+        before["gathers_alone_for_database_command"]
+    print(f"    {statements} statements beside the rename, {alone} Gathers alone; "
+          f"the rename: {err.strip()[:90]!r}")
+    assert rc != 0 and "is being accessed by other users" in err, (rc, out, err)
+    assert alone > 0, (before, after)
+    deadline = time.monotonic() + 30
+    while counters(s)["fragments_ok"] == after["fragments_ok"]:
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        launched(s, "regress_db1", "SELECT count(*) FROM t")
+        time.sleep(0.2)
+
+
+def refused_rename():
+    return one_check_on_its_server(
+        concurrency.PORT + 20, "pg_stride.pool_size = 2\n",
+        {"PG_STRIDE_TEST_FAULTS": "pool_take_slowly"},
+        "a_refused_rename_spares_the_pool_workers_fragments",
+        a_refused_rename_spares_the_pool_workers_fragments)
 
 
 def lowered_size_keeps_the_lowest_slots(s):
@@ -550,7 +601,7 @@ def main():
     passed = failed = 0
     for part in (caps_and_reach, unchecked_release, declined_ticket,
                  configured_dynamic_shared_memory, lowered_pool_size, late_cancel,
-                 ticket_taken_late, refused_drop):
+                 ticket_taken_late, refused_drop, refused_rename):
         try:
             p, f = part()
         except Exception as e:  # noqa: BLE001 - a server that did not start

@@ -448,6 +448,14 @@ unsafe extern "C-unwind" fn process_utility(
         DROP_FORCED.set(unsafe { pg::drop_database_forces(stmt.cast()) });
         watch_object_drops();
     }
+    use pg_sys::NodeTag::{T_AlterDatabaseStmt, T_CreatedbStmt, T_RenameStmt};
+    let empties_database = match tag {
+        // SAFETY: `tag` is the type of `stmt`, in ProcessUtility's transaction.
+        Some(tag @ (T_RenameStmt | T_AlterDatabaseStmt | T_CreatedbStmt)) => unsafe {
+            mark_database_emptied(stmt, tag)
+        },
+        _ => false,
+    };
     // The statement the client sent: the queries it runs read their group tag in it.
     let client = !nested
         && NESTING.get() == 0
@@ -485,6 +493,9 @@ unsafe extern "C-unwind" fn process_utility(
     if drops_database {
         DROP_FORCED.set(false);
         stop_watching_object_drops();
+    }
+    if empties_database {
+        pool::unmark_closing();
     }
     if drops_extension {
         // The groups loader reloads when the transaction ends: without the table, only
@@ -598,6 +609,22 @@ pub(crate) unsafe extern "C-unwind" fn object_access(
         // SAFETY: a guarded function.
         unsafe { release_pool_database(object_id, DROP_FORCED.get()) };
     }
+}
+
+/// For a utility that needs a database without other backends (other than DROP
+/// DATABASE, whose drop hook does it): marks that database's pool closing until the
+/// utility returns or its transaction ends (pool::lifecycle). Returns whether it did.
+#[pgrx::pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn mark_database_emptied(
+    stmt: *mut pg_sys::Node,
+    tag: pg_sys::NodeTag,
+) -> bool {
+    // SAFETY: the caller's promise: `stmt` is of type `tag`, in a transaction.
+    let database = unsafe { pg::database_emptied_by(stmt, tag) };
+    database
+        .inspect(|&database| pool::mark_closing(database))
+        .is_some()
 }
 
 #[pgrx::pg_guard]

@@ -218,25 +218,94 @@ pub fn may_read_stats_of(role: pg_sys::Oid) -> bool {
     }
 }
 
-/// Whether `stmt`, a DropdbStmt, asks `WITH (FORCE)`. Reads the List's array
-/// directly, as [`StatementText::of_active_portal`] does.
+/// The DefElem named `name` among `options` (a List of DefElems, or NIL), or null. Reads
+/// the List's array directly, as [`StatementText::of_active_portal`] does.
+///
+/// # Safety
+/// `options` is NIL or a valid List of DefElems.
+unsafe fn option_named(
+    options: *const pg_sys::List,
+    name: &std::ffi::CStr,
+) -> *mut pg_sys::DefElem {
+    if options.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the caller's promise; each DefElem's defname is a NUL-terminated string.
+    unsafe {
+        (0..(*options).length as usize)
+            .map(|i| {
+                (*(*options).elements.add(i))
+                    .ptr_value
+                    .cast::<pg_sys::DefElem>()
+            })
+            .find(|&option| {
+                !(*option).defname.is_null() && std::ffi::CStr::from_ptr((*option).defname) == name
+            })
+            .unwrap_or(std::ptr::null_mut())
+    }
+}
+
+/// The database that utility `stmt` (of type `tag`) needs without other backends, after
+/// PostgreSQL's own checks: the one an `ALTER DATABASE … RENAME` or `SET TABLESPACE`
+/// changes, or a `CREATE DATABASE`'s template. Only one that exists and that the
+/// current user owns (or any, for a superuser): the command will not stop for a
+/// permission check on it.
+///
+/// # Safety
+/// `stmt` is a valid node of type `tag`; inside a transaction (it reads catalogs), in a
+/// guarded function (they may raise an ERROR).
+pub unsafe fn database_emptied_by(
+    stmt: *mut pg_sys::Node,
+    tag: pg_sys::NodeTag,
+) -> Option<pg_sys::Oid> {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let name: *const std::ffi::c_char = match tag {
+            pg_sys::NodeTag::T_RenameStmt => {
+                let rename = stmt.cast::<pg_sys::RenameStmt>();
+                if (*rename).renameType != pg_sys::ObjectType::OBJECT_DATABASE {
+                    return None;
+                }
+                (*rename).subname
+            }
+            pg_sys::NodeTag::T_AlterDatabaseStmt => {
+                let alter = stmt.cast::<pg_sys::AlterDatabaseStmt>();
+                if option_named((*alter).options, c"tablespace").is_null() {
+                    return None;
+                }
+                (*alter).dbname
+            }
+            pg_sys::NodeTag::T_CreatedbStmt => {
+                let template =
+                    option_named((*stmt.cast::<pg_sys::CreatedbStmt>()).options, c"template");
+                if template.is_null() || (*template).arg.is_null() {
+                    c"template1".as_ptr()
+                } else {
+                    pg_sys::defGetString(template)
+                }
+            }
+            _ => return None,
+        };
+        if name.is_null() {
+            return None;
+        }
+        let database = pg_sys::get_database_oid(name, true);
+        let me = pg_sys::GetUserId();
+        #[cfg(feature = "pg15")]
+        let owns = pg_sys::pg_database_ownercheck(database, me);
+        #[cfg(not(feature = "pg15"))]
+        let owns = pg_sys::object_ownercheck(pg_sys::DatabaseRelationId, database, me);
+        (database != pg_sys::InvalidOid && owns).then_some(database)
+    }
+}
+
+/// Whether `stmt`, a DropdbStmt, asks `WITH (FORCE)`.
 ///
 /// # Safety
 /// `stmt` is a valid DropdbStmt, whose options are a List of DefElems or NIL.
 pub unsafe fn drop_database_forces(stmt: *const pg_sys::DropdbStmt) -> bool {
-    // SAFETY: the caller's promise; each DefElem's defname is a NUL-terminated string.
-    unsafe {
-        let options = (*stmt).options;
-        if options.is_null() {
-            return false;
-        }
-        (0..(*options).length as usize).any(|i| {
-            let option = (*(*options).elements.add(i))
-                .ptr_value
-                .cast::<pg_sys::DefElem>();
-            !(*option).defname.is_null() && std::ffi::CStr::from_ptr((*option).defname) == c"force"
-        })
-    }
+    // SAFETY: the caller's promise.
+    unsafe { !option_named((*stmt).options, c"force").is_null() }
 }
 
 /// Whether the current role may terminate a backend of `role`: PostgreSQL's rule for

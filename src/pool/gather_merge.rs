@@ -84,7 +84,8 @@ pub(super) unsafe fn getnext(
 
 /// Fills the heap with the first tuple of every participant that has one: the workers'
 /// that are ready, then the leader's own (while the workers go on), then those the
-/// workers are still producing.
+/// workers are still producing; then the leader's, if it took over a worker's part
+/// meanwhile (tickets::take_over_declined).
 unsafe fn first_tuples(node: *mut pg_sys::GatherMergeState, pg: *mut PoolGather) {
     // SAFETY: the caller's promise (getnext).
     unsafe {
@@ -101,6 +102,7 @@ unsafe fn first_tuples(node: *mut pg_sys::GatherMergeState, pg: *mut PoolGather)
                 add(p);
             }
         }
+        let mut leader_read = (*node).need_to_scan_locally;
         if next_tuple(node, pg, 0, true) {
             add(0);
         }
@@ -108,6 +110,12 @@ unsafe fn first_tuples(node: *mut pg_sys::GatherMergeState, pg: *mut PoolGather)
             let slot = *(*node).gm_slots.add(p);
             if tup_is_null(slot) && next_tuple(node, pg, p, true) {
                 add(p);
+            }
+            if !leader_read && (*node).need_to_scan_locally {
+                leader_read = true;
+                if next_tuple(node, pg, 0, true) {
+                    add(0);
+                }
             }
         }
         binaryheap_build(heap);

@@ -88,6 +88,8 @@ pub struct PoolGather {
     /// declined, for EXPLAIN ANALYZE.
     pub(super) rounds_pooled: u32,
     pub(super) rounds_declined: u32,
+    /// Rounds the leader ran alone while a command waited for the database to empty.
+    pub(super) rounds_alone: u32,
     /// 1 + the [`Fallback`] that last made a round run PostgreSQL's way; 0: none.
     pub(super) declined: usize,
     /// How many participants a Gather Merge's heap holds.
@@ -193,6 +195,9 @@ pub(super) unsafe fn describe_pool_use(inner: *mut pg_sys::PlanState) -> *mut c_
             });
         }
         let (pooled, declined) = ((*pg).rounds_pooled, (*pg).rounds_declined);
+        if pooled == 0 && declined == 0 && (*pg).rounds_alone > 0 {
+            return not_used("a database command waits for the database to empty");
+        }
         match (*pg).declined.checked_sub(1).map(|i| FALLBACK_NAMES[i]) {
             None if pooled > 1 => psprintf(c"used, %u rounds".as_ptr(), pooled),
             None => pstrdup(c"used".as_ptr()),

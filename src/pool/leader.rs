@@ -189,16 +189,17 @@ unsafe fn start_round(node: GatherNode, pg: *mut PoolGather) -> bool {
         if let Some(why) = super::compat::unavailable(pool) {
             return decline(pool, pg, why);
         }
-        if crate::pg::top_transaction_id_if_any() != pg_sys::InvalidTransactionId {
+        // While a command waits for this database to empty (DROP DATABASE, say), its pool
+        // workers take no fragment (lifecycle::mark_closing), and PostgreSQL's own could
+        // not connect to a database being dropped before the command ends: the leader
+        // runs the Gather alone, whatever would have sent it to PostgreSQL's workers.
+        let closing = pool.is_closing(pg_sys::MyDatabaseId);
+        if !closing && crate::pg::top_transaction_id_if_any() != pg_sys::InvalidTransactionId {
             return decline(pool, pg, Fallback::Xid);
         }
-        if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as c_int {
+        if !closing && pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as c_int {
             return decline(pool, pg, Fallback::Serializable);
         }
-        // While a DROP DATABASE waits for this database to empty, its pool workers take
-        // no fragment (lifecycle::release_database) and PostgreSQL's own would wait for
-        // the command to end before they connect: the leader runs the Gather alone.
-        let closing = pool.is_closing(pg_sys::MyDatabaseId);
         if !closing && idle_workers(pool) == 0 && !wait_for_starting_worker(pool) {
             make_way_for_this_leader(pool);
             return decline(pool, pg, Fallback::NoIdleWorker);
@@ -249,7 +250,8 @@ unsafe fn start_round(node: GatherNode, pg: *mut PoolGather) -> bool {
             BecomeLockGroupLeader();
             let want = ((*pcxt).nworkers_to_launch.max(0) as usize).min(MAX_TICKETS);
             if closing {
-                pool.count(Counter::AloneDuringDrop);
+                pool.count(Counter::AloneForDatabaseCommand);
+                (*pg).rounds_alone += 1;
             } else {
                 post_tickets(pool, pg, (*pcxt).seg, want);
             }
@@ -286,7 +288,9 @@ unsafe fn start_round(node: GatherNode, pg: *mut PoolGather) -> bool {
             (*pg).nslots == 0 || (!single_copy && pg_sys::parallel_leader_participation);
         (*pg).leader_participates = *state_field!(node, need_to_scan_locally);
         *state_field!(node, initialized) = true;
-        pool.count(Counter::GathersPooled);
+        if !closing {
+            pool.count(Counter::GathersPooled);
+        }
         true
     }
 }

@@ -27,7 +27,7 @@ use std::ffi::c_char;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-/// Whether this backend marked a database as closing ([`release_database`]).
+/// Whether this backend marked a database as closing ([`mark_closing`]).
 static MARKED_CLOSING: AtomicBool = AtomicBool::new(false);
 
 /// A slot STARTING for longer than this was never started by the postmaster.
@@ -276,11 +276,7 @@ pub fn release_database(database: pg_sys::Oid, forced: bool) {
     // later: a worker that took a ticket in between would die under its fragment. So no
     // worker of the database takes a fragment until this command's transaction ends
     // (worker.rs declines one it took already), and no leader posts one.
-    if let Some(procno) = crate::pg::my_procno().and_then(|n| u32::try_from(n).ok()) {
-        if pool.mark_closing(database, procno) {
-            MARKED_CLOSING.store(true, Ordering::Relaxed);
-        }
-    }
+    mark_closing(database);
     if ended.is_empty() {
         return;
     }
@@ -295,8 +291,27 @@ pub fn release_database(database: pg_sys::Oid, forced: bool) {
     );
 }
 
-/// This backend's transaction ended: a database it marked as closing is no longer.
-pub fn transaction_ended() {
+/// Marks `database` as closing until [`unmark_closing`]: its pool takes no fragment (see
+/// [`release_database`]). For a command that needs the database without other backends
+/// and passed the permission checks on it.
+pub fn mark_closing(database: pg_sys::Oid) {
+    let procno = crate::pg::my_procno().and_then(|n| u32::try_from(n).ok());
+    if let (Some(pool), Some(procno)) = (super::shared::shared(), procno) {
+        if pool.mark_closing(database, procno) {
+            MARKED_CLOSING.store(true, Ordering::Relaxed);
+        } else {
+            pgrx::log!(
+                "pg_stride: {} database commands wait at once: the pool of database {} is not \
+                 held back, and PostgreSQL may terminate its workers under a fragment",
+                super::shared::CLOSING_COMMANDS,
+                u32::from(database)
+            );
+        }
+    }
+}
+
+/// The command that marked a database as closing returned, or its transaction ended.
+pub fn unmark_closing() {
     if MARKED_CLOSING.swap(false, Ordering::Relaxed) {
         if let (Some(pool), Some(procno)) = (
             super::shared::shared(),

@@ -52,14 +52,16 @@ pub use worker_row::WorkerRow;
 use crate::{gucs, parallel, pg};
 use pgrx::pg_sys;
 
-pub use lifecycle::{prestart, publish_server_settings, release_database};
+pub use lifecycle::{
+    mark_closing, prestart, publish_server_settings, release_database, unmark_closing,
+};
 pub use settings::register_settings;
 
 /// The backend's transaction ended: the pool forgets its Gathers, and the closing mark
 /// of a DROP DATABASE this backend ran.
 pub fn transaction_ended() {
     gathers::transaction_ended();
-    lifecycle::transaction_ended();
+    lifecycle::unmark_closing();
 }
 use shared::{State, COUNTER_NAMES, FALLBACK_NAMES};
 use std::sync::atomic::Ordering;

@@ -185,9 +185,9 @@ pub enum Counter {
     NsUntilX,
     NsUntilReleased,
     NsOwnRestore,
-    /// Gathers that their leader ran alone while a DROP DATABASE waited for their
-    /// database to empty ([`PoolShared::closing`]).
-    AloneDuringDrop,
+    /// Gathers that their leader ran alone while a command (DROP DATABASE, say) waited
+    /// for their database to empty ([`PoolShared::closing`]).
+    AloneForDatabaseCommand,
 }
 pub const COUNTER_NAMES: [&str; 23] = [
     "gathers_pooled",
@@ -212,7 +212,7 @@ pub const COUNTER_NAMES: [&str; 23] = [
     "ns_until_x",
     "ns_until_released",
     "ns_own_restore",
-    "gathers_alone_during_drop",
+    "gathers_alone_for_database_command",
 ];
 
 /// Why a Gather ran with PostgreSQL's own workers instead of the pool, in the order of
@@ -268,9 +268,8 @@ pub struct PoolShared {
     /// yet), for the caps (lifecycle::publish_server_settings).
     pub server_parallel_workers: AtomicI32,
     pub server_pool_size: AtomicI32,
-    /// The databases that a command waits to see empty, from its drop hook to the end of
-    /// its transaction (lifecycle::release_database): each entry is the database's OID
-    /// << 32 | the command's procno + 1, 0 when free.
+    /// The databases that a command waits to see empty (lifecycle::mark_closing): each
+    /// entry is the database's OID << 32 | the command's procno + 1, 0 when free.
     pub closing: [AtomicU64; CLOSING_COMMANDS],
 }
 

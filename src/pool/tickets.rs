@@ -397,16 +397,20 @@ pub(super) unsafe fn poll(pg: *mut PoolGather, rethrow: bool) -> bool {
 }
 
 /// A worker gave its ticket back without doing any of the work, in a round the leader
-/// does not take part in: nobody would claim that work. A Gather's leader runs the plan
-/// itself from now on, as ExecGather does when it launched no worker; a Gather Merge's
-/// heap was built without the leader, so the statement fails instead of returning
-/// fewer rows.
+/// does not take part in: nobody would claim that work. The leader runs the plan itself
+/// from now on, as ExecGather does when it launched no worker. A Gather Merge's leader
+/// can join only until its first tuple is returned (gather_merge::first_tuples, which
+/// waits for every worker's first tuple or end, so a ticket given back is seen by then);
+/// later the statement fails instead of returning fewer rows.
 unsafe fn take_over_declined(pg: *mut PoolGather) {
     // SAFETY: our state; its node is the Gather (Merge) state being run.
     unsafe {
         (*pg).leader_participates = true;
         match GatherNode::of((*pg).node) {
             Some(GatherNode::Gather(gather)) => (*gather).need_to_scan_locally = true,
+            Some(GatherNode::Merge(merge)) if !(*merge).gm_initialized => {
+                (*merge).need_to_scan_locally = true;
+            }
             _ => raise(
                 NOT_IN_PREREQUISITE_STATE,
                 c"pg_stride pool: a pool worker could not take its part of a Gather Merge".as_ptr(),

@@ -37,6 +37,10 @@ pub fn release_database(_database: pg_sys::Oid, _forced: bool) {}
 
 pub fn transaction_ended() {}
 
+pub fn mark_closing(_database: pg_sys::Oid) {}
+
+pub fn unmark_closing() {}
+
 pub fn workers() -> Vec<WorkerRow> {
     Vec::new()
 }
