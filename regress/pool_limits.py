@@ -24,7 +24,9 @@
   while that session's pooled statements reserve the idle workers the drop hook looked
   at (a fault holds the hook until they do) and are slow to start their fragments
   (another fault): every statement finishes, none stalls until the drop ends, and the
-  pool serves again after it; the same for ALTER DATABASE … RENAME.
+  pool serves again after it; the same for ALTER DATABASE … RENAME; database commands
+  that fail before they wait (no such database, a savepoint) leave the pool serving;
+- the owner's DROP DATABASE beside pool workers still starting does not wait for them.
 
 Prints one line per check, then "pool_limits: N passed, N failed".
 """
@@ -238,9 +240,14 @@ max_parallel_workers = 8
 
 def one_check_on_its_server(port, conf, env, name, check):
     """Starts a server with `conf` and `env`, a login role and a database with a table,
-    and runs `check(s)` on it as the check `name`. Prediction off: the checks' small
-    statements would be predicted short, and get no workers while another statement
-    runs (regress/prediction.py checks that rule)."""
+    and runs `check(s)` on it as the check `name`."""
+    return checks_on_their_server(port, conf, env, [(name, check)])
+
+
+def checks_on_their_server(port, conf, env, checks):
+    """[`one_check_on_its_server`] for several (name, check) pairs, in order. Prediction
+    off: the checks' small statements would be predicted short, and get no workers while
+    another statement runs (regress/prediction.py checks that rule)."""
     s = EnvServer(port, "pg_stride.parallel_mode = pool\npg_stride.cpu_slots = 8\n"
                   "pg_stride.predict = off\nmax_worker_processes = 16\n" + conf, env=env)
     s.start()
@@ -248,7 +255,7 @@ def one_check_on_its_server(port, conf, env, name, check):
         s.sql(f"CREATE ROLE {APP} LOGIN")
         s.sql("CREATE EXTENSION pg_stride")
         make_database(s, "regress_db1")
-        return run(s, [(name, lambda: check(s), None)])
+        return run(s, [(name, lambda check=check: check(s), None) for name, check in checks])
     finally:
         s.stop()
 
@@ -472,11 +479,7 @@ def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
     assert change["gathers_alone_for_database_command"] > 0, change
     assert max(waits) < 2.5, waits
     # The refused drop's mark went with its transaction: the pool serves again.
-    deadline = time.monotonic() + 30
-    while counters(s)["fragments_ok"] == after["fragments_ok"]:
-        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
-        launched(s, "regress_db1", "SELECT count(*) FROM t")
-        time.sleep(0.2)
+    pooled_fragments_run(s)
 
 
 def refused_drop():
@@ -514,19 +517,86 @@ def a_refused_rename_spares_the_pool_workers_fragments(s):
           f"the rename: {err.strip()[:90]!r}")
     assert rc != 0 and "is being accessed by other users" in err, (rc, out, err)
     assert alone > 0, (before, after)
+    pooled_fragments_run(s)
+
+
+def pooled_fragments_run(s):
+    """Runs a Gather in regress_db1 until a pool worker has run one of its fragments
+    (the pool may be starting); fails after 30 s."""
+    before = counters(s)["fragments_ok"]
     deadline = time.monotonic() + 30
-    while counters(s)["fragments_ok"] == after["fragments_ok"]:
+    while counters(s)["fragments_ok"] == before:
         assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
         launched(s, "regress_db1", "SELECT count(*) FROM t")
         time.sleep(0.2)
 
 
+def database_commands_that_fail_early_leave_the_pool_serving(s):
+    """Database commands that end before PostgreSQL's wait for the database to empty:
+    the role's own on a database that does not exist (its error stays PostgreSQL's),
+    and the owner's inside a savepoint of a transaction that goes on. Catches: an error
+    about OID 0, and the database's pool left unused for the rest of the transaction."""
+    for sql in ("ALTER DATABASE regress_nosuch RENAME TO regress_x",
+                "ALTER DATABASE regress_nosuch SET TABLESPACE pg_default",
+                "CREATE DATABASE regress_x TEMPLATE regress_nosuch"):
+        out = subprocess.run(s.psql_args(sql, user=APP), env=ENV, text=True,
+                             capture_output=True)
+        assert out.returncode != 0, out
+        assert ('database "regress_nosuch" does not exist' in out.stderr
+                or "permission denied to create database" in out.stderr), (sql, out.stderr)
+    owner = concurrency.Session(s, "postgres")
+    try:
+        owner.run("\\set ON_ERROR_STOP 0", lines=0, end="")
+        owner.run("BEGIN; SAVEPOINT a", lines=0)
+        for sql in ("ALTER DATABASE regress_db1 SET TABLESPACE pg_default",
+                    "CREATE DATABASE regress_x TEMPLATE regress_db1"):
+            owner.send(sql)
+            owner.send("ROLLBACK TO a")
+            assert owner.run("SELECT 'still open'") == ["still open"]
+        before = counters(s)["gathers_alone_for_database_command"]
+        pooled_fragments_run(s)
+        assert counters(s)["gathers_alone_for_database_command"] == before, counters(s)
+    finally:
+        owner.close()
+
+
 def refused_rename():
-    return one_check_on_its_server(
+    return checks_on_their_server(
         concurrency.PORT + 20, "pg_stride.pool_size = 2\n",
         {"PG_STRIDE_TEST_FAULTS": "pool_take_slowly"},
-        "a_refused_rename_spares_the_pool_workers_fragments",
-        a_refused_rename_spares_the_pool_workers_fragments)
+        [("a_refused_rename_spares_the_pool_workers_fragments",
+          a_refused_rename_spares_the_pool_workers_fragments),
+         ("database_commands_that_fail_early_leave_the_pool_serving",
+          database_commands_that_fail_early_leave_the_pool_serving)])
+
+
+def a_drop_does_not_wait_for_pool_workers_still_starting(s):
+    """A Gather in regress_db1 starts its pool, whose workers (a fault) take 2 s before
+    they begin to connect; its session leaves, and the owner's DROP DATABASE follows
+    while they are still starting. Catches: the drop waiting 5 s for workers that could
+    not connect before it ended (PostgreSQL's wait does not see them); a worker left
+    behind in its slot."""
+    in_database(s, "regress_db1", FORCE + "SELECT count(*) FROM t")
+    starting = int(s.sql("SELECT count(*) FROM pg_stride.pool "
+                         "WHERE state = 'starting' AND datname = 'regress_db1'"))
+    began = time.monotonic()
+    s.sql("DROP DATABASE regress_db1")
+    took = time.monotonic() - began
+    print(f"    the drop beside {starting} pool workers still starting took {took:.2f} s")
+    assert starting > 0, s.sql("SELECT * FROM pg_stride.pool")
+    assert s.sql("SELECT count(*) FROM pg_database WHERE datname = 'regress_db1'") == "0"
+    assert took < 3, took
+    # They fail to connect to the dropped database and free their slots.
+    s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE datname IS DISTINCT FROM "
+                 "'postgres'", "0", timeout=15)
+
+
+def drop_beside_starting_workers():
+    return one_check_on_its_server(
+        concurrency.PORT + 21, "pg_stride.pool_size = 2\n",
+        {"PG_STRIDE_TEST_FAULTS": "pool_start_slowly"},
+        "a_drop_does_not_wait_for_pool_workers_still_starting",
+        a_drop_does_not_wait_for_pool_workers_still_starting)
 
 
 def lowered_size_keeps_the_lowest_slots(s):
@@ -601,7 +671,8 @@ def main():
     passed = failed = 0
     for part in (caps_and_reach, unchecked_release, declined_ticket,
                  configured_dynamic_shared_memory, lowered_pool_size, late_cancel,
-                 ticket_taken_late, refused_drop, refused_rename):
+                 ticket_taken_late, refused_drop, refused_rename,
+                 drop_beside_starting_workers):
         try:
             p, f = part()
         except Exception as e:  # noqa: BLE001 - a server that did not start

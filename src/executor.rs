@@ -612,8 +612,9 @@ pub(crate) unsafe extern "C-unwind" fn object_access(
 }
 
 /// For a utility that needs a database without other backends (other than DROP
-/// DATABASE, whose drop hook does it): marks that database's pool closing until the
-/// utility returns or its transaction ends (pool::lifecycle). Returns whether it did.
+/// DATABASE, whose drop hook does it): marks that database's pool closing, once the
+/// utility's lock on it is taken, until the utility returns or its (sub)transaction
+/// aborts (pool::lifecycle). Returns whether it did.
 #[pgrx::pg_guard]
 #[inline(never)]
 unsafe extern "C-unwind" fn mark_database_emptied(
@@ -773,6 +774,9 @@ unsafe extern "C-unwind" fn on_subxact_event(
         {
             stop_watching_object_drops();
         }
+        // A database command that failed inside the savepoint: its database's pool
+        // serves again.
+        pool::subtransaction_aborted(subid);
     }
     SUBXACT_DEPTHS.try_with_borrow_mut(|depths| match event {
         SUBXACT_EVENT_START_SUB => depths.push((subid, NESTING.get(), CLIENT_PLANNING.get())),

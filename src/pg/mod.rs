@@ -245,44 +245,45 @@ unsafe fn option_named(
     }
 }
 
-/// The database that utility `stmt` (of type `tag`) needs without other backends, after
-/// PostgreSQL's own checks: the one an `ALTER DATABASE … RENAME` or `SET TABLESPACE`
-/// changes, or a `CREATE DATABASE`'s template. Only one that exists and that the
-/// current user owns (or any, for a superuser): the command will not stop for a
-/// permission check on it.
+/// The database that utility `stmt` (of type `tag`) needs without other backends: the
+/// one an `ALTER DATABASE … RENAME` or `SET TABLESPACE` changes, or a `CREATE
+/// DATABASE`'s template. Only one that exists and that the current user owns (or any,
+/// for a superuser), locked first as the command itself locks it (so that a caller of
+/// this waits for that lock here, not with the database marked): None for any other.
 ///
 /// # Safety
-/// `stmt` is a valid node of type `tag`; inside a transaction (it reads catalogs), in a
-/// guarded function (they may raise an ERROR).
+/// `stmt` is a valid node of type `tag`; inside a transaction (it reads catalogs and
+/// takes a lock until the transaction ends).
 pub unsafe fn database_emptied_by(
     stmt: *mut pg_sys::Node,
     tag: pg_sys::NodeTag,
 ) -> Option<pg_sys::Oid> {
     // SAFETY: the caller's promise.
     unsafe {
-        let name: *const std::ffi::c_char = match tag {
+        let (name, lock): (*const std::ffi::c_char, u32) = match tag {
             pg_sys::NodeTag::T_RenameStmt => {
                 let rename = stmt.cast::<pg_sys::RenameStmt>();
                 if (*rename).renameType != pg_sys::ObjectType::OBJECT_DATABASE {
                     return None;
                 }
-                (*rename).subname
+                ((*rename).subname, pg_sys::AccessExclusiveLock)
             }
             pg_sys::NodeTag::T_AlterDatabaseStmt => {
                 let alter = stmt.cast::<pg_sys::AlterDatabaseStmt>();
                 if option_named((*alter).options, c"tablespace").is_null() {
                     return None;
                 }
-                (*alter).dbname
+                ((*alter).dbname, pg_sys::AccessExclusiveLock)
             }
             pg_sys::NodeTag::T_CreatedbStmt => {
-                let template =
-                    option_named((*stmt.cast::<pg_sys::CreatedbStmt>()).options, c"template");
-                if template.is_null() || (*template).arg.is_null() {
+                let options = (*stmt.cast::<pg_sys::CreatedbStmt>()).options;
+                let template = option_named(options, c"template");
+                let name = if template.is_null() || (*template).arg.is_null() {
                     c"template1".as_ptr()
                 } else {
                     pg_sys::defGetString(template)
-                }
+                };
+                (name, pg_sys::ShareLock)
             }
             _ => return None,
         };
@@ -290,12 +291,19 @@ pub unsafe fn database_emptied_by(
             return None;
         }
         let database = pg_sys::get_database_oid(name, true);
+        if database == pg_sys::InvalidOid {
+            return None;
+        }
         let me = pg_sys::GetUserId();
         #[cfg(feature = "pg15")]
         let owns = pg_sys::pg_database_ownercheck(database, me);
         #[cfg(not(feature = "pg15"))]
         let owns = pg_sys::object_ownercheck(pg_sys::DatabaseRelationId, database, me);
-        (database != pg_sys::InvalidOid && owns).then_some(database)
+        if !owns {
+            return None;
+        }
+        pg_sys::LockSharedObject(pg_sys::DatabaseRelationId, database, 0, lock as _);
+        Some(database)
     }
 }
 

@@ -24,11 +24,12 @@ use crate::{gucs, parallel};
 use pg_stride_sched::pool::caps::{pool_caps, PoolCaps};
 use pgrx::pg_sys;
 use std::ffi::c_char;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// Whether this backend marked a database as closing ([`mark_closing`]).
-static MARKED_CLOSING: AtomicBool = AtomicBool::new(false);
+/// The (sub)transaction in which this backend marked a database as closing
+/// ([`mark_closing`]), its outermost if several; 0: none.
+static MARKED_IN: AtomicU32 = AtomicU32::new(0);
 
 /// A slot STARTING for longer than this was never started by the postmaster.
 const START_TIMEOUT_MS: i64 = 10_000;
@@ -298,7 +299,11 @@ pub fn mark_closing(database: pg_sys::Oid) {
     let procno = crate::pg::my_procno().and_then(|n| u32::try_from(n).ok());
     if let (Some(pool), Some(procno)) = (super::shared::shared(), procno) {
         if pool.mark_closing(database, procno) {
-            MARKED_CLOSING.store(true, Ordering::Relaxed);
+            let here = crate::pg::current_subtransaction();
+            let marked_in = MARKED_IN.load(Ordering::Relaxed);
+            if marked_in == 0 || here < marked_in {
+                MARKED_IN.store(here, Ordering::Relaxed);
+            }
         } else {
             pgrx::log!(
                 "pg_stride: {} database commands wait at once: the pool of database {} is not \
@@ -310,9 +315,17 @@ pub fn mark_closing(database: pg_sys::Oid) {
     }
 }
 
+/// Subtransaction `subid` aborted: a mark made inside it goes (the command that made
+/// it failed there).
+pub fn subtransaction_aborted(subid: pg_sys::SubTransactionId) {
+    if MARKED_IN.load(Ordering::Relaxed) >= subid {
+        unmark_closing();
+    }
+}
+
 /// The command that marked a database as closing returned, or its transaction ended.
 pub fn unmark_closing() {
-    if MARKED_CLOSING.swap(false, Ordering::Relaxed) {
+    if MARKED_IN.swap(0, Ordering::Relaxed) != 0 {
         if let (Some(pool), Some(procno)) = (
             super::shared::shared(),
             crate::pg::my_procno().and_then(|n| u32::try_from(n).ok()),
@@ -323,11 +336,15 @@ pub fn unmark_closing() {
 }
 
 /// Makes the pool worker of `slot` leave for [`release_database`]: Some(true) if it is
-/// to be terminated now, Some(false) if it leaves by itself, None if it stays. An idle or
-/// connecting worker is taken to RETIRING with a compare-and-swap before it is signalled:
-/// leaders reserve idle slots only, so a worker that a leader reserved after a look at
-/// its state (and before a signal) is never terminated under that leader's fragment.
-/// One still starting retires at its first idle look.
+/// to be terminated now, Some(false) if it leaves by itself, None if the drop need not
+/// wait for it. An idle or connecting worker is taken to RETIRING with a
+/// compare-and-swap before it is signalled: leaders reserve idle slots only, so a
+/// worker that a leader reserved after a look at its state (and before a signal) is
+/// never terminated under that leader's fragment. One still starting is not waited for:
+/// it has not begun to connect, and cannot get past the lock the command holds on the
+/// database until the command ends, so PostgreSQL's wait for the database's backends
+/// does not see it; it fails to connect after a drop, and retires at its first idle
+/// look after a refused one.
 /// `raced`: a test build's fault has held up a look at an idle worker already.
 fn release(slot: &Slot, forced: bool, raced: &mut bool) -> Option<bool> {
     loop {
@@ -336,7 +353,7 @@ fn release(slot: &Slot, forced: bool, raced: &mut bool) -> Option<bool> {
             State::Free => return None,
             State::Starting => {
                 slot.retire.store(true, Ordering::Release);
-                return Some(false);
+                return None;
             }
             State::Retiring => return Some(false),
             State::Connecting | State::Idle => {

@@ -41,6 +41,8 @@ pub fn mark_closing(_database: pg_sys::Oid) {}
 
 pub fn unmark_closing() {}
 
+pub fn subtransaction_aborted(_subid: pg_sys::SubTransactionId) {}
+
 pub fn workers() -> Vec<WorkerRow> {
     Vec::new()
 }

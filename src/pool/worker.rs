@@ -172,6 +172,10 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
     let Some(slot) = pool.slots.get(index) else {
         return;
     };
+    // A test build starts slowly, as a worker forked on a busy server does.
+    if pg::test_fault("pool_start_slowly") {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
     if !slot.cas((gen, State::Starting), (gen, State::Connecting)) {
         return;
     }
@@ -395,12 +399,13 @@ unsafe fn fragment(pool: &shared::PoolShared, slot: &Slot, handle: u32, number: 
             FRAG.declined = true;
             return;
         }
-        // A DROP DATABASE waits for this database to empty, and may have seen this
-        // worker, idle before it took the ticket, as an autovacuum worker to terminate
-        // (lifecycle::release_database): it retires without starting the fragment. Its
-        // caller stopped showing it as one first, so a drop that marks the database
-        // after this look sees it busy and leaves it to its leader.
-        if pool.is_closing(pg_sys::MyDatabaseId) {
+        // A command (DROP DATABASE, say) waits for this database to empty, and may have
+        // seen this worker, idle before it took the ticket, as an autovacuum worker to
+        // terminate (lifecycle::mark_closing): it retires without starting the fragment.
+        // Its caller stopped showing it as one first, so a command that marks the
+        // database after this look sees it busy and leaves it to its leader. So does a
+        // worker already told to terminate (by a command that has returned since).
+        if pool.is_closing(pg_sys::MyDatabaseId) || pg_sys::ProcDiePending != 0 {
             FRAG.declined = true;
             FRAG.retire = true;
             return;
