@@ -449,10 +449,11 @@ unsafe extern "C-unwind" fn process_utility(
         watch_object_drops();
     }
     use pg_sys::NodeTag::{T_AlterDatabaseStmt, T_CreatedbStmt, T_RenameStmt};
+    let top_level = context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL;
     let empties_database = match tag {
         // SAFETY: `tag` is the type of `stmt`, in ProcessUtility's transaction.
         Some(tag @ (T_RenameStmt | T_AlterDatabaseStmt | T_CreatedbStmt)) => unsafe {
-            mark_database_emptied(stmt, tag)
+            mark_database_emptied(stmt, tag, top_level)
         },
         _ => false,
     };
@@ -620,9 +621,10 @@ pub(crate) unsafe extern "C-unwind" fn object_access(
 unsafe extern "C-unwind" fn mark_database_emptied(
     stmt: *mut pg_sys::Node,
     tag: pg_sys::NodeTag,
+    top_level: bool,
 ) -> bool {
     // SAFETY: the caller's promise: `stmt` is of type `tag`, in a transaction.
-    let database = unsafe { pg::database_emptied_by(stmt, tag) };
+    let database = unsafe { pg::database_emptied_by(stmt, tag, top_level, pool::may_serve) };
     database
         .inspect(|&database| pool::mark_closing(database))
         .is_some()

@@ -245,11 +245,14 @@ unsafe fn option_named(
     }
 }
 
-/// The database that utility `stmt` (of type `tag`) needs without other backends: the
-/// one an `ALTER DATABASE … RENAME` or `SET TABLESPACE` changes, or a `CREATE
-/// DATABASE`'s template. Only one that exists and that the current user owns (or any,
-/// for a superuser), locked first as the command itself locks it (so that a caller of
-/// this waits for that lock here, not with the database marked): None for any other.
+/// The database that utility `stmt` (of type `tag`, run at top level or not) needs
+/// without other backends: the one an `ALTER DATABASE … RENAME` or `SET TABLESPACE`
+/// changes, or a `CREATE DATABASE`'s template. Only one for which `wanted` is true,
+/// that the current user owns (or any, for a superuser), and only where PostgreSQL
+/// would go on to lock it: not in recovery or a read-only transaction, nor, for the two
+/// commands that cannot run in a transaction block, in one. It is locked first as the
+/// command itself locks it (so that a caller of this waits for that lock here), and
+/// looked up again by name under the lock (a rename meanwhile: None, unlocked).
 ///
 /// # Safety
 /// `stmt` is a valid node of type `tag`; inside a transaction (it reads catalogs and
@@ -257,9 +260,15 @@ unsafe fn option_named(
 pub unsafe fn database_emptied_by(
     stmt: *mut pg_sys::Node,
     tag: pg_sys::NodeTag,
+    top_level: bool,
+    wanted: impl Fn(pg_sys::Oid) -> bool,
 ) -> Option<pg_sys::Oid> {
     // SAFETY: the caller's promise.
     unsafe {
+        let in_block = !top_level || pg_sys::IsTransactionBlock();
+        if pg_sys::RecoveryInProgress() || pg_sys::XactReadOnly {
+            return None;
+        }
         let (name, lock): (*const std::ffi::c_char, u32) = match tag {
             pg_sys::NodeTag::T_RenameStmt => {
                 let rename = stmt.cast::<pg_sys::RenameStmt>();
@@ -270,12 +279,12 @@ pub unsafe fn database_emptied_by(
             }
             pg_sys::NodeTag::T_AlterDatabaseStmt => {
                 let alter = stmt.cast::<pg_sys::AlterDatabaseStmt>();
-                if option_named((*alter).options, c"tablespace").is_null() {
+                if in_block || option_named((*alter).options, c"tablespace").is_null() {
                     return None;
                 }
                 ((*alter).dbname, pg_sys::AccessExclusiveLock)
             }
-            pg_sys::NodeTag::T_CreatedbStmt => {
+            pg_sys::NodeTag::T_CreatedbStmt if !in_block => {
                 let options = (*stmt.cast::<pg_sys::CreatedbStmt>()).options;
                 let template = option_named(options, c"template");
                 let name = if template.is_null() || (*template).arg.is_null() {
@@ -291,7 +300,7 @@ pub unsafe fn database_emptied_by(
             return None;
         }
         let database = pg_sys::get_database_oid(name, true);
-        if database == pg_sys::InvalidOid {
+        if database == pg_sys::InvalidOid || !wanted(database) {
             return None;
         }
         let me = pg_sys::GetUserId();
@@ -303,6 +312,10 @@ pub unsafe fn database_emptied_by(
             return None;
         }
         pg_sys::LockSharedObject(pg_sys::DatabaseRelationId, database, 0, lock as _);
+        if pg_sys::get_database_oid(name, true) != database {
+            pg_sys::UnlockSharedObject(pg_sys::DatabaseRelationId, database, 0, lock as _);
+            return None;
+        }
         Some(database)
     }
 }

@@ -292,6 +292,18 @@ pub fn release_database(database: pg_sys::Oid, forced: bool) {
     );
 }
 
+/// Whether the pool may run fragments in `database` now or soon: in pool mode, or with
+/// workers of the database left from it.
+pub fn may_serve(database: pg_sys::Oid) -> bool {
+    super::shared::shared().is_some_and(|pool| {
+        parallel::pool_mode()
+            || pool.slots.iter().any(|slot| {
+                slot.load().1 != State::Free
+                    && slot.database.load(Ordering::Acquire) == u32::from(database)
+            })
+    })
+}
+
 /// Marks `database` as closing until [`unmark_closing`]: its pool takes no fragment (see
 /// [`release_database`]). For a command that needs the database without other backends
 /// and passed the permission checks on it.
@@ -299,7 +311,7 @@ pub fn mark_closing(database: pg_sys::Oid) {
     let procno = crate::pg::my_procno().and_then(|n| u32::try_from(n).ok());
     if let (Some(pool), Some(procno)) = (super::shared::shared(), procno) {
         if pool.mark_closing(database, procno) {
-            let here = crate::pg::current_subtransaction();
+            let here = crate::pg::current_subtransaction().max(1);
             let marked_in = MARKED_IN.load(Ordering::Relaxed);
             if marked_in == 0 || here < marked_in {
                 MARKED_IN.store(here, Ordering::Relaxed);

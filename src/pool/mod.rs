@@ -53,8 +53,8 @@ use crate::{gucs, parallel, pg};
 use pgrx::pg_sys;
 
 pub use lifecycle::{
-    mark_closing, prestart, publish_server_settings, release_database, subtransaction_aborted,
-    unmark_closing,
+    mark_closing, may_serve, prestart, publish_server_settings, release_database,
+    subtransaction_aborted, unmark_closing,
 };
 pub use settings::register_settings;
 

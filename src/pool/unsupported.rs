@@ -39,6 +39,10 @@ pub fn transaction_ended() {}
 
 pub fn mark_closing(_database: pg_sys::Oid) {}
 
+pub fn may_serve(_database: pg_sys::Oid) -> bool {
+    false
+}
+
 pub fn unmark_closing() {}
 
 pub fn subtransaction_aborted(_subid: pg_sys::SubTransactionId) {}

@@ -174,7 +174,7 @@ pub extern "C-unwind" fn pg_stride_pool_main(arg: pg_sys::Datum) {
     };
     // A test build starts slowly, as a worker forked on a busy server does.
     if pg::test_fault("pool_start_slowly") {
-        std::thread::sleep(std::time::Duration::from_secs(2));
+        std::thread::sleep(std::time::Duration::from_secs(4));
     }
     if !slot.cas((gen, State::Starting), (gen, State::Connecting)) {
         return;
