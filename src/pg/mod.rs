@@ -265,7 +265,8 @@ pub unsafe fn database_emptied_by(
 ) -> Option<pg_sys::Oid> {
     // SAFETY: the caller's promise.
     unsafe {
-        let in_block = !top_level || pg_sys::IsTransactionBlock();
+        // PreventInTransactionBlock's own test (a block, a function, a pipeline).
+        let in_block = pg_sys::IsInTransactionBlock(top_level);
         if pg_sys::RecoveryInProgress() || pg_sys::XactReadOnly {
             return None;
         }
