@@ -87,6 +87,16 @@ def make_database(s, name):
                 f"ANALYZE t; GRANT SELECT ON t TO {APP}", user="postgres")
 
 
+def gathers_until(s, done, timeout=30):
+    """Runs a Gather in regress_db1 every 0.2 s until `done()`; fails after `timeout` s
+    with the pool's rows."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
+        launched(s, "regress_db1", "SELECT count(*) FROM t")
+        time.sleep(0.2)
+
+
 def pool_workers(s, database=None):
     where = f" WHERE datname = '{database}'" if database else ""
     return int(s.sql(f"SELECT count(*) FROM pg_stride.pool{where}"))
@@ -432,11 +442,7 @@ def a_refused_drop_spares_the_workers_leaders_reserved_after_its_look(s):
     fragment once the drop waits (in both, that statement failed); statements that
     stall until the drop ends (PostgreSQL's own workers cannot connect before); a pool
     that stays unused after the refused drop."""
-    deadline = time.monotonic() + 30
-    while pool_workers(s, "regress_db1") < 2:
-        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
-        launched(s, "regress_db1", "SELECT count(*) FROM t")
-        time.sleep(0.2)
+    gathers_until(s, lambda: pool_workers(s, "regress_db1") >= 2)
     s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE datname = 'regress_db1' "
                  "AND state <> 'idle'", "0")
     before = counters(s)
@@ -497,11 +503,7 @@ def a_refused_rename_spares_the_pool_workers_fragments(s):
     for half a second, while PostgreSQL's wait for the database to empty signals the
     autovacuum workers it sees. Catches: a worker terminated under a fragment (that
     statement failed), and a pool left unused after the refused command."""
-    deadline = time.monotonic() + 30
-    while pool_workers(s, "regress_db1") < 2:
-        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
-        launched(s, "regress_db1", "SELECT count(*) FROM t")
-        time.sleep(0.2)
+    gathers_until(s, lambda: pool_workers(s, "regress_db1") >= 2)
     before = counters(s)
     args = s.psql_args("ALTER DATABASE regress_db1 RENAME TO regress_db1_renamed",
                        user="postgres")
@@ -521,14 +523,10 @@ def a_refused_rename_spares_the_pool_workers_fragments(s):
 
 
 def pooled_fragments_run(s):
-    """Runs a Gather in regress_db1 until a pool worker has run one of its fragments
+    """Runs Gathers in regress_db1 until a pool worker has run one of their fragments
     (the pool may be starting); fails after 30 s."""
     before = counters(s)["fragments_ok"]
-    deadline = time.monotonic() + 30
-    while counters(s)["fragments_ok"] == before:
-        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
-        launched(s, "regress_db1", "SELECT count(*) FROM t")
-        time.sleep(0.2)
+    gathers_until(s, lambda: counters(s)["fragments_ok"] != before)
 
 
 def database_commands_that_fail_early_leave_the_pool_serving(s):
@@ -605,11 +603,8 @@ def drop_beside_starting_workers():
 def lowered_size_keeps_the_lowest_slots(s):
     # Pools in two databases (pg_stride.database's, started with the server, and
     # regress_db1's), at their shares of the server's cap; pool_size 4 -> 1 at a reload.
-    deadline = time.monotonic() + 15
-    while pool_workers(s, "regress_db1") < 3 or pool_workers(s, "postgres") < 3:
-        assert time.monotonic() < deadline, s.sql("SELECT * FROM pg_stride.pool")
-        launched(s, "regress_db1", "SELECT count(*) FROM t")
-        time.sleep(0.2)
+    gathers_until(s, lambda: pool_workers(s, "regress_db1") >= 3
+                  and pool_workers(s, "postgres") >= 3, timeout=15)
     s.wait_until("SELECT count(*) FROM pg_stride.pool WHERE state = 'starting' OR pid = 0", "0")
     pids = "SELECT datname, string_agg(pid::text, ',') FROM pg_stride.pool GROUP BY 1 ORDER BY 1"
     before_pids = dict(line.split("|") for line in s.sql(pids).splitlines())

@@ -208,9 +208,10 @@ enum Waiter {
 /// wait ran out (the group's or the session's queue timeout,
 /// `GroupSettings::queue_timeout_ms`, with the group's as it is at each look). It shows
 /// queued from now: PostgreSQL's statement start is the arrival of the client's message,
-/// shared by every statement of a multi-statement query string. Returns whether it was admitted (`false` only for a
-/// statement whose lent admission was taken back for it). Raises an ERROR when the
-/// wait is cancelled, times out or the backend is terminated, having left the queue.
+/// shared by every statement of a multi-statement query string. Returns whether it was
+/// admitted (`false` only for a statement whose lent admission was taken back for it).
+/// Raises an ERROR when the wait is cancelled, times out or the backend is terminated,
+/// having left the queue.
 fn wait_in_queue(
     shared: &shmem::Shared,
     entry: &ProcEntry,

@@ -308,8 +308,7 @@ pub fn may_serve(database: pg_sys::Oid) -> bool {
 /// [`release_database`]). For a command that needs the database without other backends
 /// and passed the permission checks on it.
 pub fn mark_closing(database: pg_sys::Oid) {
-    let procno = crate::pg::my_procno().and_then(|n| u32::try_from(n).ok());
-    if let (Some(pool), Some(procno)) = (super::shared::shared(), procno) {
+    if let (Some(pool), Some(procno)) = (super::shared::shared(), own_procno()) {
         if pool.mark_closing(database, procno) {
             let here = crate::pg::current_subtransaction().max(1);
             let marked_in = MARKED_IN.load(Ordering::Relaxed);
@@ -338,13 +337,15 @@ pub fn subtransaction_aborted(subid: pg_sys::SubTransactionId) {
 /// The command that marked a database as closing returned, or its transaction ended.
 pub fn unmark_closing() {
     if MARKED_IN.swap(0, Ordering::Relaxed) != 0 {
-        if let (Some(pool), Some(procno)) = (
-            super::shared::shared(),
-            crate::pg::my_procno().and_then(|n| u32::try_from(n).ok()),
-        ) {
+        if let (Some(pool), Some(procno)) = (super::shared::shared(), own_procno()) {
             pool.unmark_closing(procno);
         }
     }
+}
+
+/// This backend's procno, which names its marks.
+fn own_procno() -> Option<u32> {
+    crate::pg::my_procno().and_then(|n| u32::try_from(n).ok())
 }
 
 /// Makes the pool worker of `slot` leave for [`release_database`]: Some(true) if it is

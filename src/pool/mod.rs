@@ -58,8 +58,8 @@ pub use lifecycle::{
 };
 pub use settings::register_settings;
 
-/// The backend's transaction ended: the pool forgets its Gathers, and the closing mark
-/// of a DROP DATABASE this backend ran.
+/// The backend's transaction ended: the pool forgets its Gathers, and the closing marks
+/// of the database commands this backend ran.
 pub fn transaction_ended() {
     gathers::transaction_ended();
     lifecycle::unmark_closing();
